@@ -1,0 +1,57 @@
+# ktd — developer entry points. `make build`, `make test`, `make run` work on a fresh machine.
+SHELL      := /bin/bash
+PYTHON_SYS ?= python3.11
+VENV       := .venv
+PY         := $(VENV)/bin/python
+PIP        := $(VENV)/bin/pip
+BUILD_DIR  := build/dev
+# CI sets KTD_WERROR=ON (warnings are errors); release flags always.
+KTD_WERROR ?= OFF
+NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
+PYTEST_ARGS ?=
+
+.PHONY: build native venv test test-fast run fetch-models bench-kernels clean distclean wheel
+
+build: native
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: requirements-dev.txt pyproject.toml
+	$(PYTHON_SYS) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements-dev.txt
+	# Install ktd into the venv in development mode: the package directory is put on the path
+	# (the native module is built in place by `make native`), plus the `ktd` console script.
+	$(PY) -c 'import site,sys; open(site.getsitepackages()[0]+"/ktd-dev.pth","w").write(sys.argv[1]+"\n")' "$(CURDIR)/daemon"
+	printf '#!/bin/sh\nexec "$$(dirname "$$0")/python" -m ktd "$$@"\n' > $(VENV)/bin/ktd && chmod +x $(VENV)/bin/ktd
+	touch $@
+
+native: $(BUILD_DIR)/.stamp
+$(BUILD_DIR)/.stamp: $(VENV)/.stamp $(NATIVE_SRCS)
+	$(VENV)/bin/cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
+	  -DKTD_INPLACE=ON -DKTD_WERROR=$(KTD_WERROR) -DPython_EXECUTABLE=$(CURDIR)/$(PY) \
+	  -Dpybind11_DIR=$$($(PY) -m pybind11 --cmakedir) >/dev/null
+	$(VENV)/bin/cmake --build $(BUILD_DIR) --parallel
+	touch $@
+
+test: build
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Tests without the slow/real-model ones (quick inner loop).
+test-fast: build
+	$(PY) -m pytest -m "not slow and not realmodel" $(PYTEST_ARGS)
+
+# The three real models of docs/MODELS into the cache (~/.cache/ktd/models, or $$KTD_CACHE).
+fetch-models: build
+	$(PY) -m ktd fetch --all
+
+bench-kernels: build
+	$(PY) -m ktd.bench.kernels
+
+wheel: venv
+	$(PIP) wheel --no-deps --no-build-isolation -w dist .
+
+clean:
+	rm -rf build daemon/ktd/_native*.so
+
+distclean: clean
+	rm -rf $(VENV)

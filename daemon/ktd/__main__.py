@@ -1,0 +1,5 @@
+import sys
+
+from ktd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``ktd`` command line (one module each, see ktd.cli)."""

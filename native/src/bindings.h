@@ -1,0 +1,11 @@
+// One registration function per area of the native core; module.cpp calls them in order.
+#pragma once
+#include <pybind11/pybind11.h>
+
+namespace ktd {
+void bind_common(pybind11::module_ &m);   // exception types
+void bind_gguf(pybind11::module_ &m);     // GGUF reader
+void bind_memory(pybind11::module_ &m);   // weights arena, huge pages
+void bind_cpu(pybind11::module_ &m);      // CPU features, topology, thread pool
+void bind_kernels(pybind11::module_ &m);  // block types and matrix kernels
+}  // namespace ktd

