@@ -1,9 +1,118 @@
+// Python bindings of the kernels (for tests and benchmarks; the forward calls them from C++).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
 #include "bindings.h"
+#include "common/error.h"
+#include "cpu/thread_pool.h"
+#include "kernels/kernels.h"
 
 namespace py = pybind11;
 
 namespace ktd {
 
-void bind_kernels(py::module_ &m) { (void)m; }
+namespace {
+GGMLType parse_type(const std::string &name) {
+    for (uint32_t id = 0; id < 64; ++id)
+        if (auto info = ggml_type_info(id); info && info->name == name) return info->type;
+    throw py::value_error("unknown GGML type '" + name + "'");
+}
+
+const TypeKernels &lookup(const std::string &type, const std::optional<std::string> &isa) {
+    GGMLType t = parse_type(type);
+    Isa i = isa ? parse_isa(*isa) : active_isa();
+    if (isa && !isa_supported_by_cpu(i)) throw py::value_error("this CPU does not support ISA " + *isa);
+    const TypeKernels *tk = isa ? find_type_kernels(t, i) : kernels_for(t);
+    if (!tk) throw py::value_error("no " + std::string(isa_name(i)) + " kernels for type " + type);
+    return *tk;
+}
+
+// Pools for tests/benchmarks, one per thread count, kept for the life of the module.
+ThreadPool *pool_for(int threads) {
+    static std::mutex mu;
+    static std::map<int, std::unique_ptr<ThreadPool>> pools;
+    if (threads <= 1) return nullptr;
+    std::lock_guard<std::mutex> lk(mu);
+    auto &p = pools[threads];
+    if (!p) {
+        ThreadPoolOptions o;
+        o.n_threads = threads;
+        p = std::make_unique<ThreadPool>(o);
+    }
+    return p.get();
+}
+
+using u8array = py::array_t<uint8_t, py::array::c_style>;
+using f32array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+}  // namespace
+
+void bind_kernels(py::module_ &m) {
+    auto k = m.def_submodule("kernels", "matrix kernels per GGUF block type and ISA");
+    k.def("active_isa", [] { return std::string(isa_name(active_isa())); },
+          "ISA used by default (CPUID, or KTD_ISA)");
+    k.def("set_active_isa", [](const std::string &name) { set_active_isa(parse_isa(name)); });
+    k.def("isa_supported", [](const std::string &name) { return isa_supported_by_cpu(parse_isa(name)); });
+    k.def("isa_compiled", [](const std::string &name) { return isa_compiled(parse_isa(name)); });
+    k.def("supported_types", [](const std::string &name) {
+        std::vector<std::string> out;
+        for (GGMLType t : supported_types(parse_isa(name))) out.emplace_back(ggml_type_name(t));
+        return out;
+    });
+    k.def("act_type", [](const std::string &type, std::optional<std::string> isa) {
+        return std::string(ggml_type_name(lookup(type, isa).act_type));
+    }, py::arg("type"), py::arg("isa") = py::none());
+
+    k.def("dequantize", [](const std::string &type, u8array w, int64_t k_, std::optional<std::string> isa) {
+        const TypeKernels &tk = lookup(type, isa);
+        auto row = ggml_row_size(tk.type, uint64_t(k_));
+        if (!row || w.size() % py::ssize_t(*row) != 0) throw py::value_error("data is not a whole number of rows");
+        int64_t rows = w.size() / py::ssize_t(*row);
+        f32array y({rows, k_});
+        const uint8_t *src = w.data();
+        float *dst = y.mutable_data();
+        {
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) tk.dequantize_row(src + r * *row, dst + r * k_, k_);
+        }
+        return y;
+    }, py::arg("type"), py::arg("data"), py::arg("k"), py::arg("isa") = py::none(),
+       "Dequantize rows of k elements: data (uint8, whole rows) -> float32 [rows, k]");
+
+    k.def("quantize_act", [](const std::string &type, f32array x, std::optional<std::string> isa) {
+        const TypeKernels &tk = lookup(type, isa);
+        if (x.ndim() != 2) throw py::value_error("x must be [n, k]");
+        int64_t n = x.shape(0), k_ = x.shape(1);
+        size_t arow = act_row_size(tk, k_);
+        u8array out({n, int64_t(arow)});
+        for (int64_t c = 0; c < n; ++c) tk.quantize_act_row(x.data() + c * k_, out.mutable_data() + c * arow, k_);
+        return out;
+    }, py::arg("type"), py::arg("x"), py::arg("isa") = py::none(),
+       "Quantize activations x [n, k] to the type's activation format -> uint8 [n, row_bytes]");
+
+    k.def("matmul", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
+                       std::optional<std::string> isa, int threads) {
+        const TypeKernels &tk = lookup(type, isa);
+        auto row = ggml_row_size(tk.type, uint64_t(k_));
+        if (!row) throw py::value_error("k is not a whole number of blocks");
+        if (w.size() != py::ssize_t(*row * rows)) throw py::value_error("w has the wrong size for [rows, k]");
+        if (x.ndim() != 2 || x.shape(1) != k_) throw py::value_error("x must be [n, k]");
+        int64_t n = x.shape(0);
+        f32array y({n, rows});
+        ThreadPool *pool = pool_for(threads);
+        MatmulScratch scratch;
+        {
+            py::gil_scoped_release nogil;
+            matmul(pool, tk, w.data(), *row, rows, k_, x.data(), n, y.mutable_data(), scratch);
+        }
+        return y;
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"),
+       py::arg("isa") = py::none(), py::arg("threads") = 1,
+       "Y[n, rows] = W[rows, k] . X[n, k]^T with W in the given block type");
+}
 
 }  // namespace ktd

@@ -1,0 +1,84 @@
+// Matrix kernels for GGUF block types.
+//
+// Conventions (GGML order, as in the file):
+//   W  [rows][k]   weights, row-major; each row is k elements = k/blck blocks of the weight type
+//   X  [n][k]      activations, F32, one row per token (a column of the maths' X[k×n])
+//   Y  [n][rows]   output, F32, one row per token:  Y[c][r] = Σ_i W[r][i] · X[c][i]
+//
+// Activations are quantized once per op into the weight type's activation format (`act_type`:
+// Q8_0 for the 32-element block types, Q8_K for the 256-element ones, F32 for float weights) so
+// the inner loops are integer dot products with the weight dequantization fused in registers.
+//
+// Every (type, ISA) pair is one TypeKernels entry registered at load time by the file that
+// implements it (KTD_REGISTER_KERNELS below). The scalar reference (Isa::Ref) is the
+// specification: every other ISA's entry must agree with it within the activation-quantization
+// error stated per type in tests/test_kernels.py.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/ggml_types.h"
+
+namespace ktd {
+
+class ThreadPool;
+
+enum class Isa : int { Ref = 0, AVX2 = 1, AVX512 = 2 };
+std::string_view isa_name(Isa isa);
+
+struct TypeKernels {
+    GGMLType type = GGMLType::F32;
+    GGMLType act_type = GGMLType::F32;
+    // One row of k weights (k % blck == 0) → k floats.
+    void (*dequantize_row)(const void *w, float *y, int64_t k) = nullptr;
+    // One row of k floats → the act_type blocks of that row.
+    void (*quantize_act_row)(const float *x, void *xq, int64_t k) = nullptr;
+    // Tile: for r < nr, c < nc:  y[c * ldy + r] = dot(W row r, activation row c)
+    // W row r at (const char *)w + r * w_stride; activation row c at (const char *)xq + c * x_stride.
+    void (*gemm)(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride,
+                 float *y, size_t ldy, int nr, int nc) = nullptr;
+};
+
+void register_type_kernels(Isa isa, const TypeKernels &tk);
+// The entry for (type, isa) or nullptr.
+const TypeKernels *find_type_kernels(GGMLType type, Isa isa);
+// The entry used at run time for `type`: the active ISA's if it has one, else the reference.
+const TypeKernels *kernels_for(GGMLType type);
+// Types with an entry for `isa`.
+std::vector<GGMLType> supported_types(Isa isa);
+
+// ISA selection: chosen once at first use from CPUID, overridable with KTD_ISA=ref|avx2|avx512.
+// AVX-512 kernels are compiled but only used when asked for explicitly (KTD_ISA=avx512 or
+// set_active_isa): they have not been run on an AVX-512 machine yet.
+bool isa_supported_by_cpu(Isa isa);
+bool isa_compiled(Isa isa);
+Isa active_isa();
+void set_active_isa(Isa isa);  // throws std::invalid_argument if not compiled or not supported
+Isa parse_isa(std::string_view name);  // throws std::invalid_argument
+
+// Bytes of one activation row of k elements for a type (its act_type row size).
+size_t act_row_size(const TypeKernels &tk, int64_t k);
+
+// Y = W · X as above, multi-threaded over the pool (or on the calling thread if pool is null).
+// `scratch` holds the quantized activations and is grown only when too small (no allocation on
+// the hot path once warm).
+struct MatmulScratch {
+    std::vector<uint8_t> act;
+};
+void matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
+            int64_t k, const float *x, int64_t n, float *y, MatmulScratch &scratch);
+
+}  // namespace ktd
+
+// Registers a TypeKernels for an ISA when the module loads. Use once per (type, ISA) at namespace
+// scope in the file that defines the kernels.
+#define KTD_CONCAT_(a, b) a##b
+#define KTD_CONCAT(a, b) KTD_CONCAT_(a, b)
+#define KTD_REGISTER_KERNELS(isa, ...)                                                        \
+    static const bool KTD_CONCAT(ktd_registered_, __LINE__) = [] {                           \
+        ::ktd::register_type_kernels(isa, __VA_ARGS__);                                       \
+        return true;                                                                          \
+    }()

@@ -1,0 +1,127 @@
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/kernels.h"
+
+namespace ktd {
+
+namespace {
+struct Registry {
+    std::mutex mu;
+    std::map<std::pair<int, uint32_t>, TypeKernels> entries;
+};
+Registry &registry() {
+    static Registry r;
+    return r;
+}
+
+Isa g_active = Isa::Ref;
+std::once_flag g_active_once;
+
+Isa default_isa() {
+    if (const char *env = std::getenv("KTD_ISA"); env && *env) {
+        Isa isa = parse_isa(env);
+        if (!isa_compiled(isa)) throw std::invalid_argument(std::string("KTD_ISA=") + env + ": not compiled into this build");
+        if (!isa_supported_by_cpu(isa))
+            throw std::invalid_argument(std::string("KTD_ISA=") + env + ": this CPU does not support it");
+        return isa;
+    }
+    // AVX-512 is opt-in until it has been run on a machine that has it.
+    if (isa_compiled(Isa::AVX2) && isa_supported_by_cpu(Isa::AVX2)) return Isa::AVX2;
+    return Isa::Ref;
+}
+}  // namespace
+
+std::string_view isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Ref: return "ref";
+        case Isa::AVX2: return "avx2";
+        case Isa::AVX512: return "avx512";
+    }
+    return "?";
+}
+
+Isa parse_isa(std::string_view name) {
+    if (name == "ref") return Isa::Ref;
+    if (name == "avx2") return Isa::AVX2;
+    if (name == "avx512") return Isa::AVX512;
+    throw std::invalid_argument("unknown ISA '" + std::string(name) + "' (expected ref, avx2 or avx512)");
+}
+
+bool isa_compiled(Isa isa) {
+    switch (isa) {
+        case Isa::Ref: return true;
+#ifdef KTD_HAVE_ISA_AVX2
+        case Isa::AVX2: return true;
+#endif
+#ifdef KTD_HAVE_ISA_AVX512
+        case Isa::AVX512: return true;
+#endif
+        default: return false;
+    }
+}
+
+bool isa_supported_by_cpu(Isa isa) {
+    switch (isa) {
+        case Isa::Ref: return true;
+        case Isa::AVX2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                   __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+        case Isa::AVX512:
+            return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                   __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+    }
+    return false;
+}
+
+Isa active_isa() {
+    std::call_once(g_active_once, [] { g_active = default_isa(); });
+    return g_active;
+}
+
+void set_active_isa(Isa isa) {
+    if (!isa_compiled(isa)) throw std::invalid_argument("ISA " + std::string(isa_name(isa)) + " is not compiled into this build");
+    if (!isa_supported_by_cpu(isa)) throw std::invalid_argument("this CPU does not support ISA " + std::string(isa_name(isa)));
+    std::call_once(g_active_once, [] {});
+    g_active = isa;
+}
+
+void register_type_kernels(Isa isa, const TypeKernels &tk) {
+    auto &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    r.entries[{int(isa), uint32_t(tk.type)}] = tk;
+}
+
+const TypeKernels *find_type_kernels(GGMLType type, Isa isa) {
+    auto &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    auto it = r.entries.find({int(isa), uint32_t(type)});
+    return it == r.entries.end() ? nullptr : &it->second;
+}
+
+const TypeKernels *kernels_for(GGMLType type) {
+    if (const TypeKernels *tk = find_type_kernels(type, active_isa())) return tk;
+    return find_type_kernels(type, Isa::Ref);
+}
+
+std::vector<GGMLType> supported_types(Isa isa) {
+    auto &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    std::vector<GGMLType> out;
+    for (const auto &[key, tk] : r.entries)
+        if (key.first == int(isa)) out.push_back(tk.type);
+    return out;
+}
+
+size_t act_row_size(const TypeKernels &tk, int64_t k) {
+    auto sz = ggml_row_size(tk.act_type, uint64_t(k));
+    if (!sz) throw std::invalid_argument("row length " + std::to_string(k) + " is not a whole number of " +
+                                         std::string(ggml_type_name(tk.act_type)) + " blocks");
+    return *sz;
+}
+
+}  // namespace ktd
