@@ -184,6 +184,9 @@ ThreadPool::ThreadPool(const ThreadPoolOptions &opts) : impl_(std::make_unique<I
                          [](const CpuSlot &a, const CpuSlot &b) { return a.node < b.node; });
     }
     s.nth = int(slots.size());
+    // More workers than usable CPUs: a spinning waiter would burn the time slice of the very
+    // worker it waits for, so go straight to the futex.
+    if (size_t(s.nth) > topo.cpus.size()) s.spin_us = 0;
     s.workers.resize(slots.size());
     for (size_t i = 0; i < slots.size(); ++i) s.workers[i].slot = slots[i];
 

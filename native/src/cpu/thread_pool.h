@@ -36,7 +36,8 @@ struct ThreadPoolOptions {
     bool pin = true;            // pin each worker to its CPU; false: any n_threads >= 1 is
                                 // allowed (tests, oversubscription), nodes assigned round-robin
     std::string sysfs_root = "/sys";
-    int spin_us = 50;           // bounded spin before sleeping on a futex, microseconds
+    int spin_us = 50;           // bounded spin before sleeping on a futex, microseconds;
+                                // 0 when unpinned workers outnumber the usable CPUs
 };
 
 class ThreadPool {
