@@ -360,3 +360,37 @@ def test_open_arena_rejects_bad_config():
         weights_arena.open_arena(MiB, hugepages="2M")
     with pytest.raises(ValueError, match="2M or 1G"):
         weights_arena.open_arena(MiB, hugetlb_page_size="4K")
+
+
+def test_smaps_range_sums_overlapping_vmas(tmp_path):
+    # Two VMAs inside the range (e.g. split by madvise), one outside, and junk lines.
+    text = """\
+7f0000000000-7f0000200000 rw-p 00000000 00:00 0
+Size:               2048 kB
+Rss:                2048 kB
+AnonHugePages:      2048 kB
+KernelPageSize:        4 kB
+THPeligible:    1
+VmFlags: rd wr mr mw me ac hg
+7f0000200000-7f0000400000 rw-p 00000000 00:00 0
+Size:               2048 kB
+Rss:                 100 kB
+AnonHugePages:         0 kB
+KernelPageSize:        4 kB
+THPeligible:    0
+7f0000400000-7f0000600000 rw-p 00000000 00:00 0
+Size:               2048 kB
+Rss:                2048 kB
+ffffffffffffffffffff-0 garbage line
+Bogus line without colon
+"""
+    path = tmp_path / "smaps"
+    path.write_text(text)
+    s = _native.smaps_range(0x7F0000000000, 0x400000, str(path))
+    assert s["vmas"] == 2
+    assert s["Size"] == 4096 * 1024 and s["Rss"] == 2148 * 1024
+    assert s["AnonHugePages"] == 2048 * 1024
+    assert s["KernelPageSize"] == 4096 and s["THPeligible"] == 1
+    assert _native.smaps_range(0x1000, 0x1000, str(path))["vmas"] == 0
+    with pytest.raises(RuntimeError, match="cannot read"):
+        _native.smaps_range(0, 1, str(tmp_path / "missing"))

@@ -162,7 +162,7 @@ Topology read_topology(const std::string &sysfs_root, const std::optional<std::v
         std::error_code ec;
         for (const auto &e : fs::directory_iterator(cpu_dir, ec)) {
             std::string name = e.path().filename().string();
-            if (name.size() < 4 || name.compare(0, 3, "cpu") != 0 ||
+            if (name.size() < 4 || name.size() > 9 || name.compare(0, 3, "cpu") != 0 ||
                 name.find_first_not_of("0123456789", 3) != std::string::npos)
                 continue;
             auto on = read_text(e.path().string() + "/online");

@@ -13,7 +13,9 @@ namespace {
 bool is_hex_range(const std::string &tok, uintptr_t &lo, uintptr_t &hi) {
     size_t dash = tok.find('-');
     if (dash == std::string::npos || dash == 0 || dash + 1 == tok.size()) return false;
-    if (tok.find_first_not_of("0123456789abcdef-") != std::string::npos) return false;
+    if (tok.find_first_not_of("0123456789abcdef-") != std::string::npos || dash > 16 ||
+        tok.size() - dash - 1 > 16)
+        return false;
     lo = std::stoull(tok.substr(0, dash), nullptr, 16);
     hi = std::stoull(tok.substr(dash + 1), nullptr, 16);
     return true;
@@ -90,7 +92,7 @@ std::vector<HugePagePool> hugepage_pools(const std::string &sysfs_root) {
                 name.compare(name.size() - 2, 2, "kB") != 0)
                 continue;
             std::string kb = name.substr(10, name.size() - 12);
-            if (kb.empty() || kb.find_first_not_of("0123456789") != std::string::npos) continue;
+            if (kb.empty() || kb.size() > 12 || kb.find_first_not_of("0123456789") != std::string::npos) continue;
             HugePagePool p;
             p.page_size = std::stoull(kb) * 1024;
             p.node = node;
@@ -111,7 +113,7 @@ std::vector<HugePagePool> hugepage_pools(const std::string &sysfs_root) {
     std::vector<int> nodes;
     for (const auto &e : fs::directory_iterator(sysfs_root + "/devices/system/node", ec)) {
         std::string name = e.path().filename().string();
-        if (name.size() > 4 && name.rfind("node", 0) == 0 &&
+        if (name.size() > 4 && name.size() < 10 && name.rfind("node", 0) == 0 &&
             name.find_first_not_of("0123456789", 4) == std::string::npos)
             nodes.push_back(std::stoi(name.substr(4)));
     }
