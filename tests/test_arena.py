@@ -178,6 +178,20 @@ def test_hugetlb_shortfall_message_says_how_to_reserve():
     assert "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages" in msg
 
 
+def test_hugetlb_shortfall_for_a_node_names_the_per_node_pool():
+    info = meminfo()
+    pages = info["HugePages_Free"] - info["HugePages_Rsvd"] + 1
+    with pytest.raises(ktd.ResourceError) as e:
+        _native.Arena(pages * PAGE_2M, hugepages="hugetlb", node=0)
+    assert "on node 0" in str(e.value)
+    assert "/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages" in str(e.value)
+
+
+def test_thp_demanded_on_a_kernel_without_thp(tmp_path):
+    with pytest.raises(ktd.ResourceError, match="the kernel has none"):
+        _native.Arena(4 * MiB, hugepages="thp", sysfs_root=str(tmp_path))
+
+
 def test_hugetlb_1g_shortfall_mentions_kernel_command_line():
     pools = {p["page_size"]: p for p in _native.hugepage_pools() if p["node"] == -1}
     if 1 << 30 not in pools:
