@@ -1,9 +1,153 @@
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+
 #include "bindings.h"
+#include "cpu/features.h"
+#include "cpu/thread_pool.h"
+#include "cpu/topology.h"
 
 namespace py = pybind11;
 
 namespace ktd {
 
-void bind_cpu(py::module_ &m) { (void)m; }
+namespace {
+
+// Python callables run on pool workers: each call takes the GIL, the caller releases it while
+// the pool runs (and while a worker waits in barrier), so Python code can drive the pool in tests.
+using RangeFn = std::function<void(size_t, size_t, int)>;
+
+RangeFn with_gil(const py::function &fn) {
+    return [&fn](size_t b, size_t e, int tid) {
+        py::gil_scoped_acquire gil;
+        fn(b, e, tid);
+    };
+}
+
+// Mean wall time of an empty run() and of one barrier inside a run, in nanoseconds: the cost of
+// handing a dependent op to the pool. For reports and `ktd inspect`; tests never assert it.
+py::dict handoff_latency(ThreadPool &pool, int iterations) {
+    if (iterations < 1) throw std::invalid_argument("iterations must be >= 1");
+    using clock = std::chrono::steady_clock;
+    py::gil_scoped_release release;
+    pool.run([](int, int) {});  // wake everyone from sleep first
+    auto t0 = clock::now();
+    for (int i = 0; i < iterations; ++i) pool.run([](int, int) {});
+    auto t1 = clock::now();
+    pool.run([&](int tid, int) {
+        for (int i = 0; i < iterations; ++i) pool.barrier(tid);
+    });
+    auto t2 = clock::now();
+    py::gil_scoped_acquire gil;
+    py::dict d;
+    d["run_ns"] = std::chrono::duration<double, std::nano>(t1 - t0).count() / iterations;
+    d["barrier_ns"] = std::chrono::duration<double, std::nano>(t2 - t1).count() / iterations;
+    return d;
+}
+
+}  // namespace
+
+void bind_cpu(py::module_ &m) {
+    py::class_<CpuFeatures> f(m, "CpuFeatures", "CPUID features usable on this CPU and OS");
+    for (const auto &[name, value] : cpu_features().flags()) {
+        const std::string key = name;
+        f.def_property_readonly(key.c_str(), [key](const CpuFeatures &c) {
+            for (const auto &[n, v] : c.flags())
+                if (n == key) return v;
+            return false;
+        });
+    }
+    f.def_readonly("vendor", &CpuFeatures::vendor)
+        .def_readonly("model_name", &CpuFeatures::model_name)
+        .def_readonly("family", &CpuFeatures::family)
+        .def_readonly("model", &CpuFeatures::model)
+        .def_readonly("stepping", &CpuFeatures::stepping)
+        .def("flags", [](const CpuFeatures &c) {
+            py::dict d;
+            for (const auto &[n, v] : c.flags()) d[py::str(n)] = v;
+            return d;
+        }, "name -> bool for every flag (names as in /proc/cpuinfo)");
+    m.def("cpu_features", &cpu_features, py::return_value_policy::reference);
+    m.def("best_kernel_isa", [] { return best_kernel_isa(); },
+          "widest kernel ISA compiled in and runnable here: avx512, avx2 or ref");
+
+    m.def("parse_cpulist", &parse_cpulist, py::arg("text"));
+    m.def("process_affinity", &process_affinity);
+
+    py::class_<CpuCore>(m, "CpuCore")
+        .def_readonly("node", &CpuCore::node)
+        .def_readonly("cpus", &CpuCore::cpus);
+    py::class_<NumaNode>(m, "NumaNode")
+        .def_readonly("id", &NumaNode::id)
+        .def_readonly("cpus", &NumaNode::cpus)
+        .def_readonly("cores", &NumaNode::cores);
+    py::class_<Topology>(m, "Topology")
+        .def_readonly("numa", &Topology::numa)
+        .def_readonly("nodes", &Topology::nodes)
+        .def_readonly("online_cpus", &Topology::online_cpus)
+        .def_readonly("allowed_cpus", &Topology::allowed_cpus)
+        .def_readonly("cpus", &Topology::cpus)
+        .def("node_of_cpu", &Topology::node_of_cpu, py::arg("cpu"));
+    m.def("read_topology", &read_topology, py::arg("sysfs_root") = "/sys", py::arg("affinity") = py::none(),
+          "Topology under sysfs_root, intersected with affinity (default: this process's mask).");
+    m.def("choose_cpus",
+          [](const Topology &t, int n_threads, const std::vector<int> &nodes, bool smt) {
+              std::vector<std::pair<int, int>> out;
+              for (const auto &s : choose_cpus(t, n_threads, nodes, smt)) out.emplace_back(s.cpu, s.node);
+              return out;
+          },
+          py::arg("topology"), py::arg("n_threads") = 0, py::arg("nodes") = std::vector<int>{},
+          py::arg("smt") = false, "(cpu, node) per worker a pool with these options would use");
+
+    py::class_<ThreadPool>(m, "ThreadPool")
+        .def(py::init([](int n_threads, std::vector<int> nodes, bool smt, bool pin,
+                         const std::string &sysfs_root, int spin_us) {
+                 ThreadPoolOptions o;
+                 o.n_threads = n_threads;
+                 o.nodes = std::move(nodes);
+                 o.smt = smt;
+                 o.pin = pin;
+                 o.sysfs_root = sysfs_root;
+                 o.spin_us = spin_us;
+                 return std::make_unique<ThreadPool>(o);
+             }),
+             py::arg("n_threads") = 0, py::arg("nodes") = std::vector<int>{}, py::arg("smt") = false,
+             py::arg("pin") = true, py::arg("sysfs_root") = "/sys", py::arg("spin_us") = 50)
+        .def_property_readonly("size", &ThreadPool::size)
+        .def("run",
+             [](ThreadPool &p, const py::function &fn) {
+                 std::function<void(int, int)> call = [&fn](int tid, int nth) {
+                     py::gil_scoped_acquire gil;
+                     fn(tid, nth);
+                 };
+                 py::gil_scoped_release release;
+                 p.run(call);
+             },
+             py::arg("fn"), "fn(tid, nth) on every worker; the caller is tid 0")
+        .def("barrier", &ThreadPool::barrier, py::arg("tid"), py::call_guard<py::gil_scoped_release>())
+        .def("parallel_for",
+             [](ThreadPool &p, size_t n, const py::function &fn) {
+                 RangeFn call = with_gil(fn);
+                 py::gil_scoped_release release;
+                 p.parallel_for(n, call);
+             },
+             py::arg("n"), py::arg("fn"))
+        .def("parallel_for_node",
+             [](ThreadPool &p, int node, size_t n, const py::function &fn) {
+                 RangeFn call = with_gil(fn);
+                 py::gil_scoped_release release;
+                 p.parallel_for_node(node, n, call);
+             },
+             py::arg("node"), py::arg("n"), py::arg("fn"))
+        .def("node_of", &ThreadPool::node_of, py::arg("tid"))
+        .def("cpu_of", &ThreadPool::cpu_of, py::arg("tid"))
+        .def("cpu_slot", &ThreadPool::cpu_slot, py::arg("tid"))
+        .def("thread_id", &ThreadPool::thread_id, py::arg("tid"))
+        .def("nodes", &ThreadPool::nodes)
+        .def("workers_of_node", &ThreadPool::workers_of_node, py::arg("node"))
+        .def("pin_caller", &ThreadPool::pin_caller)
+        .def("handoff_latency", &handoff_latency, py::arg("iterations") = 10000);
+}
 
 }  // namespace ktd

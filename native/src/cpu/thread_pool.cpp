@@ -1,110 +1,328 @@
-// Placeholder implementation of the ThreadPool contract (thread_pool.h): correct, unpinned,
-// condition-variable based. The Foundation issue replaces it with pinned, NUMA-grouped workers
-// that spin before sleeping; the contract stays.
+// Pinned, NUMA-grouped persistent pool (contract and placement rules: thread_pool.h).
+//
+// Synchronisation is three futex words, each on its own cache line:
+//   start_seq  incremented by run() to release the workers (they wait for it to change),
+//   remaining  workers still inside fn; the last one to finish wakes a sleeping caller,
+//   bar_gen    incremented by the last worker to arrive at a barrier.
+// Every waiter spins for spin_us first and only then registers as a sleeper and calls
+// FUTEX_WAIT; a waker issues FUTEX_WAKE only when a sleeper is registered, so the common
+// hot handoff makes no system call. The sleeper count and the word are both seq_cst, so a
+// waker either sees the sleeper or the sleeper sees the new value before it sleeps.
 #include "cpu/thread_pool.h"
 
+#include <emmintrin.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <condition_variable>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdint>
 #include <exception>
+#include <latch>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
+
+#include "common/error.h"
+#include "cpu/topology.h"
 
 namespace ktd {
 
+namespace {
+
+constexpr size_t kCacheLine = 64;
+constexpr int kMaxUnpinnedThreads = 4096;
+
+void futex_wait(std::atomic<uint32_t> &word, uint32_t expected) {
+    // Returns on wake, on EAGAIN (value already changed) or EINTR; callers re-check the word.
+    syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAIT_PRIVATE, expected, nullptr,
+            nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t> &word) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+            nullptr, 0);
+}
+
+// Spins until done() or until spin_us have passed; true if done.
+template <class Done>
+bool spin_until(Done done, int spin_us) {
+    if (done()) return true;
+    if (spin_us <= 0) return false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+    for (unsigned i = 1;; ++i) {
+        _mm_pause();
+        if (done()) return true;
+        if ((i & 63) == 0 && std::chrono::steady_clock::now() >= deadline) return false;
+    }
+}
+
+// Waits until word != old: bounded spin, then futex sleep registered in sleepers.
+void wait_change(std::atomic<uint32_t> &word, uint32_t old, std::atomic<int> &sleepers, int spin_us) {
+    if (spin_until([&] { return word.load(std::memory_order_acquire) != old; }, spin_us)) return;
+    for (;;) {
+        sleepers.fetch_add(1, std::memory_order_seq_cst);
+        if (word.load(std::memory_order_seq_cst) == old) futex_wait(word, old);
+        sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        if (word.load(std::memory_order_acquire) != old) return;
+    }
+}
+
+// Thrown out of barrier() on the other workers once one worker's fn has thrown, so they unwind
+// instead of waiting for a worker that will never arrive. run() rethrows the original error.
+struct BarrierAborted : std::runtime_error {
+    BarrierAborted() : std::runtime_error("thread pool run aborted: another worker threw") {}
+};
+
+int pin_to(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return sched_setaffinity(0, sizeof set, &set) == 0 ? 0 : errno;
+}
+
+}  // namespace
+
+// Per-worker state, one cache line each so that workers never share a line they write.
+struct alignas(kCacheLine) WorkerState {
+    CpuSlot slot;           // cpu = -1 when the pool does not pin
+    long thread_id = -1;    // gettid(); -1 for tid 0 (the caller)
+    int pin_errno = 0;      // result of pinning at start-up
+};
+
 struct ThreadPool::Impl {
     int nth = 1;
+    bool pin = true;
+    int spin_us = 50;
+    std::vector<WorkerState> workers;
     std::vector<std::thread> threads;
-    std::mutex mu;
-    std::condition_variable cv_start, cv_done, cv_bar;
+    int caller_cpu = -1;  // set by pin_caller()
+
     const std::function<void(int, int)> *job = nullptr;
-    uint64_t generation = 0;
-    int running = 0;
-    bool stop = false;
+    std::atomic<bool> stop{false};
+    std::atomic<bool> failed{false};
+    std::mutex error_mu;
     std::exception_ptr error;
-    // barrier
-    int bar_count = 0;
-    uint64_t bar_gen = 0;
+
+    alignas(kCacheLine) std::atomic<uint32_t> start_seq{0};
+    std::atomic<int> start_sleepers{0};
+    alignas(kCacheLine) std::atomic<uint32_t> remaining{0};
+    std::atomic<int> caller_sleeping{0};
+    alignas(kCacheLine) std::atomic<uint32_t> bar_count{0};
+    alignas(kCacheLine) std::atomic<uint32_t> bar_gen{0};
+    std::atomic<int> bar_sleepers{0};
 
     void call(int tid) {
         try {
             (*job)(tid, nth);
+        } catch (const BarrierAborted &) {
+            // Consequence of another worker's error, which is the one reported.
         } catch (...) {
-            std::lock_guard<std::mutex> lk(mu);
-            if (!error) error = std::current_exception();
+            {
+                std::lock_guard<std::mutex> lk(error_mu);
+                if (!error) error = std::current_exception();
+            }
+            failed.store(true, std::memory_order_seq_cst);
+            bar_gen.fetch_add(1, std::memory_order_seq_cst);
+            futex_wake_all(bar_gen);
         }
     }
-    void worker(int tid) {
-        uint64_t seen = 0;
+
+    void worker_main(int tid, std::latch &started) {
+        WorkerState &w = workers[tid];
+        w.thread_id = long(syscall(SYS_gettid));
+        if (pin) w.pin_errno = pin_to(w.slot.cpu);
+        started.count_down();
+        uint32_t seen = 0;
         for (;;) {
-            {
-                std::unique_lock<std::mutex> lk(mu);
-                cv_start.wait(lk, [&] { return stop || generation != seen; });
-                if (stop) return;
-                seen = generation;
-            }
+            wait_change(start_seq, seen, start_sleepers, spin_us);
+            seen = start_seq.load(std::memory_order_acquire);
+            if (stop.load(std::memory_order_acquire)) return;
             call(tid);
-            std::lock_guard<std::mutex> lk(mu);
-            if (--running == 0) cv_done.notify_all();
+            if (remaining.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+                caller_sleeping.load(std::memory_order_seq_cst))
+                futex_wake_all(remaining);
         }
+    }
+
+    void release_workers() {
+        start_seq.fetch_add(1, std::memory_order_seq_cst);
+        if (start_sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(start_seq);
+    }
+
+    void shutdown() {
+        stop.store(true, std::memory_order_release);
+        release_workers();
+        for (auto &t : threads)
+            if (t.joinable()) t.join();
+        threads.clear();
     }
 };
 
 ThreadPool::ThreadPool(const ThreadPoolOptions &opts) : impl_(std::make_unique<Impl>()) {
-    int n = opts.n_threads > 0 ? opts.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
-    impl_->nth = n;
-    for (int t = 1; t < n; ++t) impl_->threads.emplace_back([this, t] { impl_->worker(t); });
+    Impl &s = *impl_;
+    s.pin = opts.pin;
+    s.spin_us = std::max(0, opts.spin_us);
+    Topology topo = read_topology(opts.sysfs_root);
+    std::vector<CpuSlot> slots;
+    if (opts.pin) {
+        slots = choose_cpus(topo, opts.n_threads, opts.nodes, opts.smt);
+    } else {
+        if (opts.n_threads < 0 || opts.n_threads > kMaxUnpinnedThreads)
+            throw std::invalid_argument("n_threads must be in [0, " + std::to_string(kMaxUnpinnedThreads) +
+                                        "], got " + std::to_string(opts.n_threads));
+        std::vector<CpuSlot> base = choose_cpus(topo, 0, opts.nodes, opts.smt);
+        size_t n = opts.n_threads > 0 ? size_t(opts.n_threads) : base.size();
+        for (size_t i = 0; i < n; ++i) slots.push_back(CpuSlot{-1, base[i % base.size()].node});
+        // Keep the tids of one node contiguous, as in the pinned case.
+        std::stable_sort(slots.begin(), slots.end(),
+                         [](const CpuSlot &a, const CpuSlot &b) { return a.node < b.node; });
+    }
+    s.nth = int(slots.size());
+    // More workers than usable CPUs: a spinning waiter would burn the time slice of the very
+    // worker it waits for, so go straight to the futex.
+    if (size_t(s.nth) > topo.cpus.size()) s.spin_us = 0;
+    s.workers.resize(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) s.workers[i].slot = slots[i];
+
+    std::latch started(s.nth - 1);
+    try {
+        for (int t = 1; t < s.nth; ++t) s.threads.emplace_back([&s, t, &started] { s.worker_main(t, started); });
+    } catch (const std::system_error &e) {
+        for (size_t k = s.threads.size() + 1; k < size_t(s.nth); ++k) started.count_down();
+        started.wait();
+        s.shutdown();
+        throw SysError("pthread_create", e.code().value());
+    }
+    started.wait();
+    for (int t = 1; t < s.nth; ++t)
+        if (s.workers[t].pin_errno) {
+            int e = s.workers[t].pin_errno, cpu = s.workers[t].slot.cpu;
+            s.shutdown();
+            throw SysError("sched_setaffinity(cpu " + std::to_string(cpu) + ")", e);
+        }
 }
 
-ThreadPool::~ThreadPool() {
-    {
-        std::lock_guard<std::mutex> lk(impl_->mu);
-        impl_->stop = true;
-    }
-    impl_->cv_start.notify_all();
-    for (auto &t : impl_->threads) t.join();
-}
+ThreadPool::~ThreadPool() { impl_->shutdown(); }
 
 int ThreadPool::size() const { return impl_->nth; }
 
 void ThreadPool::run(const std::function<void(int, int)> &fn) {
     Impl &s = *impl_;
-    {
-        std::lock_guard<std::mutex> lk(s.mu);
-        s.job = &fn;
-        s.error = nullptr;
-        s.running = s.nth - 1;
-        ++s.generation;
-    }
-    s.cv_start.notify_all();
+    s.job = &fn;
+    s.error = nullptr;
+    s.failed.store(false, std::memory_order_relaxed);
+    s.bar_count.store(0, std::memory_order_relaxed);  // an aborted run may leave arrivals behind
+    s.remaining.store(uint32_t(s.nth - 1), std::memory_order_relaxed);
+    if (s.nth > 1) s.release_workers();  // seq_cst: publishes job and the resets above
     s.call(0);
-    std::unique_lock<std::mutex> lk(s.mu);
-    s.cv_done.wait(lk, [&] { return s.running == 0; });
+    auto done = [&] { return s.remaining.load(std::memory_order_acquire) == 0; };
+    if (!spin_until(done, s.spin_us)) {
+        for (;;) {
+            s.caller_sleeping.store(1, std::memory_order_seq_cst);
+            uint32_t r = s.remaining.load(std::memory_order_seq_cst);
+            if (r == 0) break;
+            futex_wait(s.remaining, r);
+        }
+        s.caller_sleeping.store(0, std::memory_order_relaxed);
+    }
     s.job = nullptr;
-    if (s.error) std::rethrow_exception(s.error);
+    if (s.error) {
+        std::exception_ptr e = std::move(s.error);
+        s.error = nullptr;
+        std::rethrow_exception(e);
+    }
 }
 
-void ThreadPool::barrier(int) {
+void ThreadPool::barrier(int tid) {
     Impl &s = *impl_;
-    std::unique_lock<std::mutex> lk(s.mu);
-    uint64_t gen = s.bar_gen;
-    if (++s.bar_count == s.nth) {
-        s.bar_count = 0;
-        ++s.bar_gen;
-        s.cv_bar.notify_all();
-    } else {
-        s.cv_bar.wait(lk, [&] { return s.bar_gen != gen; });
+    if (s.nth == 1) return;
+    if (s.failed.load(std::memory_order_acquire)) throw BarrierAborted();
+    const uint32_t gen = s.bar_gen.load(std::memory_order_acquire);
+    if (s.bar_count.fetch_add(1, std::memory_order_acq_rel) + 1 == uint32_t(s.nth)) {
+        s.bar_count.store(0, std::memory_order_relaxed);
+        s.bar_gen.fetch_add(1, std::memory_order_seq_cst);
+        if (s.bar_sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(s.bar_gen);
+        return;
     }
+    wait_change(s.bar_gen, gen, s.bar_sleepers, s.spin_us);
+    if (s.failed.load(std::memory_order_acquire)) throw BarrierAborted();
 }
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t, int)> &fn) {
     run([&](int tid, int nth) {
-        size_t chunk = (n + nth - 1) / nth;
-        size_t b = std::min(n, chunk * tid), e = std::min(n, b + chunk);
+        size_t chunk = (n + size_t(nth) - 1) / size_t(nth);
+        size_t b = std::min(n, chunk * size_t(tid)), e = std::min(n, b + chunk);
         if (b < e) fn(b, e, tid);
     });
 }
 
-int ThreadPool::node_of(int) const { return 0; }
-int ThreadPool::cpu_of(int) const { return -1; }
+void ThreadPool::parallel_for_node(int node, size_t n,
+                                   const std::function<void(size_t, size_t, int)> &fn) {
+    const std::vector<int> tids = workers_of_node(node);
+    if (tids.empty())
+        throw std::invalid_argument("thread pool has no worker on NUMA node " + std::to_string(node));
+    const int first = tids.front(), count = int(tids.size());
+    run([&](int tid, int) {
+        if (tid < first || tid >= first + count) return;
+        size_t chunk = (n + size_t(count) - 1) / size_t(count);
+        size_t b = std::min(n, chunk * size_t(tid - first)), e = std::min(n, b + chunk);
+        if (b < e) fn(b, e, tid);
+    });
+}
+
+static void check_tid(const ThreadPool::Impl &s, int tid) {
+    if (tid < 0 || tid >= s.nth)
+        throw std::out_of_range("worker id " + std::to_string(tid) + " out of range [0, " +
+                                std::to_string(s.nth) + ")");
+}
+
+int ThreadPool::node_of(int tid) const {
+    check_tid(*impl_, tid);
+    return impl_->workers[tid].slot.node;
+}
+
+int ThreadPool::cpu_of(int tid) const {
+    check_tid(*impl_, tid);
+    if (tid == 0) return impl_->caller_cpu;
+    return impl_->pin ? impl_->workers[tid].slot.cpu : -1;
+}
+
+int ThreadPool::cpu_slot(int tid) const {
+    check_tid(*impl_, tid);
+    return impl_->workers[tid].slot.cpu;
+}
+
+long ThreadPool::thread_id(int tid) const {
+    check_tid(*impl_, tid);
+    return impl_->workers[tid].thread_id;
+}
+
+std::vector<int> ThreadPool::nodes() const {
+    std::vector<int> out;
+    for (const auto &w : impl_->workers)
+        if (out.empty() || out.back() != w.slot.node) out.push_back(w.slot.node);
+    return out;
+}
+
+std::vector<int> ThreadPool::workers_of_node(int node) const {
+    std::vector<int> out;
+    for (int t = 0; t < impl_->nth; ++t)
+        if (impl_->workers[t].slot.node == node) out.push_back(t);
+    return out;
+}
+
+void ThreadPool::pin_caller() {
+    Impl &s = *impl_;
+    if (!s.pin) return;
+    int cpu = s.workers[0].slot.cpu;
+    if (int e = pin_to(cpu)) throw SysError("sched_setaffinity(cpu " + std::to_string(cpu) + ")", e);
+    s.caller_cpu = cpu;
+}
 
 }  // namespace ktd

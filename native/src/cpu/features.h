@@ -1,0 +1,38 @@
+// CPU features for ISA dispatch, read once via CPUID and checked against what the OS enables
+// (XGETBV: a CPU may have AVX-512 while the kernel does not save its registers).
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ktd {
+
+struct CpuFeatures {
+    // Each flag is true only when both the CPU has it and the OS saves the register state it
+    // needs. Names follow /proc/cpuinfo where it has one (avx512_vnni there = avx512vnni here).
+    bool sse42 = false, popcnt = false, avx = false, avx2 = false, fma = false, f16c = false,
+         bmi2 = false;
+    bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512cd = false,
+         avx512ifma = false, avx512vnni = false, avx512vbmi = false, avx512vbmi2 = false,
+         avx512bf16 = false, avx512fp16 = false;
+    bool avx_vnni = false;
+    // AMX: CPU and XCR0 support. Linux additionally requires each process to ask for the tile
+    // data state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)) before using tiles.
+    bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
+    std::string vendor;      // "GenuineIntel", "AuthenticAMD", ...
+    std::string model_name;  // brand string, trimmed
+    int family = 0, model = 0, stepping = 0;
+
+    // (name, value) for every flag, in declaration order; names as in /proc/cpuinfo.
+    std::vector<std::pair<std::string, bool>> flags() const;
+};
+
+// Detected once (thread-safe static) and cached.
+const CpuFeatures &cpu_features();
+
+// The widest kernel translation unit (native/src/kernels/<isa>/) this CPU can run, given the
+// flags CMakeLists.txt compiles each with: "avx512", "avx2" or "ref". An ISA not compiled into
+// this build is never returned.
+std::string best_kernel_isa(const CpuFeatures &f = cpu_features());
+
+}  // namespace ktd

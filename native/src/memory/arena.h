@@ -1,0 +1,78 @@
+// The weights arena: memory the core owns for weights (repacked tensors), mapped once at its
+// full capacity (the loader knows the total size up front) and handed out by bump allocation.
+//
+// Backing, per ArenaOptions::hugepages ("auto" tries them in this order):
+//   hugetlb  anonymous MAP_HUGETLB (2 MiB or 1 GiB) from the reserved pool; reserved at mmap and
+//            prefaulted (MADV_POPULATE_WRITE) so a short pool fails here, never as SIGBUS later
+//   thp      2 MiB-aligned anonymous memory + MADV_HUGEPAGE (best effort, no reservation)
+//   normal   4 KiB pages, MADV_NOHUGEPAGE so that "off" also means off under THP=always
+// When hugetlb is demanded explicitly and the pool is short, construction throws ResourceError
+// saying how many pages are needed and how to reserve them; with auto the reason is kept in
+// fallback_reason() for the caller to log. What was obtained is read back with smaps().
+//
+// node >= 0: the range is mbind()-ed to that node before anything touches it. Prefaulting by
+// that node's pinned workers (parallel first touch) is a later optimisation; today the pages of
+// thp/normal arenas are faulted by whoever writes them first, on the bound node.
+// mlock: locks thp/normal arenas (hugetlb pages are never swapped; not locked).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace ktd {
+
+enum class HugePages { Auto, HugeTLB, THP, Off };
+enum class ArenaKind { HugeTLB2M, HugeTLB1G, THP, Normal };
+
+// "auto", "hugetlb", "thp", "off" (the config values). Throws std::invalid_argument.
+HugePages parse_hugepages(const std::string &text);
+// "hugetlb_2M", "hugetlb_1G", "thp", "normal".
+const char *arena_kind_name(ArenaKind kind);
+
+constexpr size_t kPage2M = size_t(2) << 20;
+constexpr size_t kPage1G = size_t(1) << 30;
+
+struct ArenaOptions {
+    HugePages hugepages = HugePages::Auto;
+    size_t hugetlb_page_size = kPage2M;  // kPage2M or kPage1G
+    bool mlock = false;
+    int node = -1;                       // -1: no NUMA binding
+    std::string sysfs_root = "/sys";     // where huge page pools and THP mode are read
+};
+
+class Arena {
+public:
+    // Maps capacity bytes (rounded up to the page size obtained). Throws std::invalid_argument
+    // (bad options), ResourceError (demanded backing unavailable), SysError (mmap, mbind, mlock).
+    Arena(size_t capacity, const ArenaOptions &opts = {});
+    ~Arena();
+    Arena(const Arena &) = delete;
+    Arena &operator=(const Arena &) = delete;
+
+    // Bump allocation: bytes at an address aligned to align (a power of two). Throws
+    // ResourceError when the arena is full, std::invalid_argument for a bad align.
+    void *alloc(size_t bytes, size_t align = 64);
+
+    void *base() const { return base_; }
+    size_t capacity() const { return capacity_; }  // mapped bytes
+    size_t used() const { return used_; }
+    size_t page_size() const { return page_size_; }  // of the backing (4 KiB for thp/normal)
+    ArenaKind kind() const { return kind_; }
+    int node() const { return node_; }
+    bool locked() const { return locked_; }
+    // Why the better kinds were not used ("" when the first choice worked), for the log.
+    const std::string &fallback_reason() const { return fallback_reason_; }
+    // smaps_range() over the arena's mapping.
+    std::map<std::string, uint64_t> smaps() const;
+
+private:
+    void *base_ = nullptr;
+    size_t capacity_ = 0, used_ = 0, page_size_ = 4096;
+    ArenaKind kind_ = ArenaKind::Normal;
+    int node_ = -1;
+    bool locked_ = false;
+    std::string fallback_reason_;
+};
+
+}  // namespace ktd

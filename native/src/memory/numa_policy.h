@@ -1,0 +1,23 @@
+// NUMA memory placement through raw system calls (no libnuma): bind a range to a node before it
+// is first touched, bind the calling thread's future allocations, and ask where pages are.
+// Kernel errors surface as SysError naming the call and the node (Python: OSError with errno);
+// e.g. a node that is not online gives EINVAL.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+namespace ktd {
+
+// mbind(addr, len, MPOL_BIND, {node}): pages of [addr, addr+len) are allocated on node.
+// addr must be page aligned. move_existing adds MPOL_MF_MOVE (migrate pages already faulted).
+// Throws std::invalid_argument for node < 0 or above the limit, SysError from the kernel.
+void bind_range_to_node(void *addr, size_t len, int node, bool move_existing = false);
+
+// set_mempolicy(MPOL_BIND, {node}) for the calling thread; node = -1 restores MPOL_DEFAULT.
+void bind_thread_memory(int node);
+
+// The node of each page in [addr, addr+len) (page_size steps), via move_pages(0, ..., NULL):
+// the node number, or a negative errno for a page not present (-ENOENT: never touched).
+std::vector<int> page_nodes(const void *addr, size_t len, size_t page_size);
+
+}  // namespace ktd

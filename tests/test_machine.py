@@ -1,0 +1,66 @@
+"""ktd.machine.describe(): plain data about this machine, checked against the kernel's files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ktd import _native, machine
+
+
+def test_describe_real_machine():
+    d = machine.describe()
+    json.dumps(d)  # plain data for `ktd inspect --json`
+    flags = set(next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")).split(":")[1].split())
+    assert set(d["cpu"]["flags"]) <= flags
+    assert "avx2" not in flags or "avx2" in d["cpu"]["flags"]
+    assert d["cpu"]["kernel_isa"] in ("ref", "avx2", "avx512")
+    assert set(d["topology"]["allowed_cpus"]) == os.sched_getaffinity(0)
+    assert d["thread_pool"]["n_threads"] == _native.ThreadPool().size
+    assert set(d["thread_pool"]["cpus"]) <= os.sched_getaffinity(0)
+    for p in d["hugepages"]["pools"]:
+        base = Path("/sys/kernel/mm/hugepages") if p["node"] == -1 else Path(
+            f"/sys/devices/system/node/node{p['node']}/hugepages")
+        assert p["nr"] == int((base / f"hugepages-{p['page_size'] // 1024}kB/nr_hugepages").read_text())
+    meminfo = {l.split(":")[0]: l.split()[1] for l in Path("/proc/meminfo").read_text().splitlines()}
+    assert d["hugepages"]["HugePages_Total"] == int(meminfo["HugePages_Total"])
+    assert d["hugepages"]["default_page_size"] == int(meminfo["Hugepagesize"]) * 1024
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists():
+        assert f"[{d['thp']['enabled']}]" in thp.read_text()
+    lines = machine.summary_lines(d)
+    assert any(line.startswith("thread pool:") for line in lines)
+
+
+def test_describe_fake_two_node_machine_warns_about_numa_balancing(tmp_path):
+    sys_root, proc_root = tmp_path / "sys", tmp_path / "proc"
+    (sys_root / "devices/system/cpu").mkdir(parents=True)
+    cpus = sorted(os.sched_getaffinity(0))
+    (sys_root / "devices/system/cpu/online").write_text(f"0-{max(cpus)}\n")
+    node_dir = sys_root / "devices/system/node"
+    node_dir.mkdir(parents=True)
+    (node_dir / "online").write_text("0-1\n")
+    half = max(1, len(cpus) // 2)
+    (node_dir / "node0").mkdir()
+    (node_dir / "node0/cpulist").write_text(",".join(map(str, cpus[:half])) + "\n")
+    (node_dir / "node1").mkdir()
+    (node_dir / "node1/cpulist").write_text(",".join(map(str, cpus[half:])) + "\n")
+    hp = node_dir / "node1/hugepages/hugepages-2048kB"
+    hp.mkdir(parents=True)
+    (hp / "nr_hugepages").write_text("6\n")
+    (hp / "free_hugepages").write_text("4\n")
+    (hp / "surplus_hugepages").write_text("0\n")
+    (proc_root / "sys/kernel").mkdir(parents=True)
+    (proc_root / "sys/kernel/numa_balancing").write_text("1\n")
+    (proc_root / "meminfo").write_text(Path("/proc/meminfo").read_text())
+
+    d = machine.describe(str(sys_root), str(proc_root))
+    assert d["topology"]["numa"] and [n["id"] for n in d["topology"]["nodes"]] == [0, 1]
+    assert d["thp"]["enabled"] is None  # no THP directory in the fake tree
+    assert d["hugepages"]["pools"] == [
+        {"page_size": 2 << 20, "node": 1, "nr": 6, "free": 4}
+    ]
+    if len(cpus) > 1:
+        assert d["thread_pool"]["nodes"] == [0] * half + [1] * (len(cpus) - half)
+        assert any("numa_balancing" in w for w in d["warnings"])

@@ -1,0 +1,256 @@
+"""The persistent thread pool: work coverage, barrier ordering, error propagation, pinning,
+placement per node, and that an idle pool sleeps. Python callables run on the workers (each
+call takes the GIL), so these check behaviour, not speed."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ktd import _native
+
+N_CPUS = len(_native.choose_cpus(_native.read_topology()))
+
+
+def run_with_timeout(fn, seconds=60.0):
+    """Run fn in a thread; fail (instead of hanging the suite) if it does not return."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the test
+            result["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "thread pool call did not return (deadlock)"
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+def pools():
+    """Pinned pools of every size this machine allows, plus unpinned (oversubscribed) ones."""
+    out = [dict(n_threads=n) for n in range(1, N_CPUS + 1)]
+    out += [dict(n_threads=n, pin=False) for n in (3, 5, 8)]
+    return out
+
+
+@pytest.mark.parametrize("opts", pools(), ids=lambda o: f"n{o['n_threads']}{'' if o.get('pin', True) else '-unpinned'}")
+def test_parallel_for_covers_range_exactly_once(opts):
+    pool = _native.ThreadPool(**opts)
+    assert pool.size == opts["n_threads"]
+    for n in (0, 1, 2, 3, 7, 8, 63, 64, 1000, 1001):
+        hits = np.zeros(n, dtype=np.int64)
+        chunks = []
+
+        def body(begin, end, tid):
+            assert 0 <= begin < end <= n
+            hits[begin:end] += 1
+            chunks.append((begin, end, tid))
+
+        run_with_timeout(lambda: pool.parallel_for(n, body))
+        assert (hits == 1).all(), f"n={n}"
+        tids = [c[2] for c in chunks]
+        assert len(tids) == len(set(tids)), "a worker got two chunks"
+        assert all(0 <= t < pool.size for t in tids)
+        # Contiguous chunks in tid order.
+        ordered = sorted(chunks, key=lambda c: c[2])
+        assert [c[0] for c in ordered] == sorted(c[0] for c in chunks)
+
+
+@pytest.mark.parametrize("n_threads, pin", [(1, True), (N_CPUS, True), (4, False), (7, False)])
+def test_run_calls_every_worker_once(n_threads, pin):
+    pool = _native.ThreadPool(n_threads=n_threads, pin=pin)
+    seen = []
+    run_with_timeout(lambda: pool.run(lambda tid, nth: seen.append((tid, nth))))
+    assert sorted(seen) == [(t, n_threads) for t in range(n_threads)]
+    # The pool is persistent: the same workers serve many runs.
+    for _ in range(50):
+        seen.clear()
+        pool.run(lambda tid, nth: seen.append(tid))
+        assert sorted(seen) == list(range(n_threads))
+
+
+@pytest.mark.parametrize("n_threads, pin", [(N_CPUS, True), (5, False)])
+def test_barrier_orders_phases(n_threads, pin):
+    pool = _native.ThreadPool(n_threads=n_threads, pin=pin)
+    log = []
+    phases = 6
+
+    def body(tid, nth):
+        for phase in range(phases):
+            log.append((phase, tid))
+            pool.barrier(tid)
+
+    for _ in range(3):
+        log.clear()
+        run_with_timeout(lambda: pool.run(body))
+        assert len(log) == phases * n_threads
+        phase_seq = [p for p, _ in log]
+        assert phase_seq == sorted(phase_seq), "a worker passed a barrier before all arrived"
+        for phase in range(phases):
+            assert sorted(t for p, t in log if p == phase) == list(range(n_threads))
+
+
+def test_exception_in_a_worker_propagates_and_pool_survives():
+    pool = _native.ThreadPool(n_threads=4, pin=False)
+
+    def body(tid, nth):
+        if tid == 2:
+            raise ValueError("boom from worker 2")
+
+    with pytest.raises(ValueError, match="boom from worker 2"):
+        run_with_timeout(lambda: pool.run(body))
+    seen = []
+    run_with_timeout(lambda: pool.run(lambda tid, nth: seen.append(tid)))
+    assert sorted(seen) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("thrower", [0, 3])
+def test_exception_releases_workers_waiting_in_barrier(thrower):
+    pool = _native.ThreadPool(n_threads=4, pin=False)
+
+    def body(tid, nth):
+        pool.barrier(tid)
+        if tid == thrower:
+            raise KeyError("failed between barriers")
+        pool.barrier(tid)  # the others wait here for a worker that never comes
+
+    with pytest.raises(KeyError, match="failed between barriers"):
+        run_with_timeout(lambda: pool.run(body))
+    log = []
+
+    def ok(tid, nth):
+        log.append(tid)
+        pool.barrier(tid)
+
+    run_with_timeout(lambda: pool.run(ok))
+    assert sorted(log) == [0, 1, 2, 3]
+
+
+def test_parallel_for_exception_propagates():
+    pool = _native.ThreadPool(n_threads=3, pin=False)
+
+    def body(begin, end, tid):
+        if begin == 0:
+            raise RuntimeError("chunk 0 failed")
+
+    with pytest.raises(RuntimeError, match="chunk 0 failed"):
+        run_with_timeout(lambda: pool.parallel_for(30, body))
+
+
+def test_workers_are_pinned_to_distinct_allowed_cpus():
+    pool = _native.ThreadPool()
+    topo = _native.read_topology()
+    assert pool.size == N_CPUS
+    slots = [pool.cpu_slot(t) for t in range(pool.size)]
+    assert [(c, pool.node_of(t)) for t, c in enumerate(slots)] == _native.choose_cpus(topo)
+    assert len(set(slots)) == pool.size
+    for tid in range(1, pool.size):
+        # The kernel's view of each worker thread's mask, by its thread id.
+        assert os.sched_getaffinity(pool.thread_id(tid)) == {pool.cpu_of(tid)}
+        assert pool.node_of(tid) == topo.node_of_cpu(pool.cpu_of(tid))
+    # The caller is tid 0 and is left unpinned.
+    before = os.sched_getaffinity(0)
+    pool.run(lambda tid, nth: None)
+    assert os.sched_getaffinity(0) == before
+    assert pool.cpu_of(0) == -1 and pool.thread_id(0) == -1
+
+
+def test_pin_caller_pins_the_calling_thread():
+    pool = _native.ThreadPool()
+    got = {}
+
+    def forward_thread():
+        pool.pin_caller()
+        got["mask"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=forward_thread)
+    t.start()
+    t.join()
+    assert got["mask"] == {pool.cpu_slot(0)}
+    assert pool.cpu_of(0) == pool.cpu_slot(0)
+
+
+def test_unpinned_pool_reports_no_cpus():
+    pool = _native.ThreadPool(n_threads=3, pin=False)
+    assert [pool.cpu_of(t) for t in range(3)] == [-1, -1, -1]
+    for tid in (1, 2):
+        assert os.sched_getaffinity(pool.thread_id(tid)) == os.sched_getaffinity(0)
+
+
+def test_nodes_and_per_node_parallel_for():
+    pool = _native.ThreadPool(n_threads=4, pin=False)
+    topo = _native.read_topology()
+    assert pool.nodes() == sorted({n for _, n in _native.choose_cpus(topo)})
+    total = []
+    for node in pool.nodes():
+        tids = pool.workers_of_node(node)
+        assert tids == list(range(tids[0], tids[0] + len(tids)))
+        hits = np.zeros(101, dtype=np.int64)
+        used = set()
+
+        def body(begin, end, tid):
+            hits[begin:end] += 1
+            used.add(tid)
+
+        run_with_timeout(lambda: pool.parallel_for_node(node, 101, body))
+        assert (hits == 1).all()
+        assert used <= set(tids)
+        total += tids
+    assert sorted(total) == list(range(pool.size))
+    with pytest.raises(ValueError, match="no worker on NUMA node 7"):
+        pool.parallel_for_node(7, 10, lambda b, e, t: None)
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="exceeds"):
+        _native.ThreadPool(n_threads=N_CPUS + 1)
+    with pytest.raises(ValueError, match="node 63 is not online"):
+        _native.ThreadPool(nodes=[63])
+    with pytest.raises(ValueError, match="n_threads"):
+        _native.ThreadPool(n_threads=-1)
+    pool = _native.ThreadPool(n_threads=1)
+    with pytest.raises(IndexError):
+        pool.node_of(1)
+
+
+def test_process_affinity_limits_the_pool():
+    # taskset-like restriction in a child process: the pool must only use the allowed CPU.
+    cpu = max(os.sched_getaffinity(0))
+    code = (
+        "import os; os.sched_setaffinity(0, {%d}); from ktd import _native; "
+        "p = _native.ThreadPool(); print(p.size, p.cpu_slot(0))" % cpu
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["1", str(cpu)]
+
+
+def test_idle_pool_uses_no_cpu():
+    pool = _native.ThreadPool()
+    pool.run(lambda tid, nth: None)
+    time.sleep(0.05)  # past the bounded spin: every worker is asleep on its futex now
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(1.0)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    used = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    assert used < 0.05, f"idle pool of {pool.size} used {used:.3f} s CPU in 1 s"
+
+
+def test_handoff_latency_is_measurable():
+    # Reported, never asserted against a time (shared, noisy machines); only sanity of the probe.
+    pool = _native.ThreadPool()
+    lat = pool.handoff_latency(1000)
+    assert lat["run_ns"] > 0 and lat["barrier_ns"] >= 0
+    with pytest.raises(ValueError):
+        pool.handoff_latency(0)
