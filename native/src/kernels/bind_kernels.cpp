@@ -42,7 +42,13 @@ ThreadPool *pool_for(int threads) {
     if (!p) {
         ThreadPoolOptions o;
         o.n_threads = threads;
-        p = std::make_unique<ThreadPool>(o);
+        try {
+            p = std::make_unique<ThreadPool>(o);
+        } catch (const std::invalid_argument &) {
+            // More threads than usable cores (tests run 3 threads on 2 cores): unpinned workers.
+            o.pin = false;
+            p = std::make_unique<ThreadPool>(o);
+        }
     }
     return p.get();
 }

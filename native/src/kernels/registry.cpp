@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu/features.h"
 #include "kernels/kernels.h"
 
 namespace ktd {
@@ -65,15 +66,14 @@ bool isa_compiled(Isa isa) {
 }
 
 bool isa_supported_by_cpu(Isa isa) {
+    // Must match KTD_ISA_FLAGS_<isa> in CMakeLists.txt: a TU may use any instruction its flags allow.
+    const CpuFeatures &f = cpu_features();
+    const bool avx2 = f.avx2 && f.fma && f.f16c && f.bmi2 && f.popcnt;
     switch (isa) {
         case Isa::Ref: return true;
-        case Isa::AVX2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                   __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+        case Isa::AVX2: return avx2;
         case Isa::AVX512:
-            return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                   __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+            return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512vbmi;
     }
     return false;
 }
