@@ -305,26 +305,21 @@ class AsyncStream:
     async def __aiter__(self) -> AsyncIterator[str]:
         try:
             while True:
-                if not self._queue.empty():
-                    piece = self._queue.get_nowait()
-                    if self.t_first is None:
-                        self.t_first = time.monotonic()
-                    yield piece
-                    continue
-                if self._fut.done():
+                if self._queue.empty() and self._fut.done():
                     self.result = await self.client._result(self._fut)
                     return
                 getter = asyncio.ensure_future(self._queue.get())
                 done, _ = await asyncio.wait({getter, self._fut}, timeout=self.client.timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    self._queue.put_nowait(getter.result())
-                    # keep order: re-queued piece is the only one (the queue was empty)
-                else:
+                if getter not in done:
                     getter.cancel()
                     if not done:
                         raise ConnectionLost(f"no answer from {self.client.path} within "
                                              f"{self.client.timeout} s")
+                    continue  # the response came: drain the queue first, then finish
+                if self.t_first is None:
+                    self.t_first = time.monotonic()
+                yield getter.result()
         finally:
             self.client._streams.pop(self.msgid, None)
 

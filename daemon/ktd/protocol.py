@@ -80,6 +80,11 @@ class FrameDecoder:
                 raise FramingError(TooLarge(f"message larger than {self.max_frame_bytes} bytes")) from None
             yield from self._drain()
 
+    @property
+    def partial(self) -> bool:
+        """True while part of a message has been received (a close now truncates it)."""
+        return self._buffered() > 0
+
     def _buffered(self) -> int:
         # bytes fed but not yet consumed by complete values
         return self._fed - self._unpacker.tell()

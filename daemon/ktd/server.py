@@ -431,6 +431,9 @@ class Daemon:
             except ConnectionError:
                 return
             if not data:
+                if decoder.partial:  # the peer may only have shut down its writing side
+                    conn.send(protocol.error_notification(BadRequest("connection closed inside a message")))
+                    await conn.drain()
                 return
             try:
                 for value in decoder.feed(data):
