@@ -63,7 +63,8 @@ class FrameDecoder:
         self._unpacker = msgpack.Unpacker(
             raw=False, unicode_errors="surrogateescape", max_buffer_size=max_frame_bytes,
             strict_map_key=False, use_list=True, timestamp=0)
-        self._fed = 0
+        self._fed = 0       # bytes fed in total
+        self._boundary = 0  # stream offset just after the last complete message
 
     def feed(self, data: bytes) -> Iterator[Any]:
         view = memoryview(data)
@@ -86,8 +87,10 @@ class FrameDecoder:
         return self._buffered() > 0
 
     def _buffered(self) -> int:
-        # bytes fed but not yet consumed by complete values
-        return self._fed - self._unpacker.tell()
+        # Bytes of the message being received. Not ``fed - tell()``: the unpacker consumes a
+        # partial message incrementally (tell() advances), so a nested message could otherwise
+        # grow without bound while its buffer stays small.
+        return self._fed - self._boundary
 
     def _drain(self) -> Iterator[Any]:
         while True:
@@ -99,6 +102,7 @@ class FrameDecoder:
                     TypeError) as e:
                 detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 raise FramingError(BadRequest(f"malformed msgpack ({detail})")) from None
+            self._boundary = self._unpacker.tell()
             yield value
 
 

@@ -6,7 +6,7 @@ Each step the engine thread:
 
 1. applies cancellations and expired deadlines (their KV slots are freed before the step);
 2. admits waiting jobs into free KV slots, fairly: the waiting job whose client holds the fewest
-   slots goes first (ties: arrival order);
+   slots goes first, then the client served longest ago (round robin), then arrival order;
 3. builds one batch: one decode token of every running sequence, plus a chunk of pending prompt
    tokens (prefill) up to ``prefill_tokens_per_step`` shared by the prompts in admission order;
 4. calls ``engine.forward`` once (the GIL is released there) and samples the rows it marked.
@@ -79,6 +79,8 @@ class Scheduler:
         self._running: dict[int, _Seq] = {}        # rid -> seq (engine thread; size read under lock)
         self._free_slots = list(range(engine.n_seq_max - 1, -1, -1))
         self._ids = itertools.count(1)
+        self._admissions = itertools.count()
+        self._last_admit: dict[int, int] = {}      # client -> admission number of its last job
         self._closed = False
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -216,11 +218,16 @@ class Scheduler:
                 self._finish(seq, error=Cancelled(reason))
 
     def _admit(self) -> None:
-        # under the lock; fairness: fewest running sequences of the same client first
+        # under the lock. Fairness: the client holding the fewest slots goes first, then the one
+        # served longest ago (round robin), then arrival order (min() is stable).
         while self._free_slots and self._waiting:
             held = collections.Counter(s.job.client for s in self._running.values())
-            job = min(self._waiting, key=lambda j: held[j.client])  # min is stable: arrival order
+            job = min(self._waiting, key=lambda j: (held[j.client], self._last_admit.get(j.client, -1)))
             self._waiting.remove(job)
+            self._last_admit[job.client] = next(self._admissions)
+            if len(self._last_admit) > 4096:  # forget clients with nothing in the system
+                present = {j.client for j in self._waiting} | set(held) | {job.client}
+                self._last_admit = {c: n for c, n in self._last_admit.items() if c in present}
             slot = self._free_slots.pop()
             gen = Generation(job.sampling, prompt=job.prompt, eos_ids=self.engine.tokenizer.eos_ids,
                              stop=job.stop, max_tokens=job.max_tokens,

@@ -386,6 +386,8 @@ class Daemon:
                 self.scheduler.cancel(rid, "client disconnected")  # type: ignore[union-attr]
             if conn.active:
                 log.info("connection %d closed: cancelled %d requests", conn.cid, len(conn.active), extra=extra)
+            if conn.tasks:  # answers to a peer that only shut down its writing side still go out
+                await asyncio.wait(list(conn.tasks), timeout=5.0)
             conn.writer.close()
 
     async def _refuse(self, conn: Connection, error: KtdError) -> None:
