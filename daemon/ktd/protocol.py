@@ -309,7 +309,7 @@ def parse_cancel(params: dict[str, Any]) -> int:
     return p.int("id", None, 0, MAX_MSGID)
 
 
-def parse_tokenize(params: dict[str, Any], limits: Limits) -> tuple[str, bool, bool]:
+def parse_tokenize(params: dict[str, Any]) -> tuple[str, bool, bool]:
     p = _Params("tokenize", params, ("text", "add_special", "parse_special"))
     if "text" not in params:
         raise BadRequest("tokenize: text is required")

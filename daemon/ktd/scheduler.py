@@ -103,6 +103,8 @@ class Scheduler:
         with self._lock:
             if self._closed:
                 raise Busy("the daemon is shutting down")
+            if not self.alive:
+                raise Internal("the engine thread is not running")
             in_system = len(self._running) + len(self._waiting)
             if in_system >= self.engine.n_seq_max + self.max_queue:
                 raise Busy(f"all {self.engine.n_seq_max} slots busy and {self.max_queue} requests queued")

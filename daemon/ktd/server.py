@@ -202,7 +202,7 @@ class Daemon:
         sock = self._listening_socket()
         try:
             self.engine = await self._load(loop)
-        except StartupError:
+        except BaseException:
             sock.close()
             self._unlink_own_socket()
             raise
@@ -504,7 +504,7 @@ class Daemon:
             self.scheduler.cancel(rid, "cancelled by the client")
             return {"cancelled": True}
         if m == "tokenize":
-            text, add_special, parse_special = protocol.parse_tokenize(p, self._limits)
+            text, add_special, parse_special = protocol.parse_tokenize(p)
             ids = await loop.run_in_executor(
                 None, lambda: tok.encode(text, add_special=add_special, parse_special=parse_special))
             return {"tokens": ids}
