@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ktd.sampling import Generation, Sampler, SamplingParams, StopMatcher, candidates, apply_penalties
+from ktd.sampling import (Generation, Sampler, SamplingParams, StopMatcher, apply_penalties, candidates,
+                          draw, top_k_indices)
+
+
+def as_dist(idx, w) -> dict[int, float]:
+    """candidates() output as {token: probability}."""
+    if idx is None:
+        idx = np.arange(w.shape[0])
+    total = float(np.sum(w, dtype=np.float64))
+    return {int(t): float(v) / total for t, v in zip(idx, w)}
 
 
 def reference_distribution(logits, history, p: SamplingParams) -> dict[int, float]:
@@ -59,7 +68,7 @@ PARAMS = [
 ]
 
 
-@pytest.mark.parametrize("n_vocab", [7, 64, 3000])
+@pytest.mark.parametrize("n_vocab", [7, 64, 3000, 40000])
 @pytest.mark.parametrize("p", PARAMS, ids=range(len(PARAMS)))
 def test_candidates_match_reference(p, n_vocab):
     rng = np.random.default_rng(n_vocab)
@@ -70,11 +79,22 @@ def test_candidates_match_reference(p, n_vocab):
         assert Sampler(p).sample(logits, history) == next(iter(ref))
         return
     window = history[-p.penalty_last_n:]
-    idx, probs = candidates(apply_penalties(logits, window, p), p)
-    got = dict(zip(idx.tolist(), probs.tolist()))
+    got = as_dist(*candidates(apply_penalties(logits, window, p), p))
     assert set(got) == set(ref)
     for t, v in ref.items():
         assert got[t] == pytest.approx(v, rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 40, 200, 1000])
+def test_top_k_indices_exact(k):
+    rng = np.random.default_rng(k)
+    for x in (rng.standard_normal(151936).astype(np.float32),
+              np.sort(rng.standard_normal(151936)).astype(np.float32),   # adversarial order
+              np.repeat(rng.standard_normal(4748), 32).astype(np.float32)):  # many ties
+        got = top_k_indices(x, k)
+        assert len(set(got.tolist())) == k
+        kth = np.sort(x)[-k]
+        assert (x[got] >= kth).all() and (x > kth).sum() <= k
 
 
 def test_large_vocab_probe_path_matches_reference():
@@ -85,8 +105,7 @@ def test_large_vocab_probe_path_matches_reference():
         logits = (rng.standard_normal(5000) * scale).astype(np.float32)
         p = SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0)
         ref = reference_distribution(logits, [], p)
-        idx, probs = candidates(logits, p)
-        got = dict(zip(idx.tolist(), probs.tolist()))
+        got = as_dist(*candidates(logits, p))
         assert set(got) == set(ref)
         assert max(abs(got[t] - ref[t]) for t in ref) < 1e-6
 
@@ -102,6 +121,22 @@ def test_draws_follow_the_reference_distribution():
     assert set(np.flatnonzero(counts)) <= set(ref)
     tv = 0.5 * sum(abs(counts[t] - ref.get(t, 0.0)) for t in range(30))
     assert tv < 0.02  # ~ sqrt(k/n) sampling noise is ~0.01 here
+
+
+@pytest.mark.parametrize("n", [1, 5, 4096, 4097, 10000])
+def test_two_level_draw_matches_inverse_cdf(n):
+    rng = np.random.default_rng(n)
+    w = rng.random(n).astype(np.float32)
+    w[rng.random(n) < 0.3] = 0.0  # zero weights are never drawn
+    if not w.any():
+        w[0] = 1.0
+    cum = np.cumsum(w.astype(np.float64))
+    for u in [0.0, 0.999999999, *rng.random(200)]:
+        want = int(np.searchsorted(cum, u * cum[-1], side="right"))
+        got = draw(w, u)
+        assert w[got] > 0
+        # equal, up to rounding exactly at a boundary between two tokens
+        assert got == want or abs(cum[min(got, want)] - u * cum[-1]) < 1e-6 * cum[-1]
 
 
 def test_seed_reproducible_and_seeds_differ():
@@ -138,7 +173,7 @@ def reference_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[:min(hits)], True) if hits else (text, False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.text(alphabet="abcé\n", max_size=40), st.lists(st.text(alphabet="abcé\n", min_size=1, max_size=4),
                                                      max_size=3), st.data())
 def test_stop_matcher_across_arbitrary_boundaries(text, stops, data):

@@ -9,8 +9,8 @@ engine forward). The filter order is fixed and documented (docs/PROTOCOL.md, gen
 
 Cost matters: at n_vocab = 152k a decode step is tens of milliseconds and sampling must stay
 under 2 % of it, so nothing sorts the whole vocabulary in the common cases: top-k uses
-``argpartition``; top-p first tries the ``_NUCLEUS_PROBE`` most likely tokens and sorts the
-plausible tokens only when their mass is below top_p (a very flat distribution).
+a sampled threshold and a small ``argpartition``; top-p sorts only the smallest probe of the k most likely tokens
+(k = ``_NUCLEUS_PROBE`` · 8^i) that holds the nucleus; the draw uses a two-level cumulative sum. ``bench/sampling.py`` measures it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from typing import Protocol
 
 import numpy as np
 
-_NUCLEUS_PROBE = 1024  # candidates examined before falling back to a full sort for top-p
-_CUT = 40.0  # logit/T distance below the maximum beyond which a token cannot be drawn (see candidates)
+_NUCLEUS_PROBE = 1024  # first top-p probe size (grows 8x while the nucleus does not fit)
+_DRAW_BLOCK = 1024     # block size of the two-level draw
+_TOPK_SAMPLE_MIN_N = 16384  # top-k by a sampled threshold from this vocabulary size on
+_TOPK_STRIDE = 37      # prime sample stride, so it does not align with structure in token ids
 
 
 @dataclass(frozen=True)
@@ -76,46 +78,102 @@ def apply_penalties(logits: np.ndarray, window: Sequence[int], p: SamplingParams
     return out
 
 
-def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens that may be drawn and their probabilities (float64, summing to 1).
+def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest entries of x [n] (any order; ties broken arbitrarily).
 
-    ``logits`` are already penalised; temperature > 0. The probabilities are the softmax over
-    the top-k set (or the whole vocabulary), then cut by top-p and min-p and renormalised.
-
-    Tokens whose logit/T is more than ``_CUT`` below the maximum are dropped first: each has a
-    probability below e^-_CUT relative to the most likely token, together less than
-    n_vocab * e^-_CUT (< 1e-12 at 152k), far below float32 resolution of the softmax. This one
-    vectorised comparison keeps the rest of the work proportional to the plausible tokens. With
-    top-k the k largest logits are found by ``argpartition`` (no sort of the vocabulary).
+    A full ``argpartition`` of 152k logits costs about a millisecond; instead a strided sample
+    gives a threshold that about 4k entries exceed, one comparison pass collects them, and the
+    small set is partitioned. Exact: when at least k entries reach the threshold, the k largest
+    are among them; otherwise (an unlucky sample) the full partition runs.
     """
-    x = logits.astype(np.float32, copy=False) / np.float32(p.temperature)
     n = x.shape[0]
+    if n >= _TOPK_SAMPLE_MIN_N and k * 64 < n:
+        sample = x[::_TOPK_STRIDE]
+        m = sample.shape[0]
+        j = min(m - 1, 4 * k * m // n + 4)  # rank from the top of the sample
+        tau = np.partition(sample, m - 1 - j)[m - 1 - j]
+        cand = np.flatnonzero(x >= tau)
+        if k <= cand.shape[0] <= 64 * k:
+            return cand[np.argpartition(x[cand], cand.shape[0] - k)[cand.shape[0] - k:]]
+    return np.argpartition(x, n - k)[n - k:]
+
+
+def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """The tokens that may be drawn and their weights (probabilities up to a common factor).
+
+    ``logits`` float32 [n_vocab], already penalised; temperature > 0. Returns ``(idx, w)``:
+    token ids and weights; ``idx`` None means ``w`` is [n_vocab] in id order (no filter cut
+    anything). The weights are the softmax over the top-k set (or the whole vocabulary), then
+    cut by top-p and min-p. Without top-k the whole vocabulary is handled in place in float32
+    (three passes: scale, subtract the max, exp); argpartition finds top-k and the top-p probe.
+    """
+    n = logits.shape[0]
+    x = np.multiply(logits, np.float32(1.0 / p.temperature), dtype=np.float32)
+    idx: np.ndarray | None
     if 0 < p.top_k < n:
-        idx = np.argpartition(x, n - p.top_k)[n - p.top_k:]
+        idx = top_k_indices(x, p.top_k)
         xs = x[idx].astype(np.float64)
-        probs = np.exp(xs - xs.max())
+        w = np.exp(xs - xs.max())
     else:
-        m = x.max()
-        idx = np.flatnonzero(x >= m - np.float32(_CUT))
-        # float32 exp over what may be the whole vocabulary; float64 from here on
-        probs = np.exp(x[idx] - m).astype(np.float64)
-    probs /= probs.sum()
+        idx = None
+        np.subtract(x, x.max(), out=x)
+        w = np.exp(x, out=x)  # max 1; far-below-max tokens underflow to exactly 0
     if p.top_p < 1.0:
-        k = min(_NUCLEUS_PROBE, idx.shape[0])
-        if k < idx.shape[0]:
-            top = np.argpartition(probs, probs.shape[0] - k)[probs.shape[0] - k:]
-            if probs[top].sum() >= p.top_p:  # the nucleus lies within the probe: sort only it
-                idx, probs = idx[top], probs[top]
-        order = np.argsort(-probs, kind="stable")
-        idx, probs = idx[order], probs[order]
-        cum = np.cumsum(probs)
+        total = float(w.sum(dtype=np.float64))
+        if idx is None:
+            # the nucleus is usually small: find a probe of the k most likely tokens that holds
+            # it (k grows 8x while it does not), then sort only the probe
+            k = _NUCLEUS_PROBE
+            while True:
+                if k >= n:
+                    top = np.flatnonzero(w)
+                    break
+                top = top_k_indices(w, k)
+                if float(w[top].sum(dtype=np.float64)) >= p.top_p * total:
+                    break
+                k *= 8
+            idx, w = top, w[top].astype(np.float64)
+        order = np.argsort(-w, kind="stable")
+        idx, w = idx[order], w[order]
+        cum = np.cumsum(w, dtype=np.float64)
         # the smallest prefix (in decreasing probability) whose mass reaches top_p
-        keep = min(int(np.searchsorted(cum, p.top_p, side="left")) + 1, idx.shape[0])
-        idx, probs = idx[:keep], probs[:keep]
+        keep = min(int(np.searchsorted(cum, p.top_p * total, side="left")) + 1, idx.shape[0])
+        idx, w = idx[:keep], w[:keep]
     if p.min_p > 0.0:
-        keep_mask = probs >= p.min_p * probs.max()
-        idx, probs = idx[keep_mask], probs[keep_mask]
-    return idx, probs / probs.sum()
+        threshold = p.min_p * float(w.max())
+        if idx is None:
+            idx = np.flatnonzero(w >= threshold)
+            w = w[idx]
+        else:
+            keep_mask = w >= threshold
+            idx, w = idx[keep_mask], w[keep_mask]
+    return idx, w
+
+
+def draw(w: np.ndarray, u: float) -> int:
+    """Position j drawn with probability w[j] / sum(w), for u uniform in [0, 1).
+
+    Two levels (sums of ``_DRAW_BLOCK`` weights, then one block) so a draw over the whole
+    vocabulary costs one reduction pass instead of a full cumulative sum.
+    """
+    n = w.shape[0]
+    if n <= 4 * _DRAW_BLOCK:
+        cum = np.cumsum(w, dtype=np.float64)
+        start, target = 0, u * cum[-1]
+        inner = cum
+    else:
+        nb = n // _DRAW_BLOCK
+        sums = w[: nb * _DRAW_BLOCK].reshape(nb, _DRAW_BLOCK).sum(axis=1, dtype=np.float64)
+        cum = np.cumsum(np.append(sums, w[nb * _DRAW_BLOCK:].sum(dtype=np.float64)))
+        target = u * cum[-1]
+        b = min(int(np.searchsorted(cum, target, side="right")), cum.shape[0] - 1)
+        start = b * _DRAW_BLOCK
+        target -= cum[b - 1] if b else 0.0
+        inner = np.cumsum(w[start:start + _DRAW_BLOCK], dtype=np.float64)
+    j = int(np.searchsorted(inner, target, side="right"))
+    if j >= inner.shape[0] or w[start + j] == 0:  # rounding at a block edge: last positive weight
+        j = int(np.flatnonzero(w[start:start + inner.shape[0]])[-1])
+    return start + j
 
 
 class Sampler:
@@ -133,23 +191,37 @@ class Sampler:
         x = apply_penalties(logits, window, p)
         if p.temperature == 0.0:
             return int(np.argmax(x))
-        idx, probs = candidates(x, p)
-        u = self._rng.random()
-        j = int(np.searchsorted(np.cumsum(probs), u, side="right"))
-        return int(idx[min(j, idx.shape[0] - 1)])
+        idx, w = candidates(x, p)
+        j = draw(w, self._rng.random())
+        return j if idx is None else int(idx[j])
 
 
 class StopMatcher:
     """Finds stop strings in streamed text, also across token boundaries.
 
-    ``feed(text)`` returns the text that can be emitted now: it holds back the longest tail that
-    could still be the start of a stop string, so a client never sees part of a stop string.
+    The result does not depend on how the text is split: generation ends before the stop
+    string that *starts* first in the whole text. ``feed(text)`` returns the text that can be
+    emitted now; it holds back everything from the earliest position where a stop string may
+    still be in progress, so a client never sees part of a stop string.
     """
 
     def __init__(self, stops: Iterable[str]):
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+
+    def _first_match(self, buf: str) -> int:
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else -1
+
+    def _first_partial(self, buf: str) -> int:
+        """Earliest j such that buf[j:] is a proper prefix of a stop string (len(buf) if none)."""
+        longest = max(len(s) for s in self.stops)
+        for j in range(max(0, len(buf) - longest + 1), len(buf)):
+            tail = buf[j:]
+            if any(len(s) > len(tail) and s.startswith(tail) for s in self.stops):
+                return j
+        return len(buf)
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -158,28 +230,26 @@ class StopMatcher:
         if not self.stops:
             self._held = ""
             return buf
-        first = -1
-        for s in self.stops:
-            i = buf.find(s)
-            if i >= 0 and (first < 0 or i < first):
-                first = i
-        if first >= 0:
+        first = self._first_match(buf)
+        partial = self._first_partial(buf)
+        if first >= 0 and first <= partial:
             self.stopped = True
             self._held = ""
             return buf[:first]
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), hold, -1):
-                if buf.endswith(s[:k]):
-                    hold = k
-                    break
-        self._held = buf[len(buf) - hold:] if hold else ""
-        return buf[:len(buf) - hold]
+        # no match yet, or a longer stop string starting earlier may still complete
+        self._held = buf[partial:]
+        return buf[:partial]
 
     def flush(self) -> str:
-        """At the end of generation (not by a stop string): the held-back text."""
-        out, self._held = ("" if self.stopped else self._held), ""
-        return out
+        """At the end of generation: the held-back text, up to a stop string found in it."""
+        buf, self._held = self._held, ""
+        if self.stopped:
+            return ""
+        first = self._first_match(buf) if self.stops else -1
+        if first >= 0:
+            self.stopped = True
+            return buf[:first]
+        return buf
 
 
 class StreamDecoder(Protocol):
@@ -216,9 +286,10 @@ class Generation:
         if self.matcher.stopped:
             return token, text, "stop"
         if len(self.output) >= self.max_tokens:
-            return token, text + self.finish(), "length"
+            text += self.finish()
+            return token, text, "stop" if self.matcher.stopped else "length"
         return token, text, None
 
     def finish(self) -> str:
         """Text still held back (incomplete UTF-8, a possible stop-string start) at the end."""
-        return self.matcher.flush() + self.matcher.feed(self.decoder.flush()) + self.matcher.flush()
+        return self.matcher.feed(self.decoder.flush()) + self.matcher.flush()
