@@ -109,6 +109,17 @@ def test_socket_activation_ready_watchdog_reload_and_drain():
                 c.generate("x", max_tokens=11)
             assert c.hello()["n_ctx"] == 256
         assert "model.n_ctx changed but needs a restart" in d.log()
+        # an invalid file: the running configuration stays, READY=1 says why
+        d.sections["bogus"] = {"x": 1}
+        d.write_config()
+        del d.sections["bogus"]
+        mark = len(notify.messages)
+        proc.send_signal(signal.SIGHUP)
+        k = notify.wait("READY", "1", start=notify.wait("RELOADING", "1", start=mark))
+        assert "reload failed" in notify.messages[k][1]["STATUS"] and "bogus" in notify.messages[k][1]["STATUS"]
+        with Client(act_path) as c:
+            with pytest.raises(TooLarge):
+                c.generate("x", max_tokens=11)
 
         # SIGTERM: STOPPING=1, the short request finishes, the long one is cancelled, exit 0
         short, long_ = Client(act_path), Client(act_path)

@@ -55,7 +55,10 @@ def test_watchdog_interval(clean_env):
 def test_journal_handler_under_systemd(clean_env):
     if not systemd.available():
         pytest.skip("systemd-python is not installed")
-    clean_env.setenv("JOURNAL_STREAM", "8:12345")
     from systemd.journal import JournalHandler
 
+    st = os.fstat(2)
+    clean_env.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
     assert isinstance(systemd.log_handler(), JournalHandler)
+    clean_env.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino + 1}")  # stderr redirected elsewhere
+    assert not isinstance(systemd.log_handler(), JournalHandler)

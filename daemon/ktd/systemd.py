@@ -103,7 +103,17 @@ def listen_sockets() -> list[tuple[socket.socket, str]]:
 
 
 def under_journal() -> bool:
-    return bool(os.environ.get("JOURNAL_STREAM")) and _journal is not None
+    """stderr is connected to the journal: JOURNAL_STREAM names its device:inode (systemd.exec(5);
+    a shell redirect under a unit changes stderr and then plain lines are right)."""
+    value = os.environ.get("JOURNAL_STREAM")
+    if not value or _journal is None:
+        return False
+    try:
+        dev, ino = (int(v) for v in value.split(":"))
+        st = os.fstat(2)
+    except (ValueError, OSError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
 
 
 def log_handler() -> logging.Handler:
