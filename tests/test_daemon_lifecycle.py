@@ -124,14 +124,16 @@ def test_socket_activation_ready_watchdog_reload_and_drain():
         # SIGTERM: STOPPING=1, the short request finishes, the long one is cancelled, exit 0
         short, long_ = Client(act_path), Client(act_path)
         d.write_config(limits={"max_tokens": 4096})
+        mark = len(notify.messages)
         proc.send_signal(signal.SIGHUP)
-        notify.wait("READY", "1", start=j + 1)
+        notify.wait("READY", "1", start=notify.wait("RELOADING", "1", start=mark))
         s_long = long_.stream("b", max_tokens=250, ignore_eos=True)  # ~2.5 s > drain_timeout_s
         next(iter(s_long))
         s_short = short.stream("a", max_tokens=30, ignore_eos=True)
+        first = next(iter(s_short))  # admitted before the signal
         mark = len(notify.messages)
         proc.send_signal(signal.SIGTERM)
-        assert s_short.text() and s_short.result["finish_reason"] == "length"
+        assert first + s_short.text() and s_short.result["finish_reason"] == "length"
         with pytest.raises(Cancelled, match="shutting down"):
             s_long.text()
         assert proc.wait(30) == 0
