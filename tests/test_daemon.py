@@ -129,6 +129,8 @@ def test_busy_when_slots_and_queue_are_full():
             first = clients[0].stream("a", max_tokens=100, ignore_eos=True)
             second = clients[1].stream("b", max_tokens=100, ignore_eos=True)
             next(iter(first))  # the first one runs
+            with d.client() as c:  # the second one waits in the queue
+                assert wait_for(lambda: c.status()["scheduler"]["queued"] == 1)
             with pytest.raises(Busy, match="slots busy"):
                 clients[2].generate("c", max_tokens=5)
             for s in (first, second):

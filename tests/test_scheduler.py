@@ -110,7 +110,7 @@ def test_fair_admission_across_clients(make):
         return c, sink
 
     blocker_c, blocker = sink_for("blocker")
-    s.submit(job([fake_engine.BOS], blocker, client=1, max_tokens=20))
+    s.submit(job([fake_engine.BOS], blocker, client=1, max_tokens=60))
     time.sleep(0.03)
     # client 1 queues three more, then client 2 queues one: client 2 must not wait for all of them
     waits = []
