@@ -192,3 +192,16 @@ def test_wedged_engine_stops_watchdog_pings():
         notify.close()
         d.proc.kill()
         d.close()
+
+
+def test_load_failure_is_one_line_and_releases_the_socket():
+    d = DaemonProcess(fake={"n_ctx": "not a number"})  # FakeEngine(n_ctx=...) conflicts: TypeError
+    d.write_config(logging={"level": "info"})  # debug would add the traceback on purpose
+    try:
+        d.spawn()
+        assert d.proc.wait(30) == 1
+        log = d.log()
+        assert "ktd: error: cannot load the model:" in log and "Traceback" not in log
+        assert not os.path.exists(d.socket)
+    finally:
+        d.close()

@@ -259,7 +259,8 @@ class Daemon:
             engine = await loop.run_in_executor(None, self.engine_factory, self.config, progress)
         except StartupError:
             raise
-        except (OSError, ValueError, RuntimeError, ImportError) as e:
+        except Exception as e:  # GGUFError, ResourceError, OSError ...: one line for the operator
+            log.debug("model load failed", exc_info=True)
             raise StartupError(f"cannot load the model: {e}") from None
         log.info("model loaded: %s", engine.info().get("name", "?"))
         return engine
