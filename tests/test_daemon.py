@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 
 import msgpack
 import pytest
@@ -237,3 +238,23 @@ def _unpack_all(data: bytes):
     u = msgpack.Unpacker(raw=False)
     u.feed(data)
     return list(u)
+
+
+def test_pipelined_flood_is_answered_in_full(daemon):
+    """Thousands of requests written at once: backpressure, every one answered, others unaffected."""
+    n = 3000
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.connect(daemon.socket)
+    payload = b"".join(protocol.pack([0, i, "health", []]) for i in range(n))
+    sender = threading.Thread(target=raw.sendall, args=(payload,))
+    sender.start()
+    unpacker = msgpack.Unpacker(raw=False)
+    ids = set()
+    with daemon.client() as other:
+        while len(ids) < n:
+            unpacker.feed(raw.recv(65536))
+            ids.update(m[1] for m in unpacker if m[0] == 1 and m[2] is None)
+        assert other.health()["status"] == "ok"
+    sender.join()
+    raw.close()
+    assert ids == set(range(n))

@@ -26,6 +26,10 @@ class StreamDecoder(Protocol):
 
 
 class Tokenizer(Protocol):
+    """Called from the event loop's worker threads (several at once) and from the engine thread:
+    ``encode``/``decode``/``render_chat`` must be thread-safe; a ``StreamDecoder`` is used by one
+    thread only."""
+
     n_vocab: int
     bos_id: int | None
     eos_ids: frozenset[int]          # ids that end generation (eos, eot, im_end ...)

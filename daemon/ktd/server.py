@@ -39,6 +39,7 @@ _REFUSE_WAIT_S = 2.0        # a refused peer gets this long to send the request 
 _LINGER_S = 1.0             # lingering close: drain input this long after shutdown(SHUT_WR)
 _LOAD_EXTEND_S = 120.0      # EXTEND_TIMEOUT_USEC sent with each loading progress report
 _STATUS_EVERY_S = 5.0       # STATUS= serving summary refresh
+_INFLIGHT_SPARE = 64        # unanswered requests per connection beyond running + queued generates
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 
 
@@ -440,6 +441,12 @@ class Daemon:
                 return
             try:
                 for value in decoder.feed(data):
+                    # Backpressure against pipelining floods: stop reading while too many requests
+                    # of this connection are unanswered. Room is left above the generate
+                    # requests that can be running or queued, so a cancel always gets through.
+                    limit = self.engine.n_seq_max + self.config.server.max_queue + _INFLIGHT_SPARE  # type: ignore[union-attr]
+                    while len(conn.tasks) >= limit:
+                        await asyncio.wait(list(conn.tasks), return_when=asyncio.FIRST_COMPLETED)
                     self._dispatch(conn, value)
             except protocol.FramingError as e:
                 self.counters["errors_" + e.error.code] += 1
