@@ -16,6 +16,9 @@ build: native
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: requirements-dev.txt pyproject.toml
+	# systemd-python builds from its sdist against libsystemd (docs/OPS.md section 3).
+	if ! pkg-config --exists libsystemd 2>/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libsystemd-dev pkg-config >/dev/null; fi
 	$(PYTHON_SYS) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt
@@ -23,6 +26,7 @@ $(VENV)/.stamp: requirements-dev.txt pyproject.toml
 	# (the native module is built in place by `make native`), plus the `ktd` console script.
 	$(PY) -c 'import site,sys; open(site.getsitepackages()[0]+"/ktd-dev.pth","w").write(sys.argv[1]+"\n")' "$(CURDIR)/daemon"
 	printf '#!/bin/sh\nexec "$$(dirname "$$0")/python" -m ktd "$$@"\n' > $(VENV)/bin/ktd && chmod +x $(VENV)/bin/ktd
+	printf '#!/bin/sh\nexec "$$(dirname "$$0")/python" -c "import sys; from ktd.ctl import main; sys.exit(main())" "$$@"\n' > $(VENV)/bin/ktctl && chmod +x $(VENV)/bin/ktctl
 	touch $@
 
 native: $(BUILD_DIR)/.stamp

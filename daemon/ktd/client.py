@@ -1,0 +1,330 @@
+"""Client library for the ktd socket protocol (docs/PROTOCOL.md): sync ``Client``, async
+``AsyncClient``, streaming iterators, timeouts, and the typed exceptions of ``ktd.errors``
+(``BadRequest``, ``TooLarge``, ``Busy``, ``Unauthorized``, ``NotFound``, ``Cancelled``,
+``ContextOverflow``, ``Internal``) raised from the server's error codes.
+
+    with Client("/run/ktd/ktd.sock") as c:
+        for text in (s := c.stream("Once upon a time", max_tokens=64)):
+            print(text, end="")
+        print(s.result["usage"])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgpack
+
+from ktd import protocol
+from ktd.errors import (BadRequest, Busy, Cancelled, ContextOverflow, Internal, KtdError, NotFound,
+                        TooLarge, Unauthorized, from_wire)
+
+__all__ = ["Client", "AsyncClient", "Stream", "AsyncStream", "default_socket", "ConnectionLost",
+           "KtdError", "BadRequest", "TooLarge", "Busy", "Unauthorized", "NotFound", "Cancelled",
+           "ContextOverflow", "Internal"]
+
+DEFAULT_SOCKET = "/run/ktd/ktd.sock"
+
+
+class ConnectionLost(ConnectionError):
+    """The daemon closed the connection or did not answer in time."""
+
+
+def default_socket() -> str:
+    """$KTD_SOCKET, else /run/ktd/ktd.sock."""
+    return os.environ.get("KTD_SOCKET") or DEFAULT_SOCKET
+
+
+def _params(kwargs: dict[str, Any]) -> list[Any]:
+    p = {k: v for k, v in kwargs.items() if v is not None}
+    return [p] if p else []
+
+
+def _unpacker() -> msgpack.Unpacker:
+    return msgpack.Unpacker(raw=False, max_buffer_size=64 << 20)
+
+
+class Client:
+    """Blocking client; one connection. Not thread-safe; concurrent streams on one client work
+    (messages for other requests are buffered), but use one client per thread."""
+
+    def __init__(self, path: str | None = None, *, timeout: float | None = 60.0,
+                 connect_timeout: float = 5.0):
+        self.path = path or default_socket()
+        self.timeout = timeout
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(connect_timeout)
+        try:
+            self._sock.connect(self.path)
+        except OSError:
+            self._sock.close()
+            raise
+        self._sock.settimeout(timeout)
+        self._unpacker = _unpacker()
+        self._ids = itertools.count(1)
+        self._responses: dict[int, tuple[Any, Any]] = {}
+        self._chunks: dict[int, collections.deque[str]] = collections.defaultdict(collections.deque)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send_request(self, method: str, params: list[Any]) -> int:
+        msgid = next(self._ids)
+        self._sock.sendall(protocol.pack([protocol.REQUEST, msgid, method, params]))
+        return msgid
+
+    def _pump(self) -> None:
+        """Read one message and file it."""
+        while True:
+            for msg in self._unpacker:
+                self._file(msg)
+                return
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                raise ConnectionLost(f"no answer from {self.path} within {self.timeout} s") from None
+            if not data:
+                raise ConnectionLost(f"{self.path} closed the connection")
+            self._unpacker.feed(data)
+
+    def _file(self, msg: Any) -> None:
+        if msg[0] == protocol.RESPONSE:
+            self._responses[msg[1]] = (msg[2], msg[3])
+        elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.CHUNK:
+            self._chunks[msg[2][0]].append(msg[2][2])
+        elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.ERROR_NOTIFICATION:
+            raise from_wire(msg[2][0])
+
+    def wait(self, msgid: int) -> Any:
+        while msgid not in self._responses:
+            self._pump()
+        error, result = self._responses.pop(msgid)
+        self._chunks.pop(msgid, None)
+        if error is not None:
+            raise from_wire(error)
+        return result
+
+    def call(self, method: str, **params: Any) -> Any:
+        return self.wait(self.send_request(method, _params(params)))
+
+    def hello(self) -> dict:
+        return self.call("hello")
+
+    def health(self) -> dict:
+        return self.call("health")
+
+    def status(self) -> dict:
+        return self.call("status")
+
+    def metrics(self) -> str:
+        return self.call("metrics")["text"]
+
+    def tokenize(self, text: str, **params: Any) -> list[int]:
+        return self.call("tokenize", text=text, **params)["tokens"]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.call("detokenize", tokens=tokens)["text"]
+
+    def cancel(self, msgid: int) -> dict:
+        return self.call("cancel", id=msgid)
+
+    def generate(self, prompt: str | None = None, **params: Any) -> dict:
+        """Whole result (``text``, ``finish_reason``, ``usage``, ``timings``)."""
+        return self.call("generate", prompt=prompt, stream=False, **params)
+
+    def stream(self, prompt: str | None = None, **params: Any) -> Stream:
+        """Iterator over text pieces; ``.result`` holds usage/timings after the last piece."""
+        msgid = self.send_request("generate", _params({"prompt": prompt, "stream": True, **params}))
+        return Stream(self, msgid)
+
+
+class Stream:
+    def __init__(self, client: Client, msgid: int):
+        self.client, self.msgid = client, msgid
+        self.result: dict | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        c = self.client
+        while True:
+            chunks = c._chunks.get(self.msgid)
+            if chunks:
+                yield chunks.popleft()
+                continue
+            if self.msgid in c._responses:
+                self.result = c.wait(self.msgid)  # raises the typed error, if any
+                return
+            c._pump()
+
+    def text(self) -> str:
+        return "".join(self)
+
+    def cancel(self) -> None:
+        """Ask the daemon to stop; iteration then ends with ``Cancelled``."""
+        c = self.client
+        try:
+            c.wait(c.send_request("cancel", [{"id": self.msgid}]))
+        except NotFound:
+            pass  # it had already finished
+
+
+class AsyncClient:
+    """asyncio client; many requests may run concurrently on one connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str,
+                 timeout: float | None):
+        self._reader, self._writer, self.path, self.timeout = reader, writer, path, timeout
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, asyncio.Future] = {}
+        self._streams: dict[int, asyncio.Queue] = {}
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._closed_error: BaseException | None = None
+
+    @classmethod
+    async def connect(cls, path: str | None = None, *, timeout: float | None = 60.0,
+                      connect_timeout: float = 5.0) -> AsyncClient:
+        path = path or default_socket()
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path, limit=1 << 20),
+                                                connect_timeout)
+        return cls(reader, writer, path, timeout)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _read_loop(self) -> None:
+        unpacker = _unpacker()
+        try:
+            while True:
+                data = await self._reader.read(65536)
+                if not data:
+                    raise ConnectionLost(f"{self.path} closed the connection")
+                unpacker.feed(data)
+                for msg in unpacker:
+                    if msg[0] == protocol.RESPONSE:
+                        fut = self._waiters.pop(msg[1], None)
+                        if fut is not None and not fut.done():
+                            fut.set_result((msg[2], msg[3]))
+                    elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.CHUNK:
+                        q = self._streams.get(msg[2][0])
+                        if q is not None:
+                            q.put_nowait(msg[2][2])
+                    elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.ERROR_NOTIFICATION:
+                        raise from_wire(msg[2][0])
+        except (ConnectionError, KtdError) as e:
+            self._closed_error = e
+            for fut in self._waiters.values():
+                if not fut.done():
+                    fut.set_exception(e)
+            self._waiters.clear()
+
+    async def _send(self, method: str, params: list[Any]) -> tuple[int, asyncio.Future]:
+        if self._closed_error is not None:
+            raise self._closed_error
+        msgid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[msgid] = fut
+        self._writer.write(protocol.pack([protocol.REQUEST, msgid, method, params]))
+        await self._writer.drain()
+        return msgid, fut
+
+    async def _result(self, fut: asyncio.Future) -> Any:
+        try:
+            error, result = await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except TimeoutError:
+            raise ConnectionLost(f"no answer from {self.path} within {self.timeout} s") from None
+        if error is not None:
+            raise from_wire(error)
+        return result
+
+    async def call(self, method: str, **params: Any) -> Any:
+        _, fut = await self._send(method, _params(params))
+        return await self._result(fut)
+
+    async def hello(self) -> dict:
+        return await self.call("hello")
+
+    async def health(self) -> dict:
+        return await self.call("health")
+
+    async def status(self) -> dict:
+        return await self.call("status")
+
+    async def metrics(self) -> str:
+        return (await self.call("metrics"))["text"]
+
+    async def tokenize(self, text: str, **params: Any) -> list[int]:
+        return (await self.call("tokenize", text=text, **params))["tokens"]
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return (await self.call("detokenize", tokens=tokens))["text"]
+
+    async def generate(self, prompt: str | None = None, **params: Any) -> dict:
+        return await self.call("generate", prompt=prompt, stream=False, **params)
+
+    async def stream(self, prompt: str | None = None, **params: Any) -> AsyncStream:
+        q: asyncio.Queue = asyncio.Queue()
+        msgid = next(self._ids)
+        self._streams[msgid] = q
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[msgid] = fut
+        self._writer.write(protocol.pack([protocol.REQUEST, msgid, "generate",
+                                          _params({"prompt": prompt, "stream": True, **params})]))
+        await self._writer.drain()
+        return AsyncStream(self, msgid, q, fut)
+
+
+class AsyncStream:
+    def __init__(self, client: AsyncClient, msgid: int, queue: asyncio.Queue, fut: asyncio.Future):
+        self.client, self.msgid, self._queue, self._fut = client, msgid, queue, fut
+        self.result: dict | None = None
+        self.t_first: float | None = None  # time.monotonic() of the first text piece
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        try:
+            while True:
+                if self._queue.empty() and self._fut.done():
+                    self.result = await self.client._result(self._fut)
+                    return
+                getter = asyncio.ensure_future(self._queue.get())
+                done, _ = await asyncio.wait({getter, self._fut}, timeout=self.client.timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    if not done:
+                        raise ConnectionLost(f"no answer from {self.client.path} within "
+                                             f"{self.client.timeout} s")
+                    continue  # the response came: drain the queue first, then finish
+                if self.t_first is None:
+                    self.t_first = time.monotonic()
+                yield getter.result()
+        finally:
+            self.client._streams.pop(self.msgid, None)
+
+    async def cancel(self) -> None:
+        try:
+            await self.client.call("cancel", id=self.msgid)
+        except NotFound:
+            pass

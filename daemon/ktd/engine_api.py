@@ -1,0 +1,82 @@
+"""The contract between the daemon and a model engine (what ``ktd.engine.load`` must return).
+
+The daemon (scheduler, server) is written against these protocols only; the real engine (native
+forward + GGUF tokenizer) and the tests' fake engine implement them. Shapes: ``[n]`` = one entry
+per batch row; ``n_marked`` = rows whose ``want_logits`` is true, in row order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class StreamDecoder(Protocol):
+    """Incremental detokenizer of one sequence."""
+
+    def feed(self, token_id: int) -> str:
+        """Text completed by this token (only complete UTF-8; may be empty)."""
+        ...
+
+    def flush(self) -> str:
+        """Whatever is still buffered (incomplete UTF-8 becomes U+FFFD)."""
+        ...
+
+
+class Tokenizer(Protocol):
+    """Called from the event loop's worker threads (several at once) and from the engine thread:
+    ``encode``/``decode``/``render_chat`` must be thread-safe; a ``StreamDecoder`` is used by one
+    thread only."""
+
+    n_vocab: int
+    bos_id: int | None
+    eos_ids: frozenset[int]          # ids that end generation (eos, eot, im_end ...)
+    add_bos: bool
+    chat_template: str | None
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Invalid UTF-8 becomes U+FFFD."""
+        ...
+
+    def decode_stream(self) -> StreamDecoder: ...
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Apply the chat template; raises ValueError with a clear message on a template error."""
+        ...
+
+
+class Engine(Protocol):
+    """One loaded model, owned by the engine thread (never called from the event loop except
+    ``tokenizer`` and ``info``)."""
+
+    tokenizer: Tokenizer
+    n_ctx: int                       # per-sequence context limit (tokens)
+    n_seq_max: int                   # KV slots; seq ids are 0 .. n_seq_max-1
+
+    def info(self) -> dict[str, Any]:
+        """Model name/path, architecture, n_params, quant, isa, threads, memory (huge pages kind
+        ...): whatever ``status`` shows. Plain msgpack-able values."""
+        ...
+
+    def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
+                want_logits: np.ndarray) -> np.ndarray:
+        """One batch step. tokens/positions/seq_ids: int32 [n]; want_logits: bool [n].
+        Returns float32 [n_marked, n_vocab]. May take long; releases the GIL. Raises
+        ``ktd.errors.ContextOverflow`` if a position reaches n_ctx."""
+        ...
+
+    def free_seq(self, seq_id: int) -> None: ...
+
+    def copy_seq(self, src: int, dst: int, n_tokens: int) -> None:
+        """Prefix reuse: the first n_tokens of src's KV become dst's (optional use)."""
+        ...
+
+
+# progress(what, fraction or None): reported by a factory while loading (STATUS= lines).
+Progress = Callable[[str, float | None], None]
+# factory(config, progress) -> Engine. The default is ``ktd.engine.load``.
+EngineFactory = Callable[[Any, Progress], Engine]

@@ -1,0 +1,353 @@
+"""The wire protocol, pure: message shapes, framing limits, parameter validation (docs/PROTOCOL.md).
+
+msgpack-RPC shapes over a SOCK_STREAM Unix socket, one msgpack value per message, no extra framing:
+
+    request       [0, msgid, method, params]     client → server, params = [] or [{named}]
+    response      [1, msgid, error, result]      server → client, error = nil or {code, message}
+    notification  [2, method, params]            server → client: "generate.chunk" [msgid, i, text]
+
+Nothing here does I/O: the server feeds bytes to a ``FrameDecoder`` and hands the values to
+``parse_request``; the validators turn params into typed request objects or raise a ``KtdError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from ktd.errors import BadRequest, KtdError, TooLarge
+from ktd.sampling import SamplingParams
+
+PROTOCOL_VERSION = 1
+REQUEST, RESPONSE, NOTIFICATION = 0, 1, 2
+CHUNK = "generate.chunk"       # server notification: [msgid, index, text]
+ERROR_NOTIFICATION = "error"   # server notification: [{code, message}] (no msgid to answer)
+MAX_MSGID = (1 << 32) - 1      # msgpack-RPC msgid is a 32-bit unsigned integer
+METHODS = ("hello", "generate", "cancel", "tokenize", "detokenize", "health", "status", "metrics")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one request may contain (config sections server + limits)."""
+
+    max_frame_bytes: int = 1 << 20
+    max_prompt_tokens: int = 32768
+    max_tokens: int = 4096
+    max_messages: int = 256
+    max_nesting: int = 16
+    max_stop: int = 16
+
+
+class FramingError(KtdError):
+    """The byte stream cannot be decoded further: answer, then close the connection."""
+
+    def __init__(self, error: KtdError):
+        super().__init__(error.message)
+        self.error = error
+
+
+class FrameDecoder:
+    """Incremental msgpack decoder with a frame-size bound.
+
+    ``feed(data)`` yields complete values. Strings with invalid UTF-8 are decoded with
+    ``surrogateescape`` so that framing survives; ``check_value`` turns them into a
+    ``bad_request`` for that one message. Raises ``FramingError`` when the stream is lost
+    (a value larger than ``max_frame_bytes``, malformed msgpack, nesting beyond msgpack's stack).
+    """
+
+    def __init__(self, max_frame_bytes: int):
+        self.max_frame_bytes = max_frame_bytes
+        self._unpacker = msgpack.Unpacker(
+            raw=False, unicode_errors="surrogateescape", max_buffer_size=max_frame_bytes,
+            strict_map_key=False, use_list=True, timestamp=0)
+        self._fed = 0       # bytes fed in total
+        self._boundary = 0  # stream offset just after the last complete message
+
+    def feed(self, data: bytes) -> Iterator[Any]:
+        view = memoryview(data)
+        while view:
+            # Feed at most what fits; a value that never completes within the buffer is too large.
+            room = self.max_frame_bytes - self._buffered()
+            if room <= 0:
+                raise FramingError(TooLarge(f"message larger than {self.max_frame_bytes} bytes"))
+            chunk, view = view[:room], view[room:]
+            try:
+                self._unpacker.feed(chunk)
+                self._fed += len(chunk)
+            except msgpack.BufferFull:
+                raise FramingError(TooLarge(f"message larger than {self.max_frame_bytes} bytes")) from None
+            yield from self._drain()
+
+    @property
+    def partial(self) -> bool:
+        """True while part of a message has been received (a close now truncates it)."""
+        return self._buffered() > 0
+
+    def _buffered(self) -> int:
+        # Bytes of the message being received. Not ``fed - tell()``: the unpacker consumes a
+        # partial message incrementally (tell() advances), so a nested message could otherwise
+        # grow without bound while its buffer stays small.
+        return self._fed - self._boundary
+
+    def _drain(self) -> Iterator[Any]:
+        while True:
+            try:
+                value = self._unpacker.unpack()
+            except msgpack.OutOfData:
+                return
+            except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+                    TypeError) as e:
+                detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                raise FramingError(BadRequest(f"malformed msgpack ({detail})")) from None
+            self._boundary = self._unpacker.tell()
+            yield value
+
+
+@dataclass(frozen=True)
+class Request:
+    msgid: int
+    method: str
+    params: dict[str, Any]
+
+
+def check_value(value: Any, max_depth: int) -> None:
+    """Reject what msgpack can carry but the protocol never uses: nesting deeper than
+    ``max_depth`` (too_large), invalid UTF-8 in strings, ext types, non-string map keys."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest("string is not valid UTF-8") from None
+        elif isinstance(v, (list, dict)):
+            if depth > max_depth:
+                raise TooLarge(f"nesting deeper than {max_depth} levels")
+            if isinstance(v, dict):
+                for k, item in v.items():
+                    if not isinstance(k, str):
+                        raise BadRequest(f"map key {k!r} is not a string")
+                    stack.append((k, depth + 1))
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in v)
+        elif not (v is None or isinstance(v, (bool, int, float, bytes))):
+            raise BadRequest(f"unsupported msgpack type {type(v).__name__}")
+
+
+def request_id(value: Any) -> int | None:
+    """The msgid of something shaped like a request, to address an error to it (else None)."""
+    if (isinstance(value, list) and len(value) >= 2 and value[0] == REQUEST
+            and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID):
+        return value[1]
+    return None
+
+
+def parse_request(value: Any, limits: Limits) -> Request:
+    """Validate the message shape. Raises BadRequest/TooLarge; ``request_id(value)`` tells
+    whether the error can be sent as a response (else as an "error" notification)."""
+    if not isinstance(value, list) or not value:
+        raise BadRequest("message must be an array [type, ...]")
+    kind = value[0]
+    if kind == NOTIFICATION and type(kind) is int:
+        raise BadRequest("client notifications are not supported; send requests [0, msgid, method, params]")
+    if kind != REQUEST or type(kind) is not int:
+        raise BadRequest(f"message type must be 0 (request), got {kind!r}")
+    if len(value) != 4:
+        raise BadRequest("request must be [0, msgid, method, params]")
+    _, msgid, method, params = value
+    if type(msgid) is not int or not 0 <= msgid <= MAX_MSGID:
+        raise BadRequest("msgid must be an integer in [0, 2**32)")
+    check_value(value, limits.max_nesting + 2)  # + the message array and the params array
+    if not isinstance(method, str):
+        raise BadRequest("method must be a string")
+    if method not in METHODS:
+        raise BadRequest(f"unknown method {method!r}")
+    if not isinstance(params, list):
+        raise BadRequest("params must be an array: [] or [{name: value, ...}]")
+    if len(params) > 1 or (params and not isinstance(params[0], dict)):
+        raise BadRequest("params must be [] or [{name: value, ...}] (named parameters in one map)")
+    return Request(msgid, method, dict(params[0]) if params else {})
+
+
+# --- parameters -------------------------------------------------------------------------------
+
+class _Params:
+    """Typed access to a params map; every getter names the parameter in its error."""
+
+    def __init__(self, method: str, params: dict[str, Any], known: tuple[str, ...]):
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise BadRequest(f"{method}: unknown parameter {unknown[0]!r} (known: {', '.join(known)})")
+        self.method, self.p = method, params
+
+    def _fail(self, name: str, expected: str) -> BadRequest:
+        return BadRequest(f"{self.method}: {name} must be {expected}, got {self.p[name]!r:.80}")
+
+    def int(self, name: str, default: Any, lo: int, hi: int) -> Any:
+        v = self.p.get(name, default)
+        if v is None and default is None:
+            return None
+        if type(v) is not int or not lo <= v <= hi:
+            raise self._fail(name, f"an integer in [{lo}, {hi}]")
+        return v
+
+    def float(self, name: str, default: float) -> float:
+        v = self.p.get(name, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self._fail(name, "a number")
+        return float(v)
+
+    def bool(self, name: str, default: bool) -> bool:
+        v = self.p.get(name, default)
+        if not isinstance(v, bool):
+            raise self._fail(name, "true or false")
+        return v
+
+    def str(self, name: str, default: Any) -> Any:
+        v = self.p.get(name, default)
+        if v is None and default is None:
+            return None
+        if not isinstance(v, str):
+            raise self._fail(name, "a string")
+        return v
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt: str | None                   # raw text, tokenized with add_special
+    messages: list[dict[str, Any]] | None  # chat, rendered by the model's chat template
+    sampling: SamplingParams
+    max_tokens: int | None               # None: until eos/stop or the context is full
+    stop: tuple[str, ...] = ()
+    stream: bool = True
+    ignore_eos: bool = False
+    add_special: bool = True
+    parse_special: bool = False
+    deadline_s: float | None = None      # client's own deadline, capped by the server's
+    tokens: tuple[int, ...] | None = field(default=None)  # pre-tokenized prompt
+
+
+_GENERATE_KEYS = ("prompt", "messages", "tokens", "max_tokens", "stop", "stream", "ignore_eos",
+                  "add_special", "parse_special", "deadline_s", "temperature", "top_k", "top_p",
+                  "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+                  "penalty_last_n", "seed")
+
+
+def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
+    p = _Params("generate", params, _GENERATE_KEYS)
+    given = [k for k in ("prompt", "messages", "tokens") if params.get(k) is not None]
+    if len(given) != 1:
+        raise BadRequest("generate: give exactly one of prompt, messages, tokens")
+    prompt = p.str("prompt", None)
+    messages = None
+    if params.get("messages") is not None:
+        messages = params["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("generate: messages must be a non-empty array of maps")
+        if len(messages) > limits.max_messages:
+            raise TooLarge(f"generate: {len(messages)} messages, the limit is {limits.max_messages}")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
+                    not isinstance(m.get("content"), str):
+                raise BadRequest(f"generate: messages[{i}] must be a map with string role and content")
+    tokens = None
+    if params.get("tokens") is not None:
+        t = params["tokens"]
+        if not isinstance(t, list) or not t or not all(type(x) is int and x >= 0 for x in t):
+            raise BadRequest("generate: tokens must be a non-empty array of non-negative integers")
+        if len(t) > limits.max_prompt_tokens:
+            raise TooLarge(f"generate: {len(t)} prompt tokens, the limit is {limits.max_prompt_tokens}")
+        tokens = tuple(t)
+    max_tokens = params.get("max_tokens")
+    if max_tokens is not None:
+        if type(max_tokens) is not int or max_tokens < 1:
+            raise BadRequest(f"generate: max_tokens must be a positive integer, got {max_tokens!r:.80}")
+        if max_tokens > limits.max_tokens:
+            raise TooLarge(f"generate: max_tokens {max_tokens} exceeds the limit {limits.max_tokens}")
+    stop = params.get("stop", [])
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("generate: stop must be a string or an array of non-empty strings")
+    if len(stop) > limits.max_stop:
+        raise TooLarge(f"generate: {len(stop)} stop strings, the limit is {limits.max_stop}")
+    d = SamplingParams()
+    sampling = SamplingParams(
+        temperature=p.float("temperature", d.temperature), top_k=p.int("top_k", d.top_k, 0, 1 << 20),
+        top_p=p.float("top_p", d.top_p), min_p=p.float("min_p", d.min_p),
+        repeat_penalty=p.float("repeat_penalty", d.repeat_penalty),
+        presence_penalty=p.float("presence_penalty", d.presence_penalty),
+        frequency_penalty=p.float("frequency_penalty", d.frequency_penalty),
+        penalty_last_n=p.int("penalty_last_n", d.penalty_last_n, 0, 1 << 20),
+        seed=p.int("seed", None, 0, (1 << 64) - 1))
+    try:
+        sampling.validate()
+    except ValueError as e:
+        raise BadRequest(f"generate: {e}") from None
+    deadline = params.get("deadline_s")
+    if deadline is not None:
+        deadline = p.float("deadline_s", 0.0)
+        if not 0 < deadline < 1e9:
+            raise BadRequest("generate: deadline_s must be a positive number of seconds")
+    return GenerateRequest(prompt=prompt, messages=messages, tokens=tokens, sampling=sampling,
+                           max_tokens=max_tokens, stop=tuple(stop), stream=p.bool("stream", True),
+                           ignore_eos=p.bool("ignore_eos", False),
+                           add_special=p.bool("add_special", True),
+                           parse_special=p.bool("parse_special", False), deadline_s=deadline)
+
+
+def parse_cancel(params: dict[str, Any]) -> int:
+    """The msgid (on the same connection) of the generate request to cancel."""
+    p = _Params("cancel", params, ("id",))
+    if "id" not in params:
+        raise BadRequest("cancel: id (the msgid of the generate request) is required")
+    return p.int("id", None, 0, MAX_MSGID)
+
+
+def parse_tokenize(params: dict[str, Any]) -> tuple[str, bool, bool]:
+    p = _Params("tokenize", params, ("text", "add_special", "parse_special"))
+    if "text" not in params:
+        raise BadRequest("tokenize: text is required")
+    return p.str("text", ""), p.bool("add_special", True), p.bool("parse_special", False)
+
+
+def parse_detokenize(params: dict[str, Any], n_vocab: int) -> list[int]:
+    _Params("detokenize", params, ("tokens",))
+    t = params.get("tokens")
+    if not isinstance(t, list) or not all(type(x) is int for x in t):
+        raise BadRequest("detokenize: tokens must be an array of integers")
+    bad = next((x for x in t if not 0 <= x < n_vocab), None)
+    if bad is not None:
+        raise BadRequest(f"detokenize: token {bad} is outside the vocabulary [0, {n_vocab})")
+    return t
+
+
+def parse_empty(method: str, params: dict[str, Any]) -> None:
+    _Params(method, params, ())
+
+
+# --- encoding ---------------------------------------------------------------------------------
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def response(msgid: int, result: Any = None, error: KtdError | None = None) -> bytes:
+    return pack([RESPONSE, msgid, error.to_wire() if error else None, None if error else result])
+
+
+def notification(method: str, params: list[Any]) -> bytes:
+    return pack([NOTIFICATION, method, params])
+
+
+def chunk(msgid: int, index: int, text: str) -> bytes:
+    return notification(CHUNK, [msgid, index, text])
+
+
+def error_notification(error: KtdError) -> bytes:
+    return notification(ERROR_NOTIFICATION, [error.to_wire()])

@@ -1,0 +1,295 @@
+"""Token sampling and the per-sequence stop logic (eos, stop strings, max tokens).
+
+Pure numpy, no engine dependency. Shapes: ``logits`` is float32 ``[n_vocab]`` (one row of an
+engine forward). The filter order is fixed and documented (docs/PROTOCOL.md, generate):
+
+    penalties (window of the last ``penalty_last_n`` tokens of prompt + output)
+    → temperature (0 = greedy: argmax of the penalised logits)
+    → top-k → softmax → top-p (nucleus) → min-p → seeded draw
+
+Cost matters: at n_vocab = 152k a decode step is tens of milliseconds and sampling must stay
+under 2 % of it, so nothing sorts the whole vocabulary in the common cases: top-k uses
+a sampled threshold and a small ``argpartition``; top-p sorts only the smallest probe of the k most likely tokens
+(k = ``_NUCLEUS_PROBE`` · 8^i) that holds the nucleus; the draw uses a two-level cumulative sum. ``bench/sampling.py`` measures it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+_NUCLEUS_PROBE = 1024  # first top-p probe size (grows 8x while the nucleus does not fit)
+_DRAW_BLOCK = 1024     # block size of the two-level draw
+_TOPK_SAMPLE_MIN_N = 16384  # top-k by a sampled threshold from this vocabulary size on
+_TOPK_STRIDE = 37      # prime sample stride, so it does not align with structure in token ids
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8     # 0 = greedy
+    top_k: int = 40              # 0 = off
+    top_p: float = 0.95          # 1 = off
+    min_p: float = 0.05          # 0 = off; keep tokens with p >= min_p * p_max
+    repeat_penalty: float = 1.0  # 1 = off; >1 discourages repeats (llama.cpp semantics)
+    presence_penalty: float = 0.0   # subtracted once from a token present in the window
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the window
+    penalty_last_n: int = 64     # window of most recent tokens the penalties look at; 0 = off
+    seed: int | None = None      # same seed + same logits → same tokens
+
+    def validate(self) -> None:
+        """Raise ValueError naming the parameter if a value is out of range."""
+        checks = [
+            ("temperature", 0.0 <= self.temperature <= 100.0, "in [0, 100]"),
+            ("top_k", 0 <= self.top_k <= 1 << 20, "in [0, 1048576]"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("min_p", 0.0 <= self.min_p <= 1.0, "in [0, 1]"),
+            ("repeat_penalty", 0.0 < self.repeat_penalty <= 100.0, "in (0, 100]"),
+            ("presence_penalty", -100.0 <= self.presence_penalty <= 100.0, "in [-100, 100]"),
+            ("frequency_penalty", -100.0 <= self.frequency_penalty <= 100.0, "in [-100, 100]"),
+            ("penalty_last_n", 0 <= self.penalty_last_n <= 1 << 20, "in [0, 1048576]"),
+            ("seed", self.seed is None or 0 <= self.seed < 1 << 64, "in [0, 2**64)"),
+        ]
+        for name, ok, rng in checks:
+            if not ok:
+                raise ValueError(f"{name} must be {rng}, got {getattr(self, name)!r}")
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            if not np.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite")
+
+
+def apply_penalties(logits: np.ndarray, window: Sequence[int], p: SamplingParams) -> np.ndarray:
+    """Return penalised logits (a copy when anything changes). ``window``: recent token ids."""
+    if not window or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
+                      and p.frequency_penalty == 0.0):
+        return logits
+    ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+    ok = (ids >= 0) & (ids < logits.shape[0])
+    ids, counts = ids[ok], counts[ok]
+    out = logits.copy()
+    v = out[ids]
+    if p.repeat_penalty != 1.0:
+        v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+    v = v - counts * p.frequency_penalty - p.presence_penalty
+    out[ids] = v
+    return out
+
+
+def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest entries of x [n] (any order; ties broken arbitrarily).
+
+    A full ``argpartition`` of 152k logits costs about a millisecond; instead a strided sample
+    gives a threshold that about 4k entries exceed, one comparison pass collects them, and the
+    small set is partitioned. Exact: when at least k entries reach the threshold, the k largest
+    are among them; otherwise (an unlucky sample) the full partition runs.
+    """
+    n = x.shape[0]
+    if n >= _TOPK_SAMPLE_MIN_N and k * 64 < n:
+        sample = x[::_TOPK_STRIDE]
+        m = sample.shape[0]
+        j = min(m - 1, 4 * k * m // n + 4)  # rank from the top of the sample
+        tau = np.partition(sample, m - 1 - j)[m - 1 - j]
+        cand = np.flatnonzero(x >= tau)
+        if k <= cand.shape[0] <= 64 * k:
+            return cand[np.argpartition(x[cand], cand.shape[0] - k)[cand.shape[0] - k:]]
+    return np.argpartition(x, n - k)[n - k:]
+
+
+def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """The tokens that may be drawn and their weights (probabilities up to a common factor).
+
+    ``logits`` float32 [n_vocab], already penalised; temperature > 0. Returns ``(idx, w)``:
+    token ids and weights; ``idx`` None means ``w`` is [n_vocab] in id order (no filter cut
+    anything). The weights are the softmax over the top-k set (or the whole vocabulary), then
+    cut by top-p and min-p. Without top-k the whole vocabulary is handled in place in float32
+    (three passes: scale, subtract the max, exp); argpartition finds top-k and the top-p probe.
+    """
+    n = logits.shape[0]
+    x = np.multiply(logits, np.float32(1.0 / p.temperature), dtype=np.float32)
+    idx: np.ndarray | None
+    if 0 < p.top_k < n:
+        idx = top_k_indices(x, p.top_k)
+        xs = x[idx].astype(np.float64)
+        w = np.exp(xs - xs.max())
+    else:
+        idx = None
+        np.subtract(x, x.max(), out=x)
+        w = np.exp(x, out=x)  # max 1; far-below-max tokens underflow to exactly 0
+    if p.top_p < 1.0:
+        total = float(w.sum(dtype=np.float64))
+        if idx is None:
+            # the nucleus is usually small: find a probe of the k most likely tokens that holds
+            # it (k grows 8x while it does not), then sort only the probe
+            k = _NUCLEUS_PROBE
+            while True:
+                if k >= n:
+                    top = np.flatnonzero(w)
+                    break
+                top = top_k_indices(w, k)
+                if float(w[top].sum(dtype=np.float64)) >= p.top_p * total:
+                    break
+                k *= 8
+            idx, w = top, w[top].astype(np.float64)
+        order = np.argsort(-w, kind="stable")
+        idx, w = idx[order], w[order]
+        cum = np.cumsum(w, dtype=np.float64)
+        # the smallest prefix (in decreasing probability) whose mass reaches top_p
+        keep = min(int(np.searchsorted(cum, p.top_p * total, side="left")) + 1, idx.shape[0])
+        idx, w = idx[:keep], w[:keep]
+    if p.min_p > 0.0:
+        threshold = p.min_p * float(w.max())
+        if idx is None:
+            idx = np.flatnonzero(w >= threshold)
+            w = w[idx]
+        else:
+            keep_mask = w >= threshold
+            idx, w = idx[keep_mask], w[keep_mask]
+    return idx, w
+
+
+def draw(w: np.ndarray, u: float) -> int:
+    """Position j drawn with probability w[j] / sum(w), for u uniform in [0, 1).
+
+    Two levels (sums of ``_DRAW_BLOCK`` weights, then one block) so a draw over the whole
+    vocabulary costs one reduction pass instead of a full cumulative sum.
+    """
+    n = w.shape[0]
+    if n <= 4 * _DRAW_BLOCK:
+        cum = np.cumsum(w, dtype=np.float64)
+        start, target = 0, u * cum[-1]
+        inner = cum
+    else:
+        nb = n // _DRAW_BLOCK
+        sums = w[: nb * _DRAW_BLOCK].reshape(nb, _DRAW_BLOCK).sum(axis=1, dtype=np.float64)
+        cum = np.cumsum(np.append(sums, w[nb * _DRAW_BLOCK:].sum(dtype=np.float64)))
+        target = u * cum[-1]
+        b = min(int(np.searchsorted(cum, target, side="right")), cum.shape[0] - 1)
+        start = b * _DRAW_BLOCK
+        target -= cum[b - 1] if b else 0.0
+        inner = np.cumsum(w[start:start + _DRAW_BLOCK], dtype=np.float64)
+    j = int(np.searchsorted(inner, target, side="right"))
+    if j >= inner.shape[0] or w[start + j] == 0:  # rounding at a block edge: last positive weight
+        j = int(np.flatnonzero(w[start:start + inner.shape[0]])[-1])
+    return start + j
+
+
+class Sampler:
+    """Draws tokens for one sequence; owns its seeded random generator."""
+
+    def __init__(self, params: SamplingParams):
+        params.validate()
+        self.params = params
+        self._rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        """One token id from float32 ``logits [n_vocab]``; ``history`` = prompt + output so far."""
+        p = self.params
+        window = history[-p.penalty_last_n:] if p.penalty_last_n > 0 else ()
+        x = apply_penalties(logits, window, p)
+        if p.temperature == 0.0:
+            return int(np.argmax(x))
+        idx, w = candidates(x, p)
+        j = draw(w, self._rng.random())
+        return j if idx is None else int(idx[j])
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text, also across token boundaries.
+
+    The result does not depend on how the text is split: generation ends before the stop
+    string that *starts* first in the whole text. ``feed(text)`` returns the text that can be
+    emitted now; it holds back everything from the earliest position where a stop string may
+    still be in progress, so a client never sees part of a stop string.
+    """
+
+    def __init__(self, stops: Iterable[str]):
+        self.stops = [s for s in stops if s]
+        self._held = ""
+        self.stopped = False
+
+    def _first_match(self, buf: str) -> int:
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else -1
+
+    def _first_partial(self, buf: str) -> int:
+        """Earliest j such that buf[j:] is a proper prefix of a stop string (len(buf) if none)."""
+        longest = max(len(s) for s in self.stops)
+        for j in range(max(0, len(buf) - longest + 1), len(buf)):
+            tail = buf[j:]
+            if any(len(s) > len(tail) and s.startswith(tail) for s in self.stops):
+                return j
+        return len(buf)
+
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        buf = self._held + text
+        if not self.stops:
+            self._held = ""
+            return buf
+        first = self._first_match(buf)
+        partial = self._first_partial(buf)
+        if first >= 0 and first <= partial:
+            self.stopped = True
+            self._held = ""
+            return buf[:first]
+        # no match yet, or a longer stop string starting earlier may still complete
+        self._held = buf[partial:]
+        return buf[:partial]
+
+    def flush(self) -> str:
+        """At the end of generation: the held-back text, up to a stop string found in it."""
+        buf, self._held = self._held, ""
+        if self.stopped:
+            return ""
+        first = self._first_match(buf) if self.stops else -1
+        if first >= 0:
+            self.stopped = True
+            return buf[:first]
+        return buf
+
+
+class StreamDecoder(Protocol):
+    def feed(self, token_id: int) -> str: ...
+    def flush(self) -> str: ...
+
+
+class Generation:
+    """Everything that decides the next token and when a sequence ends, for one request.
+
+    ``accept(logits)`` samples a token, appends it, and returns ``(token, text, finish)``:
+    the text that may be streamed now and ``finish`` = None, "stop" (eos token or stop string;
+    neither is part of the text) or "length" (max_tokens reached).
+    """
+
+    def __init__(self, params: SamplingParams, *, prompt: Sequence[int], eos_ids: frozenset[int],
+                 stop: Sequence[str], max_tokens: int, decoder: StreamDecoder,
+                 ignore_eos: bool = False):
+        self.sampler = Sampler(params)
+        self.history = list(prompt)
+        self.output: list[int] = []
+        self.eos_ids = frozenset() if ignore_eos else eos_ids
+        self.matcher = StopMatcher(stop)
+        self.max_tokens = max_tokens
+        self.decoder = decoder
+
+    def accept(self, logits: np.ndarray) -> tuple[int, str, str | None]:
+        token = self.sampler.sample(logits, self.history)
+        self.history.append(token)
+        self.output.append(token)
+        if token in self.eos_ids:
+            return token, self.finish(), "stop"
+        text = self.matcher.feed(self.decoder.feed(token))
+        if self.matcher.stopped:
+            return token, text, "stop"
+        if len(self.output) >= self.max_tokens:
+            text += self.finish()
+            return token, text, "stop" if self.matcher.stopped else "length"
+        return token, text, None
+
+    def finish(self) -> str:
+        """Text still held back (incomplete UTF-8, a possible stop-string start) at the end."""
+        return self.matcher.feed(self.decoder.flush()) + self.matcher.flush()

@@ -1,0 +1,364 @@
+"""Continuous batching on a dedicated engine thread.
+
+The event loop submits ``Job``s (already tokenized) and receives events through each job's
+``sink`` (called on the engine thread; the server forwards them with ``call_soon_threadsafe``).
+Each step the engine thread:
+
+1. applies cancellations and expired deadlines (their KV slots are freed before the step);
+2. admits waiting jobs into free KV slots, fairly: the waiting job whose client holds the fewest
+   slots goes first, then the client served longest ago (round robin), then arrival order;
+3. builds one batch: one decode token of every running sequence, plus a chunk of pending prompt
+   tokens (prefill) up to ``prefill_tokens_per_step`` shared by the prompts in admission order;
+4. calls ``engine.forward`` once (the GIL is released there) and samples the rows it marked.
+
+A job ends with exactly one terminal event: ("done", result) or ("error", KtdError). Before it,
+("chunk", text) events carry the generated text in order.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ktd.engine_api import Engine
+from ktd.errors import Busy, Cancelled, ContextOverflow, Internal, KtdError
+from ktd.sampling import Generation, SamplingParams
+
+log = logging.getLogger("ktd.scheduler")
+
+Sink = Callable[[str, Any], None]   # sink(kind, payload): "chunk" str | "done" dict | "error" KtdError
+_TPS_WINDOW_S = 10.0                # tokens/s is averaged over this window
+
+
+@dataclass
+class Job:
+    """A generate request, tokenized and checked against n_ctx by the server."""
+
+    client: int                      # connection id (fairness, cancel on disconnect)
+    prompt: list[int]
+    sampling: SamplingParams
+    max_tokens: int                  # already capped so that prompt + max_tokens <= n_ctx
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    sink: Sink
+    deadline: float | None = None    # time.monotonic() limit
+    label: str = ""                  # request id for logs
+    rid: int = field(default=-1)     # assigned by submit
+    t_arrival: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Seq:
+    job: Job
+    gen: Generation
+    slot: int
+    n_past: int = 0                  # tokens already in this slot's KV cache
+    pending: list[int] = field(default_factory=list)  # tokens to feed: prompt rest, or [last sampled]
+    n_chunks: int = 0
+    t_admit: float = 0.0
+    t_first: float | None = None
+    cancel_reason: str | None = None
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int):
+        self.engine = engine
+        self.prefill_tokens_per_step = prefill_tokens_per_step
+        self.max_queue = max_queue
+        self._lock = threading.Condition()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._cancels: dict[int, str] = {}         # rid -> reason, applied at the next step
+        self._running: dict[int, _Seq] = {}        # rid -> seq (engine thread; size read under lock)
+        self._free_slots = list(range(engine.n_seq_max - 1, -1, -1))
+        self._ids = itertools.count(1)
+        self._admissions = itertools.count()
+        self._last_admit: dict[int, int] = {}      # client -> admission number of its last job
+        self._closed = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        # progress, read by the watchdog and status
+        self.steps = 0
+        self.idle = True
+        self.last_progress = time.monotonic()
+        self._tps: collections.deque[tuple[float, int]] = collections.deque()
+        self.counters = collections.Counter()       # finished_<reason>, prompt_tokens, ...
+        self.forward_seconds = 0.0
+
+    # --- event-loop side (thread-safe) -------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ktd-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> int:
+        """Queue a job; returns its id. Raises Busy when slots and queue are full or closed."""
+        with self._lock:
+            if self._closed:
+                raise Busy("the daemon is shutting down")
+            if not self.alive:
+                raise Internal("the engine thread is not running")
+            in_system = len(self._running) + len(self._waiting)
+            if in_system >= self.engine.n_seq_max + self.max_queue:
+                raise Busy(f"all {self.engine.n_seq_max} slots busy and {self.max_queue} requests queued")
+            job.rid = next(self._ids)
+            self._waiting.append(job)
+            self._lock.notify()
+            return job.rid
+
+    def cancel(self, rid: int, reason: str = "cancelled by the client") -> None:
+        with self._lock:
+            self._cancels[rid] = reason
+            self._lock.notify()
+
+    def close(self) -> None:
+        """Refuse new jobs (drain)."""
+        with self._lock:
+            self._closed = True
+
+    def cancel_all(self, reason: str) -> None:
+        with self._lock:
+            for rid in list(self._running) + [j.rid for j in self._waiting]:
+                self._cancels[rid] = reason
+            self._lock.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the engine thread after the current step (jobs still present are cancelled)."""
+        self.cancel_all("the daemon is stopping")
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        if self._thread:
+            self._thread.join(timeout)
+
+    def reconfigure(self, *, prefill_tokens_per_step: int, max_queue: int) -> None:
+        with self._lock:
+            self.prefill_tokens_per_step = prefill_tokens_per_step
+            self.max_queue = max_queue
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def pending(self) -> int:
+        """Jobs running or waiting."""
+        with self._lock:
+            return len(self._running) + len(self._waiting)
+
+    def healthy(self, max_stall_s: float) -> bool:
+        """For the watchdog: the thread lives and is idle, or has made progress recently."""
+        if not self.alive:
+            return False
+        return self.idle or time.monotonic() - self.last_progress < max_stall_s
+
+    def stats(self) -> dict[str, Any]:
+        now = time.monotonic()
+        with self._lock:
+            tps = [(t, n) for t, n in self._tps if now - t <= _TPS_WINDOW_S]
+            return {
+                "slots_total": self.engine.n_seq_max,
+                "slots_in_use": len(self._running),
+                "queued": len(self._waiting),
+                "max_queue": self.max_queue,
+                "steps": self.steps,
+                "tokens_per_s": sum(n for _, n in tps) / _TPS_WINDOW_S,
+                "idle": self.idle,
+            }
+
+    # --- engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stop and not self._running and not self._waiting:
+                        self.idle = True
+                        self._lock.wait()
+                    if self._stop and not self._running and not self._waiting:
+                        return
+                    self.idle = False
+                    self.last_progress = time.monotonic()
+                    cancels, self._cancels = self._cancels, {}
+                    self._apply_cancels(cancels)
+                    self._admit()
+                self._expire()
+                if self._running:
+                    self._step()
+        except BaseException:  # a scheduler bug: fail every job rather than hang them
+            log.exception("engine thread failed")
+            with self._lock:
+                for seq in list(self._running.values()):
+                    self._finish(seq, error=Internal("engine thread failed"))
+                while self._waiting:
+                    self._waiting.popleft().sink("error", Internal("engine thread failed"))
+            raise
+
+    def _apply_cancels(self, cancels: dict[int, str]) -> None:
+        # under the lock
+        if not cancels:
+            return
+        kept = collections.deque()
+        for job in self._waiting:
+            reason = cancels.get(job.rid)
+            if reason is None:
+                kept.append(job)
+            else:
+                self.counters["finished_cancelled"] += 1
+                job.sink("error", Cancelled(reason, data={"usage": {"prompt_tokens": len(job.prompt),
+                                                                    "completion_tokens": 0}}))
+        self._waiting = kept
+        for rid, reason in cancels.items():
+            seq = self._running.get(rid)
+            if seq is not None:
+                self._finish(seq, error=Cancelled(reason))
+
+    def _admit(self) -> None:
+        # under the lock. Fairness: the client holding the fewest slots goes first, then the one
+        # served longest ago (round robin), then arrival order (min() is stable).
+        while self._free_slots and self._waiting:
+            held = collections.Counter(s.job.client for s in self._running.values())
+            job = min(self._waiting, key=lambda j: (held[j.client], self._last_admit.get(j.client, -1)))
+            self._waiting.remove(job)
+            self._last_admit[job.client] = next(self._admissions)
+            if len(self._last_admit) > 4096:  # forget clients with nothing in the system
+                present = {j.client for j in self._waiting} | set(held) | {job.client}
+                self._last_admit = {c: n for c, n in self._last_admit.items() if c in present}
+            slot = self._free_slots.pop()
+            gen = Generation(job.sampling, prompt=job.prompt, eos_ids=self.engine.tokenizer.eos_ids,
+                             stop=job.stop, max_tokens=job.max_tokens,
+                             decoder=self.engine.tokenizer.decode_stream(), ignore_eos=job.ignore_eos)
+            self._running[job.rid] = _Seq(job=job, gen=gen, slot=slot, pending=list(job.prompt),
+                                          t_admit=time.monotonic())
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for seq in list(self._running.values()):
+            if seq.job.deadline is not None and now >= seq.job.deadline:
+                self._finish(seq, error=Cancelled("request deadline exceeded"))
+        with self._lock:
+            expired = [j for j in self._waiting if j.deadline is not None and now >= j.deadline]
+            for job in expired:
+                self._waiting.remove(job)
+                self.counters["finished_cancelled"] += 1
+                job.sink("error", Cancelled("request deadline exceeded while queued"))
+
+    def _step(self) -> None:
+        # Rows: decode tokens first (one per sequence past its prompt), then prefill chunks.
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        want: list[bool] = []
+        marked: list[_Seq] = []
+        fed: list[tuple[_Seq, int]] = []
+        prefilling = []
+        for seq in self._running.values():
+            if seq.n_past >= len(seq.job.prompt):      # decoding: pending = [last sampled token]
+                tokens.append(seq.pending[0])
+                positions.append(seq.n_past)
+                seq_ids.append(seq.slot)
+                want.append(True)
+                marked.append(seq)
+                fed.append((seq, 1))
+            else:
+                prefilling.append(seq)
+        n_decode = len(tokens)
+        budget = self.prefill_tokens_per_step
+        for seq in sorted(prefilling, key=lambda s: s.t_admit):
+            if budget <= 0:
+                break
+            n = min(budget, len(seq.pending))
+            budget -= n
+            completes = n == len(seq.pending)
+            for i in range(n):
+                tokens.append(seq.pending[i])
+                positions.append(seq.n_past + i)
+                seq_ids.append(seq.slot)
+                want.append(completes and i == n - 1)
+            if completes:
+                marked.append(seq)
+            fed.append((seq, n))
+        t0 = time.monotonic()
+        try:
+            logits = self.engine.forward(np.asarray(tokens, dtype=np.int32),
+                                         np.asarray(positions, dtype=np.int32),
+                                         np.asarray(seq_ids, dtype=np.int32),
+                                         np.asarray(want, dtype=np.bool_))
+            if logits.shape[0] != len(marked):
+                raise RuntimeError(f"engine returned {logits.shape[0]} logit rows for {len(marked)} marked")
+        except Exception as e:
+            err = e if isinstance(e, ContextOverflow) else Internal(f"engine failure: {type(e).__name__}: {e}")
+            log.exception("forward failed; failing the %d sequences of this step", len(fed))
+            for seq, _ in fed:
+                self._finish(seq, error=err)
+            return
+        t1 = time.monotonic()
+        self.forward_seconds += t1 - t0
+        self.steps += 1
+        self.last_progress = t1
+        for seq, n in fed:
+            seq.n_past += n
+            del seq.pending[:n]
+        n_generated = 0
+        for row, seq in enumerate(marked):
+            try:
+                token, text, finish = seq.gen.accept(logits[row])
+            except Exception as e:
+                log.exception("sampling failed for %s", seq.job.label)
+                self._finish(seq, error=Internal(f"sampling failure: {e}"))
+                continue
+            n_generated += 1
+            if seq.t_first is None:
+                seq.t_first = t1
+            if text:
+                seq.job.sink("chunk", text)
+                seq.n_chunks += 1
+            if finish is not None:
+                self._finish(seq, finish=finish)
+            else:
+                seq.pending = [token]
+        with self._lock:
+            self._tps.append((t1, n_generated))
+            while self._tps and t1 - self._tps[0][0] > _TPS_WINDOW_S:
+                self._tps.popleft()
+        self.counters["generated_tokens"] += n_generated
+        self.counters["prompt_tokens"] += len(tokens) - n_decode
+
+    def _summary(self, seq: _Seq, now: float) -> dict[str, Any]:
+        j = seq.job
+        ms = lambda a, b: round((b - a) * 1e3, 3)  # noqa: E731
+        timings = {"queued_ms": ms(j.t_arrival, seq.t_admit), "total_ms": ms(j.t_arrival, now)}
+        if seq.t_first is not None:
+            timings["ttft_ms"] = ms(j.t_arrival, seq.t_first)
+            timings["prefill_ms"] = ms(seq.t_admit, seq.t_first)
+            timings["decode_ms"] = ms(seq.t_first, now)
+            n_dec = len(seq.gen.output) - 1
+            if n_dec > 0 and now > seq.t_first:
+                timings["decode_tokens_per_s"] = round(n_dec / (now - seq.t_first), 3)
+        return {"usage": {"prompt_tokens": len(j.prompt), "completion_tokens": len(seq.gen.output)},
+                "timings": timings}
+
+    def _finish(self, seq: _Seq, *, finish: str | None = None, error: KtdError | None = None) -> None:
+        """End a running sequence: free its KV slot, send the terminal event."""
+        with self._lock:
+            if self._running.pop(seq.job.rid, None) is None:
+                return
+            try:
+                self.engine.free_seq(seq.slot)
+            except Exception:
+                log.exception("free_seq(%d) failed", seq.slot)
+            self._free_slots.append(seq.slot)
+        summary = self._summary(seq, time.monotonic())
+        if error is not None:
+            self.counters[f"finished_{error.code}"] += 1
+            error.data = {**(error.data or {}), **summary}
+            seq.job.sink("error", error)
+        else:
+            self.counters[f"finished_{finish}"] += 1
+            seq.job.sink("done", {"finish_reason": finish, **summary})

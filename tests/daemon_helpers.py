@@ -1,0 +1,124 @@
+"""Start the real daemon (tests/daemon_launcher.py: `ktd serve` + fake engine) as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from ktd.client import Client
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = os.path.join(HERE, "daemon_launcher.py")
+
+
+def short_tmpdir() -> str:
+    """Unix socket paths are limited to 107 bytes: keep them short."""
+    d = tempfile.mkdtemp(prefix="ktd-", dir="/tmp")
+    os.chmod(d, 0o755)
+    return d
+
+
+class DaemonProcess:
+    def __init__(self, *, fake: dict | None = None, model: dict | None = None,
+                 server: dict | None = None, limits: dict | None = None, scheduler: dict | None = None,
+                 env: dict | None = None):
+        self.dir = short_tmpdir()
+        self.socket = os.path.join(self.dir, "ktd.sock")
+        self.config_path = os.path.join(self.dir, "ktd.yaml")
+        self.log_path = os.path.join(self.dir, "daemon.log")
+        self.fake = fake or {}
+        self.env = env or {}
+        self.sections = {
+            "model": {"n_ctx": 256, "n_seq_max": 4, **(model or {})},
+            "server": {"socket": self.socket, "socket_group": None, **(server or {})},
+            "limits": limits or {},
+            "scheduler": scheduler or {},
+            "logging": {"level": "debug"},
+        }
+        self.proc: subprocess.Popen | None = None
+        self.write_config()
+
+    def write_config(self, **sections) -> None:
+        for name, values in sections.items():
+            self.sections[name] = {**self.sections.get(name, {}), **values}
+        with open(self.config_path, "w") as f:
+            json.dump({k: v for k, v in self.sections.items() if v}, f)  # JSON is YAML
+
+    def command(self) -> list[str]:
+        return [sys.executable, LAUNCHER, json.dumps(self.fake), "--", "serve", "--config", self.config_path]
+
+    def spawn(self, command=None, **popen) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("KTD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_", "JOURNAL_STREAM"))}
+        env.update(self.env)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(command or self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, **popen)
+        return self.proc
+
+    def start(self, timeout: float = 30.0) -> DaemonProcess:
+        self.spawn()
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with Client(self.socket, timeout=5) as c:
+                    if c.health()["status"] == "ok":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon not ready after {timeout} s:\n{self.log()}")
+
+    def client(self, **kw) -> Client:
+        return Client(self.socket, **kw)
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        finally:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> DaemonProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)

@@ -1,0 +1,187 @@
+"""A deterministic fake engine for daemon tests (never shipped, never a default).
+
+Vocabulary: ids 0..255 are bytes, then BOS, EOS, <|im_start|>, <|im_end|> (n_vocab = 260).
+Logits of a row depend only on (the sequence's token history up to and including this row,
+position): a hash seeds a numpy generator, so the same history gives the same logits whether a
+sequence runs alone or inside a mixed batch — tests compare daemon output with
+``reference_greedy``. Printable ASCII is favoured so streamed text is readable. The engine keeps
+each slot's history and raises if the scheduler feeds a position out of order (catches batching
+bugs), records every forward call, and can sleep per call to simulate compute.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import hashlib
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ktd.errors import ContextOverflow
+
+BOS, EOS, IM_START, IM_END = 256, 257, 258, 259
+N_VOCAB = 260
+SPECIALS = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
+SPECIAL_TEXT = {v: k for k, v in SPECIALS.items()}
+ROLES = ("system", "user", "assistant")
+
+
+class ByteStreamDecoder:
+    def __init__(self) -> None:
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_id: int) -> str:
+        if token_id < 256:
+            return self._dec.decode(bytes([token_id]))
+        return self._dec.decode(b"", final=True) + SPECIAL_TEXT[token_id]
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+class ByteTokenizer:
+    n_vocab = N_VOCAB
+    bos_id = BOS
+    eos_ids = frozenset({EOS, IM_END})
+    add_bos = True
+    chat_template = "{% for m in messages %}<|im_start|>{{m.role}}\n{{m.content}}<|im_end|>\n{% endfor %}"
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        ids = [BOS] if add_special and self.add_bos else []
+        if not parse_special:
+            return ids + list(text.encode("utf-8"))
+        i = 0
+        while i < len(text):
+            for name, tid in SPECIALS.items():
+                if text.startswith(name, i):
+                    ids.append(tid)
+                    i += len(name)
+                    break
+            else:
+                ids.extend(text[i].encode("utf-8"))
+                i += 1
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        dec = ByteStreamDecoder()
+        return "".join(dec.feed(t) for t in ids) + dec.flush()
+
+    def decode_stream(self) -> ByteStreamDecoder:
+        return ByteStreamDecoder()
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        out = []
+        for m in messages:
+            if m["role"] not in ROLES:
+                raise ValueError(f"chat template: unsupported role {m['role']!r} (expected one of {ROLES})")
+            out.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+        if add_generation_prompt:
+            out.append("<|im_start|>assistant\n")
+        return "".join(out)
+
+
+def row_logits(history: Sequence[int], eos_bias: float) -> np.ndarray:
+    """float32 [N_VOCAB] logits after ``history`` (the last entry is the token at this row)."""
+    h = hashlib.blake2b(np.asarray(history, dtype=np.int32).tobytes(), digest_size=8).digest()
+    rng = np.random.default_rng(int.from_bytes(h, "little") ^ len(history))
+    x = rng.standard_normal(N_VOCAB).astype(np.float32) * 2.0
+    x[:32] -= 6.0
+    x[127:256] -= 6.0
+    x[BOS] -= 20.0
+    x[IM_START] -= 20.0
+    x[EOS] += eos_bias
+    x[IM_END] += eos_bias
+    return x
+
+
+def reference_greedy(prompt: Sequence[int], max_tokens: int, eos_bias: float = -4.0,
+                     stop_at_eos: bool = True) -> list[int]:
+    """Greedy tokens for one sequence alone: the oracle for batched daemon output."""
+    history, out = list(prompt), []
+    for _ in range(max_tokens):
+        t = int(np.argmax(row_logits(history, eos_bias)))
+        out.append(t)
+        history.append(t)
+        if stop_at_eos and t in ByteTokenizer.eos_ids:
+            break
+    return out
+
+
+@dataclass
+class ForwardCall:
+    tokens: np.ndarray
+    positions: np.ndarray
+    seq_ids: np.ndarray
+    want_logits: np.ndarray
+
+
+class FakeEngine:
+    def __init__(self, *, n_ctx: int = 256, n_seq_max: int = 4, step_delay_s: float = 0.0,
+                 eos_bias: float = -4.0, wedge_after_steps: int | None = None):
+        self.tokenizer = ByteTokenizer()
+        self.n_ctx = n_ctx
+        self.n_seq_max = n_seq_max
+        self.step_delay_s = step_delay_s
+        self.eos_bias = eos_bias
+        self.wedge_after_steps = wedge_after_steps
+        self.kv: list[list[int]] = [[] for _ in range(n_seq_max)]
+        self.calls: collections.deque[ForwardCall] = collections.deque(maxlen=10000)
+        self.n_forward = 0
+        self.freed: list[int] = []
+        self._wedge = threading.Event()
+
+    def info(self) -> dict[str, Any]:
+        return {"name": "fake", "path": "/dev/null", "architecture": "fake-bytes", "n_params": 0,
+                "quant": "F32", "isa": "none", "threads": 1, "n_vocab": N_VOCAB,
+                "memory": {"hugepages": "off", "weights_bytes": 0}}
+
+    def forward(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
+        for a, dt in ((tokens, np.int32), (positions, np.int32), (seq_ids, np.int32), (want_logits, np.bool_)):
+            if a.dtype != dt or a.ndim != 1 or a.shape[0] != tokens.shape[0]:
+                raise ValueError("forward: bad array dtype or shape")
+        self.calls.append(ForwardCall(tokens.copy(), positions.copy(), seq_ids.copy(), want_logits.copy()))
+        self.n_forward += 1
+        if self.wedge_after_steps is not None and self.n_forward > self.wedge_after_steps:
+            self._wedge.wait()  # simulates a hung native forward (never set)
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        out = []
+        for t, p, s, w in zip(tokens.tolist(), positions.tolist(), seq_ids.tolist(), want_logits.tolist()):
+            if not 0 <= s < self.n_seq_max:
+                raise ValueError(f"forward: seq id {s} out of range")
+            if p >= self.n_ctx:
+                raise ContextOverflow(f"position {p} >= n_ctx {self.n_ctx}")
+            if p != len(self.kv[s]):
+                raise ValueError(f"forward: seq {s} position {p}, but {len(self.kv[s])} tokens cached")
+            if not 0 <= t < N_VOCAB:
+                raise ValueError(f"forward: token {t} outside the vocabulary")
+            self.kv[s].append(t)
+            if w:
+                out.append(row_logits(self.kv[s], self.eos_bias))
+        return np.stack(out) if out else np.zeros((0, N_VOCAB), np.float32)
+
+    def free_seq(self, seq_id: int) -> None:
+        self.kv[seq_id] = []
+        self.freed.append(seq_id)
+
+    def copy_seq(self, src: int, dst: int, n_tokens: int) -> None:
+        self.kv[dst] = list(self.kv[src][:n_tokens])
+
+
+def factory(**options):
+    """An engine factory (config, progress) -> FakeEngine that reports loading progress."""
+
+    def make(config, progress):
+        n_steps = options.pop("load_steps", 3) if "load_steps" in options else 3
+        load_delay = options.pop("load_delay_s", 0.0) if "load_delay_s" in options else 0.0
+        for i in range(n_steps):
+            progress(f"loading fake weights {i + 1}/{n_steps}", (i + 1) / n_steps)
+            time.sleep(load_delay / max(n_steps, 1))
+        return FakeEngine(n_ctx=config.model.n_ctx, n_seq_max=config.model.n_seq_max, **options)
+
+    return make

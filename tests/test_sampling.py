@@ -1,0 +1,233 @@
+"""ktd.sampling against an independent, straightforward implementation of the same definitions."""
+
+from __future__ import annotations
+
+import codecs
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ktd.sampling import (Generation, Sampler, SamplingParams, StopMatcher, apply_penalties, candidates,
+                          draw, top_k_indices)
+
+
+def as_dist(idx, w) -> dict[int, float]:
+    """candidates() output as {token: probability}."""
+    if idx is None:
+        idx = np.arange(w.shape[0])
+    total = float(np.sum(w, dtype=np.float64))
+    return {int(t): float(v) / total for t, v in zip(idx, w)}
+
+
+def reference_distribution(logits, history, p: SamplingParams) -> dict[int, float]:
+    """Explicit per-token probabilities, written from the documented order, in plain Python."""
+    x = [float(v) for v in logits]
+    window = list(history)[-p.penalty_last_n:] if p.penalty_last_n > 0 else []
+    for t in set(window):
+        c = window.count(t)
+        v = x[t]
+        if p.repeat_penalty != 1.0:
+            v = v / p.repeat_penalty if v > 0 else v * p.repeat_penalty
+        x[t] = v - c * p.frequency_penalty - p.presence_penalty
+    if p.temperature == 0:
+        best = max(range(len(x)), key=lambda i: x[i])
+        return {best: 1.0}
+    x = [v / p.temperature for v in x]
+    order = sorted(range(len(x)), key=lambda i: -x[i])
+    if p.top_k > 0:
+        order = order[:p.top_k]
+    m = max(x[i] for i in order)
+    w = {i: np.exp(x[i] - m) for i in order}
+    z = sum(w.values())
+    probs = {i: w[i] / z for i in order}
+    if p.top_p < 1.0:
+        kept, mass = {}, 0.0
+        for i in order:
+            kept[i] = probs[i]
+            mass += probs[i]
+            if mass >= p.top_p:
+                break
+        probs = kept
+    if p.min_p > 0:
+        pmax = max(probs.values())
+        probs = {i: v for i, v in probs.items() if v >= p.min_p * pmax}
+    z = sum(probs.values())
+    return {i: v / z for i, v in probs.items()}
+
+
+PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    SamplingParams(temperature=0.7, top_k=10, top_p=1.0, min_p=0.0),
+    SamplingParams(temperature=1.3, top_k=0, top_p=0.8, min_p=0.0),
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1),
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0, repeat_penalty=1.3,
+                   presence_penalty=0.5, frequency_penalty=0.25, penalty_last_n=8),
+]
+
+
+@pytest.mark.parametrize("n_vocab", [7, 64, 3000, 40000])
+@pytest.mark.parametrize("p", PARAMS, ids=range(len(PARAMS)))
+def test_candidates_match_reference(p, n_vocab):
+    rng = np.random.default_rng(n_vocab)
+    logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
+    history = [int(t) for t in rng.integers(0, n_vocab, 20)]
+    ref = reference_distribution(logits, history, p)
+    if p.temperature == 0:
+        assert Sampler(p).sample(logits, history) == next(iter(ref))
+        return
+    window = history[-p.penalty_last_n:]
+    got = as_dist(*candidates(apply_penalties(logits, window, p), p))
+    assert set(got) == set(ref)
+    for t, v in ref.items():
+        assert got[t] == pytest.approx(v, rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 40, 200, 1000])
+def test_top_k_indices_exact(k):
+    rng = np.random.default_rng(k)
+    for x in (rng.standard_normal(151936).astype(np.float32),
+              np.sort(rng.standard_normal(151936)).astype(np.float32),   # adversarial order
+              np.repeat(rng.standard_normal(4748), 32).astype(np.float32)):  # many ties
+        got = top_k_indices(x, k)
+        assert len(set(got.tolist())) == k
+        kth = np.sort(x)[-k]
+        assert (x[got] >= kth).all() and (x > kth).sum() <= k
+
+
+def test_large_vocab_probe_path_matches_reference():
+    # n_vocab above the top-p probe size, peaked so the nucleus lies in the probe, and flat so
+    # the full-sort fallback is taken
+    rng = np.random.default_rng(5)
+    for scale in (8.0, 0.3):
+        logits = (rng.standard_normal(5000) * scale).astype(np.float32)
+        p = SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0)
+        ref = reference_distribution(logits, [], p)
+        got = as_dist(*candidates(logits, p))
+        assert set(got) == set(ref)
+        assert max(abs(got[t] - ref[t]) for t in ref) < 1e-6
+
+
+def test_draws_follow_the_reference_distribution():
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal(30) * 1.5).astype(np.float32)
+    p = SamplingParams(temperature=0.9, top_k=12, top_p=0.9, min_p=0.02, seed=123)
+    ref = reference_distribution(logits, [], p)
+    s = Sampler(p)
+    n = 40000
+    counts = np.bincount([s.sample(logits, []) for _ in range(n)], minlength=30) / n
+    assert set(np.flatnonzero(counts)) <= set(ref)
+    tv = 0.5 * sum(abs(counts[t] - ref.get(t, 0.0)) for t in range(30))
+    assert tv < 0.02  # ~ sqrt(k/n) sampling noise is ~0.01 here
+
+
+@pytest.mark.parametrize("n", [1, 5, 4096, 4097, 10000])
+def test_two_level_draw_matches_inverse_cdf(n):
+    rng = np.random.default_rng(n)
+    w = rng.random(n).astype(np.float32)
+    w[rng.random(n) < 0.3] = 0.0  # zero weights are never drawn
+    if not w.any():
+        w[0] = 1.0
+    cum = np.cumsum(w.astype(np.float64))
+    for u in [0.0, 0.999999999, *rng.random(200)]:
+        want = int(np.searchsorted(cum, u * cum[-1], side="right"))
+        got = draw(w, u)
+        assert w[got] > 0
+        # equal, up to rounding exactly at a boundary between two tokens
+        assert got == want or abs(cum[min(got, want)] - u * cum[-1]) < 1e-6 * cum[-1]
+
+
+def test_seed_reproducible_and_seeds_differ():
+    rng = np.random.default_rng(2)
+    rows = (rng.standard_normal((50, 100)) * 2).astype(np.float32)
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    a = [Sampler(p).sample(r, []) for r in rows]
+    s1, s2 = Sampler(p), Sampler(p)
+    assert [s1.sample(r, []) for r in rows] == [s2.sample(r, []) for r in rows]
+    s3 = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=8))
+    assert [s3.sample(r, []) for r in rows] != [s1.sample(r, []) for r in rows] or a
+
+
+def test_greedy_respects_penalties():
+    logits = np.array([1.0, 5.0, 4.9, 0.0], dtype=np.float32)
+    assert Sampler(SamplingParams(temperature=0)).sample(logits, [1]) == 1
+    p = SamplingParams(temperature=0, repeat_penalty=1.1)
+    assert Sampler(p).sample(logits, [1]) == 2   # 5/1.1 < 4.9
+    p = SamplingParams(temperature=0, presence_penalty=0.2, penalty_last_n=1)
+    assert Sampler(p).sample(logits, [2, 1]) == 2
+    assert Sampler(p).sample(logits, [1, 2]) == 1  # window of 1: only the last token
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2),
+                                 dict(top_k=-1), dict(repeat_penalty=0), dict(seed=-1),
+                                 dict(temperature=float("nan"))])
+def test_invalid_params_name_the_parameter(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad).validate()
+
+
+def reference_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    hits = [text.find(s) for s in stops if s and text.find(s) >= 0]
+    return (text[:min(hits)], True) if hits else (text, False)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="abcé\n", max_size=40), st.lists(st.text(alphabet="abcé\n", min_size=1, max_size=4),
+                                                     max_size=3), st.data())
+def test_stop_matcher_across_arbitrary_boundaries(text, stops, data):
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=10)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    m = StopMatcher(stops)
+    out = ""
+    for piece in pieces:
+        out += m.feed(piece)
+        if m.stopped:
+            break
+    if not m.stopped:
+        out += m.flush()
+    assert (out, m.stopped) == reference_stop(text, stops)
+
+
+class ByteDecoder:
+    def __init__(self):
+        self.d = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, t):
+        return self.d.decode(bytes([t])) if t < 256 else self.d.decode(b"", final=True) + f"<{t}>"
+
+    def flush(self):
+        return self.d.decode(b"", final=True)
+
+
+def forced(token: int, n_vocab: int = 300) -> np.ndarray:
+    x = np.zeros(n_vocab, np.float32)
+    x[token] = 10.0
+    return x
+
+
+def run_generation(tokens, **kw):
+    g = Generation(SamplingParams(temperature=0), prompt=[1, 2], eos_ids=frozenset({299}),
+                   decoder=ByteDecoder(), **kw)
+    text, finish = "", None
+    for t in tokens:
+        _, piece, finish = g.accept(forced(t))
+        text += piece
+        if finish:
+            break
+    return text, finish, g
+
+
+def test_generation_eos_stop_length_and_utf8():
+    snow = list("é☃".encode())  # 2 + 3 bytes: text appears only when a character is complete
+    text, finish, g = run_generation([*snow, 299, 65], stop=(), max_tokens=10)
+    assert (text, finish, len(g.output)) == ("é☃", "stop", 6)
+    text, finish, _ = run_generation(list(b"hello END world"), stop=("END",), max_tokens=50)
+    assert (text, finish) == ("hello ", "stop")
+    text, finish, _ = run_generation(list(b"hello EN"), stop=("END",), max_tokens=8)
+    assert (text, finish) == ("hello EN", "length")  # held-back text is released at the end
+    text, finish, _ = run_generation([0xE2, 0x98], stop=(), max_tokens=2)
+    assert (text, finish) == ("\ufffd", "length")  # incomplete UTF-8 at the end
+    text, finish, _ = run_generation([65, 299, 66], stop=(), max_tokens=3, ignore_eos=True)
+    assert (text, finish) == ("A<299>B", "length")

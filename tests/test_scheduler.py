@@ -1,0 +1,176 @@
+"""Scheduler with the fake engine in-process: continuous batching, fairness, cancel, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fake_engine
+from ktd.errors import Cancelled, ContextOverflow, Internal
+from ktd.sampling import SamplingParams
+from ktd.scheduler import Job, Scheduler
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class Collector:
+    def __init__(self):
+        self.chunks: list[str] = []
+        self.end = threading.Event()
+        self.kind = None
+        self.payload = None
+
+    def __call__(self, kind, payload):
+        if kind == "chunk":
+            self.chunks.append(payload)
+        else:
+            self.kind, self.payload = kind, payload
+            self.end.set()
+
+    def wait(self, timeout=30):
+        assert self.end.wait(timeout), "job did not end"
+        return self.kind, self.payload
+
+
+def job(prompt: list[int], sink, *, client=1, max_tokens=16, ignore_eos=True, deadline=None):
+    return Job(client=client, prompt=prompt, sampling=GREEDY, max_tokens=max_tokens, stop=(),
+               ignore_eos=ignore_eos, sink=sink, deadline=deadline)
+
+
+@pytest.fixture
+def make():
+    made = []
+
+    def factory(prefill=8, max_queue=16, **engine):
+        eng = fake_engine.FakeEngine(**engine)
+        s = Scheduler(eng, prefill_tokens_per_step=prefill, max_queue=max_queue)
+        s.start()
+        made.append(s)
+        return eng, s
+
+    yield factory
+    for s in made:
+        s.stop(timeout=10)
+
+
+def test_steps_mix_decode_tokens_of_several_sequences_with_a_prefill_chunk(make):
+    eng, s = make(prefill=8, n_seq_max=4, step_delay_s=0.005)
+    short = [Collector() for _ in range(2)]
+    for i, c in enumerate(short):
+        s.submit(job([fake_engine.BOS, 65 + i], c, max_tokens=40))
+    time.sleep(0.05)  # both are decoding now
+    late = Collector()
+    long_prompt = [fake_engine.BOS] + [97] * 30
+    s.submit(job(long_prompt, late, max_tokens=5))
+    for c in (*short, late):
+        assert c.wait()[0] == "done"
+    mixed = [call for call in eng.calls
+             if call.want_logits.sum() >= 2 and (~call.want_logits).any()]
+    assert mixed, "no step combined decode tokens of several sequences with a prefill chunk"
+    call = mixed[0]
+    assert len(set(call.seq_ids[call.want_logits].tolist())) >= 2
+    n_prefill = int((~call.want_logits).sum())
+    assert n_prefill <= 8  # the prefill budget per step
+    # every sequence's text equals running it alone (no cross-talk through the batch)
+    tok = fake_engine.ByteTokenizer()
+    for c, prompt, n in ((short[0], [fake_engine.BOS, 65], 40), (short[1], [fake_engine.BOS, 66], 40),
+                         (late, long_prompt, 5)):
+        ref = fake_engine.reference_greedy(prompt, n, stop_at_eos=False)
+        assert "".join(c.chunks) == tok.decode(ref)
+        assert c.payload["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": n}
+
+
+def test_new_request_joins_without_waiting(make):
+    eng, s = make(n_seq_max=2, step_delay_s=0.01)
+    long = Collector()
+    s.submit(job([fake_engine.BOS, 70], long, max_tokens=200))
+    time.sleep(0.05)
+    quick = Collector()
+    s.submit(job([fake_engine.BOS, 71], quick, max_tokens=3))
+    assert quick.wait()[0] == "done"
+    assert not long.end.is_set()  # the quick one finished while the long one still runs
+    s.cancel(next(iter(s._running)), "test")
+    assert long.wait()[0] == "error"
+
+
+def test_fair_admission_across_clients(make):
+    eng, s = make(n_seq_max=1, step_delay_s=0.005)
+    order = []
+
+    def sink_for(name):
+        c = Collector()
+
+        def sink(kind, payload):
+            if kind != "chunk":
+                order.append(name)
+            c(kind, payload)
+        return c, sink
+
+    blocker_c, blocker = sink_for("blocker")
+    s.submit(job([fake_engine.BOS], blocker, client=1, max_tokens=60))
+    time.sleep(0.03)
+    # client 1 queues three more, then client 2 queues one: client 2 must not wait for all of them
+    waits = []
+    for i in range(3):
+        c, sink = sink_for(f"c1-{i}")
+        waits.append(c)
+        s.submit(job([fake_engine.BOS], sink, client=1, max_tokens=3))
+    c2, sink = sink_for("c2")
+    s.submit(job([fake_engine.BOS], sink, client=2, max_tokens=3))
+    for c in (*waits, c2, blocker_c):
+        c.wait()
+    # round robin: client 1 was served last (the blocker), so client 2 goes next
+    assert order == ["blocker", "c2", "c1-0", "c1-1", "c1-2"]
+
+
+def test_cancel_and_deadline_take_effect_within_a_step_and_free_the_slot(make):
+    eng, s = make(n_seq_max=1, step_delay_s=0.02)
+    c = Collector()
+    rid = s.submit(job([fake_engine.BOS], c, max_tokens=1000))
+    time.sleep(0.1)
+    n_before = eng.n_forward
+    s.cancel(rid, "bye")
+    kind, err = c.wait()
+    assert kind == "error" and isinstance(err, Cancelled) and err.message == "bye"
+    assert eng.n_forward <= n_before + 2
+    assert eng.freed == [0] and eng.kv[0] == []
+    d = Collector()
+    s.submit(job([fake_engine.BOS], d, max_tokens=1000, deadline=time.monotonic() + 0.1))
+    kind, err = d.wait()
+    assert isinstance(err, Cancelled) and "deadline" in err.message
+    assert err.data["usage"]["completion_tokens"] > 0
+    assert s.stats()["slots_in_use"] == 0
+
+
+def test_engine_errors_fail_only_that_step(make):
+    eng, s = make(n_seq_max=2, n_ctx=8)
+    # bypass the server's n_ctx check: the engine raises ContextOverflow inside forward
+    c = Collector()
+    s.submit(job([fake_engine.BOS] * 5, c, max_tokens=20))
+    kind, err = c.wait()
+    assert kind == "error" and isinstance(err, ContextOverflow)
+    ok = Collector()
+    s.submit(job([fake_engine.BOS], ok, max_tokens=3))
+    assert ok.wait()[0] == "done"
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    eng.forward = broken
+    bad = Collector()
+    s.submit(job([fake_engine.BOS], bad, max_tokens=3))
+    kind, err = bad.wait()
+    assert isinstance(err, Internal) and "boom" in err.message
+    assert s.alive and s.stats()["slots_in_use"] == 0
+
+
+def test_watchdog_health_reflects_a_wedged_engine(make):
+    eng, s = make(n_seq_max=1, wedge_after_steps=2)
+    assert s.healthy(max_stall_s=0.2)  # idle
+    c = Collector()
+    s.submit(job([fake_engine.BOS], c, max_tokens=50))
+    time.sleep(0.5)
+    assert not s.healthy(max_stall_s=0.2)  # work pending, no progress
