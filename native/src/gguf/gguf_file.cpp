@@ -305,6 +305,7 @@ void GGUFFile::parse() {
 
     // Header.
     if (size_ == 0) cur.fail(0, "empty file, not a GGUF file");
+    if (size_ < 4) cur.fail(0, "not a GGUF file: only " + std::to_string(size_) + " bytes");
     uint32_t magic = cur.read<uint32_t>("magic");
     if (magic != kGGUFMagic) cur.fail(0, "not a GGUF file: magic is " +
                                              quote({reinterpret_cast<const char *>(base_), 4}) +
