@@ -164,6 +164,8 @@ def _size(n: int) -> str:
 
 
 def _short(v: Any, width: int = 60) -> str:
+    if isinstance(v, float):
+        return f"{v:.7g}"  # metadata floats are mostly FLOAT32: 7 significant digits
     s = repr(v) if not isinstance(v, str) else v
     if isinstance(v, list) and len(s) > width:
         s = f"[{len(v)} values]"
