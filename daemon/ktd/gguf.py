@@ -41,6 +41,18 @@ class TensorInfo(NamedTuple):
         return n
 
 
+def _frozen(value: Any) -> Any:
+    """Values are shared through the cache: numpy arrays (nested ones too) become read-only.
+    Lists are returned as they are (copying a 150k-token list on every access would cost more
+    than it protects); callers must not modify them."""
+    if isinstance(value, np.ndarray):
+        value.setflags(write=False)
+    elif isinstance(value, list):
+        for v in value:
+            _frozen(v)
+    return value
+
+
 class Metadata(Mapping[str, Any]):
     """Read-only, ordered mapping key -> value, converted lazily and cached."""
 
@@ -56,9 +68,7 @@ class Metadata(Mapping[str, Any]):
         try:
             return self._cache[key]
         except KeyError:
-            value = self._cache[key] = self._native.value(key)
-            if isinstance(value, np.ndarray):
-                value.setflags(write=False)  # shared through the cache: keep it immutable
+            value = self._cache[key] = _frozen(self._native.value(key))
             return value
 
     def __iter__(self) -> Iterator[str]:

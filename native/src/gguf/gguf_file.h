@@ -9,6 +9,8 @@
 // Metadata values point into the mapping (strings are string_views, numeric arrays are raw
 // little-endian bytes), so nothing large is copied and the GGUFFile must outlive them. The
 // mapping is released by the destructor; a GGUFFile is movable, not copyable.
+// Like any file mapping, it assumes the file is not truncated while open (reading a page past the
+// new end would raise SIGBUS); model files are replaced by rename, never rewritten in place.
 //
 // Layout reminder (GGUF v3, little-endian; v2 is identical):
 //   magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv | n_kv × (string key, u32 type, value)
