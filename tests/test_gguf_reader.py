@@ -400,3 +400,18 @@ def test_real_model_matches_gguf_reader(real_model, name):
     # whole file).
     for t in (r.tensors[0], r.tensors[len(r.tensors) // 2], r.tensors[-1]):
         assert np.array_equal(f.tensor_data(t.name), t.data.reshape(-1).view(np.uint8))
+
+
+def test_mapping_is_read_only_and_advised_for_huge_pages(sample):
+    """The kernel's own view of the mapping (/proc/self/smaps): read-only, private, and marked
+    MADV_HUGEPAGE ("hg" in VmFlags)."""
+    if not Path("/sys/kernel/mm/transparent_hugepage").exists():
+        pytest.skip("this kernel has no transparent huge pages, so MADV_HUGEPAGE cannot be observed")
+    f = GGUFFile(sample)
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.endswith(" " + str(sample))]
+    assert len(starts) == 1, "exactly one mapping of the file"
+    assert lines[starts[0]].split()[1] == "r--p"
+    flags = next(line for line in lines[starts[0]:] if line.startswith("VmFlags:")).split()[1:]
+    assert "hg" in flags and "wr" not in flags
+    del f

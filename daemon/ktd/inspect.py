@@ -202,7 +202,10 @@ def render(r: dict[str, Any]) -> str:
     head = f" ({b['output_head_tensor']}{', tied embeddings' if b['output_head_tensor'] == TIED_HEAD else ''})"
     lines.append(f"  output head    {_size(b['output_head'])}{head if b['output_head_tensor'] else ''}")
     if "machine" in r:
-        lines.append("machine")
-        for key, value in r["machine"].items():
-            lines.append(f"  {key:24} {_short(value)}")
+        machine = r["machine"]
+        if isinstance(machine, dict):
+            lines.append("machine")
+            lines += [f"  {key:24} {_short(value)}" for key, value in machine.items()]
+        else:
+            lines.append(f"machine     {machine}")
     return "\n".join(lines)
