@@ -212,3 +212,17 @@ def test_real_model_figures_agree_with_gguf_py(real_model, name):
         assert report["bytes_per_token"]["output_head_tensor"] == "token_embd.weight"
     else:
         assert report["bytes_per_token"]["output_head_tensor"] == "output.weight"
+
+
+def test_machine_section_comes_from_ktd_machine(tmp_path, monkeypatch):
+    import types
+
+    import ktd
+
+    fake = types.ModuleType("ktd.machine")
+    fake.describe = lambda: {"cpu": "test cpu", "numa_nodes": 2}
+    monkeypatch.setitem(sys.modules, "ktd.machine", fake)
+    monkeypatch.setattr(ktd, "machine", fake, raising=False)
+    report = inspect_model(str(write_sample(tmp_path / "s.gguf")))
+    assert report["machine"] == {"cpu": "test cpu", "numa_nodes": 2}
+    assert "test cpu" in render(report)
