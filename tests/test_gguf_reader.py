@@ -304,6 +304,19 @@ def test_duplicate_tensor_name(tmp_path):
         GGUFFile(p)
 
 
+def test_overlapping_tensor_data(tmp_path):
+    # a: bytes [0, 64) of the data section; b: [32, 64).
+    first, second = tensor_info("a", [16], QT.F32, 0), tensor_info("b", [8], QT.F32, 32)
+    p = tmp_path / "overlap.gguf"
+    p.write_bytes(build([], [first, second], b"\0" * 128))
+    b_offset_field = 24 + len(first) + len(second) - 8
+    with pytest.raises(ktd.GGUFError, match=f"tensor 'b': data at .* overlaps tensor 'a' .* at byte offset {b_offset_field}"):
+        GGUFFile(p)
+    # Back to back is fine.
+    p.write_bytes(build([], [first, tensor_info("b", [8], QT.F32, 64)], b"\0" * 128))
+    assert list(GGUFFile(p).tensors) == ["a", "b"]
+
+
 def test_duplicate_key(tmp_path):
     p = tmp_path / "dup.gguf"
     first = kv("a.k", VT.UINT8, b"\1")

@@ -9,7 +9,8 @@
 //   - keys and tensor names are valid UTF-8 and unique;
 //   - general.alignment, when present, is a UINT32 power of two;
 //   - tensors have 1..4 dims, each >= 1, an element count that fits in int64, a row length that
-//     is a whole number of blocks, an aligned offset and data that lies inside the file.
+//     is a whole number of blocks, an aligned offset and data that lies inside the file and
+//     overlaps no other tensor's.
 #include "gguf/gguf_file.h"
 
 #include <fcntl.h>
@@ -427,6 +428,21 @@ void GGUFFile::parse() {
                          " bytes after the data section at " + std::to_string(data_offset_) +
                          ") extends past the end of the file (" + std::to_string(size_) + " bytes)");
         t.offset = begin;
+    }
+    // Tensors must not share bytes (llama.cpp even requires them back to back): an overlap
+    // means corrupt offsets.
+    std::vector<size_t> order(tensors_.size());
+    for (size_t i = 0; i < order.size(); i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
+    for (size_t k = 1; k < order.size(); k++) {
+        const auto &prev = tensors_[order[k - 1]], &t = tensors_[order[k]];
+        if (t.offset < prev.offset + prev.nbytes) {
+            cur.set_context("tensor " + quote(t.name));
+            cur.fail(offset_field_at[order[k]],
+                     "data at file offset " + std::to_string(t.offset) + " overlaps tensor " + quote(prev.name) +
+                         " (bytes " + std::to_string(prev.offset) + ".." + std::to_string(prev.offset + prev.nbytes) +
+                         ")");
+        }
     }
 }
 
