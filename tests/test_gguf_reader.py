@@ -213,6 +213,11 @@ def test_missing_file_is_oserror(tmp_path):
         GGUFFile(tmp_path / "nope.gguf")
 
 
+def test_path_with_nul_byte_is_oserror(sample):
+    with pytest.raises(OSError, match="NUL byte"):
+        GGUFFile(str(sample) + "\0.x")
+
+
 def test_directory_is_oserror(tmp_path):
     with pytest.raises(IsADirectoryError):
         GGUFFile(tmp_path)

@@ -243,6 +243,7 @@ std::string_view gguf_value_type_name(GGUFValueType t) {
 GGUFFile GGUFFile::open(const std::string &path, const GGUFOpenOptions &opts) {
     GGUFFile f;
     f.path_ = path;
+    if (path.find('\0') != std::string::npos) throw SysError("open (the path contains a NUL byte)", EINVAL);
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw SysError("open " + path, errno);
     struct stat st {};
