@@ -11,6 +11,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ktd.cli import UserError
+    import json
 
-    raise UserError("inspect is not implemented yet")
+    from ktd.inspect import inspect_model, render
+
+    report = inspect_model(args.model)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0

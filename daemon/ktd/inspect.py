@@ -1,0 +1,211 @@
+"""What a GGUF model file holds and what decoding with it costs: the data behind ``ktd inspect``.
+
+:func:`inspect_model` returns plain data (JSON-serialisable); :func:`render` turns it into the
+human-readable report. Nothing here touches tensor data: only the header is read.
+
+Bytes read per decoded token: decoding one token streams every weight the forward uses once —
+every tensor of every dense layer, the output head, and for MoE layers only ``n_expert_used`` of
+the ``n_expert`` routed experts (tensors named ``*_exps*``, whose last GGML dimension is the
+expert) plus the shared experts (``*_shexp*``, counted in full like any dense tensor). Lookup
+tables (the token embedding) contribute one row, which is ignored — except that when there is
+no ``output.weight`` the token embedding *is* the output head (tied embeddings) and is read in
+full.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ktd import GGUFError
+from ktd.gguf import GGUFFile
+
+# Tensors read one row per token (a lookup, not a matrix product); not counted per token unless
+# one of them doubles as the output head.
+LOOKUP_TABLES = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
+OUTPUT_HEAD = "output.weight"
+TIED_HEAD = "token_embd.weight"
+
+
+def _json_value(v: Any) -> Any:
+    """A metadata value as plain JSON-able data (arrays -> lists, invalid-UTF-8 bytes -> str)."""
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, list):
+        return [_json_value(x) for x in v]
+    return v
+
+
+def _get_str(f: GGUFFile, key: str) -> str | None:
+    if key not in f.metadata:
+        return None
+    if f.metadata_type(key) != "STRING":
+        raise GGUFError(f"{f.path}: key '{key}' must be a STRING, not {f.metadata_type(key)}")
+    return _json_value(f.metadata[key])
+
+
+_INT_TYPES = frozenset({"UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64"})
+
+
+def _get_count(f: GGUFFile, key: str) -> int | None:
+    """A non-negative integer key, or None when absent."""
+    if key not in f.metadata:
+        return None
+    value = f.metadata[key]
+    if f.metadata_type(key) not in _INT_TYPES or value < 0:
+        raise GGUFError(f"{f.path}: key '{key}' must be a non-negative integer, "
+                        f"found {f.metadata_type(key)} {_json_value(value)!r}")
+    return value
+
+
+def bytes_per_token(f: GGUFFile, arch: str | None) -> dict[str, Any]:
+    """Weight bytes one decoded token reads, split into dense, routed experts and output head."""
+    tensors = f.tensors
+    expert_tensors = [t for t in tensors.values() if "_exps" in t.name]
+    n_expert = n_expert_used = None
+    routed_bytes_all = routed_bytes = 0
+    if expert_tensors:
+        n_expert = _get_count(f, f"{arch}.expert_count") if arch else None
+        n_expert_used = _get_count(f, f"{arch}.expert_used_count") if arch else None
+        if not n_expert or n_expert_used is None:
+            raise GGUFError(f"{f.path}: expert tensors (e.g. '{expert_tensors[0].name}') but no valid "
+                            f"{arch}.expert_count / {arch}.expert_used_count")
+        if n_expert_used > n_expert:
+            raise GGUFError(f"{f.path}: {arch}.expert_used_count = {n_expert_used} exceeds "
+                            f"{arch}.expert_count = {n_expert}")
+        for t in expert_tensors:
+            # GGML order: the expert index is the outermost (last) dimension.
+            if t.shape[-1] != n_expert:
+                raise GGUFError(f"{f.path}: tensor '{t.name}': last dimension {t.shape[-1]} "
+                                f"is not {arch}.expert_count = {n_expert}")
+            routed_bytes_all += t.nbytes
+            routed_bytes += t.nbytes // n_expert * n_expert_used
+
+    head = tensors.get(OUTPUT_HEAD) or tensors.get(TIED_HEAD)
+    head_bytes = head.nbytes if head is not None else 0
+    dense_bytes = sum(t.nbytes for t in tensors.values()
+                      if "_exps" not in t.name and t.name not in LOOKUP_TABLES and t.name != OUTPUT_HEAD)
+    return {
+        "total": dense_bytes + routed_bytes + head_bytes,
+        "dense": dense_bytes,
+        "routed_experts": routed_bytes,
+        "routed_experts_all": routed_bytes_all,  # all experts, as stored
+        "output_head": head_bytes,
+        "output_head_tensor": head.name if head is not None else None,
+        "n_expert": n_expert,
+        "n_expert_used": n_expert_used,
+    }
+
+
+def inspect_model(path: str) -> dict[str, Any]:
+    """Everything ``ktd inspect`` reports about a model file, as plain data."""
+    f = GGUFFile(path, willneed=False)  # header only: no readahead of the weights
+    arch = _get_str(f, "general.architecture")
+
+    hparams: dict[str, Any] = {}
+    if arch:
+        prefix = arch + "."
+        for key in f.metadata:
+            if key.startswith(prefix):
+                hparams[key[len(prefix):]] = _json_value(f.metadata[key])
+
+    tokens_type = f.metadata_array_type("tokenizer.ggml.tokens") if "tokenizer.ggml.tokens" in f.metadata else None
+    if tokens_type not in (None, "STRING"):
+        raise GGUFError(f"{f.path}: key 'tokenizer.ggml.tokens' must be an array of STRING, "
+                        f"not of {tokens_type}")
+    tokenizer = {
+        "model": _get_str(f, "tokenizer.ggml.model"),
+        "vocab_size": len(f.metadata["tokenizer.ggml.tokens"]) if tokens_type else None,
+        "chat_template": "tokenizer.chat_template" in f.metadata,
+    }
+
+    by_type: dict[str, dict[str, int]] = {}
+    for t in f.tensors.values():
+        entry = by_type.setdefault(t.type_name, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += t.nbytes
+
+    report: dict[str, Any] = {
+        "path": f.path,
+        "file_size": f.file_size,
+        "gguf_version": f.version,
+        "alignment": f.alignment,
+        "data_offset": f.data_offset,
+        "name": _get_str(f, "general.name"),
+        "architecture": arch,
+        "hyperparameters": hparams,
+        "tokenizer": tokenizer,
+        "tensors": {
+            "count": len(f.tensors),
+            "bytes": sum(t.nbytes for t in f.tensors.values()),
+            "by_type": dict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
+        },
+        "bytes_per_token": bytes_per_token(f, arch),
+    }
+    # The machine section (CPU features, topology, huge pages) comes from ktd.machine when that
+    # module is part of the installation.
+    try:
+        from ktd import machine  # type: ignore[attr-defined]
+    except ImportError:
+        pass
+    else:
+        report["machine"] = machine.describe()
+    return report
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n:,} B ({n / scale:.1f} {unit})"
+    return f"{n:,} B"
+
+
+def _short(v: Any, width: int = 60) -> str:
+    if isinstance(v, float):
+        return f"{v:.7g}"  # metadata floats are mostly FLOAT32: 7 significant digits
+    s = repr(v) if not isinstance(v, str) else v
+    if isinstance(v, list) and len(s) > width:
+        s = f"[{len(v)} values]"
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def render(r: dict[str, Any]) -> str:
+    """The human-readable report."""
+    lines = [
+        f"model       {r['path']}",
+        f"file        {_size(r['file_size'])}, GGUF v{r['gguf_version']}, alignment {r['alignment']}, "
+        f"tensor data at byte {r['data_offset']:,}",
+        f"name        {r['name'] or '(none)'}",
+        f"arch        {r['architecture'] or '(none)'}",
+    ]
+    if r["hyperparameters"]:
+        lines.append(f"hyperparameters ({r['architecture']}.*)")
+        for key, value in r["hyperparameters"].items():
+            lines.append(f"  {key:40} {_short(value)}")
+    tok = r["tokenizer"]
+    vocab = f"{tok['vocab_size']:,}" if tok["vocab_size"] is not None else "(no token list)"
+    lines.append(f"tokenizer   {tok['model'] or '(none)'}, vocab {vocab}, "
+                 f"chat template {'present' if tok['chat_template'] else 'absent'}")
+    t = r["tensors"]
+    lines.append(f"tensors     {t['count']:,}, {_size(t['bytes'])}")
+    for type_name, e in t["by_type"].items():
+        lines.append(f"  {type_name:8} {e['count']:5} tensors  {_size(e['bytes'])}")
+    b = r["bytes_per_token"]
+    lines.append(f"per token   {_size(b['total'])} of weights read per decoded token")
+    lines.append(f"  dense layers   {_size(b['dense'])}")
+    if b["n_expert"]:
+        lines.append(f"  routed experts {_size(b['routed_experts'])} "
+                     f"({b['n_expert_used']} of {b['n_expert']} experts; {_size(b['routed_experts_all'])} stored)")
+    head = f" ({b['output_head_tensor']}{', tied embeddings' if b['output_head_tensor'] == TIED_HEAD else ''})"
+    lines.append(f"  output head    {_size(b['output_head'])}{head if b['output_head_tensor'] else ''}")
+    if "machine" in r:
+        machine = r["machine"]
+        if isinstance(machine, dict):
+            lines.append("machine")
+            lines += [f"  {key:24} {_short(value)}" for key, value in machine.items()]
+        else:
+            lines.append(f"machine     {machine}")
+    return "\n".join(lines)

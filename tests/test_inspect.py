@@ -1,0 +1,228 @@
+"""``ktd inspect``: its figures recomputed independently from gguf-py's reader, on synthetic dense
+and MoE files and on the real models; corrupt and missing files give one clean error line."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from gguf_samples import QT, VT, build, kv, tensor_info, gstr, write_sample
+from ktd.inspect import inspect_model, render
+
+REAL_MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m"]
+
+
+def expected_from_reader(path: Path) -> dict:
+    """The inspect figures, computed from gguf-py's reader with the rule stated in the issue:
+    every tensor once per token, routed experts (``*_exps*``) scaled by n_expert_used/n_expert,
+    lookup tables (token/position/type embeddings) not at all — except that the token embedding
+    is the output head when there is no output.weight."""
+    r = gguf.GGUFReader(path)
+
+    def value(key):
+        f = r.fields.get(key)
+        return None if f is None else f.contents()
+
+    arch = value("general.architecture")
+    names = {t.name for t in r.tensors}
+    n_expert, n_expert_used = value(f"{arch}.expert_count"), value(f"{arch}.expert_used_count")
+    per_token = 0
+    for t in r.tensors:
+        if "_exps" in t.name:
+            per_token += t.n_bytes * n_expert_used // n_expert
+        elif t.name == "token_embd.weight":
+            per_token += 0 if "output.weight" in names else t.n_bytes
+        elif t.name not in ("position_embd.weight", "token_types.weight"):
+            per_token += t.n_bytes
+    by_type: dict[str, dict[str, int]] = {}
+    for t in r.tensors:
+        e = by_type.setdefault(t.tensor_type.name, {"count": 0, "bytes": 0})
+        e["count"] += 1
+        e["bytes"] += t.n_bytes
+    hparams = {}
+    for key, f in r.fields.items():
+        if key.startswith(arch + "."):
+            hparams[key[len(arch) + 1:]] = f.contents()
+    tokens = value("tokenizer.ggml.tokens")
+    return {
+        "file_size": path.stat().st_size,
+        "architecture": arch,
+        "hyperparameters": hparams,
+        "tokenizer": {"model": value("tokenizer.ggml.model"),
+                      "vocab_size": None if tokens is None else len(tokens),
+                      "chat_template": "tokenizer.chat_template" in r.fields},
+        "tensor_count": len(r.tensors),
+        "by_type": by_type,
+        "bytes_per_token": per_token,
+    }
+
+
+def assert_report_matches(report: dict, expected: dict) -> None:
+    assert report["file_size"] == expected["file_size"]
+    assert report["architecture"] == expected["architecture"]
+    assert report["hyperparameters"] == expected["hyperparameters"]
+    assert report["tokenizer"] == expected["tokenizer"]
+    assert report["tensors"]["count"] == expected["tensor_count"]
+    assert report["tensors"]["by_type"] == expected["by_type"]
+    assert report["tensors"]["bytes"] == sum(e["bytes"] for e in expected["by_type"].values())
+    assert report["bytes_per_token"]["total"] == expected["bytes_per_token"]
+
+
+def run_ktd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ktd", *args], capture_output=True, text=True, timeout=300)
+
+
+def write_moe(path: Path, *, tied: bool = False, expert_keys: bool = True) -> Path:
+    """A tiny Qwen2-MoE-shaped model: 2 layers, 8 experts of which 2 are used, a shared expert."""
+    n_embd, n_ff, n_expert, n_vocab = 32, 64, 8, 50
+    rng = np.random.default_rng(7)
+    w = gguf.GGUFWriter(str(path), arch="qwen2moe")
+    w.add_block_count(2)
+    w.add_embedding_length(n_embd)
+    w.add_context_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    if expert_keys:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(2)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(n_vocab)])
+    w.add_chat_template("{{ messages }}")
+
+    def f32(*shape):  # numpy shape: the reverse of GGML's
+        return rng.standard_normal(shape).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", f32(n_vocab, n_embd))
+    for i in range(2):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", f32(n_embd))
+        w.add_tensor(f"blk.{i}.attn_q.weight", f32(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", f32(n_expert, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", f32(n_expert, n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.weight", f32(n_expert, n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", f32(n_expert, n_embd, n_ff))
+        w.add_tensor(f"blk.{i}.ffn_up_shexp.weight", f32(n_ff, n_embd))
+    if not tied:
+        w.add_tensor("output.weight", f32(n_vocab, n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# --- synthetic files --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_moe_bytes_per_token(tmp_path, tied):
+    path = write_moe(tmp_path / "moe.gguf", tied=tied)
+    report = inspect_model(str(path))
+    assert_report_matches(report, expected_from_reader(path))
+    b = report["bytes_per_token"]
+    assert (b["n_expert"], b["n_expert_used"]) == (8, 2)
+    expert_bytes = 2 * 3 * 8 * 32 * 64 * 4  # layers × matrices × experts × n_embd × n_ff × 4 B
+    assert b["routed_experts_all"] == expert_bytes and b["routed_experts"] == expert_bytes // 4
+    assert b["output_head_tensor"] == ("token_embd.weight" if tied else "output.weight")
+    assert b["output_head"] == 50 * 32 * 4
+    assert report["tokenizer"] == {"model": "gpt2", "vocab_size": 50, "chat_template": True}
+    assert report["hyperparameters"]["expert_count"] == 8
+
+
+def test_dense_sample(tmp_path):
+    path = write_sample(tmp_path / "s.gguf")
+    report = inspect_model(str(path))
+    assert_report_matches(report, expected_from_reader(path))
+    assert report["tokenizer"] == {"model": None, "vocab_size": None, "chat_template": False}
+    json.dumps(report)  # plain data
+
+
+def test_cli_json_and_text(tmp_path):
+    path = write_moe(tmp_path / "moe.gguf")
+    r = run_ktd("inspect", "--json", str(path))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == json.loads(json.dumps(inspect_model(str(path))))
+    r = run_ktd("inspect", str(path))
+    assert r.returncode == 0, r.stderr
+    report = inspect_model(str(path))
+    assert r.stdout.strip() == render(report)
+    assert f"{report['bytes_per_token']['total']:,} B" in r.stdout
+    assert "2 of 8 experts" in r.stdout
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    good = write_sample(tmp_path / "good.gguf").read_bytes()
+    files = {
+        "not_gguf": b"hello, this is not a model\n",
+        "empty": b"",
+        "truncated": good[: len(good) // 3],
+        "tensor_past_end": good[: len(good) - 200],
+        "bad_version": good[:4] + struct.pack("<I", 99) + good[8:],
+        "arch_not_string": build([kv("general.architecture", VT.UINT32, struct.pack("<I", 1))], []),
+        "dim_zero": build([], [tensor_info("blk.0.attn_q.weight", [4, 0], QT.F32, 0)], b"\0" * 64),
+        "tokens_not_strings": build([kv("tokenizer.ggml.tokens", VT.ARRAY, struct.pack("<IQ", VT.UINT8, 1) + b"\0")], []),
+        "arch_bad_count": build([kv("general.architecture", VT.STRING, gstr("qwen2moe")),
+                                 kv("qwen2moe.expert_count", VT.STRING, gstr("eight")),
+                                 kv("qwen2moe.expert_used_count", VT.UINT32, struct.pack("<I", 2))],
+                                [tensor_info("blk.0.ffn_up_exps.weight", [32, 8], QT.F32, 0)], b"\0" * 1024),
+    }
+    out = {}
+    for name, blob in files.items():
+        out[name] = tmp_path / f"{name}.gguf"
+        out[name].write_bytes(blob)
+    out["moe_without_expert_count"] = write_moe(tmp_path / "moe_nokeys.gguf", expert_keys=False)
+    out["missing"] = tmp_path / "does-not-exist.gguf"
+    out["directory"] = tmp_path
+    return out
+
+
+def test_cli_bad_files_give_one_clean_line(tmp_path):
+    for name, path in _bad_files(tmp_path).items():
+        r = run_ktd("inspect", str(path))
+        assert r.returncode == 1, (name, r.stdout, r.stderr)
+        assert r.stdout == "", name
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ktd: error: "), (name, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert str(path) in lines[0], (name, lines[0])  # names the file
+
+
+# --- the real models --------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # gguf-py's reader takes tens of seconds on a 150k-token vocabulary
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_real_model_figures_agree_with_gguf_py(real_model, name):
+    path = real_model(name)
+    expected = expected_from_reader(path)
+    r = run_ktd("inspect", "--json", str(path))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert_report_matches(report, expected)
+    text = run_ktd("inspect", str(path)).stdout
+    assert f"{expected['bytes_per_token']:,} B" in text and f"{expected['file_size']:,} B" in text
+    if name == "gemma-3-270m":  # tied embeddings: the embedding table is the output head
+        assert report["bytes_per_token"]["output_head_tensor"] == "token_embd.weight"
+    else:
+        assert report["bytes_per_token"]["output_head_tensor"] == "output.weight"
+
+
+def test_machine_section_comes_from_ktd_machine(tmp_path, monkeypatch):
+    import types
+
+    import ktd
+
+    fake = types.ModuleType("ktd.machine")
+    fake.describe = lambda: {"cpu": "test cpu", "numa_nodes": 2}
+    monkeypatch.setitem(sys.modules, "ktd.machine", fake)
+    monkeypatch.setattr(ktd, "machine", fake, raising=False)
+    report = inspect_model(str(write_sample(tmp_path / "s.gguf")))
+    assert report["machine"] == {"cpu": "test cpu", "numa_nodes": 2}
+    assert "test cpu" in render(report)
