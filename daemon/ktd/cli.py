@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, GGUFError, ResourceError) as e:
         print(f"ktd: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # e.g. `ktd inspect ... | head`: the reader is gone, not an error
+        sys.stderr.close()
+        return 0
     except OSError as e:
         where = f": {e.filename}" if e.filename else ""
         print(f"ktd: error: {e.strerror or e}{where}", file=sys.stderr)

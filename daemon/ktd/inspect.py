@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ktd import GGUFError
+from ktd import GGUFError, machine
 from ktd.gguf import GGUFFile
 
 # Tensors read one row per token (a lookup, not a matrix product); not counted per token unless
@@ -145,14 +145,8 @@ def inspect_model(path: str) -> dict[str, Any]:
         },
         "bytes_per_token": bytes_per_token(f, arch),
     }
-    # The machine section (CPU features, topology, huge pages) comes from ktd.machine when that
-    # module is part of the installation.
-    try:
-        from ktd import machine  # type: ignore[attr-defined]
-    except ImportError:
-        pass
-    else:
-        report["machine"] = machine.describe()
+    # This machine: CPU features and the kernel ISA they select, topology, huge pages.
+    report["machine"] = machine.describe()
     return report
 
 
@@ -202,10 +196,6 @@ def render(r: dict[str, Any]) -> str:
     head = f" ({b['output_head_tensor']}{', tied embeddings' if b['output_head_tensor'] == TIED_HEAD else ''})"
     lines.append(f"  output head    {_size(b['output_head'])}{head if b['output_head_tensor'] else ''}")
     if "machine" in r:
-        machine = r["machine"]
-        if isinstance(machine, dict):
-            lines.append("machine")
-            lines += [f"  {key:24} {_short(value)}" for key, value in machine.items()]
-        else:
-            lines.append(f"machine     {machine}")
+        lines.append("machine")
+        lines += [f"  {line}" for line in machine.summary_lines(r["machine"])]
     return "\n".join(lines)

@@ -49,7 +49,8 @@ def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
             "model": features.model,
             "stepping": features.stepping,
             "flags": sorted(name for name, on in features.flags().items() if on),
-            "kernel_isa": _native.best_kernel_isa(),
+            "kernel_isa": _native.kernels.active_isa(),
+            "kernel_isas_runnable": [i for i in ("ref", "avx2", "avx512") if _native.kernels.isa_compiled(i) and _native.kernels.isa_supported(i)],
         },
         "topology": {
             "numa": topo.numa,
@@ -104,7 +105,8 @@ def summary_lines(d: dict) -> list[str]:
         f"{_size(p['page_size'])}: {p['free']}/{p['nr']} free" for p in hp["pools"] if p["node"] == -1
     )
     lines = [
-        f"cpu: {cpu['model_name'] or cpu['vendor']} — kernels: {cpu['kernel_isa']}",
+        f"cpu: {cpu['model_name'] or cpu['vendor']} — kernels: {cpu['kernel_isa']} "
+        f"(runnable: {', '.join(cpu['kernel_isas_runnable'])})",
         f"numa: {'yes' if topo['numa'] else 'no'}, {nodes}; usable cpus {len(topo['usable_cpus'])}",
         f"thread pool: {pool['n_threads']} workers on cpus {pool['cpus']}",
         f"huge pages: {pools or 'none'}; THP {d['thp']['enabled'] or 'unavailable'}",

@@ -69,8 +69,6 @@ void bind_cpu(py::module_ &m) {
             return d;
         }, "name -> bool for every flag (names as in /proc/cpuinfo)");
     m.def("cpu_features", &cpu_features, py::return_value_policy::reference);
-    m.def("best_kernel_isa", [] { return best_kernel_isa(); },
-          "widest kernel ISA compiled in and runnable here: avx512, avx2 or ref");
 
     m.def("parse_cpulist", &parse_cpulist, py::arg("text"));
     m.def("process_affinity", &process_affinity);

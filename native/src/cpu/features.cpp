@@ -127,18 +127,4 @@ const CpuFeatures &cpu_features() {
     return f;
 }
 
-std::string best_kernel_isa(const CpuFeatures &f) {
-    // Must match KTD_ISA_FLAGS_<isa> in CMakeLists.txt: a TU may use any instruction its flags allow.
-    const bool avx2_set = f.avx2 && f.fma && f.f16c && f.bmi2 && f.popcnt;
-#ifdef KTD_HAVE_ISA_AVX512
-    if (avx2_set && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni &&
-        f.avx512vbmi)
-        return "avx512";
-#endif
-#ifdef KTD_HAVE_ISA_AVX2
-    if (avx2_set) return "avx2";
-#endif
-    return "ref";
-}
-
 }  // namespace ktd

@@ -30,9 +30,5 @@ struct CpuFeatures {
 // Detected once (thread-safe static) and cached.
 const CpuFeatures &cpu_features();
 
-// The widest kernel translation unit (native/src/kernels/<isa>/) this CPU can run, given the
-// flags CMakeLists.txt compiles each with: "avx512", "avx2" or "ref". An ISA not compiled into
-// this build is never returned.
-std::string best_kernel_isa(const CpuFeatures &f = cpu_features());
 
 }  // namespace ktd
