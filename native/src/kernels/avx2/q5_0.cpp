@@ -1,0 +1,44 @@
+// Q5_0 weights (w = d * (q - 16)), AVX2+FMA; activations Q8_0.
+#include "kernels/avx2/avx2.h"
+#include "kernels/kernels.h"
+
+namespace ktd::avx2 {
+
+namespace {
+inline __m256i q5_values(const uint8_t *qs, const uint8_t *qh) {
+    return _mm256_or_si256(unpack_nibbles(qs), expand_qh_bit4(qh));
+}
+
+void dequantize_row_q5_0(const void *vx, float *y, int64_t k) {
+    const auto *x = static_cast<const block_q5_0 *>(vx);
+    for (int64_t b = 0; b < k / QK5_0; ++b, y += QK5_0) {
+        const __m256 d = _mm256_set1_ps(f16(x[b].d));
+        const __m256i q = _mm256_sub_epi8(q5_values(x[b].qs, x[b].qh), _mm256_set1_epi8(16));
+        alignas(32) int8_t v[32];
+        _mm256_store_si256(reinterpret_cast<__m256i *>(v), q);
+        for (int i = 0; i < 4; ++i) {
+            const __m128i qi = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(v + 8 * i));
+            _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qi))));
+        }
+    }
+}
+
+struct Q5_0 {
+    using Block = block_q5_0;
+    template <int NC>
+    static inline void dot_block(const Block &w, const block_q8_0 *const *a, __m256 *acc) {
+        const __m256i qu = q5_values(w.qs, w.qh);
+        const __m256i off = _mm256_set1_epi8(16);
+        const float dw = f16(w.d);
+        for (int c = 0; c < NC; ++c) {
+            const __m256 p = _mm256_cvtepi32_ps(dot_u8s8_offset(qu, loadu_q8(*a[c]), off));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(a[c]->d)), p, acc[c]);
+        }
+    }
+};
+}  // namespace
+
+KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{GGMLType::Q5_0, GGMLType::Q8_0, dequantize_row_q5_0,
+                                            quantize_row_q8_0, gemm_q8_0_act<Q5_0>});
+
+}  // namespace ktd::avx2
