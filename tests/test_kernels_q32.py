@@ -7,7 +7,7 @@ Error bounds (stated per comparison below):
   127·d·2^-11 (the stored scale is fp16), i.e. ≤ 0.5625·d. So |y - y64| ≤ Σ_b 0.5625·d_b·Σ_{j∈b}|w_j|
   plus float32 accumulation (≤ 2·nb·2^-24·Σ|w·a|). Float types use F32 activations: only the float32
   accumulation error, ≤ 2·k·2^-24·Σ|w·x|.
-- AVX2 vs ref: the activations are quantized bitwise identically (tested), so the only difference is
+- AVX2 (plain or row-interleaved "repacked" layout) vs ref: the activations are quantized bitwise identically (tested), so the only difference is
   the float32 summation order of the per-block partial sums: ≤ 2·(nb + 8)·2^-24·S with S the sum of
   the magnitudes of all partial products (for Q4_1/Q5_1 the d·q and m terms separately).
 """
@@ -224,6 +224,54 @@ def test_threads_bitwise_and_guards(t, isa):
         np.testing.assert_array_equal(y.view(np.uint32), results[0].view(np.uint32))
 
 
+REPACK_TYPES = [(t, isa) for t in TYPES for isa in ISAS if K.repack_rows(t, isa=isa) > 0]
+
+
+def test_repacked_layouts_present():
+    """The row-interleaved layouts exist where this machine runs AVX2 (Q8_0, Q5_0, Q4_0)."""
+    if "avx2" not in ISAS:
+        pytest.skip("this machine cannot run AVX2")
+    assert {t for t, isa in REPACK_TYPES if isa == "avx2"} >= {"Q8_0", "Q5_0", "Q4_0"}
+
+
+@pytest.mark.parametrize("t,isa", REPACK_TYPES)
+@pytest.mark.parametrize("rows,k,n", [(r, k, n) for k in K_Q32 for r, n in ROWS_N])
+def test_repacked_vs_ref(t, isa, rows, k, n):
+    w, x = inputs(t, rows, k, n, seed=rows * 3 + k + n, random_bytes=True)
+    wp = K.repack(t, w, rows, k, isa=isa)
+    y = K.matmul_repacked(t, wp, rows, k, x, isa=isa)
+    assert np.isfinite(y).all()
+    y_ref = K.matmul(t, w, rows, k, x, isa="ref")
+    xq = K.quantize_act(t, x, isa="ref")
+    bound = order_bound(t, w, dequantize_ref(t, w, rows, k), x, xq, k)
+    assert (np.abs(y.astype(np.float64) - y_ref) <= bound).all()
+
+
+@pytest.mark.parametrize("t,isa", REPACK_TYPES)
+def test_repacked_threads_bitwise_and_guards(t, isa):
+    rows, k, n = 77, 32 * 5, 6
+    w, x = inputs(t, rows, k, n, seed=8, random_bytes=True)
+    packs = [K.repack(t, w, rows, k, isa=isa, threads=th) for th in (1, 2, 3)]
+    for p in packs[1:]:
+        np.testing.assert_array_equal(p, packs[0])
+    sentinel = np.float32(-1234.5)
+    results = []
+    for threads in (1, 2, 3):
+        offset, guard = 37, 53
+        out = np.full(offset + n * rows + guard, sentinel, dtype=np.float32)
+        K.matmul_into(t, packs[0], rows, k, x, out, offset, isa=isa, threads=threads, repacked=True)
+        assert (out[:offset] == sentinel).all() and (out[offset + n * rows:] == sentinel).all()
+        results.append(out[offset:offset + n * rows].copy())
+    for y in results[1:]:
+        np.testing.assert_array_equal(y.view(np.uint32), results[0].view(np.uint32))
+
+
+def test_repack_rejected_without_layout():
+    w, _ = inputs("Q4_1", 3, 64, 1, seed=1)
+    with pytest.raises(ValueError):
+        K.repack("Q4_1", w, 3, 64, isa="ref")
+
+
 REAL_SHAPES = [(896, 4864), (4864, 896)]  # Qwen2.5-0.5B ffn_down / ffn_up (rows, k)
 
 
@@ -240,6 +288,9 @@ def test_real_model_shapes(t, rows, k):
         y = K.matmul(t, w, rows, k, x, isa=isa, threads=2)
         assert np.isfinite(y).all()
         assert (np.abs(y - y64) <= bound).all(), (isa, float(np.max(np.abs(y - y64) / bound)))
+        if K.repack_rows(t, isa=isa) > 0:
+            y = K.matmul_repacked(t, K.repack(t, w, rows, k, isa=isa, threads=2), rows, k, x, isa=isa, threads=2)
+            assert (np.abs(y - y64) <= bound).all(), (isa, "repacked")
 
 
 @pytest.mark.parametrize("t", TYPES)

@@ -129,9 +129,11 @@ void bind_kernels(py::module_ &m) {
 
     k.def("matmul_into", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
                             py::array_t<float, py::array::c_style> out, int64_t offset,
-                            std::optional<std::string> isa, int threads) {
+                            std::optional<std::string> isa, int threads, bool repacked) {
         const TypeKernels &tk = lookup(type, isa);
-        const size_t row = checked_row_bytes(tk, w, rows, k_);
+        const size_t row = repacked ? 0 : checked_row_bytes(tk, w, rows, k_);
+        if (repacked && (rows < 0 || w.size() != py::ssize_t(repacked_size(tk, rows, k_))))
+            throw py::value_error("w has the wrong size for repacked [rows, k]");
         const int64_t n = check_x(x, k_);
         if (out.ndim() != 1 || offset < 0 || offset + n * rows > out.shape(0))
             throw py::value_error("out must be 1-D with room for n*rows floats at offset");
@@ -139,10 +141,14 @@ void bind_kernels(py::module_ &m) {
         ThreadPool *pool = pool_for(threads);
         MatmulScratch scratch;
         py::gil_scoped_release nogil;
-        matmul(pool, tk, w.data(), row, rows, k_, x.data(), n, dst, scratch);
+        if (repacked)
+            matmul_repacked(pool, tk, w.data(), rows, k_, x.data(), n, dst, scratch);
+        else
+            matmul(pool, tk, w.data(), row, rows, k_, x.data(), n, dst, scratch);
     }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("out"),
-       py::arg("offset"), py::arg("isa") = py::none(), py::arg("threads") = 1,
-       "matmul writing Y[n, rows] into out[offset : offset + n*rows] (for guard-byte tests)");
+       py::arg("offset"), py::arg("isa") = py::none(), py::arg("threads") = 1, py::arg("repacked") = false,
+       "matmul writing Y[n, rows] into out[offset : offset + n*rows] (for guard-byte tests); "
+       "repacked: w comes from repack()");
 
     k.def("repack_rows", [](const std::string &type, std::optional<std::string> isa) {
         return lookup(type, isa).repack_rows;

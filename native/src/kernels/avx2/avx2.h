@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/blocks.h"
 
@@ -134,6 +135,103 @@ void gemm_q8_0_act(int64_t k, const void *w, size_t w_stride, const void *xq, si
                     case 2: gemm_row<Traits, 2>(nb, wr, a, yr, ldy); break;
                     case 3: gemm_row<Traits, 3>(nb, wr, a, yr, ldy); break;
                     default: gemm_row<Traits, 4>(nb, wr, a, yr, ldy); break;
+                }
+            }
+        }
+    }
+}
+
+// ---- Row-interleaved (repacked) layouts, 8 rows per group ------------------------------------
+//
+// A group block holds block b of 8 consecutive rows, arranged so that 32-bit lane r of a 256-bit
+// register belongs to row r: register j (0..7) holds elements 4j..4j+3 of every row. One
+// broadcast of 4 activation bytes then serves all 8 rows, the 8 row scales are one fp16 vector,
+// and each row's sum stays in its own lane (no horizontal sums). Traits for such a layout:
+//   struct Traits {
+//     using GroupBlock = ...;                 // the 8-row block, sizeof = 8 * sizeof(row block)
+//     static constexpr int kActOffset;        // q is stored unsigned as q + kActOffset (0: signed)
+//     // acc[c] += the 8 rows' products with activation blocks a[c]; asum_off[c] = kActOffset·Σa.
+//     template <int NC> static void dot_group(const GroupBlock &g, const block_q8_0 *const *a,
+//                                             const int32_t *asum_off, __m256 *acc);
+//   };
+constexpr int kRepackRows = 8;
+
+// Broadcast of activation bytes 4j..4j+3.
+inline __m256i act_quad(const block_q8_0 &a, int j) {
+    int32_t v;
+    std::memcpy(&v, a.qs + 4 * j, 4);
+    return _mm256_set1_epi32(v);
+}
+
+inline int32_t act_sum(const block_q8_0 &a) {
+    const __m256i s = dot_u8s8(_mm256_set1_epi8(1), loadu_q8(a));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+    return _mm_cvtsi128_si32(t);
+}
+
+template <typename Traits, int NC>
+inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_0 *const *a,
+                       const int32_t *asum_off, float *y, size_t ldy, int rows_valid) {
+    __m256 acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+    const block_q8_0 *p[NC];
+    int32_t off[NC] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int c = 0; c < NC; ++c) {
+            p[c] = a[c] + b;
+            if constexpr (Traits::kActOffset != 0) off[c] = asum_off[size_t(c) * size_t(nb) + size_t(b)];
+        }
+        Traits::template dot_group<NC>(g[b], p, off, acc);
+    }
+    for (int c = 0; c < NC; ++c) {
+        if (rows_valid == kRepackRows) {
+            _mm256_storeu_ps(y + size_t(c) * ldy, acc[c]);
+        } else {
+            alignas(32) float tmp[kRepackRows];
+            _mm256_store_ps(tmp, acc[c]);
+            std::memcpy(y + size_t(c) * ldy, tmp, size_t(rows_valid) * sizeof(float));
+        }
+    }
+}
+
+// gemm_repacked for an 8-row interleaved layout (TypeKernels::gemm_repacked contract).
+template <typename Traits>
+void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
+                      size_t ldy, int nr, int nc) {
+    using GroupBlock = typename Traits::GroupBlock;
+    const int64_t nb = k / QK8_0;
+    const char *wb = static_cast<const char *>(wp);
+    const char *xb = static_cast<const char *>(xq);
+    // kActOffset·Σa per (column, block), computed once per call; grows only (no allocation once warm).
+    thread_local std::vector<int32_t> asum_off;
+    if constexpr (Traits::kActOffset != 0) {
+        if (asum_off.size() < size_t(nc) * size_t(nb)) asum_off.resize(size_t(nc) * size_t(nb));
+        for (int c = 0; c < nc; ++c) {
+            const auto *a = reinterpret_cast<const block_q8_0 *>(xb + size_t(c) * x_stride);
+            for (int64_t b = 0; b < nb; ++b)
+                asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum(a[b]);
+        }
+    }
+    const int n_groups = (nr + kRepackRows - 1) / kRepackRows;
+    constexpr int kGroupChunk = kRowChunk / kRepackRows;
+    for (int g0 = 0; g0 < n_groups; g0 += kGroupChunk) {
+        const int g1 = std::min(n_groups, g0 + kGroupChunk);
+        for (int c0 = 0; c0 < nc; c0 += kColTile) {
+            const int ncc = std::min(kColTile, nc - c0);
+            const block_q8_0 *a[kColTile];
+            for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_0 *>(xb + size_t(c0 + c) * x_stride);
+            const int32_t *off = asum_off.data() + size_t(c0) * size_t(nb);
+            for (int gi = g0; gi < g1; ++gi) {
+                const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
+                const int valid = std::min(kRepackRows, nr - gi * kRepackRows);
+                float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRows;
+                switch (ncc) {
+                    case 1: gemm_group<Traits, 1>(nb, g, a, off, yg, ldy, valid); break;
+                    case 2: gemm_group<Traits, 2>(nb, g, a, off, yg, ldy, valid); break;
+                    case 3: gemm_group<Traits, 3>(nb, g, a, off, yg, ldy, valid); break;
+                    default: gemm_group<Traits, 4>(nb, g, a, off, yg, ldy, valid); break;
                 }
             }
         }

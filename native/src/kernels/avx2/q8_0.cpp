@@ -68,9 +68,59 @@ struct Q8_0 {
         }
     }
 };
+
+// Repacked layout (version 1): block b of 8 rows; qs[32j + 4r + t] = row r element 4j + t.
+struct block_q8_0x8 {
+    uint16_t d[kRepackRows];
+    int8_t qs[kRepackRows * QK8_0];
+};
+static_assert(sizeof(block_q8_0x8) == kRepackRows * sizeof(block_q8_0));
+
+size_t group_bytes_q8_0(int64_t k) { return size_t(k / QK8_0) * sizeof(block_q8_0x8); }
+
+void repack_q8_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
+    const int64_t nb = k / QK8_0;
+    auto *o = static_cast<block_q8_0x8 *>(out);
+    for (int64_t g = g0; g < g1; ++g)
+        for (int64_t b = 0; b < nb; ++b) {
+            block_q8_0x8 &dst = o[g * nb + b];
+            std::memset(&dst, 0, sizeof dst);  // rows past the end stay zero (d = 0)
+            for (int r = 0; r < kRepackRows && g * kRepackRows + r < rows; ++r) {
+                const auto *src = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(w) +
+                                                                       size_t(g * kRepackRows + r) * w_stride) + b;
+                dst.d[r] = src->d;
+                for (int e = 0; e < QK8_0; ++e) dst.qs[32 * (e / 4) + 4 * r + e % 4] = src->qs[e];
+            }
+        }
+}
+
+struct Q8_0x8 {
+    using GroupBlock = block_q8_0x8;
+    static constexpr int kActOffset = 0;
+    template <int NC>
+    static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *, __m256 *acc) {
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.d)));
+        __m256i w[8];
+        for (int j = 0; j < 8; ++j) w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qs + 32 * j));
+        for (int c = 0; c < NC; ++c) {
+            __m256i isum = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j)
+                isum = _mm256_add_epi32(isum, dot_s8s8(w[j], act_quad(*a[c], j)));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(f16(a[c]->d))), acc[c]);
+        }
+    }
+};
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{GGMLType::Q8_0, GGMLType::Q8_0, dequantize_row_q8_0,
-                                            quantize_row_q8_0, gemm_q8_0_act<Q8_0>});
+KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q8_0,
+                                            .act_type = GGMLType::Q8_0,
+                                            .dequantize_row = dequantize_row_q8_0,
+                                            .quantize_act_row = quantize_row_q8_0,
+                                            .gemm = gemm_q8_0_act<Q8_0>,
+                                            .repack_rows = kRepackRows,
+                                            .repack_layout = 1,
+                                            .repacked_group_bytes = group_bytes_q8_0,
+                                            .repack = repack_q8_0,
+                                            .gemm_repacked = gemm_repacked_r8<Q8_0x8>});
 
 }  // namespace ktd::avx2
