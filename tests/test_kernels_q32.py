@@ -266,6 +266,23 @@ def test_repacked_threads_bitwise_and_guards(t, isa):
         np.testing.assert_array_equal(y.view(np.uint32), results[0].view(np.uint32))
 
 
+@pytest.mark.parametrize("t", TYPES)
+@pytest.mark.parametrize("isa", ISAS)
+def test_prepared_weights_path(t, isa):
+    """prepare_weights repacks exactly when the kernels have a layout, and gives the same result
+    as the direct call on that layout."""
+    rows, k, n = 41, 64, 3
+    w, x = inputs(t, rows, k, n, seed=9)
+    y, repacked = K.matmul_prepared(t, w, rows, k, x, isa=isa, threads=2)
+    assert repacked == (K.repack_rows(t, isa=isa) > 0)
+    want = (K.matmul_repacked(t, K.repack(t, w, rows, k, isa=isa), rows, k, x, isa=isa) if repacked
+            else K.matmul(t, w, rows, k, x, isa=isa))
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    y_plain, was = K.matmul_prepared(t, w, rows, k, x, isa=isa, allow_repack=False)
+    assert not was
+    np.testing.assert_array_equal(y_plain.view(np.uint32), K.matmul(t, w, rows, k, x, isa=isa).view(np.uint32))
+
+
 def test_repack_rejected_without_layout():
     w, _ = inputs("Q4_1", 3, 64, 1, seed=1)
     with pytest.raises(ValueError):

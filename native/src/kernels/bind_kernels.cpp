@@ -189,6 +189,27 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("wp"), py::arg("rows"), py::arg("k"), py::arg("x"),
        py::arg("isa") = py::none(), py::arg("threads") = 1, "matmul on weights from repack()");
 
+    k.def("matmul_prepared", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
+                                std::optional<std::string> isa, int threads, bool allow_repack) {
+        const TypeKernels &tk = lookup(type, isa);
+        const size_t row = checked_row_bytes(tk, w, rows, k_);
+        const int64_t n = check_x(x, k_);
+        f32array y({n, rows});
+        float *dst = y.mutable_data();
+        ThreadPool *pool = pool_for(threads);
+        MatmulScratch scratch;
+        bool repacked;
+        {
+            py::gil_scoped_release nogil;
+            PreparedWeights pw = prepare_weights(pool, tk, w.data(), row, rows, k_, allow_repack);
+            matmul(pool, pw, x.data(), n, dst, scratch);
+            repacked = pw.repacked;
+        }
+        return py::make_tuple(y, repacked);
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("isa") = py::none(),
+       py::arg("threads") = 1, py::arg("allow_repack") = true,
+       "prepare_weights + matmul (the forward's path) -> (Y[n, rows], whether the weights were repacked)");
+
     k.def("bench_read_bandwidth", [](size_t bytes, int threads, int reps) {
         ThreadPool *pool = pool_for(threads);
         py::gil_scoped_release nogil;

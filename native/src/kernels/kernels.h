@@ -99,6 +99,21 @@ void repack_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size
 void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, int64_t rows, int64_t k,
                      const float *x, int64_t n, float *y, MatmulScratch &scratch);
 
+// A weight matrix ready for matmul: repacked into the active kernels' interleaved layout when
+// they have one (and it was allowed), otherwise the original rows (not copied: `w` must outlive
+// it). The forward prepares each weight once at load time and calls matmul(pool, pw, ...).
+struct PreparedWeights {
+    const TypeKernels *tk = nullptr;
+    const void *data = nullptr;  // original rows or repacked.data()
+    size_t row_bytes = 0;        // bytes of one original row
+    int64_t rows = 0, k = 0;
+    bool repacked = false;
+    std::vector<uint8_t> storage;  // the repacked bytes (empty when not repacked)
+};
+PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes,
+                                int64_t rows, int64_t k, bool allow_repack = true);
+void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch);
+
 }  // namespace ktd
 
 // Registers a TypeKernels for an ISA when the module loads. Use once per (type, ISA) at namespace

@@ -91,4 +91,30 @@ void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, in
     });
 }
 
+PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes,
+                                int64_t rows, int64_t k, bool allow_repack) {
+    act_row_size(tk, k);  // validates k
+    PreparedWeights pw;
+    pw.tk = &tk;
+    pw.row_bytes = w_row_bytes;
+    pw.rows = rows;
+    pw.k = k;
+    if (allow_repack && tk.repack_rows > 0 && tk.repack && tk.gemm_repacked && tk.repacked_group_bytes) {
+        pw.storage.resize(repacked_size(tk, rows, k));
+        repack_weights(pool, tk, w, w_row_bytes, rows, k, pw.storage.data());
+        pw.data = pw.storage.data();
+        pw.repacked = true;
+    } else {
+        pw.data = w;
+    }
+    return pw;
+}
+
+void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch) {
+    if (pw.repacked)
+        matmul_repacked(pool, *pw.tk, pw.data, pw.rows, pw.k, x, n, y, scratch);
+    else
+        matmul(pool, *pw.tk, pw.data, pw.row_bytes, pw.rows, pw.k, x, n, y, scratch);
+}
+
 }  // namespace ktd
