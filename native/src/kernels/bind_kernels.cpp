@@ -10,6 +10,7 @@
 #include "bindings.h"
 #include "common/error.h"
 #include "cpu/thread_pool.h"
+#include "kernels/bench.h"
 #include "kernels/kernels.h"
 
 namespace py = pybind11;
@@ -55,6 +56,18 @@ ThreadPool *pool_for(int threads) {
 
 using u8array = py::array_t<uint8_t, py::array::c_style>;
 using f32array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+size_t checked_row_bytes(const TypeKernels &tk, const u8array &w, int64_t rows, int64_t k) {
+    auto row = ggml_row_size(tk.type, uint64_t(k));
+    if (k < 1 || !row) throw py::value_error("k is not a whole number of blocks");
+    if (rows < 0 || w.size() != py::ssize_t(*row * uint64_t(rows))) throw py::value_error("w has the wrong size for [rows, k]");
+    return size_t(*row);
+}
+
+int64_t check_x(const f32array &x, int64_t k) {
+    if (x.ndim() != 2 || x.shape(1) != k) throw py::value_error("x must be [n, k]");
+    return x.shape(0);
+}
 }  // namespace
 
 void bind_kernels(py::module_ &m) {
@@ -119,6 +132,113 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"),
        py::arg("isa") = py::none(), py::arg("threads") = 1,
        "Y[n, rows] = W[rows, k] . X[n, k]^T with W in the given block type");
+
+    k.def("matmul_into", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
+                            py::array_t<float, py::array::c_style> out, int64_t offset,
+                            std::optional<std::string> isa, int threads, bool repacked) {
+        const TypeKernels &tk = lookup(type, isa);
+        const size_t row = repacked ? 0 : checked_row_bytes(tk, w, rows, k_);
+        if (repacked && (rows < 0 || w.size() != py::ssize_t(repacked_size(tk, rows, k_))))
+            throw py::value_error("w has the wrong size for repacked [rows, k]");
+        const int64_t n = check_x(x, k_);
+        if (out.ndim() != 1 || offset < 0 || offset + n * rows > out.shape(0))
+            throw py::value_error("out must be 1-D with room for n*rows floats at offset");
+        float *dst = out.mutable_data() + offset;
+        ThreadPool *pool = pool_for(threads);
+        MatmulScratch scratch;
+        py::gil_scoped_release nogil;
+        if (repacked)
+            matmul_repacked(pool, tk, w.data(), rows, k_, x.data(), n, dst, scratch);
+        else
+            matmul(pool, tk, w.data(), row, rows, k_, x.data(), n, dst, scratch);
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("out"),
+       py::arg("offset"), py::arg("isa") = py::none(), py::arg("threads") = 1, py::arg("repacked") = false,
+       "matmul writing Y[n, rows] into out[offset : offset + n*rows] (for guard-byte tests); "
+       "repacked: w comes from repack()");
+
+    k.def("repack_rows", [](const std::string &type, std::optional<std::string> isa) {
+        return lookup(type, isa).repack_rows;
+    }, py::arg("type"), py::arg("isa") = py::none(),
+       "Rows per interleaved group of the type's repacked layout (0: the type has none)");
+
+    k.def("repack", [](const std::string &type, u8array w, int64_t rows, int64_t k_,
+                       std::optional<std::string> isa, int threads) {
+        const TypeKernels &tk = lookup(type, isa);
+        const size_t row = checked_row_bytes(tk, w, rows, k_);
+        const size_t size = repacked_size(tk, rows, k_);
+        u8array out{py::ssize_t(size)};
+        uint8_t *dst = out.mutable_data();
+        ThreadPool *pool = pool_for(threads);
+        {
+            py::gil_scoped_release nogil;
+            repack_weights(pool, tk, w.data(), row, rows, k_, dst);
+        }
+        return out;
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("isa") = py::none(),
+       py::arg("threads") = 1, "W [rows, k] -> the type's row-interleaved layout (uint8)");
+
+    k.def("matmul_repacked", [](const std::string &type, u8array wp, int64_t rows, int64_t k_, f32array x,
+                                std::optional<std::string> isa, int threads) {
+        const TypeKernels &tk = lookup(type, isa);
+        if (rows < 0 || wp.size() != py::ssize_t(repacked_size(tk, rows, k_)))
+            throw py::value_error("wp has the wrong size for repacked [rows, k]");
+        const int64_t n = check_x(x, k_);
+        f32array y({n, rows});
+        float *dst = y.mutable_data();
+        ThreadPool *pool = pool_for(threads);
+        MatmulScratch scratch;
+        {
+            py::gil_scoped_release nogil;
+            matmul_repacked(pool, tk, wp.data(), rows, k_, x.data(), n, dst, scratch);
+        }
+        return y;
+    }, py::arg("type"), py::arg("wp"), py::arg("rows"), py::arg("k"), py::arg("x"),
+       py::arg("isa") = py::none(), py::arg("threads") = 1, "matmul on weights from repack()");
+
+    k.def("matmul_prepared", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
+                                std::optional<std::string> isa, int threads, bool allow_repack) {
+        const TypeKernels &tk = lookup(type, isa);
+        const size_t row = checked_row_bytes(tk, w, rows, k_);
+        const int64_t n = check_x(x, k_);
+        f32array y({n, rows});
+        float *dst = y.mutable_data();
+        ThreadPool *pool = pool_for(threads);
+        MatmulScratch scratch;
+        bool repacked;
+        {
+            py::gil_scoped_release nogil;
+            PreparedWeights pw = prepare_weights(pool, tk, w.data(), row, rows, k_, allow_repack);
+            matmul(pool, pw, x.data(), n, dst, scratch);
+            repacked = pw.repacked;
+        }
+        return py::make_tuple(y, repacked);
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("isa") = py::none(),
+       py::arg("threads") = 1, py::arg("allow_repack") = true,
+       "prepare_weights + matmul (the forward's path) -> (Y[n, rows], whether the weights were repacked)");
+
+    k.def("bench_read_bandwidth", [](size_t bytes, int threads, int reps) {
+        ThreadPool *pool = pool_for(threads);
+        py::gil_scoped_release nogil;
+        return bench_read_bandwidth(pool, bytes, reps);
+    }, py::arg("bytes"), py::arg("threads"), py::arg("reps"),
+       "Best-of-reps read bandwidth (bytes/s) streaming a fresh buffer of `bytes` with `threads` workers");
+
+    k.def("bench_matmul", [](const std::string &type, u8array w, int64_t rows, int64_t k_, int64_t n, int threads,
+                             int reps, std::optional<std::string> isa, bool repacked) {
+        const TypeKernels &tk = lookup(type, isa);
+        ThreadPool *pool = pool_for(threads);
+        if (repacked) {
+            if (rows < 0 || w.size() != py::ssize_t(repacked_size(tk, rows, k_)))
+                throw py::value_error("w has the wrong size for repacked [rows, k]");
+            py::gil_scoped_release nogil;
+            return bench_matmul_repacked(pool, tk, w.data(), rows, k_, n, reps);
+        }
+        const size_t row = checked_row_bytes(tk, w, rows, k_);
+        py::gil_scoped_release nogil;
+        return bench_matmul(pool, tk, w.data(), row, rows, k_, n, reps);
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("n"), py::arg("threads"),
+       py::arg("reps"), py::arg("isa") = py::none(), py::arg("repacked") = false,
+       "Best-of-reps seconds of one matmul (timed in C++; synthetic activations)");
 }
 
 }  // namespace ktd

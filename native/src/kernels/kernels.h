@@ -40,6 +40,24 @@ struct TypeKernels {
     // W row r at (const char *)w + r * w_stride; activation row c at (const char *)xq + c * x_stride.
     void (*gemm)(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride,
                  float *y, size_t ldy, int nr, int nc) = nullptr;
+
+    // Optional load-time repacking into a row-interleaved layout (repack_rows == 0: none).
+    // Rows are interleaved in groups of repack_rows (R, a divisor of 16) so one SIMD load covers
+    // R rows' blocks; group g holds rows [g*R, g*R + R) in repacked_group_bytes(k) bytes, groups
+    // stored one after another; a last partial group is padded with zero rows. repack_layout is
+    // the layout's version: anything that caches repacked weights keys on it.
+    int repack_rows = 0;
+    uint32_t repack_layout = 0;
+    size_t (*repacked_group_bytes)(int64_t k) = nullptr;
+    // Writes groups [g0, g1) of W [rows][k] (row stride w_stride) into `out` (the whole repacked
+    // buffer); disjoint group ranges may be repacked concurrently.
+    void (*repack)(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1,
+                   void *out) = nullptr;
+    // The tile on repacked weights: wp = the group holding row 0 of the tile (nr rows, from a
+    // group boundary), group_stride = repacked_group_bytes(k); same y convention as gemm, and only
+    // rows r < nr are written.
+    void (*gemm_repacked)(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride,
+                          float *y, size_t ldy, int nr, int nc) = nullptr;
 };
 
 void register_type_kernels(Isa isa, const TypeKernels &tk);
@@ -70,6 +88,31 @@ struct MatmulScratch {
 };
 void matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
             int64_t k, const float *x, int64_t n, float *y, MatmulScratch &scratch);
+
+// Repacking (for types with tk.repack_rows > 0): bytes of the repacked [rows][k] matrix, and the
+// repack itself, parallel over row groups. Throws std::invalid_argument if the type has none.
+size_t repacked_size(const TypeKernels &tk, int64_t rows, int64_t k);
+void repack_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
+                    int64_t k, void *out);
+// matmul on weights produced by repack_weights (same result as matmul on the originals; bitwise
+// for a given ISA when the type's gemm_repacked keeps the plain gemm's summation order).
+void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, int64_t rows, int64_t k,
+                     const float *x, int64_t n, float *y, MatmulScratch &scratch);
+
+// A weight matrix ready for matmul: repacked into the active kernels' interleaved layout when
+// they have one (and it was allowed), otherwise the original rows (not copied: `w` must outlive
+// it). The forward prepares each weight once at load time and calls matmul(pool, pw, ...).
+struct PreparedWeights {
+    const TypeKernels *tk = nullptr;
+    const void *data = nullptr;  // original rows or repacked.data()
+    size_t row_bytes = 0;        // bytes of one original row
+    int64_t rows = 0, k = 0;
+    bool repacked = false;
+    std::vector<uint8_t> storage;  // the repacked bytes (empty when not repacked)
+};
+PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes,
+                                int64_t rows, int64_t k, bool allow_repack = true);
+void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch);
 
 }  // namespace ktd
 

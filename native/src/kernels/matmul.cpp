@@ -1,6 +1,10 @@
 // The matmul driver: quantize the activations once (shared by all workers), then every worker
-// streams its own contiguous range of weight rows.
+// streams its own contiguous range of weight rows. Each output element is computed by exactly
+// one worker, so results do not depend on the thread count.
 #include <algorithm>
+#include <functional>
+#include <stdexcept>
+#include <string>
 
 #include "cpu/thread_pool.h"
 #include "kernels/kernels.h"
@@ -17,27 +21,100 @@ void row_range(int64_t rows, int tid, int nth, int64_t &r0, int64_t &r1) {
     r0 = std::min(rows, g0 * kRowAlign);
     r1 = std::min(rows, g1 * kRowAlign);
 }
+
+void run_on(ThreadPool *pool, const std::function<void(int, int)> &fn) {
+    if (pool && pool->size() > 1)
+        pool->run(fn);
+    else
+        fn(0, 1);
+}
+
+// Quantizes X [n][k] into scratch (columns split over the workers), then a barrier, then `tile`
+// on this worker's rows.
+template <typename Tile>
+void run_matmul(ThreadPool *pool, const TypeKernels &tk, int64_t rows, int64_t k, const float *x, int64_t n,
+                MatmulScratch &scratch, const Tile &tile) {
+    const size_t arow = act_row_size(tk, k);
+    if (scratch.act.size() < arow * size_t(n)) scratch.act.resize(arow * size_t(n));
+    uint8_t *xq = scratch.act.data();
+    auto body = [&](int tid, int nth) {
+        for (int64_t c = tid; c < n; c += nth) tk.quantize_act_row(x + c * k, xq + size_t(c) * arow, k);
+        if (nth > 1) pool->barrier(tid);
+        int64_t r0, r1;
+        row_range(rows, tid, nth, r0, r1);
+        if (r0 < r1) tile(r0, r1, xq, arow);
+    };
+    // std::ref: the std::function wraps a reference, so no allocation per call.
+    run_on(pool, std::ref(body));
+}
+
+void check_repack(const TypeKernels &tk) {
+    if (tk.repack_rows <= 0 || !tk.repack || !tk.gemm_repacked || !tk.repacked_group_bytes)
+        throw std::invalid_argument("type " + std::string(ggml_type_name(tk.type)) + " has no repacked layout");
+}
 }  // namespace
 
 void matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
             int64_t k, const float *x, int64_t n, float *y, MatmulScratch &scratch) {
-    const size_t arow = act_row_size(tk, k);
-    if (scratch.act.size() < arow * size_t(n)) scratch.act.resize(arow * size_t(n));
-    uint8_t *xq = scratch.act.data();
     const char *wb = static_cast<const char *>(w);
+    run_matmul(pool, tk, rows, k, x, n, scratch, [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow) {
+        tk.gemm(k, wb + r0 * w_row_bytes, w_row_bytes, xq, arow, y + r0, size_t(rows), int(r1 - r0), int(n));
+    });
+}
 
-    auto body = [&](int tid, int nth) {
-        for (int64_t c = tid; c < n; c += nth) tk.quantize_act_row(x + c * k, xq + c * arow, k);
-        if (nth > 1) pool->barrier(tid);
-        int64_t r0, r1;
-        row_range(rows, tid, nth, r0, r1);
-        if (r0 < r1)
-            tk.gemm(k, wb + r0 * w_row_bytes, w_row_bytes, xq, arow, y + r0, size_t(rows), int(r1 - r0), int(n));
-    };
-    if (pool && pool->size() > 1)
-        pool->run(body);
+size_t repacked_size(const TypeKernels &tk, int64_t rows, int64_t k) {
+    check_repack(tk);
+    act_row_size(tk, k);  // validates k
+    const int64_t groups = (rows + tk.repack_rows - 1) / tk.repack_rows;
+    return size_t(groups) * tk.repacked_group_bytes(k);
+}
+
+void repack_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
+                    int64_t k, void *out) {
+    check_repack(tk);
+    const int64_t groups = (rows + tk.repack_rows - 1) / tk.repack_rows;
+    run_on(pool, [&](int tid, int nth) {
+        const int64_t g0 = groups * tid / nth, g1 = groups * (tid + 1) / nth;
+        if (g0 < g1) tk.repack(w, w_row_bytes, rows, k, g0, g1, out);
+    });
+}
+
+void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, int64_t rows, int64_t k,
+                     const float *x, int64_t n, float *y, MatmulScratch &scratch) {
+    check_repack(tk);
+    const size_t group_bytes = tk.repacked_group_bytes(k);
+    const char *wb = static_cast<const char *>(wp);
+    run_matmul(pool, tk, rows, k, x, n, scratch, [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow) {
+        // kRowAlign is a multiple of repack_rows, so r0 starts a group.
+        tk.gemm_repacked(k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq, arow, y + r0,
+                         size_t(rows), int(r1 - r0), int(n));
+    });
+}
+
+PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes,
+                                int64_t rows, int64_t k, bool allow_repack) {
+    act_row_size(tk, k);  // validates k
+    PreparedWeights pw;
+    pw.tk = &tk;
+    pw.row_bytes = w_row_bytes;
+    pw.rows = rows;
+    pw.k = k;
+    if (allow_repack && tk.repack_rows > 0 && tk.repack && tk.gemm_repacked && tk.repacked_group_bytes) {
+        pw.storage.resize(repacked_size(tk, rows, k));
+        repack_weights(pool, tk, w, w_row_bytes, rows, k, pw.storage.data());
+        pw.data = pw.storage.data();
+        pw.repacked = true;
+    } else {
+        pw.data = w;
+    }
+    return pw;
+}
+
+void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch) {
+    if (pw.repacked)
+        matmul_repacked(pool, *pw.tk, pw.data, pw.rows, pw.k, x, n, y, scratch);
     else
-        body(0, 1);
+        matmul(pool, *pw.tk, pw.data, pw.row_bytes, pw.rows, pw.k, x, n, y, scratch);
 }
 
 }  // namespace ktd

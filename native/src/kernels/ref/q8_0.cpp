@@ -40,17 +40,10 @@ float vec_dot_q8_0_q8_0(int64_t k, const block_q8_0 *w, const block_q8_0 *a) {
     return sum;
 }
 
-void gemm_q8_0(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
-               size_t ldy, int nr, int nc) {
-    for (int c = 0; c < nc; ++c)
-        for (int r = 0; r < nr; ++r)
-            y[c * ldy + r] = vec_dot_q8_0_q8_0(
-                k, reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(w) + r * w_stride),
-                reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + c * x_stride));
-}
 }  // namespace
 
 KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{GGMLType::Q8_0, GGMLType::Q8_0, dequantize_row_q8_0,
-                                           quantize_row_q8_0, gemm_q8_0});
+                                           quantize_row_q8_0,
+                                           gemm_rows<block_q8_0, block_q8_0, vec_dot_q8_0_q8_0>});
 
 }  // namespace ktd::ref

@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench-*``): report throughput and ratios, never assert timings."""

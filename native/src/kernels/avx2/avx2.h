@@ -1,0 +1,241 @@
+// Shared pieces of the AVX2+FMA kernels (included only by files under kernels/avx2/).
+//
+// These files do not include common/float16.h or other headers with inline non-template code
+// shared with baseline translation units: an inline function compiled here with AVX2 flags could
+// be the copy the linker keeps for the baseline code too. Conversions use F16C intrinsics.
+//
+// The 32-element block types all dot against Q8_0 activations. A type supplies a traits struct
+//   struct Traits {
+//     using Block = block_xxx;
+//     // Adds block `w`'s products with activation blocks a[c] (c < NC) to acc[c]
+//     // (8 float lanes each; the lanes are summed once at the end of the row).
+//     template <int NC> static void dot_block(const Block &w, const block_q8_0 *const *a, __m256 *acc);
+//   };
+// and gemm_q8_0_act<Traits> is its tile function: rows are processed in chunks of kRowChunk so
+// the chunk's weights stay in L2 while up to kColTile activation rows (in L1) are dotted with
+// them; each weight block is decoded once per kColTile columns.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/blocks.h"
+
+namespace ktd::avx2 {
+
+// The Q8_0 activation quantizer, bitwise identical to ref::quantize_row_q8_0 (round half away
+// from zero, as lround).
+void quantize_row_q8_0(const float *x, void *y, int64_t k);
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+// 16 bytes of packed nibbles → 32 bytes: element j (< 16) = low nibble of byte j, element j + 16
+// = high nibble of byte j (the qs order of Q4_0/Q4_1/Q5_x/IQ4_NL).
+inline __m256i unpack_nibbles(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// The 32 bits of qh (bit j = element j) → 32 bytes, 0x10 where the bit is set (the fifth bit of
+// the Q5 types in place).
+inline __m256i expand_qh_bit4(const uint8_t *qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    // Byte j takes byte j/8 of bits, then is compared against its own bit (j % 8).
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(bits)), shuf);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    return _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
+}
+
+// Σ over pairs of u8·s8 products, as 8 int32 lanes (each lane the sum of 4 products).
+// |u| ≤ 128, |s| ≤ 127 → each int16 pair sum ≤ 32512, no saturation.
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// Σ (u - off) · s for unsigned u ≤ 31 and a constant offset off ≤ 16: the offset's products are
+// subtracted in int16 (|Σ| ≤ 2·31·127 + 2·16·127 < 32767).
+inline __m256i dot_u8s8_offset(__m256i u, __m256i s, __m256i off) {
+    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(off, s));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+// Σ s·w for signed w, s via the sign trick (|w| as unsigned, s with w's sign).
+inline __m256i dot_s8s8(__m256i w, __m256i s) {
+    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
+}
+
+inline __m256i loadu_q8(const block_q8_0 &a) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a.qs)); }
+
+constexpr int kColTile = 4;
+constexpr int kRowChunk = 16;
+
+template <typename Traits, int NC>
+inline void gemm_row(int64_t nb, const typename Traits::Block *w, const block_q8_0 *const *a, float *y, size_t ldy) {
+    if constexpr (NC == 1) {
+        // One column: two accumulators so consecutive blocks' FMAs do not wait on each other.
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        const block_q8_0 *a0 = a[0];
+        int64_t b = 0;
+        for (; b + 1 < nb; b += 2) {
+            const block_q8_0 *p0 = a0 + b, *p1 = a0 + b + 1;
+            Traits::template dot_block<1>(w[b], &p0, &acc[0]);
+            Traits::template dot_block<1>(w[b + 1], &p1, &acc[1]);
+        }
+        if (b < nb) {
+            const block_q8_0 *p0 = a0 + b;
+            Traits::template dot_block<1>(w[b], &p0, &acc[0]);
+        }
+        y[0] = hsum(_mm256_add_ps(acc[0], acc[1]));
+    } else {
+        __m256 acc[NC];
+        for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+        const block_q8_0 *p[NC];
+        for (int64_t b = 0; b < nb; ++b) {
+            for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
+            Traits::template dot_block<NC>(w[b], p, acc);
+        }
+        for (int c = 0; c < NC; ++c) y[size_t(c) * ldy] = hsum(acc[c]);
+    }
+}
+
+template <typename Traits>
+void gemm_q8_0_act(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
+                   size_t ldy, int nr, int nc) {
+    using Block = typename Traits::Block;
+    const int64_t nb = k / QK8_0;
+    const char *wb = static_cast<const char *>(w);
+    const char *xb = static_cast<const char *>(xq);
+    for (int r0 = 0; r0 < nr; r0 += kRowChunk) {
+        const int r1 = std::min(nr, r0 + kRowChunk);
+        for (int c0 = 0; c0 < nc; c0 += kColTile) {
+            const int ncc = std::min(kColTile, nc - c0);
+            const block_q8_0 *a[kColTile];
+            for (int c = 0; c < ncc; ++c)
+                a[c] = reinterpret_cast<const block_q8_0 *>(xb + size_t(c0 + c) * x_stride);
+            for (int r = r0; r < r1; ++r) {
+                const Block *wr = reinterpret_cast<const Block *>(wb + size_t(r) * w_stride);
+                float *yr = y + size_t(c0) * ldy + size_t(r);
+                switch (ncc) {
+                    case 1: gemm_row<Traits, 1>(nb, wr, a, yr, ldy); break;
+                    case 2: gemm_row<Traits, 2>(nb, wr, a, yr, ldy); break;
+                    case 3: gemm_row<Traits, 3>(nb, wr, a, yr, ldy); break;
+                    default: gemm_row<Traits, 4>(nb, wr, a, yr, ldy); break;
+                }
+            }
+        }
+    }
+}
+
+// ---- Row-interleaved (repacked) layouts, 8 rows per group ------------------------------------
+//
+// A group block holds block b of 8 consecutive rows, arranged so that 32-bit lane r of a 256-bit
+// register belongs to row r: register j (0..7) holds elements 4j..4j+3 of every row. One
+// broadcast of 4 activation bytes then serves all 8 rows, the 8 row scales are one fp16 vector,
+// and each row's sum stays in its own lane (no horizontal sums). Traits for such a layout:
+//   struct Traits {
+//     using GroupBlock = ...;                 // the 8-row block, sizeof = 8 * sizeof(row block)
+//     static constexpr int kActOffset;        // q is stored unsigned as q + kActOffset (0: signed)
+//     // acc[c] += the 8 rows' products with activation blocks a[c]; asum_off[c] = kActOffset·Σa.
+//     template <int NC> static void dot_group(const GroupBlock &g, const block_q8_0 *const *a,
+//                                             const int32_t *asum_off, __m256 *acc);
+//   };
+constexpr int kRepackRows = 8;
+
+// Broadcast of activation bytes 4j..4j+3.
+inline __m256i act_quad(const block_q8_0 &a, int j) {
+    int32_t v;
+    std::memcpy(&v, a.qs + 4 * j, 4);
+    return _mm256_set1_epi32(v);
+}
+
+inline int32_t act_sum(const block_q8_0 &a) {
+    const __m256i s = dot_u8s8(_mm256_set1_epi8(1), loadu_q8(a));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+    return _mm_cvtsi128_si32(t);
+}
+
+template <typename Traits, int NC>
+inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_0 *const *a,
+                       const int32_t *asum_off, float *y, size_t ldy, int rows_valid) {
+    __m256 acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+    const block_q8_0 *p[NC];
+    int32_t off[NC] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int c = 0; c < NC; ++c) {
+            p[c] = a[c] + b;
+            if constexpr (Traits::kActOffset != 0) off[c] = asum_off[size_t(c) * size_t(nb) + size_t(b)];
+        }
+        Traits::template dot_group<NC>(g[b], p, off, acc);
+    }
+    for (int c = 0; c < NC; ++c) {
+        if (rows_valid == kRepackRows) {
+            _mm256_storeu_ps(y + size_t(c) * ldy, acc[c]);
+        } else {
+            alignas(32) float tmp[kRepackRows];
+            _mm256_store_ps(tmp, acc[c]);
+            std::memcpy(y + size_t(c) * ldy, tmp, size_t(rows_valid) * sizeof(float));
+        }
+    }
+}
+
+// gemm_repacked for an 8-row interleaved layout (TypeKernels::gemm_repacked contract).
+template <typename Traits>
+void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
+                      size_t ldy, int nr, int nc) {
+    using GroupBlock = typename Traits::GroupBlock;
+    const int64_t nb = k / QK8_0;
+    const char *wb = static_cast<const char *>(wp);
+    const char *xb = static_cast<const char *>(xq);
+    // kActOffset·Σa per (column, block), computed once per call; grows only (no allocation once warm).
+    thread_local std::vector<int32_t> asum_off;
+    if constexpr (Traits::kActOffset != 0) {
+        if (asum_off.size() < size_t(nc) * size_t(nb)) asum_off.resize(size_t(nc) * size_t(nb));
+        for (int c = 0; c < nc; ++c) {
+            const auto *a = reinterpret_cast<const block_q8_0 *>(xb + size_t(c) * x_stride);
+            for (int64_t b = 0; b < nb; ++b)
+                asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum(a[b]);
+        }
+    }
+    const int n_groups = (nr + kRepackRows - 1) / kRepackRows;
+    constexpr int kGroupChunk = kRowChunk / kRepackRows;
+    for (int g0 = 0; g0 < n_groups; g0 += kGroupChunk) {
+        const int g1 = std::min(n_groups, g0 + kGroupChunk);
+        for (int c0 = 0; c0 < nc; c0 += kColTile) {
+            const int ncc = std::min(kColTile, nc - c0);
+            const block_q8_0 *a[kColTile];
+            for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_0 *>(xb + size_t(c0 + c) * x_stride);
+            const int32_t *off = asum_off.data() + size_t(c0) * size_t(nb);
+            for (int gi = g0; gi < g1; ++gi) {
+                const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
+                const int valid = std::min(kRepackRows, nr - gi * kRepackRows);
+                float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRows;
+                switch (ncc) {
+                    case 1: gemm_group<Traits, 1>(nb, g, a, off, yg, ldy, valid); break;
+                    case 2: gemm_group<Traits, 2>(nb, g, a, off, yg, ldy, valid); break;
+                    case 3: gemm_group<Traits, 3>(nb, g, a, off, yg, ldy, valid); break;
+                    default: gemm_group<Traits, 4>(nb, g, a, off, yg, ldy, valid); break;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace ktd::avx2

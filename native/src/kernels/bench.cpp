@@ -1,0 +1,123 @@
+#include "kernels/bench.h"
+
+#include <emmintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+
+namespace ktd {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+void run_on(ThreadPool *pool, const std::function<void(int, int)> &fn) {
+    if (pool && pool->size() > 1)
+        pool->run(fn);
+    else
+        fn(0, 1);
+}
+
+// Sums [p, p + n) 64 bytes at a time with four independent accumulators (baseline SSE2 is
+// enough: one core's DRAM stream is far below its load bandwidth).
+uint64_t sum_stream(const uint8_t *p, size_t n) {
+    __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        a0 = _mm_add_epi64(a0, _mm_load_si128(reinterpret_cast<const __m128i *>(p + i)));
+        a1 = _mm_add_epi64(a1, _mm_load_si128(reinterpret_cast<const __m128i *>(p + i + 16)));
+        a2 = _mm_add_epi64(a2, _mm_load_si128(reinterpret_cast<const __m128i *>(p + i + 32)));
+        a3 = _mm_add_epi64(a3, _mm_load_si128(reinterpret_cast<const __m128i *>(p + i + 48)));
+    }
+    const __m128i s = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
+    alignas(16) uint64_t out[2];
+    _mm_store_si128(reinterpret_cast<__m128i *>(out), s);
+    return out[0] + out[1];
+}
+
+struct FreeDeleter {
+    void operator()(uint8_t *p) const { std::free(p); }
+};
+}  // namespace
+
+double bench_read_bandwidth(ThreadPool *pool, size_t bytes, int reps) {
+    if (bytes < 4096 || reps < 1) throw std::invalid_argument("bench_read_bandwidth: bytes >= 4096 and reps >= 1 required");
+    bytes &= ~size_t(4095);
+    std::unique_ptr<uint8_t, FreeDeleter> buf(static_cast<uint8_t *>(std::aligned_alloc(4096, bytes)));
+    if (!buf) throw std::bad_alloc();
+    const int nth = pool ? pool->size() : 1;
+    // Each worker's part is a multiple of 64 bytes; the last takes the remainder.
+    auto part = [&](int tid, size_t &b, size_t &e) {
+        const size_t chunk = (bytes / size_t(nth)) & ~size_t(63);
+        b = chunk * size_t(tid);
+        e = tid == nth - 1 ? bytes : b + chunk;
+    };
+    run_on(pool, [&](int tid, int) {
+        size_t b, e;
+        part(tid, b, e);
+        std::fill(buf.get() + b, buf.get() + e, uint8_t(tid + 1));
+    });
+    std::vector<uint64_t> sink(size_t(nth) * 8);  // one cache line per worker
+    double best = std::numeric_limits<double>::infinity();
+    for (int rep = 0; rep <= reps; ++rep) {
+        const auto t0 = Clock::now();
+        run_on(pool, [&](int tid, int) {
+            size_t b, e;
+            part(tid, b, e);
+            sink[size_t(tid) * 8] += sum_stream(buf.get() + b, e - b);
+        });
+        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (rep > 0) best = std::min(best, dt);
+    }
+    // The sums are data-dependent; checking them keeps the loads from being optimised away.
+    uint64_t total = 0;
+    for (int t = 0; t < nth; ++t) total += sink[size_t(t) * 8];
+    if (total == 0) throw std::logic_error("bench_read_bandwidth: the buffer read back as zero");
+    return double(bytes) / best;
+}
+
+namespace {
+// Best seconds of `call(x, y, scratch)` over reps calls after one untimed call.
+template <typename Call>
+double time_matmul(int64_t rows, int64_t k, int64_t n, int reps, const Call &call) {
+    if (rows < 1 || k < 1 || n < 1 || reps < 1) throw std::invalid_argument("bench_matmul: rows, k, n, reps >= 1 required");
+    std::vector<float> x(size_t(n * k)), y(size_t(n * rows));
+    uint32_t s = 12345;
+    for (float &v : x) {
+        s = s * 1664525u + 1013904223u;
+        v = float(int32_t(s >> 8) - (1 << 23)) / float(1 << 23);
+    }
+    MatmulScratch scratch;
+    double best = std::numeric_limits<double>::infinity();
+    for (int rep = 0; rep <= reps; ++rep) {
+        const auto t0 = Clock::now();
+        call(x.data(), y.data(), scratch);
+        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (rep > 0) best = std::min(best, dt);
+    }
+    return best;
+}
+}  // namespace
+
+double bench_matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
+                    int64_t k, int64_t n, int reps) {
+    return time_matmul(rows, k, n, reps, [&](const float *x, float *y, MatmulScratch &scratch) {
+        matmul(pool, tk, w, w_row_bytes, rows, k, x, n, y, scratch);
+    });
+}
+
+double bench_matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, int64_t rows, int64_t k,
+                             int64_t n, int reps) {
+    return time_matmul(rows, k, n, reps, [&](const float *x, float *y, MatmulScratch &scratch) {
+        matmul_repacked(pool, tk, wp, rows, k, x, n, y, scratch);
+    });
+}
+
+}  // namespace ktd

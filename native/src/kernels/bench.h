@@ -1,0 +1,24 @@
+// Timing loops for the kernel benchmark (ktd.bench.kernels). Timed here, in C++, so the
+// interpreter never sits inside a measured interval.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace ktd {
+
+// Streams a freshly allocated buffer of `bytes` (touched first by the worker that reads it)
+// with nth = pool size workers, each summing its own contiguous part; `reps` passes after one
+// untimed pass. Returns the best pass's read bandwidth in bytes/second.
+double bench_read_bandwidth(ThreadPool *pool, size_t bytes, int reps);
+
+// Best wall time in seconds of one matmul(W[rows,k] · X[n,k]^T) over `reps` calls after one
+// untimed call; X is synthetic (values in [-1, 1)), the scratch and output are reused.
+double bench_matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
+                    int64_t k, int64_t n, int reps);
+// The same on weights produced by repack_weights.
+double bench_matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, int64_t rows, int64_t k,
+                             int64_t n, int reps);
+
+}  // namespace ktd
