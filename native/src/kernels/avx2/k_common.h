@@ -1,16 +1,26 @@
-// Shared pieces of the AVX2 kernels of the 256-element block types (Q8_K activations).
+// Shared pieces of the AVX2 kernels of the 256-element block types (Q8_K activations); the
+// AVX-512 kernels use them too. Everything here is inline, so it lives in a namespace of the ISA
+// of the including file (ktd::avx2 or ktd::avx512): the same inline function compiled with
+// different ISA flags in two translation units must not be merged by the linker (an AVX-512
+// copy could otherwise be called on an AVX2-only CPU).
 #pragma once
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/blocks.h"
 
-namespace ktd::avx2 {
+#if defined(KTD_ISA_AVX512)
+#define KTD_SIMD_NS avx512
+#elif defined(KTD_ISA_AVX2)
+#define KTD_SIMD_NS avx2
+#else
+#error "kernels/avx2/k_common.h is only for the AVX2 and AVX-512 kernel files"
+#endif
 
-// The AVX2 Q8_K quantizer (bitwise identical to ktd::ref::quantize_row_q8_K).
-void quantize_row_q8_K(const float *x, void *y, int64_t k);
+namespace ktd::KTD_SIMD_NS {
 
 inline float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -89,4 +99,6 @@ inline void dequant_x32(__m256i q, float dl, float ml, float *out) {
     }
 }
 
-}  // namespace ktd::avx2
+#include "kernels/avx2/q8_k_impl.h"
+
+}  // namespace ktd::KTD_SIMD_NS

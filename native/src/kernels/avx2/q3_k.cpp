@@ -21,10 +21,11 @@ inline __m256i lane_scales(__m128i sc8, int g) {
 inline void unpack_q3(const block_q3_K &x, __m256i hbits, int t, __m256i q[4]) {
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
     const __m256i bits = load256(x.qs + 32 * t);
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
         // Bit 4t+i of hmask[l] → bit 2 of the byte.
         const int u = 4 * t + i;
-        const __m256i h = u >= 2 ? _mm256_srli_epi16(hbits, u - 2) : _mm256_slli_epi16(hbits, 2 - u);
+        const __m256i h = _mm256_slli_epi16(_mm256_srli_epi16(hbits, u), 2);
         q[i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * i), m3), _mm256_and_si256(h, m4));
     }
 }
@@ -58,18 +59,20 @@ struct Q3K {
         __m256 acc[NC];
         for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
-            int8_t sc[16];
-            unpack_scales_q3_K(w[b].scales, sc);
-            const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(sc));
+            uint32_t u[4];
+            unpack_scales_q3_K_words(w[b].scales, u);
+            const __m128i sc8 = _mm_sub_epi8(_mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0])), _mm_set1_epi8(32));
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
             const __m256i hbits = load256(w[b].hmask);
             __m256i sumi[NC];
             for (int c = 0; c < NC; ++c)
                 sumi[c] = _mm256_slli_epi32(
                     _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(sc16, load256(a[c][b].bsums))), 2);
+#pragma GCC unroll 2
             for (int t = 0; t < 2; ++t) {
                 __m256i q[4], s[4];
                 unpack_q3(w[b], hbits, t, q);
+#pragma GCC unroll 4
                 for (int i = 0; i < 4; ++i) s[i] = lane_scales(sc8, 8 * t + 2 * i);
                 for (int c = 0; c < NC; ++c) {
                     const int8_t *aq = a[c][b].qs + 128 * t;

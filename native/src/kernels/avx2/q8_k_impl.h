@@ -1,16 +1,10 @@
-// Q8_K activation quantizer, AVX2. Bitwise identical to ktd::ref::quantize_row_q8_K (see there
-// for the definition): the same float products, rounded to nearest even by cvtps2dq under the
-// default MXCSR, and the same choice of the first element of largest magnitude.
-#include <immintrin.h>
+// Q8_K activation quantizer, AVX2 (also compiled into the AVX-512 kernels through
+// k_common.h). Bitwise identical to ktd::ref::quantize_row_q8_K (see there for the definition):
+// the same float products, rounded to nearest even by cvtps2dq under the default MXCSR, and the
+// same choice of the first element of largest magnitude.
+// Included only through kernels/avx2/k_common.h, inside its per-ISA namespace.
 
-#include <cstring>
-
-#include "kernels/avx2/k_common.h"
-#include "kernels/blocks.h"
-
-namespace ktd::avx2 {
-
-void quantize_row_q8_K(const float *x, void *vy, int64_t k) {
+inline void quantize_row_q8_K(const float *x, void *vy, int64_t k) {
     auto *y = static_cast<block_q8_K *>(vy);
     const __m256 sign_mask = _mm256_set1_ps(-0.0f);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -63,4 +57,3 @@ void quantize_row_q8_K(const float *x, void *vy, int64_t k) {
     }
 }
 
-}  // namespace ktd::avx2
