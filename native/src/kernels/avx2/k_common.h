@@ -41,28 +41,38 @@ inline float fp16_to_fp32_f16c(uint16_t h) { return _cvtsh_ss(h); }
 // registers while up to this many activation columns are dotted with them.
 constexpr int kMaxCols = 4;
 
+// Weight bytes of the rows processed together per column group: small enough to stay in L2
+// while the column groups pass over them.
+constexpr size_t kRowChunkBytes = 256 * 1024;
+
 // The tile loop of a row kernel: Kernel::dot<NC>(nb, w, a, out) computes out[c] = dot(w, a[c])
-// for NC activation columns. Rows outer, so a weight row is read from memory once and reused
-// from L1 for every column group.
+// for NC ≤ kMaxCols activation columns. Rows are taken in chunks of ~kRowChunkBytes; for each
+// chunk every group of kMaxCols columns passes over all its rows, so the group's activations
+// stay in L1 and the chunk's weights in L2, and the weights are read from memory once (for
+// decode, nc ≤ kMaxCols, this is one pass over the rows).
 template <typename BlockW, typename Kernel>
 void gemm_tile(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
                size_t ldy, int nr, int nc) {
     const int64_t nb = k / QK_K;
-    for (int r = 0; r < nr; ++r) {
-        const auto *wr = reinterpret_cast<const BlockW *>(static_cast<const char *>(w) + r * w_stride);
+    const int chunk = w_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / w_stride);
+    for (int r0 = 0; r0 < nr; r0 += chunk) {
+        const int r1 = nr - r0 < chunk ? nr : r0 + chunk;
         for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
             const block_q8_K *a[kMaxCols];
             const int ncols = nc - c0 < kMaxCols ? nc - c0 : kMaxCols;
             for (int c = 0; c < ncols; ++c)
                 a[c] = reinterpret_cast<const block_q8_K *>(static_cast<const char *>(xq) + (c0 + c) * x_stride);
-            float out[kMaxCols];
-            switch (ncols) {
-                case 1: Kernel::template dot<1>(nb, wr, a, out); break;
-                case 2: Kernel::template dot<2>(nb, wr, a, out); break;
-                case 3: Kernel::template dot<3>(nb, wr, a, out); break;
-                default: Kernel::template dot<4>(nb, wr, a, out); break;
+            for (int r = r0; r < r1; ++r) {
+                const auto *wr = reinterpret_cast<const BlockW *>(static_cast<const char *>(w) + r * w_stride);
+                float out[kMaxCols];
+                switch (ncols) {
+                    case 1: Kernel::template dot<1>(nb, wr, a, out); break;
+                    case 2: Kernel::template dot<2>(nb, wr, a, out); break;
+                    case 3: Kernel::template dot<3>(nb, wr, a, out); break;
+                    default: Kernel::template dot<4>(nb, wr, a, out); break;
+                }
+                for (int c = 0; c < ncols; ++c) y[(c0 + c) * ldy + r] = out[c];
             }
-            for (int c = 0; c < ncols; ++c) y[(c0 + c) * ldy + r] = out[c];
         }
     }
 }
