@@ -45,8 +45,8 @@ struct Q2K {
     static void dot(int64_t nb, const block_q2_K *w, const block_q8_K *const *a, float *out) {
         const __m256i m3 = _mm256_set1_epi8(3);
         const __m128i m4 = _mm_set1_epi8(0xF);
-        __m256 acc[NC], accm[NC];
-        for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps(), accm[c] = _mm256_setzero_ps();
+        __m256 acc[NC];
+        for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(w[b].scales));
             const __m128i sc8 = _mm_and_si128(raw, m4);
@@ -73,10 +73,10 @@ struct Q2K {
             for (int c = 0; c < NC; ++c) {
                 const __m256i pm = _mm256_madd_epi16(mins16, load256(a[c][b].bsums));
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-                accm[c] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[c][b].d), _mm256_cvtepi32_ps(pm), accm[c]);
+                acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * a[c][b].d), _mm256_cvtepi32_ps(pm), acc[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]) - hsum_ps(accm[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
     }
 };
 

@@ -43,8 +43,7 @@ struct Q5K {
     template <int NC>
     static void dot(int64_t nb, const block_q5_K *w, const block_q8_K *const *a, float *out) {
         __m256 acc[NC];
-        __m128 accm[NC];
-        for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps(), accm[c] = _mm_setzero_ps();
+        for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             uint32_t u[4];
             unpack_scale_min_k4_words(w[b].scales, u);
@@ -69,10 +68,10 @@ struct Q5K {
             for (int c = 0; c < NC; ++c) {
                 const __m128i pm = _mm_madd_epi16(mins, bsums_32(a[c][b]));
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-                accm[c] = _mm_fmadd_ps(_mm_set1_ps(dmin * a[c][b].d), _mm_cvtepi32_ps(pm), accm[c]);
+                acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * a[c][b].d), _mm256_zextps128_ps256(_mm_cvtepi32_ps(pm)), acc[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]) - hsum_ps(accm[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
     }
 };
 
