@@ -307,3 +307,23 @@ assert not np.array_equal(y, K.matmul({qt!r}, w, 5, 512, x, isa="ref"))
     env = dict(os.environ, KTD_ISA="avx512")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+def test_nonfinite_activations_propagate(qt, isa):
+    """A NaN or ±Inf activation makes its column's outputs NaN (and only its column's): the Q8_K
+    block holding it gets d = NaN, on every ISA alike."""
+    kernels_or_skip(qt, isa)
+    rng = np.random.default_rng(9)
+    rows, k = 5, 768
+    w = random_weights(qt, rows, k, rng)
+    x = rng.standard_normal((4, k)).astype(np.float32)
+    x[1, 300] = np.nan
+    x[2, 5] = np.inf
+    x[3, 700] = -np.inf
+    xq = K.quantize_act(qt, x, isa=isa)
+    np.testing.assert_array_equal(xq, K.quantize_act(qt, x, isa="ref"))
+    y = K.matmul(qt, w, rows, k, x, isa=isa)
+    assert np.isfinite(y[0]).all()
+    assert np.isnan(y[1:]).all()

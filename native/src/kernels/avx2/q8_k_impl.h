@@ -7,13 +7,24 @@
 inline void quantize_row_q8_K(const float *x, void *vy, int64_t k) {
     auto *y = static_cast<block_q8_K *>(vy);
     const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+    const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < k / QK_K; ++b, x += QK_K) {
-        // max(|x|) with NaNs ignored (maxps returns its second operand when either is NaN).
-        __m256 vmax = _mm256_setzero_ps();
-        for (int j = 0; j < QK_K; j += 8) vmax = _mm256_max_ps(_mm256_andnot_ps(sign_mask, _mm256_loadu_ps(x + j)), vmax);
+        // max(|x|), and whether any |x| is Inf or NaN (not less than Inf: unordered or equal).
+        __m256 vmax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) {
+            const __m256 ax = _mm256_andnot_ps(sign_mask, _mm256_loadu_ps(x + j));
+            vmax = _mm256_max_ps(ax, vmax);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(ax, inf, _CMP_NLT_UQ));
+        }
+        if (_mm256_movemask_ps(bad)) {
+            y[b].d = std::numeric_limits<float>::quiet_NaN();
+            std::memset(y[b].qs, 0, sizeof(y[b].qs));
+            std::memset(y[b].bsums, 0, sizeof(y[b].bsums));
+            continue;
+        }
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
