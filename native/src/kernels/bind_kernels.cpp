@@ -239,6 +239,29 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("n"), py::arg("threads"),
        py::arg("reps"), py::arg("isa") = py::none(), py::arg("repacked") = false,
        "Best-of-reps seconds of one matmul (timed in C++; synthetic activations)");
+
+    // One call of a type's tile kernel on caller-provided output (tests: ldy > nr, guard values
+    // around the tile, and the activation bytes exactly as given).
+    k.def("gemm_tile", [](const std::string &type, u8array w, int64_t k_, u8array xq, int nr, int nc,
+                          py::array_t<float, py::array::c_style> y, int64_t y_offset, int64_t ldy,
+                          std::optional<std::string> isa) {
+        const TypeKernels &tk = lookup(type, isa);
+        auto row = ggml_row_size(tk.type, uint64_t(k_));
+        if (!row) throw py::value_error("k is not a whole number of blocks");
+        if (nr < 1 || nc < 1) throw py::value_error("nr and nc must be >= 1");
+        const size_t arow = act_row_size(tk, k_);
+        if (w.size() != py::ssize_t(*row) * nr) throw py::value_error("w must be nr whole rows");
+        if (xq.size() != py::ssize_t(arow) * nc) throw py::value_error("xq must be nc activation rows");
+        if (ldy < nr || y_offset < 0 || y_offset + (nc - 1) * ldy + nr > y.size())
+            throw py::value_error("the tile does not fit in y");
+        float *dst = y.mutable_data() + y_offset;
+        {
+            py::gil_scoped_release nogil;
+            tk.gemm(k_, w.data(), *row, xq.data(), arow, dst, size_t(ldy), nr, nc);
+        }
+    }, py::arg("type"), py::arg("w"), py::arg("k"), py::arg("xq"), py::arg("nr"), py::arg("nc"), py::arg("y"),
+       py::arg("y_offset"), py::arg("ldy"), py::arg("isa") = py::none(),
+       "y[y_offset + c*ldy + r] = dot(W row r, activation row c) for r < nr, c < nc, in place");
 }
 
 }  // namespace ktd

@@ -63,7 +63,8 @@ struct TypeKernels {
 void register_type_kernels(Isa isa, const TypeKernels &tk);
 // The entry for (type, isa) or nullptr.
 const TypeKernels *find_type_kernels(GGMLType type, Isa isa);
-// The entry used at run time for `type`: the active ISA's if it has one, else the reference.
+// The entry used at run time for `type`: the active ISA's if it has one, else (for AVX-512) the
+// AVX2 one, else the reference.
 const TypeKernels *kernels_for(GGMLType type);
 // Types with an entry for `isa`.
 std::vector<GGMLType> supported_types(Isa isa);

@@ -104,7 +104,12 @@ const TypeKernels *find_type_kernels(GGMLType type, Isa isa) {
 }
 
 const TypeKernels *kernels_for(GGMLType type) {
-    if (const TypeKernels *tk = find_type_kernels(type, active_isa())) return tk;
+    const Isa isa = active_isa();
+    if (const TypeKernels *tk = find_type_kernels(type, isa)) return tk;
+    // Types without AVX-512 kernels use the AVX2 ones (every AVX-512 CPU we select runs them)
+    // rather than the scalar reference.
+    if (isa == Isa::AVX512 && isa_supported_by_cpu(Isa::AVX2))
+        if (const TypeKernels *tk = find_type_kernels(type, Isa::AVX2)) return tk;
     return find_type_kernels(type, Isa::Ref);
 }
 

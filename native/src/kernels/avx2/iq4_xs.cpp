@@ -1,0 +1,75 @@
+// IQ4_XS weights × Q8_K activations, AVX2 (layout and definition in kernels/ref/iq4_xs.cpp).
+// Per 64 elements (sub-blocks 2p, 2p+1): the nibbles index the code book with vpshufb; the
+// signed products use vpmaddubsw(|w|, sign(a, w)) (|w| ≤ 127, so pairs never saturate).
+#include <immintrin.h>
+
+#include "kernels/avx2/k_common.h"
+#include "kernels/blocks.h"
+#include "kernels/k_scales.h"
+#include "kernels/kernels.h"
+
+namespace ktd::avx2 {
+namespace {
+
+// Code-book values of sub-blocks 2p (lo) and 2p+1 (hi): low lane the low nibbles of their 16
+// bytes, high lane the high nibbles — the element order of the format.
+inline void unpack_iq4(const block_iq4_xs &x, int p, __m256i &lo, __m256i &hi) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kvalues_iq4nl)));
+    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(x.qs + 32 * p));
+    const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(x.qs + 32 * p + 16));
+    const __m256i v0 = _mm256_set_m128i(_mm_srli_epi16(b0, 4), b0);
+    const __m256i v1 = _mm256_set_m128i(_mm_srli_epi16(b1, 4), b1);
+    lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v0, m4));
+    hi = _mm256_shuffle_epi8(table, _mm256_and_si256(v1, m4));
+}
+
+void dequantize_row_iq4_xs(const void *vx, float *y, int64_t k) {
+    const auto *x = static_cast<const block_iq4_xs *>(vx);
+    for (int64_t b = 0; b < k / QK_K; ++b) {
+        const float d = fp16_to_fp32_f16c(x[b].d);
+        for (int p = 0; p < 4; ++p) {
+            __m256i lo, hi;
+            unpack_iq4(x[b], p, lo, hi);
+            float *out = y + b * QK_K + 64 * p;
+            dequant_x32<true, false>(lo, d * float(iq4_xs_scale(x[b].scales_l, x[b].scales_h, 2 * p)), 0.0f, out);
+            dequant_x32<true, false>(hi, d * float(iq4_xs_scale(x[b].scales_l, x[b].scales_h, 2 * p + 1)), 0.0f, out + 32);
+        }
+    }
+}
+
+struct IQ4XS {
+    template <int NC>
+    static void dot(int64_t nb, const block_iq4_xs *w, const block_q8_K *const *a, float *out) {
+        __m256 acc[NC];
+        for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            __m256i sumi[NC];
+            for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
+            for (int p = 0; p < 4; ++p) {
+                __m256i lo, hi;
+                unpack_iq4(w[b], p, lo, hi);
+                const __m256i slo = _mm256_set1_epi16(int16_t(iq4_xs_scale(w[b].scales_l, w[b].scales_h, 2 * p)));
+                const __m256i shi = _mm256_set1_epi16(int16_t(iq4_xs_scale(w[b].scales_l, w[b].scales_h, 2 * p + 1)));
+                const __m256i alo = _mm256_sign_epi8(lo, lo), ahi = _mm256_sign_epi8(hi, hi);
+                for (int c = 0; c < NC; ++c) {
+                    const __m256i a0 = load256(a[c][b].qs + 64 * p), a1 = load256(a[c][b].qs + 64 * p + 32);
+                    const __m256i p0 = _mm256_madd_epi16(slo, _mm256_maddubs_epi16(alo, _mm256_sign_epi8(a0, lo)));
+                    const __m256i p1 = _mm256_madd_epi16(shi, _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(a1, hi)));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p1));
+                }
+            }
+            const float d = fp16_to_fp32_f16c(w[b].d);
+            for (int c = 0; c < NC; ++c)
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+    }
+};
+
+}  // namespace
+
+KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{GGMLType::IQ4_XS, GGMLType::Q8_K, dequantize_row_iq4_xs, quantize_row_q8_K,
+                                            gemm_tile<block_iq4_xs, IQ4XS>});
+
+}  // namespace ktd::avx2

@@ -1,0 +1,115 @@
+// Shared pieces of the AVX2 kernels of the 256-element block types (Q8_K activations); the
+// AVX-512 kernels use them too. Everything here is inline, so it lives in a namespace of the ISA
+// of the including file (ktd::avx2 or ktd::avx512): the same inline function compiled with
+// different ISA flags in two translation units must not be merged by the linker (an AVX-512
+// copy could otherwise be called on an AVX2-only CPU).
+#pragma once
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/blocks.h"
+
+#if defined(KTD_ISA_AVX512)
+#define KTD_SIMD_NS avx512
+#elif defined(KTD_ISA_AVX2)
+#define KTD_SIMD_NS avx2
+#else
+#error "kernels/avx2/k_common.h is only for the AVX2 and AVX-512 kernel files"
+#endif
+
+namespace ktd::KTD_SIMD_NS {
+
+inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline float hsum_ps(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline float fp16_to_fp32_f16c(uint16_t h) { return _cvtsh_ss(h); }
+
+// Columns processed together per weight row: the unpacked weights of one block stay in
+// registers while up to this many activation columns are dotted with them.
+constexpr int kMaxCols = 4;
+
+// Weight bytes of the rows processed together per column group: small enough to stay in L2
+// while the column groups pass over them.
+constexpr size_t kRowChunkBytes = 256 * 1024;
+
+// The tile loop of a row kernel: Kernel::dot<NC>(nb, w, a, out) computes out[c] = dot(w, a[c])
+// for NC ≤ kMaxCols activation columns. Rows are taken in chunks of ~kRowChunkBytes; for each
+// chunk every group of kMaxCols columns passes over all its rows, so the group's activations
+// stay in L1 and the chunk's weights in L2, and the weights are read from memory once (for
+// decode, nc ≤ kMaxCols, this is one pass over the rows).
+template <typename BlockW, typename Kernel>
+void gemm_tile(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
+               size_t ldy, int nr, int nc) {
+    const int64_t nb = k / QK_K;
+    const int chunk = w_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / w_stride);
+    for (int r0 = 0; r0 < nr; r0 += chunk) {
+        const int r1 = nr - r0 < chunk ? nr : r0 + chunk;
+        for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
+            const block_q8_K *a[kMaxCols];
+            const int ncols = nc - c0 < kMaxCols ? nc - c0 : kMaxCols;
+            for (int c = 0; c < ncols; ++c)
+                a[c] = reinterpret_cast<const block_q8_K *>(static_cast<const char *>(xq) + (c0 + c) * x_stride);
+            for (int r = r0; r < r1; ++r) {
+                const auto *wr = reinterpret_cast<const BlockW *>(static_cast<const char *>(w) + r * w_stride);
+                float out[kMaxCols];
+                switch (ncols) {
+                    case 1: Kernel::template dot<1>(nb, wr, a, out); break;
+                    case 2: Kernel::template dot<2>(nb, wr, a, out); break;
+                    case 3: Kernel::template dot<3>(nb, wr, a, out); break;
+                    default: Kernel::template dot<4>(nb, wr, a, out); break;
+                }
+                for (int c = 0; c < ncols; ++c) y[(c0 + c) * ldy + r] = out[c];
+            }
+        }
+    }
+}
+
+// The 8 sums of 32 of a Q8_K block (pairs of its 16 bsums), as int16.
+inline __m128i bsums_32(const block_q8_K &a) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i *>(a.bsums));
+    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i *>(a.bsums + 8));
+    return _mm_hadd_epi16(lo, hi);
+}
+
+inline __m256i load256(const void *p) { return _mm256_loadu_si256(static_cast<const __m256i *>(p)); }
+
+// 32 int8 (Signed) or uint8 values → 4 × 8 floats, in order.
+template <bool Signed>
+inline void cvt_x32_ps(__m256i q, __m256 v[4]) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; ++i)
+        v[i] = _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]));
+}
+
+// out[0..31] = dl · q (− ml when Sub), each operation rounded separately as gguf-py computes it
+// (no FMA contraction: the kernels/ ISA files are compiled in ISO C++ mode, -ffp-contract=off).
+template <bool Signed, bool Sub>
+inline void dequant_x32(__m256i q, float dl, float ml, float *out) {
+    __m256 v[4];
+    cvt_x32_ps<Signed>(q, v);
+    const __m256 vd = _mm256_set1_ps(dl), vm = _mm256_set1_ps(ml);
+    for (int i = 0; i < 4; ++i) {
+        __m256 r = _mm256_mul_ps(vd, v[i]);
+        if constexpr (Sub) r = _mm256_sub_ps(r, vm);
+        _mm256_storeu_ps(out + 8 * i, r);
+    }
+}
+
+#include "kernels/avx2/q8_k_impl.h"
+
+}  // namespace ktd::KTD_SIMD_NS
