@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 
 class ChatTemplateError(ValueError):
@@ -35,9 +35,18 @@ def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=F
                       sort_keys=sort_keys)
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja's sandbox returns an Undefined for an unsafe attribute, which prints as an empty
+    string; a template probing internals is hostile or broken, so it fails at once instead."""
+
+    def unsafe_undefined(self, obj, attribute):
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} "
+                            "object is unsafe")
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -62,7 +71,7 @@ def render_chat_template(source: str, messages: list[dict], *, add_generation_pr
                                bos_token=bos_token, eos_token=eos_token, **extra)
     except ChatTemplateError:
         raise
-    except jinja2.exceptions.SecurityError as e:
+    except SecurityError as e:
         raise ChatTemplateError(f"chat template rejected by the sandbox: {e}") from e
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template error: {e}") from e

@@ -21,7 +21,7 @@ import numpy as np
 
 from ktd.chat import ChatTemplateError, builtin_template, render_chat_template
 from ktd.tokenizer.metadata import GGUFMetadataError, _read_tokenizer_metadata
-from ktd.tokenizer.models import BYTE_DECODER, BytePairEncoder, SentencePieceEncoder
+from ktd.tokenizer.models import BYTE_DECODER, BytePairEncoder, SentencePieceEncoder, TokenizerError
 from ktd.tokenizer.pretokenize import PRE_TYPES
 
 __all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "ChatTemplateError"]
@@ -68,10 +68,6 @@ _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endofte
 
 _SPM_SPACE = "\u2581"  # SentencePiece's escaped space
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class TokenizerError(ValueError):
-    """The GGUF tokenizer metadata is missing, malformed or of an unsupported kind."""
 
 
 class StreamDecoder:
@@ -169,7 +165,9 @@ class Tokenizer:
             if scores is None or len(scores) < n:
                 raise TokenizerError(f"{source}: llama (SentencePiece) tokenizer needs "
                                      f"tokenizer.ggml.scores for every token")
-            self._spm = SentencePieceEncoder(token_to_id, scores[:n].tolist(), n)
+            unk = meta.get("tokenizer.ggml.unknown_token_id", 0)
+            self._spm = SentencePieceEncoder(token_to_id, scores[:n].tolist(),
+                                             unk if isinstance(unk, int) and 0 <= unk < n else None)
             self._bpe = None
             add_bos = True
             self.add_space_prefix = True

@@ -28,6 +28,11 @@ BYTE_DECODER = {c: b for b, c in BYTE_ENCODER.items()}
 _BYTE_TABLE = [BYTE_ENCODER[b] for b in range(256)]
 
 
+class TokenizerError(ValueError):
+    """The GGUF tokenizer metadata is missing, malformed or of an unsupported kind, or the
+    vocabulary cannot represent the text."""
+
+
 class BytePairEncoder:
     """Byte-level BPE over pre-tokenized words (``tokenizer.ggml.model == "gpt2"``)."""
 
@@ -140,10 +145,10 @@ def _merge(symbols: list[str], pair_key: Callable[[str, str], float | int | None
 class SentencePieceEncoder:
     """SentencePiece BPE by token score with ``<0xXX>`` byte fallback (``tokenizer.ggml.model == "llama"``)."""
 
-    def __init__(self, token_to_id: dict[str, int], scores, n_vocab: int):
+    def __init__(self, token_to_id: dict[str, int], scores: list[float], unk_id: int | None):
         self.token_to_id = token_to_id
+        self.unk_id = unk_id
         self.scores = scores
-        self.n_vocab = n_vocab
         byte_ids: list[int | None] = []
         for b in range(256):
             t = token_to_id.get(f"<0x{b:02X}>")
@@ -171,8 +176,11 @@ class SentencePieceEncoder:
             if t is not None:
                 out.append(t)
                 continue
-            for b in s.encode("utf-8", errors="surrogatepass"):
-                bt = byte_ids[b]
-                if bt is None:
-                    raise ValueError(f"vocabulary has no byte token for 0x{b:02X}")
-                out.append(bt)
+            fallback = [byte_ids[b] for b in s.encode("utf-8", errors="surrogatepass")]
+            if None not in fallback:
+                out.extend(fallback)
+            elif self.unk_id is not None:
+                out.append(self.unk_id)  # a vocabulary without byte tokens: one <unk> per character
+            else:
+                raise TokenizerError(f"cannot encode {s!r}: the vocabulary has neither byte "
+                                     "tokens for it nor an unknown token")
