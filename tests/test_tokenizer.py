@@ -148,9 +148,10 @@ def test_decode_round_trip_matches_llama_cpp(tok, llm, special):
         ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         want = _llama_detokenize(llama_cpp, vocab, ids, special).decode("utf-8", errors="replace")
         assert tok.decode(ids, special=special) == want, f"text={text[:80]!r}"
-        # Without special tokens in the text, decoding gives the text back exactly.
-        plain = tok.encode(text, add_special=False)
-        assert tok.decode(plain) == text
+        # Decoding gives the text back exactly (SentencePiece cannot tell a literal U+2581 from
+        # an escaped space).
+        if tok.model == "gpt2" or "\u2581" not in text:
+            assert tok.decode(tok.encode(text, add_special=False)) == text
 
 
 def test_invalid_utf8_input(tok, llm):

@@ -224,7 +224,8 @@ class Tokenizer:
         av = np.asarray(attrs, dtype=np.int64)
         special = np.flatnonzero(av & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)).tolist()
         self._special_all = _SpecialMatcher({texts[i]: i for i in special})
-        always = np.flatnonzero((av & ATTR_USER_DEFINED) & ~((av & (ATTR_CONTROL | ATTR_UNKNOWN)) != 0)).tolist()
+        always = np.flatnonzero(((av & ATTR_USER_DEFINED) != 0)
+                                & ((av & (ATTR_CONTROL | ATTR_UNKNOWN)) == 0)).tolist()
         self._special_user = _SpecialMatcher({texts[i]: i for i in always})
 
         # Byte value of each <0xXX> BYTE token.
