@@ -294,3 +294,73 @@ def test_encode_rejects_bytes_and_bad_ids(tok):
         tok.token_bytes(tok.n_vocab)
     with pytest.raises(IndexError):
         tok.decode([-1])
+
+
+# Text mixing the character classes the pre-tokenizers distinguish, plus special-token texts.
+_FUZZ_PIECES = st.sampled_from([
+    " ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000", "'s", "'LL", "'", "a", "Zz", "\u00e9",
+    "e\u0301", "\u4f60", "\uac00", "\u0627", "1", "42", "12345", "\u0663", "\u00bd", ".", "!?", "...",
+    "==", "->", "{", "}", "_", "#", "\U0001F600", "\u200d", "\ufe0f", "\x00", "\x7f", "\u2581",
+    "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<bos>", "<|endoftext|>",
+    "<", "|>", "\ufffd",
+])
+_FUZZ_TEXT = st.one_of(
+    st.lists(_FUZZ_PIECES, max_size=30).map("".join),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cn", "Co"]), max_size=40),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_FUZZ_TEXT, parse_special=st.booleans())
+def test_encode_random_text_matches_llama_cpp(tok, llm, text, parse_special):
+    want = llm.tokenize(text.encode("utf-8"), add_bos=True, special=parse_special)
+    assert tok.encode(text, parse_special=parse_special) == want
+
+
+# ---- other pre-tokenizers: Qwen's vocabulary re-labelled, llama.cpp as the oracle -------------
+
+
+@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2"])
+def relabelled(request, real_model, tmp_path_factory):
+    """A vocabulary-only GGUF with Qwen2.5's tokens and merges but another pre-tokenizer type,
+    so the gpt-2 and llama3 word splitters are checked against llama.cpp too."""
+    import gguf
+
+    llama_cpp = _oracle()
+    meta = _read_tokenizer_metadata(real_model("qwen2.5-coder-0.5b"))
+    path = tmp_path_factory.mktemp("vocab") / f"{request.param}.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    # The hyperparameters llama.cpp requires even for vocab_only (values are irrelevant).
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(8)
+    w.add_head_count(1)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(request.param)
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"].tolist())
+    w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    return Tokenizer.from_gguf(path), llm
+
+
+def test_other_pre_tokenizers_match_llama_cpp(relabelled):
+    tok, llm = relabelled
+    for text in CORPUS + [LONG_TEXT]:
+        for parse_special in (False, True):
+            want = llm.tokenize(text.encode("utf-8"), add_bos=True, special=parse_special)
+            assert tok.encode(text, parse_special=parse_special) == want, f"text={text[:80]!r}"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_FUZZ_TEXT)
+def test_other_pre_tokenizers_random_text(relabelled, text):
+    tok, llm = relabelled
+    assert tok.encode(text) == llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
