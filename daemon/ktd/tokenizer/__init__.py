@@ -118,11 +118,14 @@ class Tokenizer:
         if types is not None and len(types) < n:
             raise TokenizerError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries "
                                  f"for {n} tokens")
-        if not all(isinstance(b, bytes) for b in raw_tokens):
-            raise TokenizerError(f"{source}: tokenizer.ggml.tokens must be a string array")
-        texts = [b.decode("utf-8", errors="surrogateescape") for b in raw_tokens]
-        for i in (i for i, b in enumerate(raw_tokens) if not b):
-            texts[i] = f"[EMPTY_{i}]"
+        try:
+            texts = [b.decode("utf-8", errors="surrogateescape") for b in raw_tokens]
+        except AttributeError as e:
+            raise TokenizerError(f"{source}: tokenizer.ggml.tokens must be a string array") from e
+        if b"" in raw_tokens:
+            for i, b in enumerate(raw_tokens):
+                if not b:
+                    texts[i] = f"[EMPTY_{i}]"
         self._texts = texts
         # A duplicate text maps to its last id, as in llama.cpp.
         token_to_id = dict(zip(texts, range(n)))

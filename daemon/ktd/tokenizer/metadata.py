@@ -7,6 +7,7 @@ format; it is meant to be switched to the native reader (``ktd.gguf``) once that
 
 from __future__ import annotations
 
+import mmap
 import struct
 from pathlib import Path
 
@@ -111,8 +112,6 @@ def _read_tokenizer_metadata(path: str | Path) -> dict:
     """
     path = Path(path)
     with open(path, "rb") as f:
-        import mmap
-
         try:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError as e:  # empty file

@@ -41,15 +41,23 @@ class BytePairEncoder:
         self.token_to_id = token_to_id
         self.ignore_merges = ignore_merges
         self.split = split
-        # merge "a b" -> rank; llama.cpp splits at the first space after position 0.
-        ranks: dict[tuple[str, str], int] = {}
-        for i, m in enumerate(merges):
-            s = m.decode("utf-8", errors="surrogateescape")
+        # merge "a b" -> rank; llama.cpp splits at the first space after position 0 and keeps
+        # the first rank of a repeated pair.
+        try:
+            joined = b"\n".join(merges)
+        except TypeError as e:
+            raise TokenizerError("tokenizer.ggml.merges must be a string array") from e
+        if not merges:
+            lines = []
+        elif joined.count(b"\n") == len(merges) - 1:
+            lines = joined.decode("utf-8", errors="surrogateescape").split("\n")
+        else:  # a merge containing a newline byte
+            lines = [m.decode("utf-8", errors="surrogateescape") for m in merges]
+        pairs = []
+        for s in lines:
             sp = s.find(" ", 1)
-            if sp < 0:
-                ranks.setdefault(("", ""), i)
-                continue
-            ranks.setdefault((s[:sp], s[sp + 1:]), i)
+            pairs.append((s[:sp], s[sp + 1:]) if sp >= 0 else ("", ""))
+        ranks = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))
         self.ranks = ranks
         self._cache: dict[str, tuple[int, ...]] = {}
 

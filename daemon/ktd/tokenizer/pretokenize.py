@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
+from functools import lru_cache
 
 # Codepoint class bits. PRESENT marks "inside the fragment": llama.cpp returns empty flags (0) past
 # the end of the fragment and a non-zero value for every real codepoint (UNDEFINED included).
@@ -27,26 +28,17 @@ _WHITESPACE = frozenset(
     "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
 
-_flags_cache: dict[str, int] = {}
-
-
+@lru_cache(maxsize=1 << 16)  # bounded: hostile text may use every codepoint
 def cpt_flags(c: str) -> int:
-    f = _flags_cache.get(c)
-    if f is None:
-        cat = unicodedata.category(c)
-        f = PRESENT
-        if cat[0] == "L":
-            f |= LETTER
-        elif cat[0] == "N":
-            f |= NUMBER
-        if c in _WHITESPACE:
-            f |= WHITESPACE
-        _flags_cache[c] = f
+    cat = unicodedata.category(c)
+    f = PRESENT
+    if cat[0] == "L":
+        f |= LETTER
+    elif cat[0] == "N":
+        f |= NUMBER
+    if c in _WHITESPACE:
+        f |= WHITESPACE
     return f
-
-
-for _c in map(chr, range(128)):
-    cpt_flags(_c)
 
 
 def _contraction_len(text: str, pos: int, n: int, fold_case: bool) -> int:
