@@ -93,6 +93,14 @@ class StreamDecoder:
 
 
 class Tokenizer:
+    """A model's tokenizer: text <-> token ids exactly as llama.cpp tokenizes the same GGUF.
+
+    Build it with ``Tokenizer.from_gguf(path)`` (or from a metadata dict as returned by
+    ``_read_tokenizer_metadata``). ``eos_ids`` is llama.cpp's end-of-generation set: the
+    eos/eot/eom ids of the metadata plus the turn/end tokens it recognises by text
+    (``<|im_end|>``, ``<end_of_turn>``, ``<|endoftext|>``, FIM pad/repo/file-separator, ...).
+    """
+
     n_vocab: int
     bos_id: int | None
     eos_ids: frozenset[int]
@@ -141,12 +149,12 @@ class Tokenizer:
         self._attrs = attrs
 
         def meta_id(key: str, default: int | None) -> int | None:
+            """A token id from the metadata; a missing or out-of-range one falls back to the
+            vocabulary type's default, like llama.cpp (which warns)."""
             v = meta.get(key)
-            if v is None:
-                return default if default is not None and 0 <= default < n else None
-            if not isinstance(v, int) or not 0 <= v < n:
-                return default if default is not None and 0 <= default < n else None
-            return v
+            if isinstance(v, int) and 0 <= v < n:
+                return v
+            return default if default is not None and 0 <= default < n else None
 
         # Vocabulary-type defaults (llama_vocab::impl::load), then metadata overrides.
         if model == "gpt2":
@@ -168,9 +176,8 @@ class Tokenizer:
             if scores is None or len(scores) < n:
                 raise TokenizerError(f"{source}: llama (SentencePiece) tokenizer needs "
                                      f"tokenizer.ggml.scores for every token")
-            unk = meta.get("tokenizer.ggml.unknown_token_id", 0)
             self._spm = SentencePieceEncoder(token_to_id, scores[:n].tolist(),
-                                             unk if isinstance(unk, int) and 0 <= unk < n else None)
+                                             meta_id("tokenizer.ggml.unknown_token_id", 0))
             self._bpe = None
             add_bos = True
             self.add_space_prefix = True
