@@ -61,29 +61,32 @@ def test_gemma3_turns(gemma):
     assert len(eot) == 1 and eot[0] in gemma.eos_ids
 
 
-def test_chatml_matches_llama_cpp_builtin():
-    """llama.cpp's own (C++) chatml formatter, an independent implementation, agrees with ktd
-    rendering a ChatML Jinja template."""
+def _llama_cpp_builtin_chat(name: str, messages: list[dict]) -> str:
+    """llama.cpp's own C++ chat formatter (llama_chat_apply_template with a built-in name)."""
     try:
         import llama_cpp
     except ImportError as e:
         pytest.skip(f"llama-cpp-python (the llama.cpp oracle) is not installed: {e}")
     import ctypes
 
-    msgs = (llama_cpp.llama_chat_message * len(CONVERSATION))()
-    keep = []
-    for i, m in enumerate(CONVERSATION):
+    msgs = (llama_cpp.llama_chat_message * len(messages))()
+    keep = []  # the C structs point into these bytes objects
+    for i, m in enumerate(messages):
         role, content = m["role"].encode(), m["content"].encode()
         keep += [role, content]
         msgs[i].role, msgs[i].content = role, content
-    buf = ctypes.create_string_buffer(4096)
-    n = llama_cpp.llama_chat_apply_template(b"chatml", msgs, len(CONVERSATION), True, buf, len(buf))
-    assert n > 0
-    chatml = (
-        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
-        " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-    )
-    assert render_chat_template(chatml, CONVERSATION) == buf.raw[:n].decode()
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = llama_cpp.llama_chat_apply_template(name.encode(), msgs, len(messages), True, buf, len(buf))
+    assert 0 < n <= len(buf)
+    return buf.raw[:n].decode()
+
+
+@pytest.mark.realmodel
+def test_templates_match_llama_cpp_builtin_formats(qwen, gemma):
+    """An independent implementation of the same formats: llama.cpp's hard-coded chatml and
+    gemma formatters (which leave the BOS token to the tokenizer)."""
+    assert qwen.render_chat(CONVERSATION) == _llama_cpp_builtin_chat("chatml", CONVERSATION)
+    assert gemma.render_chat(CONVERSATION) == "<bos>" + _llama_cpp_builtin_chat("gemma", CONVERSATION)
 
 
 @pytest.mark.parametrize("template", [
