@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run fetch-models bench-kernels clean distclean wheel
+.PHONY: build native venv test test-fast run fetch-models bench-kernels clean distclean wheel oracle
 
 build: native
 
@@ -37,7 +37,12 @@ $(BUILD_DIR)/.stamp: $(VENV)/.stamp $(NATIVE_SRCS)
 	$(VENV)/bin/cmake --build $(BUILD_DIR) --parallel
 	touch $@
 
-test: build
+# llama.cpp (llama-cpp-python) as the reference for the fidelity tests; the wheel is built once
+# into $${KTD_CACHE:-~/.cache/ktd}/wheels (several minutes), later runs only install it.
+oracle: venv
+	tools/oracle.sh $(PY)
+
+test: build oracle
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Tests without the slow/real-model ones (quick inner loop).
