@@ -317,17 +317,18 @@ def test_encode_random_text_matches_llama_cpp(tok, llm, text, parse_special):
     assert tok.encode(text, parse_special=parse_special) == want
 
 
-# ---- other pre-tokenizers: Qwen's vocabulary re-labelled, llama.cpp as the oracle -------------
+# ---- other pre-tokenizers and SPM options: real vocabularies re-labelled, llama.cpp as the oracle
 
 
-@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2"])
+@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2", "spm-space-prefix"])
 def relabelled(request, real_model, tmp_path_factory):
-    """A vocabulary-only GGUF with Qwen2.5's tokens and merges but another pre-tokenizer type,
-    so the gpt-2 and llama3 word splitters are checked against llama.cpp too."""
+    """Vocabulary-only GGUFs that re-label a real vocabulary: Qwen2.5's tokens and merges with
+    another pre-tokenizer type (the gpt-2 and llama3 word splitters), and Gemma 3's SentencePiece
+    vocabulary with add_space_prefix on (the space prefix at the start and after special tokens),
+    so these paths are checked against llama.cpp too."""
     import gguf
 
     llama_cpp = _oracle()
-    meta = _read_tokenizer_metadata(real_model("qwen2.5-coder-0.5b"))
     path = tmp_path_factory.mktemp("vocab") / f"{request.param}.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     # The hyperparameters llama.cpp requires even for vocab_only (values are irrelevant).
@@ -336,11 +337,18 @@ def relabelled(request, real_model, tmp_path_factory):
     w.add_block_count(1)
     w.add_feed_forward_length(8)
     w.add_head_count(1)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(request.param)
+    if request.param == "spm-space-prefix":
+        meta = _read_tokenizer_metadata(real_model("gemma-3-270m"))
+        w.add_tokenizer_model("llama")
+        w.add_token_scores(meta["tokenizer.ggml.scores"].tolist())
+        w.add_add_space_prefix(True)
+    else:
+        meta = _read_tokenizer_metadata(real_model("qwen2.5-coder-0.5b"))
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(request.param)
+        w.add_token_merges(meta["tokenizer.ggml.merges"])
     w.add_token_list(meta["tokenizer.ggml.tokens"])
     w.add_token_types(meta["tokenizer.ggml.token_type"].tolist())
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
     w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
     w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
     w.write_header_to_file()
@@ -348,7 +356,12 @@ def relabelled(request, real_model, tmp_path_factory):
     w.write_tensors_to_file()
     w.close()
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    return Tokenizer.from_gguf(path), llm
+    tok = Tokenizer.from_gguf(path)
+    if request.param == "spm-space-prefix":
+        assert tok.model == "llama" and tok.add_space_prefix
+    else:
+        assert tok.model == "gpt2" and tok.pre == request.param
+    return tok, llm
 
 
 def test_other_pre_tokenizers_match_llama_cpp(relabelled):
