@@ -281,8 +281,9 @@ def make_model(arch: str, path: str | os.PathLike, *, wtype: str = "F32", seed: 
     embd_qtype = GGMLQuantizationType.F32 if ternary else None
     tied = arch in ("gemma3", "bitnet") or variant == "tied"
 
-    # Gemma multiplies embeddings by sqrt(n_embd); its (tied) head reuses them, so keep them small.
-    embd_std = 1.0 / np.sqrt(hp.n_embd) if arch == "gemma3" else 1.0
+    # A tied head reuses the embeddings: std 1/sqrt(n_embd) keeps logits O(1) (and Gemma's
+    # sqrt(n_embd) input scaling brings its inputs back to O(1)).
+    embd_std = 1.0 / np.sqrt(hp.n_embd) if tied else 1.0
     out.matmul("token_embd.weight", rnd.embedding("token_embd.weight", hp.n_vocab, hp.n_embd, embd_std), embd_qtype)
     out.f32("output_norm.weight", rnd.norm("output_norm.weight", hp.n_embd))
     if not tied:
