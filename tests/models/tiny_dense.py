@@ -256,7 +256,8 @@ def make_model(arch: str, path: str | os.PathLike, *, wtype: str = "F32", seed: 
     if hp.head_dim is not None:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    if arch == "llama":  # convert_hf_to_gguf writes it for llama only; others default to head_dim
+        w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(hp.rms_eps)
     w.add_rope_freq_base(hp.rope_freq_base)
     w.add_vocab_size(hp.n_vocab)
