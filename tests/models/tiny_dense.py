@@ -188,7 +188,10 @@ def _known_tensor_names(arch: str, n_layer: int) -> set[str]:
     names = set()
     for t in MODEL_TENSORS[arch_id]:
         fmt = TENSOR_NAMES[t]
-        names.update(fmt.format(bid=il) for il in range(n_layer)) if "{bid}" in fmt else names.add(fmt)
+        if "{bid}" in fmt:
+            names.update(fmt.format(bid=il) for il in range(n_layer))
+        else:
+            names.add(fmt)
     return names
 
 

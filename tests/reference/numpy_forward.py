@@ -111,8 +111,9 @@ def load_hparams(reader: GGUFReader) -> HParams:
     ffn_act = {"gemma3": "gelu"}.get(arch, "silu")
     if arch == "bitnet":
         # BitNet b1.58 2B4T uses squared ReLU; older bitnet GGUFs (no key) SwiGLU.
-        act = str(k("hidden_activation", "silu"))
-        ffn_act = {"relu2": "relu2", "silu": "silu"}.get(act) or _unsupported(f"bitnet activation {act}")
+        ffn_act = str(k("hidden_activation", "silu"))
+        if ffn_act not in ("silu", "relu2"):
+            raise ValueError(f"bitnet activation {ffn_act!r} not implemented in the numpy reference")
 
     tok_embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     return HParams(
@@ -141,10 +142,6 @@ def load_hparams(reader: GGUFReader) -> HParams:
         ffn_act=ffn_act,
         embd_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
     )
-
-
-def _unsupported(what: str):
-    raise ValueError(f"{what} not implemented in the numpy reference")
 
 
 def load_weights(reader: GGUFReader) -> dict[str, np.ndarray]:
