@@ -7,6 +7,8 @@ forward on the same file. Tests that need llama.cpp skip with the reason when it
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from gguf import GGUFReader
@@ -223,3 +225,28 @@ def test_llama_cpp_agrees_f32(tiny, arch, variant):
 )
 def test_llama_cpp_agrees_quantized(tiny, arch, wtype):
     _compare(tiny(arch, wtype), wtype, arch)
+
+
+# Negative controls: the comparison must be sharp enough to see each architectural detail. Each
+# case breaks one fact in the reference's hyperparameters; llama.cpp must then disagree.
+CONTROLS = [
+    ("llama", None, {"rope_type": "neox"}),
+    ("qwen2", None, {"rope_type": "norm"}),
+    ("gemma3", None, {"n_swa": 0}),
+    ("gemma3", None, {"rope_freq_base_swa": 1e6}),
+    ("gemma3", "rope_linear", {"rope_scaling": "none", "rope_scaling_factor": 1.0}),
+    ("llama", "rope_yarn", {"rope_scaling": "linear"}),
+    ("bitnet", None, {"ffn_act": "relu2"}),
+]
+
+
+@pytest.mark.parametrize("arch,variant,broken", CONTROLS, ids=lambda x: _id(x) if not isinstance(x, dict) else str(x))
+def test_llama_cpp_comparison_detects_a_wrong_fact(tiny, arch, variant, broken):
+    path = tiny(arch, variant=variant)
+    m = Model(path)
+    toks = _tokens(m.hp.n_vocab)
+    got = _llama_cpp_logits(path, toks)
+    m.hp = dataclasses.replace(m.hp, **broken)
+    wrong = m.forward(toks)
+    rel = np.abs(got - wrong).max() / max(1.0, np.abs(wrong).max())
+    assert rel > 5 * TOL_GELU_TABLE, f"{broken} changes the logits by only {rel:.3g}"
