@@ -18,12 +18,18 @@ from reference.numpy_forward import Model, forward
 
 N_TOKENS = 24  # > gemma3's tiny sliding window (8), so the window masks something
 
-# max |logits_llama.cpp - logits_numpy| / max(1, max |logits_numpy|) per weight type. llama.cpp
-# computes in F32 (measured F32 error ~1e-6 relative, except gemma3 whose CPU GELU reads a
-# 16-bit lookup table, measured ~1e-3); for quantized weights it also quantizes the activations
-# (Q8_0 for Q*_0, Q8_K for TQ*_0, F16 for F16 weights), which the numpy forward does not do.
-TOL = {"F32": 2e-4, "F16": 1e-2, "Q8_0": 3e-2, "Q5_0": 3e-2, "Q4_0": 3e-2, "TQ2_0": 3e-2, "TQ1_0": 3e-2}
-TOL_GELU_TABLE = 5e-3  # F32 gemma3: ggml's GELU through a float16 table
+# Bounds on max |logits_llama.cpp - logits_numpy| / max(1, max |logits_numpy|), by weight type.
+# Measured with the pinned llama.cpp on these files (24 tokens): F32 2-4e-7 (llama.cpp computes in
+# F32); gemma3 F32 5e-4, because ggml's CPU GELU reads a float16 lookup table; F16 weights 4-6e-4
+# (1.2e-3 gemma3), as llama.cpp rounds the activations to F16 for the dot products; Q8_0/Q5_0/Q4_0
+# 1.1-2.9e-2 and TQ2_0/TQ1_0 2.0e-2, whatever the weight type, because llama.cpp quantizes the
+# activations to Q8_0 (Q8_K for TQ) while the numpy forward keeps them exact.
+TOL = {"F32": 1e-5, "F16": 3e-3, "Q8_0": 6e-2, "Q5_0": 6e-2, "Q4_0": 6e-2, "TQ2_0": 5e-2, "TQ1_0": 5e-2}
+TOL_GELU_TABLE = 2e-3  # F32 gemma3
+# Quantized files: the activation rounding flips near-tie argmaxes; measured agreement >= 0.92.
+MIN_TOP1_AGREEMENT_QUANTIZED = 0.85
+# A broken fact in the reference must move the logits by at least this (15x the loosest F32 bound).
+CONTROL_MIN = 0.03
 
 
 def _tokens(n_vocab: int, seed: int = 1) -> list[int]:
@@ -196,11 +202,15 @@ def _compare(path, wtype: str, arch: str):
     rel = np.abs(got - ref).max() / scale
     tol = TOL_GELU_TABLE if (arch == "gemma3" and wtype == "F32") else TOL[wtype]
     assert rel < tol, f"max-abs difference {rel:.3g} of the logit scale exceeds {tol}"
-    # top-1 must agree wherever the reference's top-2 margin exceeds twice the error bound
-    top2 = np.sort(ref, axis=-1)[:, -2:]
-    decided = (top2[:, 1] - top2[:, 0]) > 2 * tol * scale
-    assert decided.sum() >= len(toks) // 2, "too many near-ties for a meaningful top-1 check"
-    np.testing.assert_array_equal(got.argmax(-1)[decided], ref.argmax(-1)[decided])
+    if wtype in ("F32", "F16"):
+        # top-1 must agree wherever the reference's top-2 margin exceeds twice the error bound
+        top2 = np.sort(ref, axis=-1)[:, -2:]
+        decided = (top2[:, 1] - top2[:, 0]) > 2 * tol * scale
+        assert decided.sum() >= len(toks) // 2, "too many near-ties for a meaningful top-1 check"
+        np.testing.assert_array_equal(got.argmax(-1)[decided], ref.argmax(-1)[decided])
+    else:
+        agree = (got.argmax(-1) == ref.argmax(-1)).mean()
+        assert agree >= MIN_TOP1_AGREEMENT_QUANTIZED, f"top-1 agreement {agree:.2f}"
     return rel
 
 
@@ -249,4 +259,4 @@ def test_llama_cpp_comparison_detects_a_wrong_fact(tiny, arch, variant, broken):
     m.hp = dataclasses.replace(m.hp, **broken)
     wrong = m.forward(toks)
     rel = np.abs(got - wrong).max() / max(1.0, np.abs(wrong).max())
-    assert rel > 5 * TOL_GELU_TABLE, f"{broken} changes the logits by only {rel:.3g}"
+    assert rel > CONTROL_MIN, f"{broken} changes the logits by only {rel:.3g}"
