@@ -104,7 +104,7 @@ def test_generator_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="unknown arch"):
         make_model("gpt5", tmp_path / "x.gguf")
     with pytest.raises(ValueError, match="unknown variant"):
-        make_model("qwen3", tmp_path / "x.gguf", variant="tied")
+        make_model("qwen3", tmp_path / "x.gguf", variant="softcap")
     with pytest.raises(ValueError, match="not available"):
         make_model("llama", tmp_path / "x.gguf", wtype="TQ2_0")  # rows of 64 are not TQ blocks
 
@@ -164,6 +164,7 @@ def test_reference_gemma3_hparams(tiny):
     assert hp.n_swa == 8 and hp.rope_freq_base_swa == 10000.0 and hp.rope_freq_base == 1e6
     assert hp.embd_scale == pytest.approx(8.0) and hp.ffn_act == "gelu" and hp.final_logit_softcap == 0.0
     assert Model(tiny("gemma3", variant="softcap")).hp.final_logit_softcap == 30.0
+    assert Model(tiny("gemma3", variant="swa_layers")).hp.swa_layers == (True, True, False) * 2
 
 
 def test_reference_rejects_bad_tokens(tiny):
@@ -245,6 +246,7 @@ CONTROLS = [
     ("gemma3", None, {"n_swa": 0}),
     ("gemma3", None, {"rope_freq_base_swa": 1e6}),
     ("gemma3", "rope_linear", {"rope_scaling": "none", "rope_scaling_factor": 1.0}),
+    ("gemma3", "swa_layers", {"swa_layers": (True,) * 5 + (False,)}),
     ("llama", "rope_yarn", {"rope_scaling": "linear"}),
     ("bitnet", None, {"ffn_act": "relu2"}),
 ]

@@ -34,6 +34,8 @@ ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "bitnet"]
 #   rope_freqs:  Llama-3.1-style per-dimension frequency factors in a `rope_freqs.weight` tensor
 #   tied:        no output.weight; the head is token_embd
 #   softcap:     gemma3 with final_logit_softcapping = 30 in metadata
+#   swa_layers:  gemma3 with an explicit per-layer sliding_window_pattern array (every 3rd layer
+#                global) instead of llama.cpp's default of every 6th
 #   relu2:       bitnet with `bitnet.hidden_activation = "relu2"` (BitNet b1.58 2B4T); the default
 #                bitnet is SwiGLU, which is what llama.cpp's bitnet graph uses when the key is absent
 #   folded:      bitnet without per-tensor `.scale` tensors, the scale folded into the weights
@@ -41,8 +43,8 @@ ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "bitnet"]
 VARIANTS: dict[str, list[str | None]] = {
     "llama": [None, "mistral", "rope_linear", "rope_yarn", "rope_freqs"],
     "qwen2": [None, "tied"],
-    "qwen3": [None],
-    "gemma3": [None, "softcap", "rope_linear"],
+    "qwen3": [None, "tied"],
+    "gemma3": [None, "softcap", "rope_linear", "swa_layers"],
     "bitnet": [None, "relu2", "folded"],
 }
 
@@ -275,6 +277,8 @@ def make_model(arch: str, path: str | os.PathLike, *, wtype: str = "F32", seed: 
         w.add_sliding_window(GEMMA3_SLIDING_WINDOW)
         if variant == "softcap":
             w.add_final_logit_softcapping(GEMMA3_SOFTCAP)
+        if variant == "swa_layers":
+            w.add_sliding_window_pattern([il % 3 < 2 for il in range(hp.n_layer)])
     if arch == "bitnet" and variant == "relu2":
         w.add_string(f"{arch}.hidden_activation", "relu2")
     _tokenizer(w, hp.n_vocab)
