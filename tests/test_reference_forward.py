@@ -14,7 +14,7 @@ import pytest
 from gguf import GGUFReader
 
 from models.tiny_dense import ARCHS, VARIANTS, make_model, model_filename, shape_for, wtypes_for
-from reference.numpy_forward import Model, forward
+from reference.numpy_forward import Model, forward, hparams
 
 N_TOKENS = 24  # > gemma3's tiny sliding window (8), so the window masks something
 
@@ -159,12 +159,20 @@ def test_reference_is_causal(tiny, arch, variant):
 
 
 def test_reference_gemma3_hparams(tiny):
-    hp = Model(tiny("gemma3")).hp
+    hp = hparams(tiny("gemma3"))
     assert hp.swa_layers == (True, True, True, True, True, False)
     assert hp.n_swa == 8 and hp.rope_freq_base_swa == 10000.0 and hp.rope_freq_base == 1e6
     assert hp.embd_scale == pytest.approx(8.0) and hp.ffn_act == "gelu" and hp.final_logit_softcap == 0.0
     assert Model(tiny("gemma3", variant="softcap")).hp.final_logit_softcap == 30.0
     assert Model(tiny("gemma3", variant="swa_layers")).hp.swa_layers == (True, True, False) * 2
+
+
+def test_reference_hidden_states(tiny):
+    m = Model(tiny("qwen2"))
+    toks = _tokens(m.hp.n_vocab)
+    states = m.hidden_states(toks)
+    assert len(states) == m.hp.n_layer + 1 and states[0].shape == (len(toks), m.hp.n_embd)
+    np.testing.assert_array_equal(states[0], m.w["token_embd.weight"][toks])
 
 
 def test_reference_rejects_bad_tokens(tiny):

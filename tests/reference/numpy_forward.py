@@ -162,8 +162,11 @@ class Model:
         self.hp = load_hparams(reader)
         self.w = load_weights(reader)
 
-    def forward(self, tokens: list[int]) -> np.ndarray:
-        """Logits [n_tokens, n_vocab] for every position of `tokens` (teacher-forced, from pos 0)."""
+    def hidden_states(self, tokens: list[int]) -> list[np.ndarray]:
+        """The residual stream [n_tokens, n_embd] after the (scaled) embedding and after each layer.
+
+        n_layer + 1 arrays; for locating the first layer where another forward diverges.
+        """
         hp, w = self.hp, self.w
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or len(tokens) == 0:
@@ -172,10 +175,15 @@ class Model:
             raise ValueError(f"token id out of range [0, {hp.n_vocab})")
         pos = np.arange(len(tokens))
 
-        x = w["token_embd.weight"][tokens] * hp.embd_scale  # [n_tokens, n_embd]
+        states = [w["token_embd.weight"][tokens] * hp.embd_scale]
         for il in range(hp.n_layer):
-            x = self._layer(il, x, pos)
-        x = rms_norm(x, w["output_norm.weight"], hp.rms_eps)
+            states.append(self._layer(il, states[-1], pos))
+        return states
+
+    def forward(self, tokens: list[int]) -> np.ndarray:
+        """Logits [n_tokens, n_vocab] for every position of `tokens` (teacher-forced, from pos 0)."""
+        hp, w = self.hp, self.w
+        x = rms_norm(self.hidden_states(tokens)[-1], w["output_norm.weight"], hp.rms_eps)
         head = w.get("output.weight", w["token_embd.weight"])  # tied head when no output.weight
         logits = x @ head.T  # [n_tokens, n_vocab]
         if "output.bias" in w:
@@ -332,6 +340,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, n_sw
     p /= p.sum(axis=-1, keepdims=True)
     out = np.einsum("hqk,khd->qhd", p, v)  # [n_tokens, n_head, d_v]
     return out.reshape(n_tokens, -1)
+
+
+def hparams(path: str | Path) -> HParams:
+    """Hyperparameters of the GGUF model at `path` (metadata only, weights not dequantized)."""
+    return load_hparams(GGUFReader(str(path)))
 
 
 def forward(path: str | Path, tokens: list[int]) -> np.ndarray:
