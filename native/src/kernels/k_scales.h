@@ -23,18 +23,6 @@ static inline void unpack_scale_min_k4(const uint8_t *q, uint8_t *sc, uint8_t *m
     }
 }
 
-// The same as four little-endian u32 words: [0] = sc[0..3], [1] = sc[4..7], [2] = m[0..3],
-// [3] = m[4..7] (one byte each), computed with word-wide masks (the SIMD kernels' form).
-static inline void unpack_scale_min_k4_words(const uint8_t *q, uint32_t out[4]) {
-    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    uint32_t u[3];
-    std::memcpy(u, q, 12);
-    out[0] = u[0] & kmask1;                                        // sc 0..3
-    out[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);      // sc 4..7
-    out[2] = u[1] & kmask1;                                        // m 0..3
-    out[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);  // m 4..7
-}
-
 // Q3_K: 16 6-bit scales (stored + 32) packed in 12 bytes: low 4 bits of scale j in byte j (j < 8)
 // or the high nibble of byte j-8 (j >= 8); high 2 bits in byte 8 + j%4 at bit 2*(j/4).
 // → sc[16] in -32..31.
