@@ -34,18 +34,6 @@ static inline void unpack_scales_q3_K(const uint8_t *q, int8_t *sc) {
     }
 }
 
-// The same as four little-endian u32 words of stored (unsigned, +32) scales: byte j of the 16
-// bytes is scale j + 32 (the SIMD kernels' form).
-static inline void unpack_scales_q3_K_words(const uint8_t *q, uint32_t out[4]) {
-    constexpr uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
-    uint32_t u[3];
-    std::memcpy(u, q, 12);
-    out[0] = (u[0] & kmask2) | ((u[2] & kmask1) << 4);
-    out[1] = (u[1] & kmask2) | (((u[2] >> 2) & kmask1) << 4);
-    out[2] = ((u[0] >> 4) & kmask2) | (((u[2] >> 4) & kmask1) << 4);
-    out[3] = ((u[1] >> 4) & kmask2) | (((u[2] >> 6) & kmask1) << 4);
-}
-
 // IQ4_XS: 8 6-bit scales (stored + 32): low 4 bits in scales_l nibbles, high 2 bits in scales_h.
 static inline int iq4_xs_scale(const uint8_t *scales_l, uint16_t scales_h, int j) {
     const int lo = (scales_l[j / 2] >> (4 * (j % 2))) & 0xF;
