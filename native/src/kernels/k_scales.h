@@ -5,7 +5,6 @@
 // linker into one copy, possibly the AVX-512 one, called from the reference kernels too.
 #pragma once
 #include <cstdint>
-#include <cstring>
 
 namespace ktd {
 
