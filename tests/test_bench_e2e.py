@@ -88,6 +88,14 @@ def test_unavailable_engine_gets_no_number_and_its_reason():
     assert "read bandwidth, 1 thread(s): 20.00 GB/s" in table and "400.0 MB read per token" in table
 
 
+def test_overhead_share():
+    # steps of 1/20, 1/25, 1/10 s -> median 0.05 s; overhead median 0.5 ms -> 1 % of a step
+    got = e2e.overhead_share([0.0004, 0.0005, 0.0009], [20.0, 25.0, 10.0])
+    assert got["seconds_per_token"] == pytest.approx(0.0005)
+    assert got["pct_of_step"] == pytest.approx(1.0)
+    assert e2e.overhead_share([], [20.0]) == {"seconds_per_token": None, "pct_of_step": None}
+
+
 def test_leading_agreement():
     assert e2e.leading_agreement([1, 2, 3], [1, 2, 3]) == 3
     assert e2e.leading_agreement([1, 2, 3, 4], [1, 2, 9, 4]) == 2

@@ -111,6 +111,13 @@ def paired_ratios(samples: list[dict], model: str, threads: int, test: str,
     return [r[num] / r[den] for _, r in sorted(by_rep.items()) if num in r and den in r and r[den] > 0]
 
 
+def overhead_share(overhead_s: Sequence[float], tokens_per_s: Sequence[float]) -> dict[str, float | None]:
+    """Median harness seconds per decode step, and its % of the median step (1 / tokens/s)."""
+    ov = median_or_none(overhead_s)
+    step = median_or_none([1.0 / x for x in tokens_per_s])
+    return {"seconds_per_token": ov, "pct_of_step": pct_of(ov, step)}
+
+
 def leading_agreement(a: Sequence[int] | None, b: Sequence[int] | None) -> int | None:
     """How many leading tokens two greedy continuations share."""
     if a is None or b is None:
@@ -212,12 +219,13 @@ def format_table(report: dict) -> str:
     ratios = {(r["model"], r["threads"], r["test"]): r for r in report["ratios"]}
     ceil = {(c["model"], c["threads"]): c for c in report["ceiling"]}
     head = (f"{'model':22} {'thr':>3} {'test':6} {'ktd t/s':>9} {'llama t/s':>9} {'ktd/llama':>9} "
-            f"{'ceiling':>8} {'ktd %ceil':>9} {'llama %ceil':>11}")
+            f"{'ceiling':>8} {'ktd %ceil':>9} {'llama %ceil':>11}")  # ceiling in tokens/s
     lines = [head, "-" * len(head)]
     notes: dict[str, str] = {}
 
     def num(x: float | None, fmt: str) -> str:
-        return "-" if x is None else format(x, fmt)
+        width = fmt.split(".")[0]
+        return format("-", f">{width}") if x is None else format(x, fmt)
 
     for (model, t, test), rat in ratios.items():
         tps = []
@@ -231,13 +239,20 @@ def format_table(report: dict) -> str:
         if test == TG_TEST:
             c = ceil[(model, t)]
             pct = c["decode_pct_of_ceiling"]
-            line += (f" {num(c['ceiling_tokens_per_s'], '8.1f')} {num(pct.get('ktd'), '8.1f')}%"
-                     f" {num(pct.get('llama.cpp'), '10.1f')}%")
+            line += (f" {num(c['ceiling_tokens_per_s'], '8.1f')} {num(pct.get('ktd'), '9.1f')}"
+                     f" {num(pct.get('llama.cpp'), '11.1f')}")
         lines.append(line)
     for bw in report["read_bandwidth"]:
-        lines.append(f"read bandwidth, {bw['threads']} thread(s): {num(bw['bytes_per_s'] and bw['bytes_per_s'] / 1e9, '.2f')} GB/s")
+        gbps = bw["bytes_per_s"] / 1e9 if bw["bytes_per_s"] else None
+        lines.append(f"read bandwidth, {bw['threads']} thread(s): {num(gbps, '.2f')} GB/s")
     for m in report["models"]:
-        lines.append(f"{m['name']}: {num(m['bytes_per_token'] and m['bytes_per_token'] / 1e6, '.1f')} MB read per token")
+        mb = m["bytes_per_token"] / 1e6 if m["bytes_per_token"] else None
+        lines.append(f"{m['name']}: {num(mb, '.1f')} MB read per token")
+    for ov in report.get("harness_overhead", []):
+        where = f"{ov['model']} {ov['engine']}" + (f" {ov['threads']}t" if ov["threads"] else "")
+        share = f" ({ov['pct_of_step']:.2f}% of a step)" if ov["pct_of_step"] is not None else ""
+        lines.append(f"harness overhead, {where} {ov['test']}: {ov['seconds_per_token'] * 1e6:.0f} µs/token"
+                     f"{share} — {ov['how']}")
     for what, reason in notes.items():
         lines.append(f"{what}: not available: {reason}")
     return "\n".join(lines)
@@ -518,13 +533,11 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
                                         internal.setdefault(e_name, []).append(
                                             (TG_TOKENS / tps - r.last_decode_internal_s) / TG_TOKENS)
                 for e_name, per_token in internal.items():
-                    step = median_or_none([TG_TOKENS / s["tokens_per_s"] for s in samples
-                                           if (s["model"], s["engine"], s["threads"], s["test"])
-                                           == (m.name, e_name, t, TG_TEST)])
-                    ov = statistics.median(per_token)
+                    tg = [s["tokens_per_s"] for s in samples if (s["model"], s["engine"], s["threads"],
+                                                                 s["test"]) == (m.name, e_name, t, TG_TEST)]
                     overhead.append({"model": m.name, "engine": e_name, "threads": t, "test": TG_TEST,
                                      "how": "wall time minus llama.cpp's own decode timer",
-                                     "seconds_per_token": ov, "pct_of_step": pct_of(ov, step)})
+                                     **overhead_share(per_token, tg)})
             finally:
                 for r in runners.values():
                     r.close()

@@ -45,10 +45,11 @@ def write_png(report: dict, path: Path) -> None:
                 if kind == "decode" and ceiling.get((model, t)):
                     c = ceiling[(model, t)]
                     ax.hlines(c, g - width, g + width, colors="black", linestyles="dashed")
-                    ax.annotate(f"ceiling {c:.0f}", (g, c), xytext=(0, 2), textcoords="offset points",
+                    ax.annotate(f"ceiling {c:.1f}", (g, c), xytext=(0, 2), textcoords="offset points",
                                 ha="center", fontsize=8)
                     top = max(top, c)
-            ax.set_xticks(range(len(groups)), [_group_label(test, t, ratios.get((model, t, test))) for test, t in groups])
+            ax.set_xticks(range(len(groups)),
+                          [_group_label(test, t, ratios.get((model, t, test))) for test, t in groups])
             ax.set_ylim(0, top * 1.15 if top else 1)
             ax.set_ylabel("tokens/s")
             ax.set_title(f"{model} — {kind}", fontsize=10)
@@ -60,10 +61,11 @@ def write_png(report: dict, path: Path) -> None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[e]) for e in ENGINES]
     bws = ", ".join(f"{bw['threads']}t {bw['bytes_per_s'] / 1e9:.1f} GB/s" for bw in report["read_bandwidth"]
                     if bw["bytes_per_s"])
-    fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=9)
     fig.suptitle(f"ktd vs llama.cpp, same GGUF and threads (×: median ktd/llama.cpp; read bandwidth {bws})",
-                 fontsize=10, y=0.995)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=9, bbox_to_anchor=(0.5, 0.965),
+               frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
