@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,9 @@ def test_unavailable_engine_gets_no_number_and_its_reason():
     table = e2e.format_table(rep)
     assert "m ktd: not available: ktd.engine missing" in table
     assert "read bandwidth, 1 thread(s): 20.00 GB/s" in table and "400.0 MB read per token" in table
+    assert "busy" not in table
+    rep["config"] = {"cpu_count": 2, "loadavg_start": [6.0, 5.0, 4.0]}
+    assert "busy before the run (1-min load average 6.0 on 2 CPUs)" in e2e.format_table(rep)
 
 
 def test_overhead_share():
@@ -166,6 +170,42 @@ def test_ktd_missing_is_reported_not_faked(monkeypatch):
     monkeypatch.setitem(sys.modules, "ktd.engine", None)   # import ktd.engine -> ImportError
     with pytest.raises(e2e.EngineUnavailable, match="^ktd.engine missing$"):
         e2e.KtdRunner.open(Path("x.gguf"), threads=1)
+
+
+@pytest.mark.realmodel
+def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
+    """The whole run loop with a stand-in ``ktd.engine`` (the fake engine behind Engine.open):
+    opened per thread count with the benchmark's options, every test measured every repetition,
+    bytes per token from ktd.inspect, bandwidth per thread count; the report validates."""
+    from ktd.inspect import inspect_model
+
+    path = real_model("qwen2.5-coder-0.5b")   # its header only: bytes per token
+    opened = []
+
+    class Engine:
+        @staticmethod
+        def open(p, *, n_ctx, n_seq_max, threads):
+            opened.append((p, n_ctx, n_seq_max, threads))
+            return FakeEngine(n_ctx=n_ctx, n_seq_max=n_seq_max)
+
+    module = types.ModuleType("ktd.engine")
+    module.Engine = Engine
+    monkeypatch.setitem(sys.modules, "ktd.engine", module)
+    # token ids inside the fake engine's 260-entry vocabulary
+    monkeypatch.setattr(e2e, "prompt_tokens", lambda p, n: (np.arange(n) % 200 + 32).astype(np.int32))
+    rep = e2e.run([e2e.BenchModel("q", lambda: path)], ["ktd"], [1, 2], e2e.TESTS, reps=2,
+                  bw_bytes=64 << 20, bw_reps=1)
+    e2e.validate_report(rep)
+    assert opened == [(str(path), e2e.N_CTX, 1, 1), (str(path), e2e.N_CTX, 1, 2)]
+    assert len(rep["rows"]) == 2 * len(e2e.TESTS)
+    assert all(len(r["samples"]) == 2 and r["tokens_per_s"] > 0 for r in rep["rows"])
+    assert len(rep["samples"]) == 2 * 2 * len(e2e.TESTS)
+    assert rep["models"] == [{"name": "q", "bytes_per_token": inspect_model(str(path))["bytes_per_token"]["total"]}]
+    assert [bw["threads"] for bw in rep["read_bandwidth"]] == [1, 2]
+    assert all(bw["bytes_per_s"] > 0 for bw in rep["read_bandwidth"])
+    assert all(c["decode_pct_of_ceiling"]["ktd"] > 0 for c in rep["ceiling"])
+    assert [(i["model"], i["threads"], i["info"]["name"]) for i in rep["config"]["ktd_engine_info"]] == [
+        ("q", 1, "fake"), ("q", 2, "fake")]
 
 
 def test_plot_is_a_png(tmp_path):

@@ -255,12 +255,19 @@ def format_table(report: dict) -> str:
                      f"{share} — {ov['how']}")
     for what, reason in notes.items():
         lines.append(f"{what}: not available: {reason}")
+    cfg = report.get("config", {})
+    load = cfg.get("loadavg_start", [0.0])[0]   # before the run: others' load, not ours
+    if cfg.get("cpu_count") and load > 0.5 * cfg["cpu_count"]:
+        lines.append(f"note: the machine was busy before the run (1-min load average {load:.1f} on "
+                     f"{cfg['cpu_count']} CPUs): absolute tokens/s are low and noisy; read the ratios")
     return "\n".join(lines)
 
 
 # --- engines under test --------------------------------------------------------------------
 
 class Runner(Protocol):
+    n_vocab: int | None   # logits per row (known after the first decode)
+
     def prefill(self, tokens: np.ndarray) -> float:
         """Seconds for one forward of int32 tokens [n] on an empty KV cache."""
         ...
@@ -282,6 +289,7 @@ class KtdRunner:
 
     def __init__(self, engine: Any):
         self.engine = engine
+        self.n_vocab: int | None = None   # from the first logits seen
         self._one_tok = np.zeros(1, np.int32)
         self._one_pos = np.zeros(1, np.int32)
         self._one_seq = np.zeros(1, np.int32)
@@ -297,8 +305,8 @@ class KtdRunner:
             raise EngineUnavailable(f"ktd.engine import failed: {e}") from e
         try:
             return cls(Engine.open(str(path), n_ctx=N_CTX, n_seq_max=1, threads=threads))
-        except (ValueError, OSError, RuntimeError) as e:
-            raise EngineUnavailable(f"ktd.engine cannot open {path.name}: {e}") from e
+        except Exception as e:  # unsupported architecture, bad file, ...: reported in its rows
+            raise EngineUnavailable(f"ktd.engine cannot open {path.name}: {type(e).__name__}: {e}") from e
 
     def _forward_prompt(self, tokens: np.ndarray) -> np.ndarray:
         n = len(tokens)
@@ -315,7 +323,9 @@ class KtdRunner:
 
     def decode(self, prompt: np.ndarray, n: int) -> tuple[float, list[int]]:
         self.engine.free_seq(0)
-        token = int(np.argmax(self._forward_prompt(prompt)[-1]))
+        logits = self._forward_prompt(prompt)
+        self.n_vocab = logits.shape[-1]
+        token = int(np.argmax(logits[-1]))
         out = [token]
         t0 = time.perf_counter()
         for pos in range(len(prompt), len(prompt) + n):
@@ -461,6 +471,76 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+@dataclasses.dataclass
+class _Collected:
+    """What a run gathers, filled in model by model (see ``summarise`` for the shapes)."""
+    samples: list[dict] = dataclasses.field(default_factory=list)
+    unavailable: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    greedy: dict[tuple[str, str, int], list[int]] = dataclasses.field(default_factory=dict)
+    overhead: list[dict] = dataclasses.field(default_factory=list)
+    engine_info: list[dict] = dataclasses.field(default_factory=list)
+    n_vocab: int | None = None
+
+    def fail(self, model: str, engine: str, what: str, e: Exception) -> None:
+        self.unavailable[(model, engine)] = f"failed: {type(e).__name__}: {e}"
+        log(f"{model} {engine}: failed {what}: {type(e).__name__}: {e}")
+
+
+def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, threads: int,
+                   engines: Sequence[str], tests: Sequence[str], reps: int) -> None:
+    """Open every engine on `path` with `threads`, warm up, then `reps` interleaved repetitions."""
+    runners: dict[str, Any] = {}
+    for name in engines:
+        try:
+            runners[name] = open_runner(name, path, threads)
+        except EngineUnavailable as e:
+            c.unavailable[(model, name)] = str(e)
+            log(f"{model} {name}: not available: {e}")
+    try:
+        if "ktd" in runners:   # what the engine chose (ISA, threads, repacked bytes ...)
+            c.engine_info.append({"model": model, "threads": threads, "info": runners["ktd"].engine.info()})
+        for name, r in list(runners.items()):   # warm-up: page the weights in, build graphs
+            try:
+                r.prefill(tokens[:PP_TESTS["pp128"]])
+                r.decode(tokens[:TG_PROMPT_TOKENS], 8)
+            except Exception as e:  # reported in its rows; the other engine is still measured
+                c.fail(model, name, "in warm-up", e)
+                runners.pop(name).close()
+        internal: dict[str, list[float]] = {}   # engine -> harness seconds per decode step
+        for rep in range(reps):
+            order = list(runners) if rep % 2 == 0 else list(reversed(runners))
+            for test in tests:
+                for name in order:
+                    if name not in runners:
+                        continue
+                    r = runners[name]
+                    try:
+                        tps, out = measure(r, test, tokens)
+                    except Exception as e:
+                        c.fail(model, name, f"in {test}", e)
+                        runners.pop(name).close()
+                        continue
+                    c.samples.append({"model": model, "engine": name, "threads": threads, "test": test,
+                                      "rep": rep, "tokens_per_s": tps})
+                    log(f"{model} {threads}t rep {rep} {test:6} {name:9} {tps:8.2f} tokens/s")
+                    c.n_vocab = c.n_vocab or r.n_vocab
+                    if out is not None:
+                        c.greedy.setdefault((model, name, threads), out)
+                        if isinstance(r, LlamaCppRunner) and r.last_decode_internal_s is not None:
+                            internal.setdefault(name, []).append(
+                                (TG_TOKENS / tps - r.last_decode_internal_s) / TG_TOKENS)
+        for name, per_token in internal.items():
+            tg = [s["tokens_per_s"] for s in c.samples
+                  if (s["model"], s["engine"], s["threads"], s["test"]) == (model, name, threads, TG_TEST)]
+            c.overhead.append({"model": model, "engine": name, "threads": threads, "test": TG_TEST,
+                               "how": "wall time minus llama.cpp's eval timer (an upper bound: also counts "
+                                      "llama_decode's work outside that timer)",
+                               **overhead_share(per_token, tg)})
+    finally:
+        for r in runners.values():
+            r.close()
+
+
 def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[int], tests: Sequence[str],
         reps: int, bw_bytes: int, bw_reps: int) -> dict[str, Any]:
     from ktd import _native
@@ -473,78 +553,26 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         log(f"read bandwidth, {t} thread(s): {read_bandwidth[t] / 1e9:.2f} GB/s "
             f"(best of {bw_reps} passes over {bw_bytes >> 20} MiB)")
 
-    samples: list[dict] = []
-    unavailable: dict[tuple[str, str], str] = {}
+    c = _Collected()
     bytes_per_token: dict[str, int | None] = {}
-    greedy: dict[tuple[str, str, int], list[int]] = {}
-    overhead: list[dict] = []
     for m in models:
         try:
             path = m.resolve()
             bytes_per_token[m.name] = int(inspect_model(str(path))["bytes_per_token"]["total"])
             tokens = prompt_tokens(path, max(PP_TESTS.values()))
         except Exception as e:  # a missing/broken file: report it in the rows, measure the rest
-            for e_name in engines:
-                unavailable[(m.name, e_name)] = f"model not available: {e}"
+            for name in engines:
+                c.unavailable[(m.name, name)] = f"model not available: {e}"
             bytes_per_token[m.name] = None
             log(f"{m.name}: not available: {e}")
             continue
-        n_vocab = None
+        c.n_vocab = None
         for t in threads:
-            runners: dict[str, Runner] = {}
-            for e_name in engines:
-                try:
-                    runners[e_name] = open_runner(e_name, path, t)
-                except EngineUnavailable as e:
-                    unavailable[(m.name, e_name)] = str(e)
-                    log(f"{m.name} {e_name}: not available: {e}")
-            try:
-                for e_name, r in list(runners.items()):   # warm-up: page in weights, build graphs
-                    try:
-                        r.prefill(tokens[:PP_TESTS["pp128"]])
-                        r.decode(tokens[:TG_PROMPT_TOKENS], 8)
-                    except Exception as e:
-                        unavailable[(m.name, e_name)] = f"failed: {type(e).__name__}: {e}"
-                        log(f"{m.name} {e_name} {t}t: failed in warm-up: {e}")
-                        runners.pop(e_name).close()
-                internal: dict[str, list[float]] = {}
-                for rep in range(reps):
-                    order = list(runners) if rep % 2 == 0 else list(reversed(runners))
-                    for test in tests:
-                        for e_name in order:
-                            if e_name not in runners:
-                                continue
-                            r = runners[e_name]
-                            try:
-                                tps, out = measure(r, test, tokens)
-                            except Exception as e:
-                                unavailable[(m.name, e_name)] = f"failed: {type(e).__name__}: {e}"
-                                log(f"{m.name} {e_name} {t}t {test}: failed: {e}")
-                                runners.pop(e_name).close()
-                                continue
-                            samples.append({"model": m.name, "engine": e_name, "threads": t, "test": test,
-                                            "rep": rep, "tokens_per_s": tps})
-                            log(f"{m.name} {t}t rep {rep} {test:6} {e_name:9} {tps:8.2f} tokens/s")
-                            if out is not None:
-                                greedy.setdefault((m.name, e_name, t), out)
-                                if isinstance(r, LlamaCppRunner):
-                                    n_vocab = r.n_vocab
-                                    if r.last_decode_internal_s is not None:
-                                        internal.setdefault(e_name, []).append(
-                                            (TG_TOKENS / tps - r.last_decode_internal_s) / TG_TOKENS)
-                for e_name, per_token in internal.items():
-                    tg = [s["tokens_per_s"] for s in samples if (s["model"], s["engine"], s["threads"],
-                                                                 s["test"]) == (m.name, e_name, t, TG_TEST)]
-                    overhead.append({"model": m.name, "engine": e_name, "threads": t, "test": TG_TEST,
-                                     "how": "wall time minus llama.cpp's own decode timer",
-                                     **overhead_share(per_token, tg)})
-            finally:
-                for r in runners.values():
-                    r.close()
-        if n_vocab:
-            overhead.append({"model": m.name, "engine": "both", "threads": None, "test": TG_TEST,
-                             "how": "input setting + argmax over n_vocab logits, timed alone",
-                             "seconds_per_token": argmax_overhead_s(n_vocab), "pct_of_step": None})
+            _bench_threads(c, m.name, path, tokens, t, engines, tests, reps)
+        if c.n_vocab:
+            c.overhead.append({"model": m.name, "engine": "both", "threads": None, "test": TG_TEST,
+                               "how": "input setting + argmax over n_vocab logits, timed alone",
+                               "seconds_per_token": argmax_overhead_s(c.n_vocab), "pct_of_step": None})
 
     config = {
         "reps": reps, "tests": list(tests), "threads": list(threads), "engines": list(engines),
@@ -552,12 +580,12 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         "read_bandwidth_buffer_bytes": bw_bytes, "read_bandwidth_passes": bw_reps,
         "llama_cpp_python": _version("llama_cpp_python"),
         "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
-        "cpu_count": os.cpu_count(), "isa": _native.kernels.active_isa(),
+        "cpu_count": os.cpu_count(), "isa": _native.kernels.active_isa(), "ktd_engine_info": c.engine_info,
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return summarise(model_names=[m.name for m in models], engines=engines, threads=threads, tests=tests,
-                     samples=samples, unavailable=unavailable, read_bandwidth=read_bandwidth,
-                     bytes_per_token=bytes_per_token, greedy=greedy, overhead=overhead, config=config)
+                     samples=c.samples, unavailable=c.unavailable, read_bandwidth=read_bandwidth,
+                     bytes_per_token=bytes_per_token, greedy=c.greedy, overhead=c.overhead, config=config)
 
 
 def _version(dist: str) -> str | None:
