@@ -328,8 +328,8 @@ def test_bad_shapes_rejected(t):
 def test_empty_shapes():
     for t in ("Q8_0", "F32"):
         k = 64
-        w, x = inputs(t, 0, k, 1, seed=2)
-        assert K.matmul(t, w, 0, k, x).shape == (1, 0)
+        x = np.ones((1, k), np.float32)
+        assert K.matmul(t, np.zeros((0, row_bytes(t, k)), np.uint8), 0, k, x).shape == (1, 0)
         w, _ = inputs(t, 5, k, 1, seed=2)
         assert K.matmul(t, w, 5, k, np.zeros((0, k), np.float32)).shape == (0, 5)
 
