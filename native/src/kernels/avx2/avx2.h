@@ -1,8 +1,11 @@
 // Shared pieces of the AVX2+FMA kernels (included only by files under kernels/avx2/).
 //
-// These files do not include common/float16.h or other headers with inline non-template code
-// shared with baseline translation units: an inline function compiled here with AVX2 flags could
-// be the copy the linker keeps for the baseline code too. Conversions use F16C intrinsics.
+// These files do not include common/float16.h or other headers with inline code shared with
+// baseline translation units, and use no out-of-line std templates (std::vector...): an inline
+// function or template instance compiled here with AVX2 flags could be the copy the linker keeps
+// for the baseline code too (check: `nm -C` on these objects lists weak symbols of ktd::avx2
+// only). Conversions
+// use F16C intrinsics.
 //
 // The 32-element block types all dot against Q8_0 activations. A type supplies a traits struct
 //   struct Traits {
@@ -21,7 +24,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/blocks.h"
 
@@ -269,6 +271,24 @@ inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const b
     }
 }
 
+// Per-thread buffer of activation block sums; grows only (no allocation once warm).
+struct ActSums {
+    int32_t *p = nullptr;
+    size_t cap = 0;
+    ActSums() = default;
+    ActSums(const ActSums &) = delete;
+    ActSums &operator=(const ActSums &) = delete;
+    ~ActSums() { delete[] p; }
+    int32_t *get(size_t n) {
+        if (n > cap) {
+            delete[] p;
+            p = new int32_t[n];
+            cap = n;
+        }
+        return p;
+    }
+};
+
 // gemm_repacked for an 8-row interleaved layout (TypeKernels::gemm_repacked contract).
 template <typename Traits>
 void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
@@ -277,10 +297,11 @@ void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void
     const int64_t nb = k / QK8_0;
     const char *wb = static_cast<const char *>(wp);
     const char *xb = static_cast<const char *>(xq);
-    // kActSumScale·Σa per (column, block), computed once per call; grows only (no allocation once warm).
-    thread_local std::vector<int32_t> asum_off;
+    // kActSumScale·Σa per (column, block), computed once per call.
+    thread_local ActSums sums;
+    int32_t *asum_off = nullptr;
     if constexpr (Traits::kActSumScale != 0) {
-        if (asum_off.size() < size_t(nc) * size_t(nb)) asum_off.resize(size_t(nc) * size_t(nb));
+        asum_off = sums.get(size_t(nc) * size_t(nb));
         for (int c = 0; c < nc; ++c) {
             const auto *a = reinterpret_cast<const block_q8_0 *>(xb + size_t(c) * x_stride);
             for (int64_t b = 0; b < nb; ++b)
@@ -295,7 +316,7 @@ void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void
             const int ncc = std::min(kColTile, nc - c0);
             const block_q8_0 *a[kColTile];
             for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_0 *>(xb + size_t(c0 + c) * x_stride);
-            const int32_t *off = asum_off.data() + size_t(c0) * size_t(nb);
+            const int32_t *off = asum_off ? asum_off + size_t(c0) * size_t(nb) : nullptr;
             for (int gi = g0; gi < g1; ++gi) {
                 const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
                 const int valid = std::min(kRepackRows, nr - gi * kRepackRows);
