@@ -4,8 +4,7 @@
 // baseline translation units, and use no out-of-line std templates (std::vector...): an inline
 // function or template instance compiled here with AVX2 flags could be the copy the linker keeps
 // for the baseline code too (check: `nm -C` on these objects lists weak symbols of ktd::avx2
-// only). Conversions
-// use F16C intrinsics.
+// only). Conversions use F16C intrinsics.
 //
 // The 32-element block types all dot against Q8_0 activations. A type supplies a traits struct
 //   struct Traits {
