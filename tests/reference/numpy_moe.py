@@ -190,7 +190,8 @@ class Model:
         return v
 
 
-def _routing(m: Model, il: int) -> Routing:
+def layer_routing(m: Model, il: int) -> Routing:
+    """The routing parameters of MoE layer il, from the GGUF metadata and the layer's tensors."""
     arch = m.arch
     scale = float(m._get("expert_weights_scale", 0.0) or 1.0)  # 0 / absent: no scaling
     if arch == "deepseek2":
@@ -277,7 +278,7 @@ def _ffn(m: Model, il: int, x: np.ndarray) -> np.ndarray:
     if b + "ffn_gate_shexp.weight" in w:
         shared = (w[b + "ffn_gate_shexp.weight"], w[b + "ffn_up_shexp.weight"], w[b + "ffn_down_shexp.weight"])
     return moe_ffn(x, w[b + "ffn_gate_inp.weight"], w[b + "ffn_gate_exps.weight"], w[b + "ffn_up_exps.weight"],
-                   w[b + "ffn_down_exps.weight"], _routing(m, il), shared=shared,
+                   w[b + "ffn_down_exps.weight"], layer_routing(m, il), shared=shared,
                    shared_gate_inp=w.get(b + "ffn_gate_inp_shexp.weight"))
 
 
