@@ -34,6 +34,7 @@ writes to ${KTD_CACHE:-~/.cache/ktd}/synthetic/ (never into the repository).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import sys
 import time
@@ -369,7 +370,7 @@ def _quantize_llama_cpp(src: Path, dst: Path, wtype: str) -> None:
     params.ftype = ftype
     params.nthread = os.cpu_count() or 1
     tmp = dst.with_name(dst.name + ".part")
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"llama_model_quantize({src} -> {wtype}) failed with {rc}")
