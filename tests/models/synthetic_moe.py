@@ -358,7 +358,8 @@ def _write_direct(cfg: MoeConfig, path: Path, wtype: QT, seed: int, name: str) -
     tmp.replace(path)
 
 
-def _quantize_llama_cpp(src: Path, dst: Path, wtype: str) -> None:
+def quantize(src: Path, dst: Path, wtype: str) -> None:
+    """Quantize GGUF `src` to llama.cpp file type `wtype` (e.g. "Q4_K_M") at `dst` with llama.cpp's quantizer."""
     try:
         import llama_cpp
     except ImportError as e:
@@ -399,7 +400,7 @@ def make_model(arch: str, path: str | os.PathLike[str], *, preset: str = "tiny",
     f16 = path.with_name(path.name + ".f16.tmp")
     try:
         _write_direct(cfg, f16, QT.F16, seed, name)
-        _quantize_llama_cpp(f16, path, wtype)
+        quantize(f16, path, wtype)
     finally:
         f16.unlink(missing_ok=True)
     return path
