@@ -232,10 +232,17 @@ def _llama(path, n_ctx):
     return llama_cpp.Llama(**{k: v for k, v in kwargs.items() if k in accepted})
 
 
-# Bounds on |logit| differences (logits have std ~4, see synthetic_moe.MoeConfig.logit_gain).
-# F32: llama.cpp computes in float32 with an F32 KV cache, the reference in float64.
-# Q8_0: llama.cpp also rounds activations to Q8_0 before each quantized matmul.
-BOUNDS = {"F32": dict(max_abs=2e-3, kl=1e-6, top1=1.0), "Q8_0": dict(max_abs=0.25, kl=2e-3, top1=0.95)}
+# Logits have std ~4 (synthetic_moe.MoeConfig.logit_gain). Per position: max |logit difference|
+# and KL(reference || llama.cpp).
+# F32: llama.cpp computes in float32 with an F32 KV cache, the reference in float64; measured max
+#   ~6e-6, KL ~3e-12, so a 20x margin.
+# Q8_0: the reference uses the same dequantized weights, but llama.cpp also rounds every activation
+#   to Q8_0 before a quantized matmul (typical max error 0.1-0.3), and where two experts' router
+#   scores nearly tie that rounding can flip the choice, a discrete jump at a few positions
+#   (measured: <= 6% of positions above 0.5, top-1 >= 0.92). So the median error and the top-1 rate
+#   are bounded, not the worst position; a layout error gives errors ~ the logit scale everywhere.
+BOUNDS = {"F32": dict(max_abs=1e-4, median_abs=1e-4, kl=1e-9, top1=1.0),
+          "Q8_0": dict(max_abs=np.inf, median_abs=0.5, kl=np.inf, mean_kl=0.2, top1=0.85)}
 
 
 @pytest.mark.parametrize("arch,variant", TINY, ids=TINY_IDS)
@@ -250,10 +257,28 @@ def test_reference_matches_llama_cpp(tiny_files, arch, variant, wtype):
     want = R.forward(path, tokens)
     assert np.isfinite(got).all()
     bound = BOUNDS[wtype]
-    max_abs = np.abs(got - want).max()
+    err = np.abs(got - want).max(axis=-1)  # (n_tokens,)
     log_p = want - np.logaddexp.reduce(want, axis=-1, keepdims=True)
     log_q = got - np.logaddexp.reduce(got, axis=-1, keepdims=True)
-    kl = (np.exp(log_p) * (log_p - log_q)).sum(-1).max()
+    kl = (np.exp(log_p) * (log_p - log_q)).sum(axis=-1)
     top1 = (got.argmax(-1) == want.argmax(-1)).mean()
-    assert max_abs <= bound["max_abs"] and kl <= bound["kl"] and top1 >= bound["top1"], \
-        f"max_abs {max_abs:.3g} kl {kl:.3g} top1 {top1:.3f}"
+    stats = f"max_abs {err.max():.3g} median_abs {np.median(err):.3g} kl max {kl.max():.3g} mean {kl.mean():.3g} top1 {top1:.3f}"
+    assert err.max() <= bound["max_abs"] and np.median(err) <= bound["median_abs"], stats
+    assert kl.max() <= bound["kl"] and kl.mean() <= bound.get("mean_kl", np.inf), stats
+    assert top1 >= bound["top1"], stats
+
+
+@pytest.mark.parametrize("arch,variant", TINY, ids=TINY_IDS)
+def test_reference_matches_llama_cpp_decode(tiny_files, arch, variant):
+    """llama.cpp decoding one token at a time from its KV cache (for deepseek2 the latent cache
+    with absorbed k_b/v_b) against the reference's full causal forward."""
+    path = tiny_files(arch, variant, "F32")
+    tokens = np.random.default_rng(12).integers(3, S.config(arch, variant=variant).n_vocab, 16).tolist()
+    llm = _llama(path, 32)
+    llm.eval(tokens[:5])
+    for t in tokens[5:]:
+        llm.eval([t])
+    got = np.array(llm.scores[:len(tokens)], dtype=np.float64)
+    want = R.forward(path, tokens)
+    err = np.abs(got - want).max(axis=-1)
+    assert err.max() <= BOUNDS["F32"]["max_abs"], f"per-position max_abs {err}"
