@@ -282,3 +282,13 @@ def test_reference_matches_llama_cpp_decode(tiny_files, arch, variant):
     want = R.forward(path, tokens)
     err = np.abs(got - want).max(axis=-1)
     assert err.max() <= BOUNDS["F32"]["max_abs"], f"per-position max_abs {err}"
+
+
+def test_check_llama_cpp_accepts_generated_and_rejects_truncated(tiny_files, tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (tools/oracle.sh builds it)")
+    path = tiny_files("deepseek2", "v3", "Q8_0")
+    assert S.check_llama_cpp(path, n_tokens=4).shape == (4, S.config("deepseek2", variant="v3").n_vocab)
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(RuntimeError, match="cannot load"):
+        S.check_llama_cpp(bad)

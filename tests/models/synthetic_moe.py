@@ -406,6 +406,28 @@ def make_model(arch: str, path: str | os.PathLike[str], *, preset: str = "tiny",
     return path
 
 
+def check_llama_cpp(path: str | os.PathLike[str], n_tokens: int = 8) -> np.ndarray:
+    """Load `path` in llama.cpp and run `n_tokens` teacher-forced tokens; return their logits
+    (n_tokens, n_vocab). Raises RuntimeError if llama.cpp cannot load or run the file or the
+    logits are not finite: the proof that the layout is one llama.cpp accepts."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise RuntimeError(f"checking with llama.cpp needs llama-cpp-python: {e}") from e
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max(32, n_tokens), n_batch=max(32, n_tokens),
+                              logits_all=True, n_threads=os.cpu_count() or 1, verbose=False)
+    except ValueError as e:  # llama-cpp-python's "Failed to load model from file"
+        raise RuntimeError(f"llama.cpp cannot load {path}: {e}") from e
+    tokens = (np.arange(n_tokens) * 7919 % (llm.n_vocab() - _N_SPECIAL) + _N_SPECIAL).tolist()
+    llm.eval(tokens)
+    logits = np.array(llm.scores[:n_tokens])
+    llm.close()
+    if not np.isfinite(logits).all():
+        raise RuntimeError(f"llama.cpp produced non-finite logits for {path}")
+    return logits
+
+
 def cache_dir() -> Path:
     """${KTD_CACHE:-~/.cache/ktd}/synthetic: generated files live outside the repository."""
     return Path(os.environ.get("KTD_CACHE") or Path.home() / ".cache" / "ktd") / "synthetic"
@@ -425,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "(default: F32 for tiny, Q4_K_M for bench)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output file (one arch only)")
+    p.add_argument("--check", action="store_true", help="then load and run each file in llama.cpp")
     args = p.parse_args(argv)
     wtype = args.wtype or ("Q4_K_M" if args.preset == "bench" else "F32")
     archs = args.arch or (["deepseek2", "qwen3moe"] if args.preset == "bench" else list(ARCHS))
@@ -439,7 +462,15 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        print(f"{out}  {out.stat().st_size / 1e9:.3f} GB  {time.monotonic() - t0:.0f} s")
+        print(f"{out}  {out.stat().st_size / 1e9:.3f} GB  {time.monotonic() - t0:.0f} s", flush=True)
+        if args.check:
+            t0 = time.monotonic()
+            try:
+                check_llama_cpp(out)
+            except RuntimeError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            print(f"  llama.cpp loads and runs it ({time.monotonic() - t0:.0f} s)", flush=True)
     return 0
 
 
