@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shutil
 import sys
 import time
 import zlib
@@ -385,6 +386,8 @@ def make_model(arch: str, path: str | os.PathLike[str], *, preset: str = "tiny",
     `variant` picks a deepseek2 flavour ("v2", "v2-lite", "v3"); `cfg` overrides the preset
     entirely (e.g. `dataclasses.replace(config(...), n_layer=1)`). Same arguments, same bytes.
     """
+    if variant is None and arch in VARIANTS:
+        variant = VARIANTS[arch][0]
     cfg = cfg if cfg is not None else config(arch, preset, variant)
     if cfg.arch != arch:
         raise ValueError(f"cfg is for arch {cfg.arch!r}, not {arch!r}")
@@ -394,6 +397,11 @@ def make_model(arch: str, path: str | os.PathLike[str], *, preset: str = "tiny",
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     name = f"synthetic-{arch}{'-' + variant if variant else ''}-{preset}"
+    # an F16 file (the direct write, or the quantizer's input) bounds what is written at once
+    n_bytes = 2 * sum(int(np.prod(t.shape)) for t in tensor_table(cfg)) * (1 if wtype in _DIRECT else 2)
+    free = shutil.disk_usage(path.parent).free
+    if n_bytes > free:
+        raise RuntimeError(f"{path.parent}: {free / 1e9:.1f} GB free, writing this model needs ~{n_bytes / 1e9:.1f} GB")
     if wtype in _DIRECT:
         _write_direct(cfg, path, _DIRECT[wtype], seed, name)
         return path
