@@ -219,6 +219,9 @@ def test_generator_rejects_bad_arguments(tmp_path):
         S.make_model("llama", tmp_path / "x.gguf", preset="huge")
     with pytest.raises(ValueError):
         S.make_model("llama", tmp_path / "x.gguf", preset="bench")
+    with pytest.raises((ValueError, RuntimeError)):  # RuntimeError: no llama-cpp-python to ask
+        S.make_model("llama", tmp_path / "x.gguf", wtype="Q9_Z")
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---- against llama.cpp --------------------------------------------------------------------------

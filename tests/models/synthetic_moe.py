@@ -353,21 +353,34 @@ def _write_direct(cfg: MoeConfig, path: Path, wtype: QT, seed: int, name: str) -
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for spec, qtype in zip(table, types):
-        w.write_tensor_data(_encode(_values(cfg, spec, seed), qtype))
-    w.close()
+    written = False
+    try:
+        for spec, qtype in zip(table, types):
+            w.write_tensor_data(_encode(_values(cfg, spec, seed), qtype))
+        written = True
+    finally:
+        w.close()
+        if not written:
+            tmp.unlink(missing_ok=True)
     tmp.replace(path)
 
 
-def quantize(src: Path, dst: Path, wtype: str) -> None:
-    """Quantize GGUF `src` to llama.cpp file type `wtype` (e.g. "Q4_K_M") at `dst` with llama.cpp's quantizer."""
+def _llama_ftype(wtype: str) -> int:
     try:
         import llama_cpp
     except ImportError as e:
         raise RuntimeError(f"wtype {wtype} needs llama.cpp's quantizer (llama-cpp-python): {e}") from e
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{wtype}", None)
     if ftype is None:
-        raise ValueError(f"llama.cpp has no file type {wtype!r}")
+        raise ValueError(f"unknown wtype {wtype!r}: not one of {tuple(_DIRECT)} nor a llama.cpp file type")
+    return ftype
+
+
+def quantize(src: Path, dst: Path, wtype: str) -> None:
+    """Quantize GGUF `src` to llama.cpp file type `wtype` (e.g. "Q4_K_M") at `dst` with llama.cpp's quantizer."""
+    ftype = _llama_ftype(wtype)
+    import llama_cpp
+
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = os.cpu_count() or 1
@@ -397,8 +410,11 @@ def make_model(arch: str, path: str | os.PathLike[str], *, preset: str = "tiny",
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     name = f"synthetic-{arch}{'-' + variant if variant else ''}-{preset}"
-    # an F16 file (the direct write, or the quantizer's input) bounds what is written at once
-    n_bytes = 2 * sum(int(np.prod(t.shape)) for t in tensor_table(cfg)) * (1 if wtype in _DIRECT else 2)
+    if wtype not in _DIRECT:
+        _llama_ftype(wtype)  # fail before writing GB of F16
+    # the direct write, or the F16 input of the quantizer plus its (smaller) output
+    n_params = sum(int(np.prod(t.shape)) for t in tensor_table(cfg))
+    n_bytes = n_params * ({"F32": 4, "F16": 2, "BF16": 2, "Q8_0": 1.0625}[wtype] if wtype in _DIRECT else 4)
     free = shutil.disk_usage(path.parent).free
     if n_bytes > free:
         raise RuntimeError(f"{path.parent}: {free / 1e9:.1f} GB free, writing this model needs ~{n_bytes / 1e9:.1f} GB")
