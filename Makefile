@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run fetch-models bench bench-kernels clean distclean wheel oracle
+.PHONY: build native venv test test-fast run fetch-models bench bench-kernels synthetic-moe clean distclean wheel oracle
 
 build: native
 
@@ -61,6 +61,11 @@ bench: build oracle
 
 bench-kernels: build
 	$(PY) -m ktd.bench.kernels
+
+# Benchmark-sized synthetic MoE models (DeepSeek-V2-Lite- and Qwen3-30B-A3B-shaped, Q4_K_M, a few GB
+# each) into $${KTD_CACHE:-~/.cache/ktd}/synthetic; needs llama-cpp-python for the quantizer.
+synthetic-moe: venv
+	$(PY) -m tests.models.synthetic_moe --preset bench
 
 wheel: venv
 	$(PIP) wheel --no-deps --no-build-isolation -w dist .
