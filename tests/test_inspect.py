@@ -224,3 +224,38 @@ def test_machine_section_is_this_machine(tmp_path):
     text = render(report)
     for line in machine.summary_lines(report["machine"]):
         assert line in text
+
+
+def _write_plan_model(path: Path, *, mla: bool) -> Path:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(3)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    if mla:
+        w.add_uint32("llama.attention.kv_lora_rank", 32)
+        w.add_uint32("llama.rope.dimension_count", 8)
+    rng = np.random.default_rng(0)
+    q8 = gguf.quants.quantize(rng.standard_normal((16, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_memory_plan(tmp_path, mla):
+    path = _write_plan_model(tmp_path / "plan.gguf", mla=mla)
+    plan = inspect_model(str(path), n_ctx=100, n_seq=2)["memory_plan"]
+    # 3 layers x 2 KV heads x (K 16 + V 16) x 2 B (F16); MLA: 3 layers x (latent 32 + rope 8) x 2 B.
+    per_token = 3 * (32 + 8) * 2 if mla else 3 * 2 * (16 + 16) * 2
+    assert plan["kv_bytes_per_token"] == per_token
+    assert plan["kv_cache"] == per_token * 100 * 2
+    # Q8_0 has a row-interleaved layout: its 16 x 64 matrix (16 rows x 2 blocks x 34 B) goes to the arena.
+    assert plan["arena_repacked_weights"] == 16 * 2 * 34
+    assert plan["arena_hugepages_2M"] == 1
+    assert plan["mapped_file"] == path.stat().st_size
+    assert plan["unsupported_types"] == []

@@ -89,9 +89,7 @@ def llm(model_path):
     return llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
 
 
-pytestmark = pytest.mark.realmodel
-
-
+@pytest.mark.realmodel
 @pytest.mark.parametrize("add_special", [True, False])
 @pytest.mark.parametrize("parse_special", [False, True])
 def test_encode_matches_llama_cpp(tok, llm, add_special, parse_special):
@@ -101,6 +99,7 @@ def test_encode_matches_llama_cpp(tok, llm, add_special, parse_special):
         assert got == want, f"text={text[:80]!r}"
 
 
+@pytest.mark.realmodel
 def test_metadata_flags_match_llama_cpp(tok, llm):
     llama_cpp = _oracle()
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
@@ -112,6 +111,7 @@ def test_metadata_flags_match_llama_cpp(tok, llm):
     assert tok.eos_ids == frozenset(eog.tolist())
 
 
+@pytest.mark.realmodel
 @pytest.mark.parametrize("special", [False, True])
 def test_token_bytes_match_llama_cpp(tok, llm, special):
     """Every token's piece, as llama_token_to_piece gives it."""
@@ -140,6 +140,7 @@ def _llama_detokenize(llama_cpp, vocab, ids, special=False) -> bytes:
     return out
 
 
+@pytest.mark.realmodel
 @pytest.mark.parametrize("special", [False, True])
 def test_decode_round_trip_matches_llama_cpp(tok, llm, special):
     llama_cpp = _oracle()
@@ -154,6 +155,7 @@ def test_decode_round_trip_matches_llama_cpp(tok, llm, special):
             assert tok.decode(tok.encode(text, add_special=False)) == text
 
 
+@pytest.mark.realmodel
 def test_invalid_utf8_input(tok, llm):
     """llama.cpp takes bytes; ktd takes str. Invalid input reaches ktd as U+FFFD (bytes decoded
     with errors="replace") or as lone surrogates (JSON escapes), which are tokenized as U+FFFD.
@@ -181,6 +183,7 @@ def byte_ids(tok):
     return out
 
 
+@pytest.mark.realmodel
 def test_stream_holds_back_split_characters(tok, byte_ids):
     """A 4-byte emoji spelled as single-byte tokens comes out only when complete."""
     ids = [byte_ids[b] for b in "\U0001F600".encode()]
@@ -202,6 +205,7 @@ def byte_token_ids(byte_ids):
     return [i for b, i in byte_ids.items() if b >= 0x80]
 
 
+@pytest.mark.realmodel
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_stream_decode_property(tok, byte_token_ids, data):
@@ -258,6 +262,7 @@ def test_metadata_reader_matches_gguf_py(tmp_path):
     assert tok.decode([3, 5]) == " a\n"
 
 
+@pytest.mark.realmodel
 def test_bad_files(tmp_path, model_path):
     p = tmp_path / "x.gguf"
     p.write_bytes(b"")
@@ -287,6 +292,7 @@ def test_bad_metadata():
                    "tokenizer.ggml.tokens": [b"a"], "tokenizer.ggml.merges": []})
 
 
+@pytest.mark.realmodel
 def test_encode_rejects_bytes_and_bad_ids(tok):
     with pytest.raises(TypeError):
         tok.encode(b"abc")
@@ -310,6 +316,7 @@ _FUZZ_TEXT = st.one_of(
 )
 
 
+@pytest.mark.realmodel
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=_FUZZ_TEXT, parse_special=st.booleans())
 def test_encode_random_text_matches_llama_cpp(tok, llm, text, parse_special):
@@ -317,17 +324,18 @@ def test_encode_random_text_matches_llama_cpp(tok, llm, text, parse_special):
     assert tok.encode(text, parse_special=parse_special) == want
 
 
-# ---- other pre-tokenizers: Qwen's vocabulary re-labelled, llama.cpp as the oracle -------------
+# ---- other pre-tokenizers and SPM options: real vocabularies re-labelled, llama.cpp as the oracle
 
 
-@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2"])
+@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2", "spm-space-prefix"])
 def relabelled(request, real_model, tmp_path_factory):
-    """A vocabulary-only GGUF with Qwen2.5's tokens and merges but another pre-tokenizer type,
-    so the gpt-2 and llama3 word splitters are checked against llama.cpp too."""
+    """Vocabulary-only GGUFs that re-label a real vocabulary: Qwen2.5's tokens and merges with
+    another pre-tokenizer type (the gpt-2 and llama3 word splitters), and Gemma 3's SentencePiece
+    vocabulary with add_space_prefix on (the space prefix at the start and after special tokens),
+    so these paths are checked against llama.cpp too."""
     import gguf
 
     llama_cpp = _oracle()
-    meta = _read_tokenizer_metadata(real_model("qwen2.5-coder-0.5b"))
     path = tmp_path_factory.mktemp("vocab") / f"{request.param}.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     # The hyperparameters llama.cpp requires even for vocab_only (values are irrelevant).
@@ -336,11 +344,18 @@ def relabelled(request, real_model, tmp_path_factory):
     w.add_block_count(1)
     w.add_feed_forward_length(8)
     w.add_head_count(1)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(request.param)
+    if request.param == "spm-space-prefix":
+        meta = _read_tokenizer_metadata(real_model("gemma-3-270m"))
+        w.add_tokenizer_model("llama")
+        w.add_token_scores(meta["tokenizer.ggml.scores"].tolist())
+        w.add_add_space_prefix(True)
+    else:
+        meta = _read_tokenizer_metadata(real_model("qwen2.5-coder-0.5b"))
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(request.param)
+        w.add_token_merges(meta["tokenizer.ggml.merges"])
     w.add_token_list(meta["tokenizer.ggml.tokens"])
     w.add_token_types(meta["tokenizer.ggml.token_type"].tolist())
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
     w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
     w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
     w.write_header_to_file()
@@ -348,9 +363,15 @@ def relabelled(request, real_model, tmp_path_factory):
     w.write_tensors_to_file()
     w.close()
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    return Tokenizer.from_gguf(path), llm
+    tok = Tokenizer.from_gguf(path)
+    if request.param == "spm-space-prefix":
+        assert tok.model == "llama" and tok.add_space_prefix
+    else:
+        assert tok.model == "gpt2" and tok.pre == request.param
+    return tok, llm
 
 
+@pytest.mark.realmodel
 def test_other_pre_tokenizers_match_llama_cpp(relabelled):
     tok, llm = relabelled
     for text in CORPUS + [LONG_TEXT]:
@@ -359,8 +380,49 @@ def test_other_pre_tokenizers_match_llama_cpp(relabelled):
             assert tok.encode(text, parse_special=parse_special) == want, f"text={text[:80]!r}"
 
 
+@pytest.mark.realmodel
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=_FUZZ_TEXT)
 def test_other_pre_tokenizers_random_text(relabelled, text):
     tok, llm = relabelled
     assert tok.encode(text) == llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+
+
+def _tiny_spm() -> Tokenizer:
+    """A SentencePiece vocabulary of all 256 byte tokens plus a few pieces (no model file)."""
+    pieces = ["\u2581a", "\u00e9", "\u4f60\u597d", "\U0001F600", "<ctl>", "<usr>"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1, 1, 1, 1, 3, 4]
+    return Tokenizer({
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": [t.encode() for t in tokens],
+        "tokenizer.ggml.token_type": np.array(types, dtype=np.int32),
+        "tokenizer.ggml.scores": np.zeros(len(tokens), dtype=np.float32),
+        "tokenizer.ggml.add_space_prefix": False,
+    })
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.integers(0, 264), max_size=40))
+def test_stream_decode_property_tiny_vocab(ids):
+    tok = _tiny_spm()
+    d = tok.decode_stream()
+    pieces = [d.feed(i) for i in ids] + [d.flush()]
+    for p in pieces:
+        p.encode("utf-8")
+    assert "".join(pieces) == tok.decode(ids)
+
+
+def test_tiny_vocab_specials_and_byte_fallback():
+    tok = _tiny_spm()
+    ctl, usr = tok.n_vocab - 2, tok.n_vocab - 1
+    # <usr> (USER_DEFINED) is always one token, <ctl> (CONTROL) only with parse_special.
+    assert tok.encode("<usr>", add_special=False) == [usr]
+    assert tok.encode("<ctl>", add_special=False, parse_special=True) == [ctl]
+    assert tok.encode("<ctl>", add_special=False) == [3 + ord(c) for c in "<ctl>"]
+    # A character without a piece falls back to its UTF-8 bytes; the text round-trips.
+    ids = tok.encode("x\u00e9\u00e8 a", add_special=False)
+    assert ids == [3 + 0x78, 259 + 1, 3 + 0xC3, 3 + 0xA8, 259]
+    assert tok.decode(ids) == "x\u00e9\u00e8 a"
+    assert tok.decode([ctl, usr]) == "<usr>" and tok.decode([ctl], special=True) == "<ctl>"
+    assert tok.add_bos and tok.bos_id == 1 and tok.eos_ids == frozenset({2})

@@ -100,7 +100,51 @@ def bytes_per_token(f: GGUFFile, arch: str | None) -> dict[str, Any]:
     }
 
 
-def inspect_model(path: str) -> dict[str, Any]:
+def _kv_bytes_per_token(arch: str | None, hp: dict[str, Any]) -> int | None:
+    """F16 KV-cache bytes one token of context takes in one sequence (all layers)."""
+    n_layer = hp.get("block_count")
+    if not isinstance(n_layer, int):
+        return None
+    if "attention.kv_lora_rank" in hp:  # MLA: the compressed latent + the shared rope key
+        return n_layer * (int(hp["attention.kv_lora_rank"]) + int(hp.get("rope.dimension_count", 0))) * 2
+    n_head = hp.get("attention.head_count")
+    n_head_kv = hp.get("attention.head_count_kv", n_head)
+    n_embd = hp.get("embedding_length")
+    if not all(isinstance(v, int) and v > 0 for v in (n_head, n_head_kv, n_embd)):
+        return None  # per-layer head counts (arrays) or missing keys: not planned here
+    k_dim = hp.get("attention.key_length", n_embd // n_head)
+    v_dim = hp.get("attention.value_length", n_embd // n_head)
+    return n_layer * n_head_kv * (k_dim + v_dim) * 2
+
+
+def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: int, n_seq: int) -> dict[str, Any]:
+    """What loading the model takes: the mapped file, the weights copied into the arena
+    (tensors whose block type has a row-interleaved layout are repacked there at load), the KV
+    cache, and the 2 MiB huge pages the arena would need. Tensor types without kernels are
+    listed: such a model fails at load."""
+    from ktd import _native
+
+    k = _native.kernels
+    supported = set(k.supported_types("ref"))
+    repacked = sum(t.nbytes for t in f.tensors.values()
+                   if len(t.shape) >= 2 and t.type_name in supported and k.repack_rows(t.type_name) > 0
+                   and t.name not in LOOKUP_TABLES)
+    unsupported = sorted({t.type_name for t in f.tensors.values() if t.type_name not in supported})
+    kv_per_token = _kv_bytes_per_token(arch, hparams)
+    hugepage = 2 << 20
+    return {
+        "mapped_file": f.file_size,
+        "arena_repacked_weights": repacked,
+        "arena_hugepages_2M": -(-repacked // hugepage),
+        "kv_bytes_per_token": kv_per_token,
+        "n_ctx": n_ctx,
+        "n_seq_max": n_seq,
+        "kv_cache": kv_per_token * n_ctx * n_seq if kv_per_token is not None else None,
+        "unsupported_types": unsupported,
+    }
+
+
+def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8) -> dict[str, Any]:
     """Everything ``ktd inspect`` reports about a model file, as plain data."""
     f = GGUFFile(path, willneed=False)  # header only: no readahead of the weights
     arch = _get_str(f, "general.architecture")
@@ -145,6 +189,7 @@ def inspect_model(path: str) -> dict[str, Any]:
         },
         "bytes_per_token": bytes_per_token(f, arch),
     }
+    report["memory_plan"] = memory_plan(f, arch, hparams, n_ctx, n_seq)
     # This machine: CPU features and the kernel ISA they select, topology, huge pages.
     report["machine"] = machine.describe()
     return report
@@ -195,6 +240,17 @@ def render(r: dict[str, Any]) -> str:
                      f"({b['n_expert_used']} of {b['n_expert']} experts; {_size(b['routed_experts_all'])} stored)")
     head = f" ({b['output_head_tensor']}{', tied embeddings' if b['output_head_tensor'] == TIED_HEAD else ''})"
     lines.append(f"  output head    {_size(b['output_head'])}{head if b['output_head_tensor'] else ''}")
+    if "memory_plan" in r:
+        p = r["memory_plan"]
+        lines.append("memory plan")
+        lines.append(f"  mapped file        {_size(p['mapped_file'])} (read-only, page cache)")
+        lines.append(f"  weights arena      {_size(p['arena_repacked_weights'])} repacked at load "
+                     f"({p['arena_hugepages_2M']} huge pages of 2 MiB for hugepages: hugetlb)")
+        if p["kv_cache"] is not None:
+            lines.append(f"  KV cache (F16)     {_size(p['kv_cache'])} for {p['n_seq_max']} slots x {p['n_ctx']} tokens "
+                         f"({_size(p['kv_bytes_per_token'])} per token)")
+        if p["unsupported_types"]:
+            lines.append(f"  unsupported types  {', '.join(p['unsupported_types'])} (the model cannot be loaded)")
     if "machine" in r:
         lines.append("machine")
         lines += [f"  {line}" for line in machine.summary_lines(r["machine"])]
