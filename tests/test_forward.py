@@ -17,7 +17,7 @@ from ktd.errors import ContextOverflow
 from models.tiny_dense import VARIANTS, make_model, model_filename
 from reference.numpy_forward import forward as numpy_forward
 
-SUPPORTED = ["llama", "qwen2", "qwen3"]
+SUPPORTED = ["llama", "qwen2", "qwen3", "gemma3"]
 N_TOKENS = 24
 # max |ktd - numpy| / max(1, max |numpy|). Measured: F32 ~1e-3 (F16 KV cache dominates).
 TOL_F32 = 5e-3
@@ -211,7 +211,7 @@ def _rewrite(src, dst, *, arch=None, drop=(), reshape=None, retype=None):
 
 def test_unknown_architecture_lists_supported(tiny, tmp_path):
     p = _rewrite(tiny("llama"), tmp_path / "x.gguf", arch="falcon")
-    with pytest.raises(_native.GGUFError, match=r"unsupported architecture 'falcon' \(supported: llama, qwen2, qwen3"):
+    with pytest.raises(_native.GGUFError, match=r"unsupported architecture 'falcon' \(supported: llama, qwen2, qwen3, gemma3"):
         _native.Model(str(p), n_threads=1, pin=False)
 
 

@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -11,7 +12,7 @@
 namespace ktd {
 
 const std::vector<const ArchSpec *> &all_archs() {
-    static const std::vector<const ArchSpec *> archs = {&kArchLlama, &kArchQwen2, &kArchQwen3};
+    static const std::vector<const ArchSpec *> archs = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchGemma3};
     return archs;
 }
 
@@ -277,6 +278,8 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
         ++n_out;
     }
     if (n_out > 0) matmul(&pool, w.output.pw, s_.xn.data(), n_out, logits, s_.mm);
+    if (const float c = hp.final_logit_softcap; c > 0.0f && n_out > 0)
+        for (int64_t j = 0; j < n_out * hp.n_vocab; ++j) logits[j] = c * std::tanh(logits[j] / c);
 }
 
 void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const std::vector<float> *bias) {
