@@ -29,12 +29,17 @@ TEXT = (
     "sequentially test each candidate number for divisibility by each prime.\n\n"
     "def sieve(limit):\n    flags = [True] * (limit + 1)\n    flags[0] = flags[1] = False\n"
 )
-PROMPT = "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n"
+QUESTION = "Write a Python function that reverses a string."
 N_GREEDY = 32
-MIN_TOP1 = 0.99
-# Measured (2 threads, AVX2): top-1 0.995 (one near-tie of ~200), max |Δlogit| 0.72 over a logit
-# range of about -26..36.
-MAX_ABS = {"qwen2.5-coder-0.5b": 1.0}
+# Measured (2 threads, AVX2) over the 213-token TEXT:
+# - qwen2.5-coder-0.5b: top-1 0.995 (one near-tie), max |Δlogit| 0.72 over logits of -26..36.
+# - gemma-3-270m: top-1 0.967, max |Δlogit| 4.3 over logits up to ~28. Gemma's residual stream is
+#   large (embeddings × sqrt(n_embd)), so the per-op Q8 activation rounding that both engines do
+#   (differently) moves its logits far more. Against the exact float64 numpy forward on the first
+#   48 tokens, ktd and llama.cpp are equally far (max 3.02 vs 2.96) and ktd agrees better on top-1
+#   (0.979 vs 0.938): the gap is rounding noise of the quantized file, not a modelling difference.
+MIN_TOP1 = {"qwen2.5-coder-0.5b": 0.99, "gemma-3-270m": 0.95}
+MAX_ABS = {"qwen2.5-coder-0.5b": 1.0, "gemma-3-270m": 6.0}
 
 
 def _oracle():
@@ -45,7 +50,7 @@ def _oracle():
     return llama_cpp
 
 
-@pytest.fixture(scope="module", params=["qwen2.5-coder-0.5b"])
+@pytest.fixture(scope="module", params=["qwen2.5-coder-0.5b", "gemma-3-270m"])
 def pair(request, real_model):
     llama_cpp = _oracle()
     path = real_model(request.param)
@@ -66,13 +71,16 @@ def test_teacher_forced_logits_match_llama_cpp(pair):
     max_abs = float(np.abs(got - ref).max())
     print(f"\n{name}: top-1 agreement {top1:.4f}, max |Δlogit| {max_abs:.3f}, "
           f"logit range {ref.min():.1f}..{ref.max():.1f}")
-    assert top1 >= MIN_TOP1
+    assert top1 >= MIN_TOP1[name]
     assert max_abs < MAX_ABS[name]
 
 
 def test_greedy_continuation_matches_llama_cpp(pair):
     name, llm, eng = pair
-    prompt = eng.tokenizer.encode(PROMPT, parse_special=True)
+    tok = eng.tokenizer
+    text = tok.render_chat([{"role": "user", "content": QUESTION}])
+    bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
+    prompt = tok.encode(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
     llm.reset()
     llm.eval(prompt)
     ref = []
