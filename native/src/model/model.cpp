@@ -24,7 +24,10 @@ const ArchSpec *find_arch(const std::string &name) {
 
 std::string Model::supported_archs() {
     std::string s;
-    for (const ArchSpec *a : all_archs()) s += (s.empty() ? "" : ", ") + std::string(a->name);
+    for (const ArchSpec *a : all_archs()) {
+        if (!s.empty()) s.append(", ");
+        s.append(a->name);
+    }
     return s;
 }
 
