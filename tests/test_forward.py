@@ -17,7 +17,7 @@ from ktd.errors import ContextOverflow
 from models.tiny_dense import VARIANTS, make_model, model_filename
 from reference.numpy_forward import forward as numpy_forward
 
-SUPPORTED = ["llama", "qwen2", "qwen3", "gemma3"]
+SUPPORTED = ["llama", "qwen2", "qwen3", "gemma3", "bitnet"]
 N_TOKENS = 24
 # max |ktd - numpy| / max(1, max |numpy|). Measured: F32 ~1e-3 (F16 KV cache dominates).
 TOL_F32 = 5e-3
@@ -78,8 +78,8 @@ def test_logits_match_numpy_reference_f32(tiny, arch, variant):
     assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.95
 
 
-@pytest.mark.parametrize("arch", SUPPORTED)
-@pytest.mark.parametrize("wtype", ["F16", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("arch,wtype", [(a, t) for a in SUPPORTED for t in ("F16", "Q8_0", "Q4_0")]
+                         + [("bitnet", "TQ2_0"), ("bitnet", "TQ1_0")])
 def test_logits_match_numpy_reference_quantized(tiny, arch, wtype):
     path = tiny(arch, wtype)
     e = _open(path)
@@ -211,7 +211,7 @@ def _rewrite(src, dst, *, arch=None, drop=(), reshape=None, retype=None):
 
 def test_unknown_architecture_lists_supported(tiny, tmp_path):
     p = _rewrite(tiny("llama"), tmp_path / "x.gguf", arch="falcon")
-    with pytest.raises(_native.GGUFError, match=r"unsupported architecture 'falcon' \(supported: llama, qwen2, qwen3, gemma3"):
+    with pytest.raises(_native.GGUFError, match=r"unsupported architecture 'falcon' \(supported: llama, qwen2, qwen3, gemma3, bitnet\)"):
         _native.Model(str(p), n_threads=1, pin=False)
 
 

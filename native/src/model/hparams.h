@@ -43,6 +43,7 @@ struct HParams {
     std::vector<bool> layer_swa;    // [n_layer] true: the layer uses the sliding window
     float attn_scale = 0.0f;        // q·k multiplier (1/sqrt(head_dim_k) unless the arch says)
     float embd_scale = 1.0f;        // token embedding multiplier (gemma: sqrt(n_embd))
+    bool ffn_relu2 = false;         // bitnet: relu(gate)² ⊙ up instead of SwiGLU
     float final_logit_softcap = 0;  // logits = c·tanh(logits/c) when > 0 (gemma)
 
     int64_t n_embd_q() const { return int64_t(n_head) * head_dim_k; }

@@ -12,7 +12,7 @@
 namespace ktd {
 
 const std::vector<const ArchSpec *> &all_archs() {
-    static const std::vector<const ArchSpec *> archs = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchGemma3};
+    static const std::vector<const ArchSpec *> archs = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchGemma3, &kArchBitnet};
     return archs;
 }
 

@@ -204,6 +204,6 @@ constexpr bool kRequired = true, kOptional = false;
 const ArchSpec *find_arch(const std::string &name);
 const std::vector<const ArchSpec *> &all_archs();
 // Defined by the architecture files.
-extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen3, kArchGemma3;
+extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen3, kArchGemma3, kArchBitnet;
 
 }  // namespace ktd
