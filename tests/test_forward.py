@@ -239,3 +239,34 @@ def test_type_without_kernels_is_named(tiny, tmp_path):
     p = _rewrite(tiny("llama"), tmp_path / "x.gguf", retype="blk.1.attn_q.weight")
     with pytest.raises(_native.GGUFError, match=r"blk\.1\.attn_q\.weight has type Q8_1"):
         _native.Model(str(p), n_threads=1, pin=False)
+
+
+def test_long_context_spans_many_attention_tiles(tiny):
+    """150 positions = several 64-key tiles of the online softmax; gemma3's window (8) inside."""
+    for arch in ("qwen2", "gemma3"):
+        path = tiny(arch)
+        e = _open(path, n_ctx=160, n_batch=37)
+        toks = _tokens(e.n_vocab, n=150, seed=11)
+        err = _rel_err(_prefill(e, toks), numpy_forward(path, toks))
+        assert err < TOL_F32, f"{arch}: rel err {err:.2e}"
+
+
+def test_thread_count_does_not_change_logits(tiny):
+    path = tiny("llama", "Q8_0")
+    toks = _tokens(320, n=20)
+    one = _prefill(Engine.open(path, n_ctx=32, threads=1, pin=False), toks)
+    three = _prefill(Engine.open(path, n_ctx=32, threads=3, pin=False), toks)
+    np.testing.assert_array_equal(one, three)
+
+
+def test_daemon_factory_loads_from_config(tiny):
+    from ktd import config
+    from ktd.engine import load
+
+    path = tiny("qwen3")
+    cfg = config.load(text=f"model:\n  path: {path}\n  n_ctx: 128\n  n_seq_max: 3\n  threads: 1\n")
+    seen = []
+    e = load(cfg, lambda what, frac: seen.append(what))
+    assert (e.n_ctx, e.n_seq_max) == (128, 3)
+    assert seen and e.info()["architecture"] == "qwen3"
+    assert e.tokenizer.n_vocab == 320
