@@ -161,6 +161,7 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
         v_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_v_gqa())]);
     }
     seq_len_.assign(size_t(n_seq_max), 0);
+    next_pos_.assign(size_t(n_seq_max), -1);
     const size_t nb = size_t(n_batch);
     s_.x.resize(nb * size_t(hp.n_embd));
     s_.xn.resize(nb * size_t(hp.n_embd));
@@ -219,7 +220,8 @@ void Context::forward(const Batch &b, float *logits) {
     if (b.n < 0) throw std::invalid_argument("forward: negative batch size");
     const HParams &hp = model_.hparams();
     // Validate every row before touching the cache: a rejected batch changes nothing.
-    std::vector<int64_t> next(seq_len_.size(), -1);  // expected next position per sequence
+    std::vector<int64_t> &next = next_pos_;  // expected next position per sequence, -1: none yet
+    std::fill(next.begin(), next.end(), -1);
     for (int64_t i = 0; i < b.n; ++i) {
         const int s = b.seq_ids[i];
         check_seq(s, "forward");

@@ -142,7 +142,8 @@ private:
     int n_seq_max_;
     int64_t n_batch_;
     std::vector<std::unique_ptr<uint16_t[]>> k_cache_, v_cache_;  // [n_layer] → [n_seq][n_ctx][dim]
-    std::vector<int64_t> seq_len_;
+    std::vector<int64_t> seq_len_;   // [n_seq_max] tokens held per slot
+    std::vector<int64_t> next_pos_;  // [n_seq_max] forward's validation scratch
     ForwardScratch s_;
 };
 
