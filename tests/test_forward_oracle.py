@@ -29,7 +29,16 @@ TEXT = (
     "sequentially test each candidate number for divisibility by each prime.\n\n"
     "def sieve(limit):\n    flags = [True] * (limit + 1)\n    flags[0] = flags[1] = False\n"
 )
-QUESTION = "Write a Python function that reverses a string."
+CHATML_PROMPT = "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n"
+PLAIN_PROMPT = "The history of the city of Rome begins"
+# Gemma-3-270M: both engines are about 1.5 logits (max 3) from the exact float64 forward (numpy
+# reference, first 48 tokens of TEXT), so free-running greedy decodes part at the first near-tie
+# (after 2 tokens on PLAIN_PROMPT). Checked instead along llama.cpp's greedy path: ktd's argmax
+# must equal llama.cpp's wherever llama.cpp's top-1 leads its runner-up by more than
+# GREEDY_TIE_MARGIN logits.
+STRICT_GREEDY = {"qwen2.5-coder-0.5b"}
+GREEDY_TIE_MARGIN = 2.0
+MIN_GREEDY_PATH_AGREEMENT = 0.9  # measured 30/32 on PLAIN_PROMPT
 N_GREEDY = 32
 # Measured (2 threads, AVX2) over the 213-token TEXT:
 # - qwen2.5-coder-0.5b: top-1 0.995 (one near-tie), max |Δlogit| 0.72 over logits of -26..36.
@@ -75,26 +84,43 @@ def test_teacher_forced_logits_match_llama_cpp(pair):
     assert max_abs < MAX_ABS[name]
 
 
+def _llama_greedy(llm, prompt):
+    llm.reset()
+    llm.eval(prompt)
+    toks, margins = [], []
+    for _ in range(N_GREEDY):
+        row = np.asarray(llm.scores[llm.n_tokens - 1])
+        top2 = np.sort(row)[-2:]
+        toks.append(int(np.argmax(row)))
+        margins.append(float(top2[1] - top2[0]))
+        llm.eval([toks[-1]])
+    return toks, margins
+
+
 def test_greedy_continuation_matches_llama_cpp(pair):
     name, llm, eng = pair
     tok = eng.tokenizer
-    text = tok.render_chat([{"role": "user", "content": QUESTION}])
-    bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
-    prompt = tok.encode(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
-    llm.reset()
-    llm.eval(prompt)
-    ref = []
-    for _ in range(N_GREEDY):
-        t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        ref.append(t)
-        llm.eval([t])
+    if name in STRICT_GREEDY:
+        # ChatML without the template's default system prompt (with it, the two engines part at a
+        # near-tie after 3 tokens: "Here's a" + " Python" vs " simple").
+        prompt = tok.encode(CHATML_PROMPT, parse_special=True)
+    else:
+        prompt = tok.encode(PLAIN_PROMPT)
+    ref, margins = _llama_greedy(llm, prompt)
     eng.free_seq(0)
     n = len(prompt)
-    logits = eng.forward(np.array(prompt), np.arange(n), np.zeros(n), np.eye(1, n, n - 1, dtype=bool)[0])
+    logits = eng.forward(np.array(prompt), np.arange(n), np.zeros(n), np.arange(n) == n - 1)
     got = []
     for i in range(N_GREEDY):
-        t = int(logits[0].argmax())
-        got.append(t)
-        logits = eng.forward(np.array([t]), np.array([n + i]), np.zeros(1), np.ones(1, bool))
-    print(f"\n{name}: {eng.tokenizer.decode(got)!r}")
-    assert got == ref, f"ktd: {eng.tokenizer.decode(got)!r}\nllama.cpp: {eng.tokenizer.decode(ref)!r}"
+        got.append(int(logits[0].argmax()))
+        # Free-running for the strict models; along llama.cpp's path for the others.
+        nxt = got[-1] if name in STRICT_GREEDY else ref[i]
+        logits = eng.forward(np.array([nxt]), np.array([n + i]), np.zeros(1), np.ones(1, bool))
+    print(f"\n{name}: {tok.decode(got)!r}")
+    if name in STRICT_GREEDY:
+        assert got == ref, f"ktd: {tok.decode(got)!r}\nllama.cpp: {tok.decode(ref)!r}"
+    else:
+        clear = [i for i in range(N_GREEDY) if margins[i] > GREEDY_TIE_MARGIN]
+        assert [got[i] for i in clear] == [ref[i] for i in clear]
+        agree = sum(g == r for g, r in zip(got, ref))
+        assert agree >= MIN_GREEDY_PATH_AGREEMENT * N_GREEDY, f"{agree}/{N_GREEDY}"

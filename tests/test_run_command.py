@@ -38,3 +38,15 @@ def test_run_streams_greedy_text_and_reports_speed(real_model, capsys):
 def test_run_rejects_bad_model_path(tmp_path, capsys):
     assert cli.main(["run", str(tmp_path / "nope.gguf"), "--prompt", "x"]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gemma-3-270m", "qwen2.5-coder-0.5b"])
+def test_chat_prompt_has_exactly_the_bos_the_model_wants(real_model, name):
+    from ktd.commands.run import chat_prompt_ids
+    from ktd.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(real_model(name))
+    ids = chat_prompt_ids(tok, tok.render_chat([{"role": "user", "content": "hi"}]))
+    n_bos = ids.count(tok.bos_id) if tok.bos_id is not None else 0
+    assert n_bos == (1 if tok.add_bos else 0)
+    assert ids[0] == tok.bos_id or not tok.add_bos

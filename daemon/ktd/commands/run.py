@@ -37,6 +37,15 @@ def _resolve(model: str) -> str:
     raise UserError(f"{model}: no such file, and not a known model ({', '.join(models.MODELS)})")
 
 
+def chat_prompt_ids(tok, text: str) -> list[int]:
+    """Token ids of a rendered chat: special tokens parsed, and the BOS added only when the
+    template did not already write it (gemma's does; a second BOS derails the model)."""
+    ids = tok.encode(text, add_special=False, parse_special=True)
+    if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+        ids.insert(0, tok.bos_id)
+    return ids
+
+
 def run(args) -> int:
     import numpy as np
 
@@ -58,17 +67,14 @@ def run(args) -> int:
     from ktd.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(path)
-    text = args.prompt
-    add_special = True
     if args.chat:
         try:
             text = tok.render_chat([{"role": "user", "content": args.prompt}])
         except ValueError as e:
             raise UserError(f"chat template: {e}") from None
-        # Templates that write the BOS token themselves (gemma) must not get a second one.
-        bos_text = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
-        add_special = not (bos_text and text.startswith(bos_text))
-    prompt = tok.encode(text, add_special=add_special, parse_special=args.chat)
+        prompt = chat_prompt_ids(tok, text)
+    else:
+        prompt = tok.encode(args.prompt)
     if not prompt:
         raise UserError("the prompt encodes to no tokens")
     n_ctx = len(prompt) + args.max_tokens
