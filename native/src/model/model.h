@@ -155,7 +155,7 @@ struct TensorSpec {
     Dim ne0, ne1;          // expected shape, GGML order (ne1 = One for vectors)
     bool required;
     Placement placement;
-    // Exactly one destination is set.
+    // At most one destination is set; none: the tensor is only checked (token_embd, read by row).
     Matrix LayerWeights::*layer_mat = nullptr;
     std::vector<float> LayerWeights::*layer_vec = nullptr;
     float LayerWeights::*layer_scalar = nullptr;
