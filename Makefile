@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run fetch-models bench-kernels clean distclean wheel oracle
+.PHONY: build native venv test test-fast run fetch-models bench bench-kernels clean distclean wheel oracle
 
 build: native
 
@@ -58,6 +58,12 @@ run: build
 # The three real models of docs/MODELS into the cache (~/.cache/ktd/models, or $$KTD_CACHE).
 fetch-models: build
 	$(PY) -m ktd fetch --all
+
+# End to end, ktd vs llama.cpp on the same files and threads, interleaved (docs/PERF.md):
+# bench/results/bench.json + bench.png. Options: make bench BENCH_ARGS="--quick --threads 2".
+BENCH_ARGS ?=
+bench: build oracle
+	$(PY) -m ktd.bench.e2e $(BENCH_ARGS)
 
 bench-kernels: build
 	$(PY) -m ktd.bench.kernels

@@ -1,8 +1,10 @@
 // Sub-block scale unpacking of the K-quants (ISA-neutral; shared by every ISA's kernels so the
 // bit layouts are written down once). Layouts as in ggml's ggml-quants.c and gguf-py.
+// The functions are `static`: this header is compiled into the reference, AVX2 and AVX-512
+// translation units with different ISA flags, and an `inline` function would be merged by the
+// linker into one copy, possibly the AVX-512 one, called from the reference kernels too.
 #pragma once
 #include <cstdint>
-#include <cstring>
 
 namespace ktd {
 
@@ -11,7 +13,7 @@ namespace ktd {
 //   bytes 4-7: min j (low 6 bits)   | bits 4-5 of min j+4 (top 2 bits)
 //   bytes 8-11: low 4 bits of scale j+4 | low 4 bits of min j+4 << 4
 // → sc[8], m[8] (each 0..63).
-inline void unpack_scale_min_k4(const uint8_t *q, uint8_t *sc, uint8_t *m) {
+static inline void unpack_scale_min_k4(const uint8_t *q, uint8_t *sc, uint8_t *m) {
     for (int j = 0; j < 4; ++j) {
         sc[j] = q[j] & 63;
         m[j] = q[j + 4] & 63;
@@ -20,22 +22,10 @@ inline void unpack_scale_min_k4(const uint8_t *q, uint8_t *sc, uint8_t *m) {
     }
 }
 
-// The same as four little-endian u32 words: [0] = sc[0..3], [1] = sc[4..7], [2] = m[0..3],
-// [3] = m[4..7] (one byte each), computed with word-wide masks (the SIMD kernels' form).
-inline void unpack_scale_min_k4_words(const uint8_t *q, uint32_t out[4]) {
-    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    uint32_t u[3];
-    std::memcpy(u, q, 12);
-    out[0] = u[0] & kmask1;                                        // sc 0..3
-    out[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);      // sc 4..7
-    out[2] = u[1] & kmask1;                                        // m 0..3
-    out[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);  // m 4..7
-}
-
 // Q3_K: 16 6-bit scales (stored + 32) packed in 12 bytes: low 4 bits of scale j in byte j (j < 8)
 // or the high nibble of byte j-8 (j >= 8); high 2 bits in byte 8 + j%4 at bit 2*(j/4).
 // → sc[16] in -32..31.
-inline void unpack_scales_q3_K(const uint8_t *q, int8_t *sc) {
+static inline void unpack_scales_q3_K(const uint8_t *q, int8_t *sc) {
     for (int j = 0; j < 16; ++j) {
         const int lo = j < 8 ? (q[j] & 0xF) : (q[j - 8] >> 4);
         const int hi = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
@@ -43,20 +33,8 @@ inline void unpack_scales_q3_K(const uint8_t *q, int8_t *sc) {
     }
 }
 
-// The same as four little-endian u32 words of stored (unsigned, +32) scales: byte j of the 16
-// bytes is scale j + 32 (the SIMD kernels' form).
-inline void unpack_scales_q3_K_words(const uint8_t *q, uint32_t out[4]) {
-    constexpr uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
-    uint32_t u[3];
-    std::memcpy(u, q, 12);
-    out[0] = (u[0] & kmask2) | ((u[2] & kmask1) << 4);
-    out[1] = (u[1] & kmask2) | (((u[2] >> 2) & kmask1) << 4);
-    out[2] = ((u[0] >> 4) & kmask2) | (((u[2] >> 4) & kmask1) << 4);
-    out[3] = ((u[1] >> 4) & kmask2) | (((u[2] >> 6) & kmask1) << 4);
-}
-
 // IQ4_XS: 8 6-bit scales (stored + 32): low 4 bits in scales_l nibbles, high 2 bits in scales_h.
-inline int iq4_xs_scale(const uint8_t *scales_l, uint16_t scales_h, int j) {
+static inline int iq4_xs_scale(const uint8_t *scales_l, uint16_t scales_h, int j) {
     const int lo = (scales_l[j / 2] >> (4 * (j % 2))) & 0xF;
     const int hi = (scales_h >> (2 * j)) & 3;
     return (lo | (hi << 4)) - 32;

@@ -12,7 +12,7 @@
 // Every (type, ISA) pair is one TypeKernels entry registered at load time by the file that
 // implements it (KTD_REGISTER_KERNELS below). The scalar reference (Isa::Ref) is the
 // specification: every other ISA's entry must agree with it within the activation-quantization
-// error stated per type in tests/test_kernels.py.
+// error stated per type in the tests (tests/test_kernels_q32.py for the 32-element and float types).
 #pragma once
 #include <cstddef>
 #include <cstdint>

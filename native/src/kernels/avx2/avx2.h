@@ -1,8 +1,10 @@
 // Shared pieces of the AVX2+FMA kernels (included only by files under kernels/avx2/).
 //
-// These files do not include common/float16.h or other headers with inline non-template code
-// shared with baseline translation units: an inline function compiled here with AVX2 flags could
-// be the copy the linker keeps for the baseline code too. Conversions use F16C intrinsics.
+// These files do not include common/float16.h or other headers with inline code shared with
+// baseline translation units, and use no out-of-line std templates (std::vector...): an inline
+// function or template instance compiled here with AVX2 flags could be the copy the linker keeps
+// for the baseline code too (check: `nm -C` on these objects lists weak symbols of ktd::avx2
+// only). Conversions use F16C intrinsics.
 //
 // The 32-element block types all dot against Q8_0 activations. A type supplies a traits struct
 //   struct Traits {
@@ -21,7 +23,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/blocks.h"
 
@@ -149,8 +150,10 @@ void gemm_q8_0_act(int64_t k, const void *w, size_t w_stride, const void *xq, si
 // and each row's sum stays in its own lane (no horizontal sums). Traits for such a layout:
 //   struct Traits {
 //     using GroupBlock = ...;                 // the 8-row block, sizeof = 8 * sizeof(row block)
-//     static constexpr int kActOffset;        // q is stored unsigned as q + kActOffset (0: signed)
-//     // acc[c] += the 8 rows' products with activation blocks a[c]; asum_off[c] = kActOffset·Σa.
+//     // The activation block sums the layout needs, scaled: asum_off[c] = kActSumScale·Σa (0: none).
+//     // Unsigned q stored with an offset o use o (Σ(q - o)·a = Σq·a - o·Σa); a min term uses 1.
+//     static constexpr int kActSumScale;
+//     // acc[c] += the 8 rows' products with activation blocks a[c].
 //     template <int NC> static void dot_group(const GroupBlock &g, const block_q8_0 *const *a,
 //                                             const int32_t *asum_off, __m256 *acc);
 //   };
@@ -171,6 +174,77 @@ inline int32_t act_sum(const block_q8_0 &a) {
     return _mm_cvtsi128_si32(t);
 }
 
+// The nibble layout shared by the 4- and 5-bit 8-row groups (128 bytes of qs): qs[32i + 4r + t]
+// holds row r's element 4i + t in its low nibble and element 16 + 4i + t in its high nibble, so
+// register i's low nibbles are lane-per-row register j = i and its high nibbles j = i + 4.
+// Row r's 4-bit values q[e] (e < 32) into the group's qs (zero-initialised).
+inline void put_nibbles(uint8_t *qs, int r, const uint8_t *q) {
+    for (int e = 0; e < 32; ++e) {
+        const int j = e / 4, t = e % 4;
+        qs[32 * (j % 4) + 4 * r + t] |= uint8_t((q[e] & 0x0F) << (j < 4 ? 0 : 4));
+    }
+}
+inline void load_nibbles(const uint8_t *qs, __m256i v[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int i = 0; i < 4; ++i) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 32 * i));
+        v[i] = _mm256_and_si256(q, m4);
+        v[i + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+}
+// Fifth bits of the 5-bit groups (32 bytes of qh): qh[4r + t] bit j = bit 4 of row r's element 4j + t.
+inline void put_bit4(uint8_t *qh, int r, const uint8_t *q) {
+    for (int e = 0; e < 32; ++e) qh[4 * r + e % 4] |= uint8_t(((q[e] >> 4) & 1) << (e / 4));
+}
+inline void add_bit4(const uint8_t *qh, __m256i v[8]) {
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qh));
+    // Bit j of each byte → bit 4 (16-bit shifts: the 0x10 mask drops what crosses bytes).
+    v[0] = _mm256_or_si256(v[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
+    v[1] = _mm256_or_si256(v[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
+    v[2] = _mm256_or_si256(v[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), b4));
+    v[3] = _mm256_or_si256(v[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), b4));
+    v[4] = _mm256_or_si256(v[4], _mm256_and_si256(h, b4));
+    v[5] = _mm256_or_si256(v[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), b4));
+    v[6] = _mm256_or_si256(v[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), b4));
+    v[7] = _mm256_or_si256(v[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), b4));
+}
+// The 32 element values (0..31) of a block in the Q4/Q5 qs/qh encoding (qh may be null: 4-bit).
+inline void block_values(const uint8_t *qs, const uint8_t *qh, uint8_t *q) {
+    uint32_t bits = 0;
+    if (qh) std::memcpy(&bits, qh, 4);
+    for (int e = 0; e < 32; ++e)
+        q[e] = uint8_t((e < 16 ? (qs[e] & 0x0F) : (qs[e - 16] >> 4)) | (((bits >> e) & 1u) << 4));
+}
+// Σ_j v[j]·(activation bytes 4j..4j+3) per lane for unsigned v ≤ 31: int16 partial sums of four
+// registers stay below 4·2·31·127 = 31496.
+inline __m256i dot_group_u5(const __m256i v[8], const block_q8_0 &a) {
+    __m256i s0 = _mm256_maddubs_epi16(v[0], act_quad(a, 0));
+    __m256i s1 = _mm256_maddubs_epi16(v[4], act_quad(a, 4));
+    for (int j = 1; j < 4; ++j) {
+        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(v[j], act_quad(a, j)));
+        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(v[j + 4], act_quad(a, j + 4)));
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    return _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+}
+// The same for v ≤ 15: all eight registers in one int16 sum (8·2·15·127 = 30480).
+inline __m256i dot_group_u4(const __m256i v[8], const block_q8_0 &a) {
+    __m256i s = _mm256_maddubs_epi16(v[0], act_quad(a, 0));
+    for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], act_quad(a, j)));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+inline __m256 load_d8(const uint16_t *d) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(d)));
+}
+
+// Visits block b of every row of group g (rows past `rows` are skipped: the group stays zero).
+template <typename Block, typename Fn>
+inline void for_group_rows(const void *w, size_t w_stride, int64_t rows, int64_t g, int64_t b, const Fn &fn) {
+    for (int r = 0; r < kRepackRows && g * kRepackRows + r < rows; ++r)
+        fn(r, reinterpret_cast<const Block *>(static_cast<const char *>(w) + size_t(g * kRepackRows + r) * w_stride)[b]);
+}
+
 template <typename Traits, int NC>
 inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_0 *const *a,
                        const int32_t *asum_off, float *y, size_t ldy, int rows_valid) {
@@ -181,7 +255,7 @@ inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const b
     for (int64_t b = 0; b < nb; ++b) {
         for (int c = 0; c < NC; ++c) {
             p[c] = a[c] + b;
-            if constexpr (Traits::kActOffset != 0) off[c] = asum_off[size_t(c) * size_t(nb) + size_t(b)];
+            if constexpr (Traits::kActSumScale != 0) off[c] = asum_off[size_t(c) * size_t(nb) + size_t(b)];
         }
         Traits::template dot_group<NC>(g[b], p, off, acc);
     }
@@ -196,6 +270,24 @@ inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const b
     }
 }
 
+// Per-thread buffer of activation block sums; grows only (no allocation once warm).
+struct ActSums {
+    int32_t *p = nullptr;
+    size_t cap = 0;
+    ActSums() = default;
+    ActSums(const ActSums &) = delete;
+    ActSums &operator=(const ActSums &) = delete;
+    ~ActSums() { delete[] p; }
+    int32_t *get(size_t n) {
+        if (n > cap) {
+            delete[] p;
+            p = new int32_t[n];
+            cap = n;
+        }
+        return p;
+    }
+};
+
 // gemm_repacked for an 8-row interleaved layout (TypeKernels::gemm_repacked contract).
 template <typename Traits>
 void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
@@ -204,14 +296,15 @@ void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void
     const int64_t nb = k / QK8_0;
     const char *wb = static_cast<const char *>(wp);
     const char *xb = static_cast<const char *>(xq);
-    // kActOffset·Σa per (column, block), computed once per call; grows only (no allocation once warm).
-    thread_local std::vector<int32_t> asum_off;
-    if constexpr (Traits::kActOffset != 0) {
-        if (asum_off.size() < size_t(nc) * size_t(nb)) asum_off.resize(size_t(nc) * size_t(nb));
+    // kActSumScale·Σa per (column, block), computed once per call.
+    thread_local ActSums sums;
+    int32_t *asum_off = nullptr;
+    if constexpr (Traits::kActSumScale != 0) {
+        asum_off = sums.get(size_t(nc) * size_t(nb));
         for (int c = 0; c < nc; ++c) {
             const auto *a = reinterpret_cast<const block_q8_0 *>(xb + size_t(c) * x_stride);
             for (int64_t b = 0; b < nb; ++b)
-                asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum(a[b]);
+                asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActSumScale * act_sum(a[b]);
         }
     }
     const int n_groups = (nr + kRepackRows - 1) / kRepackRows;
@@ -222,7 +315,7 @@ void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void
             const int ncc = std::min(kColTile, nc - c0);
             const block_q8_0 *a[kColTile];
             for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_0 *>(xb + size_t(c0 + c) * x_stride);
-            const int32_t *off = asum_off.data() + size_t(c0) * size_t(nb);
+            const int32_t *off = asum_off ? asum_off + size_t(c0) * size_t(nb) : nullptr;
             for (int gi = g0; gi < g1; ++gi) {
                 const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
                 const int valid = std::min(kRepackRows, nr - gi * kRepackRows);

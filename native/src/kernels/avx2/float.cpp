@@ -44,51 +44,83 @@ void dequantize_row(const void *vx, float *y, int64_t k) {
     for (; i < k; ++i) y[i] = L::load1(x + i);
 }
 
-// One weight row against NC activation rows; U independent accumulators per column.
-template <typename L, int NC>
-void dot_row(int64_t k, const typename L::T *w, const float *const *a, float *y, size_t ldy) {
-    constexpr int U = NC == 1 ? 4 : 2;
-    __m256 acc[U * NC];
-    for (int j = 0; j < U * NC; ++j) acc[j] = _mm256_setzero_ps();
+// GEMV: one weight row against one activation row, four independent accumulators.
+template <typename L>
+float dot_row(int64_t k, const typename L::T *w, const float *a) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
-    for (; i + 8 * U <= k; i += 8 * U)
-        for (int u = 0; u < U; ++u) {
-            const __m256 wv = L::load8(w + i + 8 * u);
-            for (int c = 0; c < NC; ++c)
-                acc[u * NC + c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(a[c] + i + 8 * u), acc[u * NC + c]);
-        }
+    for (; i + 32 <= k; i += 32)
+        for (int u = 0; u < 4; ++u)
+            acc[u] = _mm256_fmadd_ps(L::load8(w + i + 8 * u), _mm256_loadu_ps(a + i + 8 * u), acc[u]);
+    for (; i + 8 <= k; i += 8) acc[0] = _mm256_fmadd_ps(L::load8(w + i), _mm256_loadu_ps(a + i), acc[0]);
+    float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < k; ++i) sum += L::load1(w + i) * a[i];
+    return sum;
+}
+
+// GEMM micro-tile: RM weight rows × RN activation rows in RM·RN accumulators (≤ 12 + 3 + 1
+// registers); each widened weight vector is used RN times, each activation vector RM times.
+template <typename L, int RM, int RN>
+void dot_tile(int64_t k, const typename L::T *const *w, const float *const *a, float *y, size_t ldy) {
+    __m256 acc[RM][RN];
+    for (int r = 0; r < RM; ++r)
+        for (int c = 0; c < RN; ++c) acc[r][c] = _mm256_setzero_ps();
+    int64_t i = 0;
     for (; i + 8 <= k; i += 8) {
-        const __m256 wv = L::load8(w + i);
-        for (int c = 0; c < NC; ++c) acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(a[c] + i), acc[c]);
+        __m256 wv[RM];
+        for (int r = 0; r < RM; ++r) wv[r] = L::load8(w[r] + i);
+        for (int c = 0; c < RN; ++c) {
+            const __m256 av = _mm256_loadu_ps(a[c] + i);
+            for (int r = 0; r < RM; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], av, acc[r][c]);
+        }
     }
-    for (int c = 0; c < NC; ++c) {
-        __m256 s = acc[c];
-        for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[u * NC + c]);
-        float sum = hsum(s);
-        for (int64_t t = i; t < k; ++t) sum += L::load1(w + t) * a[c][t];
-        y[size_t(c) * ldy] = sum;
+    for (int r = 0; r < RM; ++r)
+        for (int c = 0; c < RN; ++c) {
+            float sum = hsum(acc[r][c]);
+            for (int64_t t = i; t < k; ++t) sum += L::load1(w[r] + t) * a[c][t];
+            y[size_t(c) * ldy + size_t(r)] = sum;
+        }
+}
+
+template <typename L, int RM>
+void dot_tile_rn(int rn, int64_t k, const typename L::T *const *w, const float *const *a, float *y, size_t ldy) {
+    switch (rn) {
+        case 1: dot_tile<L, RM, 1>(k, w, a, y, ldy); break;
+        case 2: dot_tile<L, RM, 2>(k, w, a, y, ldy); break;
+        case 3: dot_tile<L, RM, 3>(k, w, a, y, ldy); break;
+        default: dot_tile<L, RM, 4>(k, w, a, y, ldy); break;
     }
 }
 
 template <typename L>
 void gemm(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y, size_t ldy,
           int nr, int nc) {
+    using T = typename L::T;
     const char *wb = static_cast<const char *>(w);
     const char *xb = static_cast<const char *>(xq);
+    auto row = [&](int r) { return reinterpret_cast<const T *>(wb + size_t(r) * w_stride); };
+    auto act = [&](int c) { return reinterpret_cast<const float *>(xb + size_t(c) * x_stride); };
+    if (nc == 1) {
+        for (int r = 0; r < nr; ++r) y[r] = dot_row<L>(k, row(r), act(0));
+        return;
+    }
+    constexpr int kRM = 3, kRN = 4;
+    // Row chunks (weights in L2) × column tiles (activations in L1) × RM-row micro-tiles.
     for (int r0 = 0; r0 < nr; r0 += kRowChunk) {
         const int r1 = std::min(nr, r0 + kRowChunk);
-        for (int c0 = 0; c0 < nc; c0 += kColTile) {
-            const int ncc = std::min(kColTile, nc - c0);
-            const float *a[kColTile];
-            for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const float *>(xb + size_t(c0 + c) * x_stride);
-            for (int r = r0; r < r1; ++r) {
-                const auto *wr = reinterpret_cast<const typename L::T *>(wb + size_t(r) * w_stride);
-                float *yr = y + size_t(c0) * ldy + size_t(r);
-                switch (ncc) {
-                    case 1: dot_row<L, 1>(k, wr, a, yr, ldy); break;
-                    case 2: dot_row<L, 2>(k, wr, a, yr, ldy); break;
-                    case 3: dot_row<L, 3>(k, wr, a, yr, ldy); break;
-                    default: dot_row<L, 4>(k, wr, a, yr, ldy); break;
+        for (int c0 = 0; c0 < nc; c0 += kRN) {
+            const int rn = std::min(kRN, nc - c0);
+            const float *a[kRN];
+            for (int c = 0; c < rn; ++c) a[c] = act(c0 + c);
+            for (int r = r0; r < r1; r += kRM) {
+                const int rm = std::min(kRM, r1 - r);
+                const T *wr[kRM];
+                for (int i = 0; i < rm; ++i) wr[i] = row(r + i);
+                float *yt = y + size_t(c0) * ldy + size_t(r);
+                switch (rm) {
+                    case 1: dot_tile_rn<L, 1>(rn, k, wr, a, yt, ldy); break;
+                    case 2: dot_tile_rn<L, 2>(rn, k, wr, a, yt, ldy); break;
+                    default: dot_tile_rn<L, 3>(rn, k, wr, a, yt, ldy); break;
                 }
             }
         }

@@ -59,9 +59,7 @@ struct Q3K {
         __m256 acc[NC];
         for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
-            uint32_t u[4];
-            unpack_scales_q3_K_words(w[b].scales, u);
-            const __m128i sc8 = _mm_sub_epi8(_mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0])), _mm_set1_epi8(32));
+            const __m128i sc8 = unpack_scales_q3_K_simd(w[b].scales);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
             const __m256i hbits = load256(w[b].hmask);
             __m256i sumi[NC];

@@ -33,9 +33,8 @@ struct Q4_0 {
     }
 };
 
-// Repacked layout (version 1), block b of 8 rows, q unsigned (0..15, w = d·(q - 8)):
-// qs[32i + 4r + t]: row r's element 4i + t in the low nibble, 16 + 4i + t in the high nibble
-// (i < 4: register i's low nibbles are lane-per-row register j = i, its high nibbles j = i + 4).
+// Repacked layout (version 1): block b of 8 rows, q unsigned (0..15, w = d·(q - 8)) in the
+// nibble layout of avx2.h (put_nibbles).
 struct block_q4_0x8 {
     uint16_t d[kRepackRows];
     uint8_t qs[128];
@@ -50,38 +49,26 @@ void repack_q4_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_
     for (int64_t g = g0; g < g1; ++g)
         for (int64_t b = 0; b < nb; ++b) {
             block_q4_0x8 &dst = o[g * nb + b];
-            std::memset(&dst, 0, sizeof dst);  // rows past the end stay zero (d = 0)
-            for (int r = 0; r < kRepackRows && g * kRepackRows + r < rows; ++r) {
-                const auto *src = reinterpret_cast<const block_q4_0 *>(static_cast<const char *>(w) +
-                                                                       size_t(g * kRepackRows + r) * w_stride) + b;
-                dst.d[r] = src->d;
-                for (int e = 0; e < QK4_0; ++e) {
-                    const int q = e < 16 ? (src->qs[e] & 0x0F) : (src->qs[e - 16] >> 4);
-                    const int j = e / 4, t = e % 4;
-                    dst.qs[32 * (j % 4) + 4 * r + t] |= uint8_t(q << (j < 4 ? 0 : 4));
-                }
-            }
+            std::memset(&dst, 0, sizeof dst);
+            for_group_rows<block_q4_0>(w, w_stride, rows, g, b, [&](int r, const block_q4_0 &src) {
+                uint8_t q[32];
+                block_values(src.qs, nullptr, q);
+                dst.d[r] = src.d;
+                put_nibbles(dst.qs, r, q);
+            });
         }
 }
 
 struct Q4_0x8 {
     using GroupBlock = block_q4_0x8;
-    static constexpr int kActOffset = 8;
+    static constexpr int kActSumScale = 8;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *off, __m256 *acc) {
-        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.d)));
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        const __m256 d8 = load_d8(g.d);
         __m256i v[8];
-        for (int i = 0; i < 4; ++i) {
-            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qs + 32 * i));
-            v[i] = _mm256_and_si256(q, m4);
-            v[i + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        }
+        load_nibbles(g.qs, v);
         for (int c = 0; c < NC; ++c) {
-            // Eight u4·s8 pair sums per int16 stay below 8·2·15·127 = 30480.
-            __m256i s = _mm256_maddubs_epi16(v[0], act_quad(*a[c], 0));
-            for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], act_quad(*a[c], j)));
-            const __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi32(off[c]));
+            const __m256i isum = _mm256_sub_epi32(dot_group_u4(v, *a[c]), _mm256_set1_epi32(off[c]));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(f16(a[c]->d))), acc[c]);
         }
     }

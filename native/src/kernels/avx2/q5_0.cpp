@@ -37,10 +37,8 @@ struct Q5_0 {
     }
 };
 
-// Repacked layout (version 1), block b of 8 rows, q stored unsigned (0..31, w = d·(q - 16)):
-// qs[32i + 4r + t]: row r's element 4i + t in the low nibble, 16 + 4i + t in the high nibble
-// (i < 4: register i's low nibbles are lane-per-row register j = i, its high nibbles j = i + 4);
-// qh[4r + t] bit j = bit 4 of row r's element 4j + t.
+// Repacked layout (version 1): block b of 8 rows, q unsigned (0..31, w = d·(q - 16)): low four
+// bits in the nibble layout of avx2.h (put_nibbles), fifth bits as put_bit4.
 struct block_q5_0x8 {
     uint16_t d[kRepackRows];
     uint8_t qh[32];
@@ -56,57 +54,28 @@ void repack_q5_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_
     for (int64_t g = g0; g < g1; ++g)
         for (int64_t b = 0; b < nb; ++b) {
             block_q5_0x8 &dst = o[g * nb + b];
-            std::memset(&dst, 0, sizeof dst);  // rows past the end stay zero (d = 0)
-            for (int r = 0; r < kRepackRows && g * kRepackRows + r < rows; ++r) {
-                const auto *src = reinterpret_cast<const block_q5_0 *>(static_cast<const char *>(w) +
-                                                                       size_t(g * kRepackRows + r) * w_stride) + b;
-                dst.d[r] = src->d;
-                uint32_t qh;
-                std::memcpy(&qh, src->qh, 4);
-                for (int e = 0; e < QK5_0; ++e) {
-                    const int lo = e < 16 ? (src->qs[e] & 0x0F) : (src->qs[e - 16] >> 4);
-                    const int j = e / 4, t = e % 4;
-                    dst.qs[32 * (j % 4) + 4 * r + t] |= uint8_t(lo << (j < 4 ? 0 : 4));
-                    dst.qh[4 * r + t] |= uint8_t(((qh >> e) & 1u) << j);
-                }
-            }
+            std::memset(&dst, 0, sizeof dst);
+            for_group_rows<block_q5_0>(w, w_stride, rows, g, b, [&](int r, const block_q5_0 &src) {
+                uint8_t q[32];
+                block_values(src.qs, src.qh, q);
+                dst.d[r] = src.d;
+                put_nibbles(dst.qs, r, q);
+                put_bit4(dst.qh, r, q);
+            });
         }
 }
 
 struct Q5_0x8 {
     using GroupBlock = block_q5_0x8;
-    static constexpr int kActOffset = 16;
+    static constexpr int kActSumScale = 16;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *off, __m256 *acc) {
-        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.d)));
-        const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qh));
+        const __m256 d8 = load_d8(g.d);
         __m256i v[8];
-        for (int i = 0; i < 4; ++i) {
-            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qs + 32 * i));
-            v[i] = _mm256_and_si256(q, m4);
-            v[i + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        }
-        // Bit j of each qh byte → bit 4 (16-bit shifts: the 0x10 mask drops what crosses bytes).
-        v[0] = _mm256_or_si256(v[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
-        v[1] = _mm256_or_si256(v[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
-        v[2] = _mm256_or_si256(v[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), b4));
-        v[3] = _mm256_or_si256(v[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), b4));
-        v[4] = _mm256_or_si256(v[4], _mm256_and_si256(h, b4));
-        v[5] = _mm256_or_si256(v[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), b4));
-        v[6] = _mm256_or_si256(v[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), b4));
-        v[7] = _mm256_or_si256(v[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), b4));
-        const __m256i ones = _mm256_set1_epi16(1);
+        load_nibbles(g.qs, v);
+        add_bit4(g.qh, v);
         for (int c = 0; c < NC; ++c) {
-            // Four u5·s8 pair sums per int16 stay below 4·2·31·127 = 31496.
-            __m256i s0 = _mm256_maddubs_epi16(v[0], act_quad(*a[c], 0));
-            __m256i s1 = _mm256_maddubs_epi16(v[4], act_quad(*a[c], 4));
-            for (int j = 1; j < 4; ++j) {
-                s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(v[j], act_quad(*a[c], j)));
-                s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(v[j + 4], act_quad(*a[c], j + 4)));
-            }
-            __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
-            isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off[c]));
+            const __m256i isum = _mm256_sub_epi32(dot_group_u5(v, *a[c]), _mm256_set1_epi32(off[c]));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(f16(a[c]->d))), acc[c]);
         }
     }

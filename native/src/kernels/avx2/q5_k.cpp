@@ -45,9 +45,8 @@ struct Q5K {
         __m256 acc[NC];
         for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
-            uint32_t u[4];
-            unpack_scale_min_k4_words(w[b].scales, u);
-            const __m256i sm = _mm256_cvtepu8_epi16(_mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0])));
+            // int16 ×16: low lane the 8 scales, high lane the 8 mins.
+            const __m256i sm = _mm256_cvtepu8_epi16(unpack_scale_min_k4_simd(w[b].scales));
             const __m128i mins = _mm256_extracti128_si256(sm, 1);
             const __m256i scales = _mm256_permute2x128_si256(sm, sm, 0x00);
             const __m256i hbits = load256(w[b].qh);

@@ -96,7 +96,7 @@ void repack_q8_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_
 
 struct Q8_0x8 {
     using GroupBlock = block_q8_0x8;
-    static constexpr int kActOffset = 0;
+    static constexpr int kActSumScale = 0;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *, __m256 *acc) {
         const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.d)));

@@ -62,10 +62,8 @@ struct Q4K {
         __m128 accm[NC];
         for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps(), accm[c] = _mm_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
-            uint32_t u[4];
-            unpack_scale_min_k4_words(w[b].scales, u);
             // int16 ×16: words 0..7 the scales, 8..15 the mins.
-            const __m256i sm = _mm256_cvtepu8_epi16(_mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0])));
+            const __m256i sm = _mm256_cvtepu8_epi16(unpack_scale_min_k4_simd(w[b].scales));
             const __m128i mins = _mm256_extracti128_si256(sm, 1);
             const __m512i sm512 = _mm512_castsi256_si512(sm);
             __m512i sv[4], v[4];

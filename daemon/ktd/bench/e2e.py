@@ -1,0 +1,659 @@
+"""End-to-end benchmark: ktd vs llama.cpp on the same GGUF file and thread count, in one run.
+
+    python -m ktd.bench.e2e [--models NAME ...] [--threads 1 2] [--reps 5] [--quick]
+
+For every model and thread count both engines are opened, then measured interleaved — each
+repetition runs every test on both engines back to back, the engine that goes first alternating
+between repetitions (A B, B A, ...) so that a load change on this shared machine hits both alike.
+The quoted ratio ktd/llama.cpp is the median of the per-repetition ratios (docs/PERF.md).
+
+Tests, as llama-bench measures them:
+- ``pp128`` / ``pp512``: one forward of N prompt tokens as one batch on an empty KV cache (logits
+  for the last row only); tokens/s = N / seconds.
+- ``tg128``: after a short prompt (not timed), 128 single-token forwards, each fed the greedy
+  (argmax) token of the previous one; tokens/s = 128 / seconds. The argmax is timed on both sides.
+
+Decode is also reported as % of the DRAM ceiling: read bandwidth (measured in this run with the
+same thread count, streaming a buffer far larger than the L3 cache) ÷ bytes read per token
+(``ktd.inspect``). The per-token cost of the Python harness itself is measured and reported.
+
+Results go to ``bench/results/bench.json`` and a plot ``bench/results/bench.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+SCHEMA = "ktd.bench.e2e/1"
+ENGINES = ("ktd", "llama.cpp")
+PP_TESTS = {"pp128": 128, "pp512": 512}
+TG_TEST, TG_TOKENS = "tg128", 128
+TESTS = (*PP_TESTS, TG_TEST)
+TG_PROMPT_TOKENS = 16      # the short prompt before decode (not timed)
+N_CTX = 1024               # >= 512 (pp512) and >= TG_PROMPT_TOKENS + TG_TOKENS
+N_BATCH = 512              # llama.cpp n_batch = n_ubatch: pp512 is one physical batch
+MIN_BW_BYTES = 1 << 30     # read-bandwidth buffer: far larger than any L3 cache (32 MiB here)
+DEFAULT_OUT = Path("bench/results/bench.json")
+# Prompt text (code, as the models are coder models), repeated until long enough.
+PROMPT_TEXT = (
+    "def quicksort(items):\n"
+    "    \"\"\"Sort a list with the quicksort algorithm and return a new list.\"\"\"\n"
+    "    if len(items) <= 1:\n"
+    "        return list(items)\n"
+    "    pivot, rest = items[0], items[1:]\n"
+    "    smaller = [x for x in rest if x < pivot]\n"
+    "    larger = [x for x in rest if x >= pivot]\n"
+    "    return quicksort(smaller) + [pivot] + quicksort(larger)\n\n"
+)
+
+
+# --- models (data: add MoE files and the daemon path here) ---------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BenchModel:
+    name: str
+    resolve: Callable[[], Path]   # path of the GGUF file; may fetch it; raises if unavailable
+
+
+def _known_model(name: str) -> Callable[[], Path]:
+    def resolve() -> Path:
+        from ktd import models
+        return models.fetch(name)
+    return resolve
+
+
+MODELS: list[BenchModel] = [
+    BenchModel("qwen2.5-coder-0.5b", _known_model("qwen2.5-coder-0.5b")),
+    BenchModel("qwen2.5-coder-1.5b", _known_model("qwen2.5-coder-1.5b")),
+]
+
+
+# --- pure computation (unit-tested) --------------------------------------------------------
+
+def ceiling_tokens_per_s(read_bandwidth: float, bytes_per_token: int) -> float:
+    """Decode tokens/s if every weight byte read per token streamed at the read bandwidth (B/s)."""
+    if read_bandwidth <= 0 or bytes_per_token <= 0:
+        raise ValueError(f"ceiling needs positive bandwidth and bytes per token, "
+                         f"got {read_bandwidth} B/s and {bytes_per_token} B")
+    return read_bandwidth / bytes_per_token
+
+
+def pct_of(value: float | None, reference: float | None) -> float | None:
+    if value is None or not reference:
+        return None
+    return 100.0 * value / reference
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def paired_ratios(samples: list[dict], model: str, threads: int, test: str,
+                  num: str = "ktd", den: str = "llama.cpp") -> list[float]:
+    """num/den tokens/s per repetition, for the repetitions where both engines were measured."""
+    by_rep: dict[int, dict[str, float]] = {}
+    for s in samples:
+        if s["model"] == model and s["threads"] == threads and s["test"] == test:
+            by_rep.setdefault(s["rep"], {})[s["engine"]] = s["tokens_per_s"]
+    return [r[num] / r[den] for _, r in sorted(by_rep.items()) if num in r and den in r and r[den] > 0]
+
+
+def overhead_share(overhead_s: Sequence[float], tokens_per_s: Sequence[float]) -> dict[str, float | None]:
+    """Median harness seconds per decode step, and its % of the median step (1 / tokens/s)."""
+    ov = median_or_none(overhead_s)
+    step = median_or_none([1.0 / x for x in tokens_per_s])
+    return {"seconds_per_token": ov, "pct_of_step": pct_of(ov, step)}
+
+
+def leading_agreement(a: Sequence[int] | None, b: Sequence[int] | None) -> int | None:
+    """How many leading tokens two greedy continuations share."""
+    if a is None or b is None:
+        return None
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def summarise(*, model_names: Sequence[str], engines: Sequence[str], threads: Sequence[int],
+              tests: Sequence[str], samples: list[dict], unavailable: dict[tuple[str, str], str],
+              read_bandwidth: dict[int, float], bytes_per_token: dict[str, int | None],
+              greedy: dict[tuple[str, str, int], list[int]] | None = None,
+              overhead: list[dict] | None = None, config: dict | None = None) -> dict[str, Any]:
+    """The report written to bench.json, from the raw per-repetition samples.
+
+    samples: {model, engine, threads, test, rep, tokens_per_s}; unavailable: (model, engine) ->
+    reason (those rows get tokens_per_s None and the reason); read_bandwidth: threads -> B/s;
+    greedy: (model, engine, threads) -> tg tokens of the first repetition.
+    """
+    greedy = greedy or {}
+    rows, ratios, ceilings = [], [], []
+    for model in model_names:
+        for t in threads:
+            for test in tests:
+                for engine in engines:
+                    vals = [s["tokens_per_s"] for s in samples if (s["model"], s["engine"], s["threads"],
+                                                                   s["test"]) == (model, engine, t, test)]
+                    row: dict[str, Any] = {"model": model, "engine": engine, "threads": t, "test": test,
+                                           "tokens_per_s": median_or_none(vals), "samples": vals}
+                    if not vals:
+                        row["unavailable"] = unavailable.get((model, engine), "not measured")
+                    rows.append(row)
+                r = paired_ratios(samples, model, t, test)
+                entry: dict[str, Any] = {"model": model, "threads": t, "test": test,
+                                         "ktd_over_llama_cpp": median_or_none(r), "per_rep": r}
+                if test == TG_TEST:
+                    entry["greedy_tokens_agreeing"] = leading_agreement(
+                        greedy.get((model, "ktd", t)), greedy.get((model, "llama.cpp", t)))
+                ratios.append(entry)
+            bpt, bw = bytes_per_token.get(model), read_bandwidth.get(t)
+            ceiling = ceiling_tokens_per_s(bw, bpt) if bpt and bw else None
+            tg = {r["engine"]: r["tokens_per_s"] for r in rows
+                  if (r["model"], r["threads"], r["test"]) == (model, t, TG_TEST)}
+            ceilings.append({"model": model, "threads": t, "ceiling_tokens_per_s": ceiling,
+                             "decode_pct_of_ceiling": {e: pct_of(tg.get(e), ceiling) for e in engines}})
+    return {
+        "schema": SCHEMA,
+        "config": config or {},
+        "read_bandwidth": [{"threads": t, "bytes_per_s": read_bandwidth.get(t)} for t in threads],
+        "models": [{"name": m, "bytes_per_token": bytes_per_token.get(m)} for m in model_names],
+        "rows": rows,
+        "ratios": ratios,
+        "ceiling": ceilings,
+        "harness_overhead": overhead or [],
+        "samples": samples,
+    }
+
+
+ROW_KEYS = {"model": str, "engine": str, "threads": int, "test": str}
+
+
+def validate_report(report: dict) -> None:
+    """Raise ValueError unless the report has the bench.json schema (what readers rely on)."""
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise ValueError(f"bench report: {what}")
+
+    need(report.get("schema") == SCHEMA, f"schema must be {SCHEMA!r}")
+    for key in ("rows", "read_bandwidth", "models", "ratios", "ceiling"):
+        need(isinstance(report.get(key), list), f"'{key}' must be a list")
+    for row in report["rows"]:
+        for key, typ in ROW_KEYS.items():
+            need(isinstance(row.get(key), typ), f"row {row}: '{key}' must be {typ.__name__}")
+        need(row["engine"] in ENGINES, f"row {row}: engine must be one of {ENGINES}")
+        need(row["test"] in TESTS, f"row {row}: test must be one of {TESTS}")
+        tps = row.get("tokens_per_s", "absent")
+        if tps is None:
+            need(isinstance(row.get("unavailable"), str), f"row {row}: no tokens_per_s and no reason")
+        else:
+            need(isinstance(tps, float) and tps > 0, f"row {row}: tokens_per_s must be a positive number")
+    for bw in report["read_bandwidth"]:
+        need(isinstance(bw.get("threads"), int), f"read_bandwidth {bw}: 'threads' must be int")
+        need(bw.get("bytes_per_s") is None or bw["bytes_per_s"] > 0, f"read_bandwidth {bw}: bad bytes_per_s")
+    for m in report["models"]:
+        need(isinstance(m.get("name"), str), f"models {m}: 'name' must be str")
+        need(m.get("bytes_per_token") is None or (isinstance(m["bytes_per_token"], int)
+                                                  and m["bytes_per_token"] > 0),
+             f"models {m}: bytes_per_token must be a positive int or null")
+
+
+def format_table(report: dict) -> str:
+    """The human-readable summary: one line per (model, threads, test)."""
+    engines = ENGINES
+    rows = {(r["model"], r["threads"], r["test"], r["engine"]): r for r in report["rows"]}
+    ratios = {(r["model"], r["threads"], r["test"]): r for r in report["ratios"]}
+    ceil = {(c["model"], c["threads"]): c for c in report["ceiling"]}
+    head = (f"{'model':22} {'thr':>3} {'test':6} {'ktd t/s':>9} {'llama t/s':>9} {'ktd/llama':>9} "
+            f"{'ceiling':>8} {'ktd %ceil':>9} {'llama %ceil':>11}")  # ceiling in tokens/s
+    lines = [head, "-" * len(head)]
+    notes: dict[str, str] = {}
+
+    def num(x: float | None, fmt: str) -> str:
+        width = fmt.split(".")[0]
+        return format("-", f">{width}") if x is None else format(x, fmt)
+
+    for (model, t, test), rat in ratios.items():
+        tps = []
+        for e in engines:
+            r = rows[(model, t, test, e)]
+            tps.append(r["tokens_per_s"])
+            if r["tokens_per_s"] is None:
+                notes[f"{model} {e}"] = r["unavailable"]
+        line = (f"{model:22} {t:3d} {test:6} {num(tps[0], '9.2f')} {num(tps[1], '9.2f')} "
+                f"{num(rat['ktd_over_llama_cpp'], '9.3f')}")
+        if test == TG_TEST:
+            c = ceil[(model, t)]
+            pct = c["decode_pct_of_ceiling"]
+            line += (f" {num(c['ceiling_tokens_per_s'], '8.1f')} {num(pct.get('ktd'), '9.1f')}"
+                     f" {num(pct.get('llama.cpp'), '11.1f')}")
+        lines.append(line)
+    for bw in report["read_bandwidth"]:
+        gbps = bw["bytes_per_s"] / 1e9 if bw["bytes_per_s"] else None
+        lines.append(f"read bandwidth, {bw['threads']} thread(s): {num(gbps, '.2f')} GB/s")
+    for m in report["models"]:
+        mb = m["bytes_per_token"] / 1e6 if m["bytes_per_token"] else None
+        lines.append(f"{m['name']}: {num(mb, '.1f')} MB read per token")
+    for ov in report.get("harness_overhead", []):
+        where = f"{ov['model']} {ov['engine']}" + (f" {ov['threads']}t" if ov["threads"] else "")
+        share = f" ({ov['pct_of_step']:.2f}% of a step)" if ov["pct_of_step"] is not None else ""
+        lines.append(f"harness overhead, {where} {ov['test']}: {ov['seconds_per_token'] * 1e6:.0f} µs/token"
+                     f"{share} — {ov['how']}")
+    for what, reason in notes.items():
+        lines.append(f"{what}: not available: {reason}")
+    cfg = report.get("config", {})
+    load = cfg.get("loadavg_start", [0.0])[0]   # before the run: others' load, not ours
+    if cfg.get("cpu_count") and load > 0.5 * cfg["cpu_count"]:
+        lines.append(f"note: the machine was busy before the run (1-min load average {load:.1f} on "
+                     f"{cfg['cpu_count']} CPUs): absolute tokens/s are low and noisy; read the ratios")
+    return "\n".join(lines)
+
+
+# --- engines under test --------------------------------------------------------------------
+
+class Runner(Protocol):
+    n_vocab: int | None   # logits per row (known after the first decode)
+
+    def prefill(self, tokens: np.ndarray) -> float:
+        """Seconds for one forward of int32 tokens [n] on an empty KV cache."""
+        ...
+
+    def decode(self, prompt: np.ndarray, n: int) -> tuple[float, list[int]]:
+        """Prefill `prompt` (untimed), then n timed greedy single-token steps: (seconds of the steps,
+        the n + 1 greedy tokens: the prompt's next token, then one per step)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot be measured on this model (the reason is reported in its rows)."""
+
+
+class KtdRunner:
+    """ktd through the daemon's Engine protocol (ktd.engine_api.Engine), sequence slot 0."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.n_vocab: int | None = None   # from the first logits seen
+        self._one_tok = np.zeros(1, np.int32)
+        self._one_pos = np.zeros(1, np.int32)
+        self._one_seq = np.zeros(1, np.int32)
+        self._one_want = np.ones(1, np.bool_)
+
+    @classmethod
+    def open(cls, path: Path, threads: int) -> KtdRunner:
+        try:
+            from ktd.engine import Engine
+        except ImportError as e:
+            if e.name == "ktd.engine":
+                raise EngineUnavailable("ktd.engine missing") from e
+            raise EngineUnavailable(f"ktd.engine import failed: {e}") from e
+        try:
+            return cls(Engine.open(str(path), n_ctx=N_CTX, n_seq_max=1, threads=threads))
+        except Exception as e:  # unsupported architecture, bad file, ...: reported in its rows
+            raise EngineUnavailable(f"ktd.engine cannot open {path.name}: {type(e).__name__}: {e}") from e
+
+    def _forward_prompt(self, tokens: np.ndarray) -> np.ndarray:
+        n = len(tokens)
+        want = np.zeros(n, np.bool_)
+        want[-1] = True
+        return self.engine.forward(np.ascontiguousarray(tokens, np.int32), np.arange(n, dtype=np.int32),
+                                   np.zeros(n, np.int32), want)
+
+    def prefill(self, tokens: np.ndarray) -> float:
+        self.engine.free_seq(0)
+        t0 = time.perf_counter()
+        self._forward_prompt(tokens)
+        return time.perf_counter() - t0
+
+    def decode(self, prompt: np.ndarray, n: int) -> tuple[float, list[int]]:
+        self.engine.free_seq(0)
+        logits = self._forward_prompt(prompt)
+        self.n_vocab = logits.shape[-1]
+        token = int(np.argmax(logits[-1]))
+        out = [token]
+        t0 = time.perf_counter()
+        for pos in range(len(prompt), len(prompt) + n):
+            self._one_tok[0] = token
+            self._one_pos[0] = pos
+            token = int(np.argmax(self.engine.forward(self._one_tok, self._one_pos, self._one_seq,
+                                                      self._one_want)[0]))
+            out.append(token)
+        return time.perf_counter() - t0, out
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+        self.engine = None
+
+
+class LlamaCppRunner:
+    """llama.cpp through llama-cpp-python's C API (ctypes), as llama-bench drives it: one
+    llama_decode per batch, n_threads = n_threads_batch, n_batch = n_ubatch = 512, CPU only,
+    the library's defaults otherwise (F16 KV cache, flash attention 'auto')."""
+
+    _log_callback = None   # kept alive: llama.cpp holds the pointer
+
+    def __init__(self, path: Path, threads: int):
+        try:
+            import llama_cpp as L
+        except ImportError as e:
+            raise EngineUnavailable(f"llama-cpp-python not installed (make oracle): {e}") from e
+        self.L = L
+        if LlamaCppRunner._log_callback is None:
+            LlamaCppRunner._log_callback = L.llama_log_callback(lambda level, text, user: None)
+            L.llama_log_set(LlamaCppRunner._log_callback, ctypes.c_void_p())
+            L.llama_backend_init()
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.model:
+            raise EngineUnavailable(f"llama.cpp cannot load {path}")
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = N_CTX
+        cparams.n_batch = cparams.n_ubatch = N_BATCH
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.no_perf = False          # its own timers: the harness overhead is measured with them
+        self.ctx = L.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise EngineUnavailable(f"llama.cpp cannot create a context for {path}")
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self._one = (L.llama_token * 1)()
+        # Per decode call: llama.cpp's own decode seconds (perf timers), for the overhead figure.
+        self.last_decode_internal_s: float | None = None
+
+    def _eval(self, arr: ctypes.Array, n: int) -> None:
+        rc = self.L.llama_decode(self.ctx, self.L.llama_batch_get_one(arr, n))
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def _clear(self) -> None:
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
+    def _argmax_last(self) -> int:
+        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        return int(np.argmax(logits))
+
+    def prefill(self, tokens: np.ndarray) -> float:
+        arr = (self.L.llama_token * len(tokens))(*tokens.tolist())
+        self._clear()
+        t0 = time.perf_counter()
+        self._eval(arr, len(tokens))
+        self.L.llama_synchronize(self.ctx)
+        return time.perf_counter() - t0
+
+    def decode(self, prompt: np.ndarray, n: int) -> tuple[float, list[int]]:
+        arr = (self.L.llama_token * len(prompt))(*prompt.tolist())
+        self._clear()
+        self._eval(arr, len(prompt))
+        token = self._argmax_last()
+        self.L.llama_perf_context_reset(self.ctx)
+        one, out = self._one, [token]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            one[0] = token
+            self._eval(one, 1)
+            token = self._argmax_last()
+            out.append(token)
+        dt = time.perf_counter() - t0
+        perf = self.L.llama_perf_context(self.ctx)
+        self.last_decode_internal_s = perf.t_eval_ms / 1e3 if perf.n_eval == n else None
+        return dt, out
+
+    def close(self) -> None:
+        if self.ctx:
+            self.L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            self.L.llama_model_free(self.model)
+            self.model = None
+
+
+def argmax_overhead_s(n_vocab: int, reps: int = 200) -> float:
+    """Seconds per decode step that both harness loops spend outside the engine besides the call
+    itself: setting the one-token inputs and the argmax over n_vocab float32 logits."""
+    logits = np.random.default_rng(0).standard_normal(n_vocab).astype(np.float32)
+    one = np.zeros(1, np.int32)
+    t0 = time.perf_counter()
+    for i in range(reps):
+        one[0] = i
+        int(np.argmax(logits))
+    return (time.perf_counter() - t0) / reps
+
+
+# --- the run -------------------------------------------------------------------------------
+
+def prompt_tokens(path: Path, n: int) -> np.ndarray:
+    """n token ids of PROMPT_TEXT (repeated) with the model's own tokenizer (ktd's, held equal
+    to llama.cpp's by the tokenizer tests); no BOS/special tokens."""
+    from ktd.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(path)
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += tok.encode(PROMPT_TEXT, add_special=False)
+    return np.asarray(ids[:n], np.int32)
+
+
+def open_runner(engine: str, path: Path, threads: int) -> Runner:
+    if engine == "ktd":
+        return KtdRunner.open(path, threads)
+    return LlamaCppRunner(path, threads)
+
+
+def measure(runner: Runner, test: str, tokens: np.ndarray) -> tuple[float, list[int] | None]:
+    """(tokens/s, greedy tokens for tg) of one repetition of one test."""
+    if test == TG_TEST:
+        sec, out = runner.decode(tokens[:TG_PROMPT_TOKENS], TG_TOKENS)
+        return TG_TOKENS / sec, out
+    n = PP_TESTS[test]
+    return n / runner.prefill(tokens[:n]), None
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class _Collected:
+    """What a run gathers, filled in model by model (see ``summarise`` for the shapes)."""
+    samples: list[dict] = dataclasses.field(default_factory=list)
+    unavailable: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    greedy: dict[tuple[str, str, int], list[int]] = dataclasses.field(default_factory=dict)
+    overhead: list[dict] = dataclasses.field(default_factory=list)
+    engine_info: list[dict] = dataclasses.field(default_factory=list)
+    n_vocab: int | None = None
+
+    def fail(self, model: str, engine: str, what: str, e: Exception) -> None:
+        self.unavailable[(model, engine)] = f"failed: {type(e).__name__}: {e}"
+        log(f"{model} {engine}: failed {what}: {type(e).__name__}: {e}")
+
+
+def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, threads: int,
+                   engines: Sequence[str], tests: Sequence[str], reps: int) -> None:
+    """Open every engine on `path` with `threads`, warm up, then `reps` interleaved repetitions."""
+    runners: dict[str, Any] = {}
+    for name in engines:
+        try:
+            runners[name] = open_runner(name, path, threads)
+        except EngineUnavailable as e:
+            c.unavailable[(model, name)] = str(e)
+            log(f"{model} {name}: not available: {e}")
+    try:
+        if "ktd" in runners:   # what the engine chose (ISA, threads, repacked bytes ...)
+            c.engine_info.append({"model": model, "threads": threads, "info": runners["ktd"].engine.info()})
+        for name, r in list(runners.items()):   # warm-up: page the weights in, build graphs
+            try:
+                r.prefill(tokens[:PP_TESTS["pp128"]])
+                r.decode(tokens[:TG_PROMPT_TOKENS], 8)
+            except Exception as e:  # reported in its rows; the other engine is still measured
+                c.fail(model, name, "in warm-up", e)
+                runners.pop(name).close()
+        internal: dict[str, list[float]] = {}   # engine -> harness seconds per decode step
+        for rep in range(reps):
+            order = list(runners) if rep % 2 == 0 else list(reversed(runners))
+            for test in tests:
+                for name in order:
+                    if name not in runners:
+                        continue
+                    r = runners[name]
+                    try:
+                        tps, out = measure(r, test, tokens)
+                    except Exception as e:
+                        c.fail(model, name, f"in {test}", e)
+                        runners.pop(name).close()
+                        continue
+                    c.samples.append({"model": model, "engine": name, "threads": threads, "test": test,
+                                      "rep": rep, "tokens_per_s": tps})
+                    log(f"{model} {threads}t rep {rep} {test:6} {name:9} {tps:8.2f} tokens/s")
+                    c.n_vocab = c.n_vocab or r.n_vocab
+                    if out is not None:
+                        c.greedy.setdefault((model, name, threads), out)
+                        if isinstance(r, LlamaCppRunner) and r.last_decode_internal_s is not None:
+                            internal.setdefault(name, []).append(
+                                (TG_TOKENS / tps - r.last_decode_internal_s) / TG_TOKENS)
+        for name, per_token in internal.items():
+            tg = [s["tokens_per_s"] for s in c.samples
+                  if (s["model"], s["engine"], s["threads"], s["test"]) == (model, name, threads, TG_TEST)]
+            c.overhead.append({"model": model, "engine": name, "threads": threads, "test": TG_TEST,
+                               "how": "wall time minus llama.cpp's eval timer (an upper bound: also counts "
+                                      "llama_decode's work outside that timer)",
+                               **overhead_share(per_token, tg)})
+    finally:
+        for r in runners.values():
+            r.close()
+
+
+def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[int], tests: Sequence[str],
+        reps: int, bw_bytes: int, bw_reps: int) -> dict[str, Any]:
+    from ktd import _native
+    from ktd.inspect import inspect_model
+
+    load_start = os.getloadavg()
+    read_bandwidth: dict[int, float] = {}
+    for t in threads:
+        read_bandwidth[t] = _native.kernels.bench_read_bandwidth(bw_bytes, t, bw_reps)
+        log(f"read bandwidth, {t} thread(s): {read_bandwidth[t] / 1e9:.2f} GB/s "
+            f"(best of {bw_reps} passes over {bw_bytes >> 20} MiB)")
+
+    c = _Collected()
+    bytes_per_token: dict[str, int | None] = {}
+    for m in models:
+        try:
+            path = m.resolve()
+            bytes_per_token[m.name] = int(inspect_model(str(path))["bytes_per_token"]["total"])
+            tokens = prompt_tokens(path, max(PP_TESTS.values()))
+        except Exception as e:  # a missing/broken file: report it in the rows, measure the rest
+            for name in engines:
+                c.unavailable[(m.name, name)] = f"model not available: {e}"
+            bytes_per_token[m.name] = None
+            log(f"{m.name}: not available: {e}")
+            continue
+        c.n_vocab = None
+        for t in threads:
+            _bench_threads(c, m.name, path, tokens, t, engines, tests, reps)
+        if c.n_vocab:
+            c.overhead.append({"model": m.name, "engine": "both", "threads": None, "test": TG_TEST,
+                               "how": "input setting + argmax over n_vocab logits, timed alone",
+                               "seconds_per_token": argmax_overhead_s(c.n_vocab), "pct_of_step": None})
+
+    config = {
+        "reps": reps, "tests": list(tests), "threads": list(threads), "engines": list(engines),
+        "n_ctx": N_CTX, "n_batch": N_BATCH, "n_ubatch": N_BATCH, "tg_prompt_tokens": TG_PROMPT_TOKENS,
+        "read_bandwidth_buffer_bytes": bw_bytes, "read_bandwidth_passes": bw_reps,
+        "llama_cpp_python": _version("llama_cpp_python"),
+        "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
+        "cpu_count": os.cpu_count(), "isa": _native.kernels.active_isa(), "ktd_engine_info": c.engine_info,
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return summarise(model_names=[m.name for m in models], engines=engines, threads=threads, tests=tests,
+                     samples=c.samples, unavailable=c.unavailable, read_bandwidth=read_bandwidth,
+                     bytes_per_token=bytes_per_token, greedy=c.greedy, overhead=c.overhead, config=config)
+
+
+def _version(dist: str) -> str | None:
+    import importlib.metadata
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def write_json(report: dict, out: Path) -> None:
+    validate_report(report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    os.replace(tmp, out)
+
+
+def select_models(names: Iterable[str] | None, quick: bool) -> list[BenchModel]:
+    known = {m.name: m for m in MODELS}
+    if names:
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        return [known[n] for n in names]
+    return MODELS[:1] if quick else list(MODELS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ktd.bench.e2e", description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", metavar="NAME",
+                    help=f"models to run (default: all: {', '.join(m.name for m in MODELS)})")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--reps", type=int, help="interleaved repetitions per test (default 5; 2 with --quick)")
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    ap.add_argument("--quick", action="store_true",
+                    help="first model only (unless --models), 2 repetitions (unless --reps)")
+    ap.add_argument("--bw-bytes", type=int, default=MIN_BW_BYTES,
+                    help=f"read-bandwidth buffer in bytes (default and minimum {MIN_BW_BYTES >> 20} MiB)")
+    ap.add_argument("--bw-reps", type=int, default=5, help="read-bandwidth passes (best is kept)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results; the PNG is written beside it")
+    args = ap.parse_args(argv)
+    reps = args.reps if args.reps is not None else (2 if args.quick else 5)
+    if reps < 1 or args.bw_reps < 1 or any(t < 1 for t in args.threads):
+        ap.error("--reps, --bw-reps and --threads must be >= 1")
+    if args.bw_bytes < MIN_BW_BYTES:
+        ap.error(f"--bw-bytes must be >= {MIN_BW_BYTES} (1 GiB): the buffer must be far larger than the "
+                 f"last-level cache, or the ceiling is a cache bandwidth, not DRAM's")
+    try:
+        models = select_models(args.models, args.quick)
+    except ValueError as e:
+        ap.error(str(e))
+    threads = list(dict.fromkeys(args.threads))
+    report = run(models, list(dict.fromkeys(args.engines)), threads, TESTS, reps, args.bw_bytes, args.bw_reps)
+    write_json(report, args.out)
+    print(format_table(report))
+    png = args.out.with_suffix(".png")
+    try:
+        from ktd.bench.e2e_plot import write_png
+    except ImportError as e:
+        if e.name != "matplotlib":
+            raise
+        print(f"wrote {args.out}; no plot: matplotlib is not installed (it comes with requirements-dev.txt)")
+        return 0
+    write_png(report, png)
+    print(f"wrote {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

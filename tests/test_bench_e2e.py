@@ -1,0 +1,244 @@
+"""The end-to-end benchmark's pure parts (ceiling, ratios, medians, report schema) against
+hand-computed numbers, and its two measurement loops against independent greedy decoders: the
+ktd loop on the tests' fake engine, the llama.cpp loop against llama-cpp-python's Llama.eval."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ktd.bench import e2e
+from fake_engine import FakeEngine, reference_greedy
+
+
+def test_ceiling_tokens_per_s():
+    # 20 GB/s over 392 MB per token: 20e9 / 392e6 = 51.0204... tokens/s
+    assert e2e.ceiling_tokens_per_s(20e9, 392_000_000) == pytest.approx(51.020408163)
+    # 25.5 tokens/s is 25.5 * 392e6 / 20e9 = 49.98 % of it
+    assert e2e.pct_of(25.5, e2e.ceiling_tokens_per_s(20e9, 392_000_000)) == pytest.approx(49.98)
+    assert e2e.pct_of(None, 50.0) is None and e2e.pct_of(10.0, None) is None
+    with pytest.raises(ValueError, match="positive"):
+        e2e.ceiling_tokens_per_s(0.0, 392_000_000)
+    with pytest.raises(ValueError, match="positive"):
+        e2e.ceiling_tokens_per_s(20e9, 0)
+
+
+def _s(engine, test, rep, tps, model="m", threads=1):
+    return {"model": model, "engine": engine, "threads": threads, "test": test, "rep": rep, "tokens_per_s": tps}
+
+
+# ktd/llama.cpp per repetition: 10/10 = 1, 30/10 = 3, 20/40 = 0.5 -> median ratio 1.0, while the
+# ratio of the medians would be 20/10 = 2.0 (the report quotes the median of the paired ratios).
+PP = [_s("ktd", "pp128", 0, 10.0), _s("llama.cpp", "pp128", 0, 10.0),
+      _s("llama.cpp", "pp128", 1, 10.0), _s("ktd", "pp128", 1, 30.0),
+      _s("ktd", "pp128", 2, 20.0), _s("llama.cpp", "pp128", 2, 40.0),
+      _s("ktd", "pp128", 3, 99.0)]           # no llama.cpp partner: in the row median, not in a ratio
+TG = [_s("ktd", "tg128", 0, 20.0), _s("llama.cpp", "tg128", 0, 25.0),
+      _s("ktd", "tg128", 1, 22.0), _s("llama.cpp", "tg128", 1, 22.0)]
+
+
+def _report(samples, engines=e2e.ENGINES, unavailable=None, greedy=None):
+    return e2e.summarise(model_names=["m"], engines=engines, threads=[1], tests=["pp128", "tg128"],
+                         samples=samples, unavailable=unavailable or {}, read_bandwidth={1: 20e9},
+                         bytes_per_token={"m": 400_000_000}, greedy=greedy)
+
+
+def test_paired_ratios_and_medians():
+    assert e2e.paired_ratios(PP, "m", 1, "pp128") == [1.0, 3.0, 0.5]
+    rep = _report(PP + TG, greedy={("m", "ktd", 1): [5, 6, 7, 8], ("m", "llama.cpp", 1): [5, 6, 9, 8]})
+    rows = {(r["engine"], r["test"]): r for r in rep["rows"]}
+    assert rows[("ktd", "pp128")]["tokens_per_s"] == 25.0          # median of 10, 30, 20, 99
+    assert rows[("llama.cpp", "pp128")]["tokens_per_s"] == 10.0    # median of 10, 10, 40
+    assert rows[("ktd", "tg128")]["tokens_per_s"] == 21.0
+    assert rows[("llama.cpp", "tg128")]["tokens_per_s"] == 23.5
+    ratios = {r["test"]: r for r in rep["ratios"]}
+    assert ratios["pp128"]["ktd_over_llama_cpp"] == 1.0
+    assert ratios["tg128"]["per_rep"] == [0.8, 1.0]
+    assert ratios["tg128"]["ktd_over_llama_cpp"] == pytest.approx(0.9)
+    assert ratios["tg128"]["greedy_tokens_agreeing"] == 2
+    # ceiling 20e9 / 400e6 = 50 tokens/s; 21 -> 42 %, 23.5 -> 47 %
+    (c,) = rep["ceiling"]
+    assert c["ceiling_tokens_per_s"] == 50.0
+    assert c["decode_pct_of_ceiling"]["ktd"] == pytest.approx(42.0)
+    assert c["decode_pct_of_ceiling"]["llama.cpp"] == pytest.approx(47.0)
+    assert rep["read_bandwidth"] == [{"threads": 1, "bytes_per_s": 20e9}]
+    assert rep["models"] == [{"name": "m", "bytes_per_token": 400_000_000}]
+    e2e.validate_report(rep)
+
+
+def test_unavailable_engine_gets_no_number_and_its_reason():
+    llama_only = [s for s in PP + TG if s["engine"] == "llama.cpp"]
+    rep = _report(llama_only, unavailable={("m", "ktd"): "ktd.engine missing"})
+    e2e.validate_report(rep)
+    for r in rep["rows"]:
+        if r["engine"] == "ktd":
+            assert r["tokens_per_s"] is None and r["samples"] == [] and r["unavailable"] == "ktd.engine missing"
+        else:
+            assert r["tokens_per_s"] > 0 and "unavailable" not in r
+    assert all(r["ktd_over_llama_cpp"] is None and r["per_rep"] == [] for r in rep["ratios"])
+    assert rep["ratios"][1]["greedy_tokens_agreeing"] is None
+    (c,) = rep["ceiling"]
+    assert c["decode_pct_of_ceiling"] == {"ktd": None, "llama.cpp": pytest.approx(47.0)}
+    table = e2e.format_table(rep)
+    assert "m ktd: not available: ktd.engine missing" in table
+    assert "read bandwidth, 1 thread(s): 20.00 GB/s" in table and "400.0 MB read per token" in table
+    assert "busy" not in table
+    rep["config"] = {"cpu_count": 2, "loadavg_start": [6.0, 5.0, 4.0]}
+    assert "busy before the run (1-min load average 6.0 on 2 CPUs)" in e2e.format_table(rep)
+
+
+def test_overhead_share():
+    # steps of 1/20, 1/25, 1/10 s -> median 0.05 s; overhead median 0.5 ms -> 1 % of a step
+    got = e2e.overhead_share([0.0004, 0.0005, 0.0009], [20.0, 25.0, 10.0])
+    assert got["seconds_per_token"] == pytest.approx(0.0005)
+    assert got["pct_of_step"] == pytest.approx(1.0)
+    assert e2e.overhead_share([], [20.0]) == {"seconds_per_token": None, "pct_of_step": None}
+
+
+def test_leading_agreement():
+    assert e2e.leading_agreement([1, 2, 3], [1, 2, 3]) == 3
+    assert e2e.leading_agreement([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert e2e.leading_agreement([7], [8]) == 0
+    assert e2e.leading_agreement(None, [1]) is None
+
+
+def test_json_round_trip_and_schema(tmp_path):
+    out = tmp_path / "results" / "bench.json"
+    e2e.write_json(_report(PP + TG), out)
+    loaded = json.loads(out.read_text())
+    e2e.validate_report(loaded)
+    assert loaded["schema"] == e2e.SCHEMA
+    for r in loaded["rows"]:
+        assert {"model", "engine", "threads", "test", "tokens_per_s"} <= r.keys()
+    assert not list(tmp_path.glob("results/*.tmp"))
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.update(schema="other/1"), "schema"),
+    (lambda r: r["rows"][0].update(engine="vllm"), "engine"),
+    (lambda r: r["rows"][0].update(test="tg64"), "test"),
+    (lambda r: r["rows"][0].update(threads="2"), "threads"),
+    (lambda r: r["rows"][0].update(tokens_per_s=-1.0), "positive"),
+    (lambda r: r["rows"][0].update(tokens_per_s=None), "no tokens_per_s and no reason"),
+    (lambda r: r["models"][0].update(bytes_per_token=0), "bytes_per_token"),
+    (lambda r: r["read_bandwidth"][0].update(bytes_per_s=-5.0), "bytes_per_s"),
+    (lambda r: r.pop("ceiling"), "ceiling"),
+])
+def test_validate_rejects(mutate, message):
+    rep = _report(PP + TG)
+    mutate(rep)
+    with pytest.raises(ValueError, match=message):
+        e2e.validate_report(rep)
+
+
+def test_model_selection_and_arguments():
+    assert [m.name for m in e2e.select_models(None, quick=True)] == [e2e.MODELS[0].name]
+    assert [m.name for m in e2e.select_models(None, quick=False)] == [m.name for m in e2e.MODELS]
+    assert [m.name for m in e2e.select_models(["qwen2.5-coder-1.5b"], quick=True)] == ["qwen2.5-coder-1.5b"]
+    with pytest.raises(ValueError, match="unknown model"):
+        e2e.select_models(["nope"], quick=False)
+    for argv in (["--bw-bytes", str(64 << 20)], ["--reps", "0"], ["--threads", "0"], ["--models", "nope"]):
+        with pytest.raises(SystemExit) as exc:
+            e2e.main(argv)
+        assert exc.value.code == 2
+
+
+def test_ktd_loop_on_the_fake_engine():
+    """The ktd measurement loop drives forward as the Engine protocol says: the fake engine raises
+    on any out-of-order position or a KV slot not freed, and its greedy tokens are known."""
+    engine = FakeEngine(n_ctx=256, n_seq_max=1)
+    runner = e2e.KtdRunner(engine)
+    prompt = np.arange(65, 65 + e2e.TG_PROMPT_TOKENS, dtype=np.int32)
+    tokens = np.arange(40, 40 + 100, dtype=np.int32)
+    for _ in range(2):   # twice: the second prefill must start from a freed slot
+        assert runner.prefill(tokens) > 0
+        call = engine.calls[-1]
+        np.testing.assert_array_equal(call.positions, np.arange(100))
+        np.testing.assert_array_equal(call.want_logits, np.arange(100) == 99)
+    sec, out = runner.decode(prompt, 20)
+    assert sec > 0
+    assert out == reference_greedy(prompt.tolist(), 21, stop_at_eos=False)
+    assert [c.positions.tolist() for c in list(engine.calls)[-20:]] == [[p] for p in range(16, 36)]
+
+
+def test_ktd_missing_is_reported_not_faked(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ktd.engine", None)   # import ktd.engine -> ImportError
+    with pytest.raises(e2e.EngineUnavailable, match="^ktd.engine missing$"):
+        e2e.KtdRunner.open(Path("x.gguf"), threads=1)
+
+
+@pytest.mark.realmodel
+def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
+    """The whole run loop with a stand-in ``ktd.engine`` (the fake engine behind Engine.open):
+    opened per thread count with the benchmark's options, every test measured every repetition,
+    bytes per token from ktd.inspect, bandwidth per thread count; the report validates."""
+    from ktd.inspect import inspect_model
+
+    path = real_model("qwen2.5-coder-0.5b")   # its header only: bytes per token
+    opened = []
+
+    class Engine:
+        @staticmethod
+        def open(p, *, n_ctx, n_seq_max, threads):
+            opened.append((p, n_ctx, n_seq_max, threads))
+            return FakeEngine(n_ctx=n_ctx, n_seq_max=n_seq_max)
+
+    module = types.ModuleType("ktd.engine")
+    module.Engine = Engine
+    monkeypatch.setitem(sys.modules, "ktd.engine", module)
+    # token ids inside the fake engine's 260-entry vocabulary
+    monkeypatch.setattr(e2e, "prompt_tokens", lambda p, n: (np.arange(n) % 200 + 32).astype(np.int32))
+    rep = e2e.run([e2e.BenchModel("q", lambda: path)], ["ktd"], [1, 2], e2e.TESTS, reps=2,
+                  bw_bytes=64 << 20, bw_reps=1)
+    e2e.validate_report(rep)
+    assert opened == [(str(path), e2e.N_CTX, 1, 1), (str(path), e2e.N_CTX, 1, 2)]
+    assert len(rep["rows"]) == 2 * len(e2e.TESTS)
+    assert all(len(r["samples"]) == 2 and r["tokens_per_s"] > 0 for r in rep["rows"])
+    assert len(rep["samples"]) == 2 * 2 * len(e2e.TESTS)
+    assert rep["models"] == [{"name": "q", "bytes_per_token": inspect_model(str(path))["bytes_per_token"]["total"]}]
+    assert [bw["threads"] for bw in rep["read_bandwidth"]] == [1, 2]
+    assert all(bw["bytes_per_s"] > 0 for bw in rep["read_bandwidth"])
+    assert all(c["decode_pct_of_ceiling"]["ktd"] > 0 for c in rep["ceiling"])
+    assert [(i["model"], i["threads"], i["info"]["name"]) for i in rep["config"]["ktd_engine_info"]] == [
+        ("q", 1, "fake"), ("q", 2, "fake")]
+
+
+def test_plot_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (requirements-dev.txt) draws the plot")
+    from ktd.bench.e2e_plot import write_png
+    llama_only = [s for s in PP + TG if s["engine"] == "llama.cpp"]
+    for name, rep in (("both", _report(PP + TG)),
+                      ("llama", _report(llama_only, unavailable={("m", "ktd"): "ktd.engine missing"}))):
+        png = tmp_path / f"{name}.png"
+        write_png(rep, png)
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_llama_cpp_loop_matches_llama_eval(real_model):
+    """The llama.cpp measurement loop (raw C API, one llama_decode per step) produces the greedy
+    tokens that llama-cpp-python's own Llama.eval + argmax produce."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by `make oracle`")
+    path = real_model("qwen2.5-coder-0.5b")
+    prompt = e2e.prompt_tokens(path, e2e.TG_PROMPT_TOKENS)
+    runner = e2e.LlamaCppRunner(path, threads=1)
+    try:
+        assert runner.prefill(e2e.prompt_tokens(path, 64)) > 0
+        _, got = runner.decode(prompt, 12)
+    finally:
+        runner.close()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=e2e.N_CTX, n_batch=e2e.N_BATCH, n_ubatch=e2e.N_BATCH,
+                          n_threads=1, n_threads_batch=1, verbose=False)
+    want, ids = [], prompt.tolist()
+    for _ in range(13):
+        llm.eval(ids)   # its own batch (positions from n_past), logits for the last row only
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+        ids = [int(np.argmax(logits))]
+        want.append(ids[0])
+    assert got == want
