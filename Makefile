@@ -49,6 +49,12 @@ test: build oracle
 test-fast: build
 	$(PY) -m pytest -m "not slow and not realmodel" $(PYTEST_ARGS)
 
+# The default model (fetched and SHA-256 verified into the cache if absent) on a demo prompt.
+# MODEL=name-or-path and RUN_ARGS="--threads 4 --max-tokens 512" override.
+MODEL ?= qwen2.5-coder-0.5b
+run: build
+	$(PY) -m ktd run $(MODEL) --chat --prompt "Write a Python function that checks whether a number is prime." $(RUN_ARGS)
+
 # The three real models of docs/MODELS into the cache (~/.cache/ktd/models, or $$KTD_CACHE).
 fetch-models: build
 	$(PY) -m ktd fetch --all

@@ -2,10 +2,11 @@
 #include "bindings.h"
 
 PYBIND11_MODULE(_native, m) {
-    m.doc() = "ktd native core (GGUF reader, weights arena, CPU topology and thread pool, kernels)";
+    m.doc() = "ktd native core (GGUF reader, weights arena, CPU topology and thread pool, kernels, forward)";
     ktd::bind_common(m);
     ktd::bind_gguf(m);
     ktd::bind_memory(m);
     ktd::bind_cpu(m);
     ktd::bind_kernels(m);
+    ktd::bind_model(m);
 }

@@ -1,0 +1,138 @@
+#include "model/blocks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/float16.h"
+
+namespace ktd {
+
+void rms_norm(const float *x, const float *w, float *y, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
+    const float scale = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+    if (w) {
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+    } else {
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+    }
+}
+
+namespace {
+
+// llama.cpp's YaRN helpers (ggml_rope_yarn_corr_dims, rope_yarn_ramp): the dims below corr[0]
+// are extrapolated, above corr[1] interpolated, a linear ramp in between.
+float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return float(n_dims) * std::log(float(n_ctx_orig) / (n_rot * 2.0f * float(M_PI))) / (2.0f * std::log(base));
+}
+
+float yarn_ramp(float low, float high, int64_t i0) {
+    const float y = (float(i0 / 2) - low) / std::max(0.001f, high - low);
+    return 1.0f - std::min(1.0f, std::max(0.0f, y));
+}
+
+}  // namespace
+
+void rope_cos_sin(const RopeParams &rp, const float *freq_factors, int64_t pos, float *cs) {
+    const int half = rp.n_rot / 2;
+    const float theta_scale = std::pow(rp.freq_base, -2.0f / float(rp.n_rot));
+    float corr0 = 0.0f, corr1 = 0.0f;
+    float mscale = rp.attn_factor;
+    if (rp.scaling == RopeScaling::Yarn && rp.ext_factor != 0.0f) {
+        corr0 = std::max(0.0f, std::floor(yarn_corr_dim(rp.n_rot, rp.n_ctx_orig, rp.beta_fast, rp.freq_base)));
+        corr1 = std::min(float(rp.n_rot - 1),
+                         std::ceil(yarn_corr_dim(rp.n_rot, rp.n_ctx_orig, rp.beta_slow, rp.freq_base)));
+        mscale *= 1.0f + 0.1f * std::log(1.0f / rp.freq_scale);
+    }
+    float theta_base = float(pos);
+    for (int i = 0; i < half; ++i) {
+        const float theta_extrap = theta_base / (freq_factors ? freq_factors[i] : 1.0f);
+        const float theta_interp = rp.freq_scale * theta_extrap;
+        float theta = theta_interp;
+        if (rp.scaling == RopeScaling::Yarn && rp.ext_factor != 0.0f) {
+            const float mix = yarn_ramp(corr0, corr1, 2 * i) * rp.ext_factor;
+            theta = theta_interp * (1.0f - mix) + theta_extrap * mix;
+        }
+        cs[2 * i] = std::cos(theta) * mscale;
+        cs[2 * i + 1] = std::sin(theta) * mscale;
+        theta_base *= theta_scale;
+    }
+}
+
+void rope_apply(const RopeParams &rp, const float *cs, float *x, int n_heads, int64_t head_dim) {
+    const int half = rp.n_rot / 2;
+    for (int h = 0; h < n_heads; ++h) {
+        float *xh = x + int64_t(h) * head_dim;
+        for (int i = 0; i < half; ++i) {
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            // Norm: rotate adjacent pairs; Neox: rotate dim i with dim i + n_rot/2.
+            float *a = rp.type == RopeType::Norm ? xh + 2 * i : xh + i;
+            float *b = rp.type == RopeType::Norm ? xh + 2 * i + 1 : xh + i + half;
+            const float x0 = *a, x1 = *b;
+            *a = x0 * c - x1 * s;
+            *b = x0 * s + x1 * c;
+        }
+    }
+}
+
+void swiglu(float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) a[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+}
+
+void geglu(float *a, const float *b, int64_t n) {
+    constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float x = a[i];
+        a[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) * b[i];
+    }
+}
+
+void relu2glu(float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float r = std::max(a[i], 0.0f);
+        a[i] = r * r * b[i];
+    }
+}
+
+const float *fp16_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t h = 0; h < 65536; ++h) t[h] = fp16_to_fp32(uint16_t(h));
+        return t;
+    }();
+    return table.data();
+}
+
+void attend_one(const float *q, const uint16_t *k, size_t k_stride, const uint16_t *v, size_t v_stride,
+                int64_t lo, int64_t hi, int64_t head_dim_k, int64_t head_dim_v, float *out, float *scores) {
+    const float *h2f = fp16_table();
+    float m = -INFINITY, sum = 0.0f;
+    std::fill(out, out + head_dim_v, 0.0f);
+    for (int64_t t0 = lo; t0 < hi; t0 += kAttnTile) {
+        const int64_t t1 = std::min(hi, t0 + kAttnTile);
+        float tile_max = -INFINITY;
+        for (int64_t j = t0; j < t1; ++j) {
+            const uint16_t *kj = k + size_t(j) * k_stride;
+            float s = 0.0f;
+            for (int64_t d = 0; d < head_dim_k; ++d) s += q[d] * h2f[kj[d]];
+            scores[j - t0] = s;
+            tile_max = std::max(tile_max, s);
+        }
+        const float m_new = std::max(m, tile_max);
+        const float correction = std::exp(m - m_new);  // 0 on the first tile (m = -inf)
+        sum *= correction;
+        for (int64_t d = 0; d < head_dim_v; ++d) out[d] *= correction;
+        for (int64_t j = t0; j < t1; ++j) {
+            const float p = std::exp(scores[j - t0] - m_new);
+            sum += p;
+            const uint16_t *vj = v + size_t(j) * v_stride;
+            for (int64_t d = 0; d < head_dim_v; ++d) out[d] += p * h2f[vj[d]];
+        }
+        m = m_new;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t d = 0; d < head_dim_v; ++d) out[d] *= inv;
+}
+
+}  // namespace ktd

@@ -1,0 +1,38 @@
+// Shared building blocks of the forward pass: norms, rotary embeddings, activations, attention.
+// All activations are F32, row-major, one row per batch token: x [n][n_embd] etc.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "model/hparams.h"
+
+namespace ktd {
+
+// y[i] = x[i] / sqrt(mean(x²) + eps) · w[i] for one row of n (w null: no weight). y may alias x.
+void rms_norm(const float *x, const float *w, float *y, int64_t n, float eps);
+
+// Rotary angles for one position: cs[2i] = cos θ_i, cs[2i+1] = sin θ_i for i < n_rot/2
+// (θ_i = pos · freq_base^(-2i/n_rot) / freq_factors[i], with linear/YaRN scaling applied).
+// freq_factors: [n_rot/2] or null.
+void rope_cos_sin(const RopeParams &rp, const float *freq_factors, int64_t pos, float *cs);
+// Rotates the first n_rot dims of each of n_heads head vectors (head_dim apart) in place.
+void rope_apply(const RopeParams &rp, const float *cs, float *x, int n_heads, int64_t head_dim);
+
+// In place: a[i] = silu(a[i]) · b[i]   (SwiGLU)  /  gelu_tanh(a[i]) · b[i]  (GeGLU)
+void swiglu(float *a, const float *b, int64_t n);
+void geglu(float *a, const float *b, int64_t n);
+// In place: a[i] = relu(a[i])² · b[i]  (BitNet b1.58)
+void relu2glu(float *a, const float *b, int64_t n);
+
+// Exact F16 → F32 through a 64 Ki-entry table (the core is compiled for baseline x86-64: no F16C).
+const float *fp16_table();
+
+// One query head against one sequence's cached keys/values [lo, hi), tile by tile with an online
+// softmax (running max and sum), so memory does not grow with the context length.
+//   q [head_dim_k] (already scaled), key j at k + j*k_stride, value j at v + j*v_stride (F16), out [head_dim_v],
+//   scores: scratch of kAttnTile floats.
+constexpr int kAttnTile = 64;
+void attend_one(const float *q, const uint16_t *k, size_t k_stride, const uint16_t *v, size_t v_stride,
+                int64_t lo, int64_t hi, int64_t head_dim_k, int64_t head_dim_v, float *out, float *scores);
+
+}  // namespace ktd

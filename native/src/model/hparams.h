@@ -1,0 +1,63 @@
+// Hyperparameters of a decoder-only transformer, read from GGUF metadata ("{arch}.*" keys, the
+// names llama.cpp's converters write). Everything the forward needs comes from here; nothing is
+// assumed per model name.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ktd {
+
+class GGUFFile;
+
+enum class RopeType { Norm, Neox };            // pairs (2i, 2i+1) vs (i, i + n_rot/2)
+enum class RopeScaling { None, Linear, Yarn };
+
+// Rotary embedding parameters of one layer kind (gemma3's sliding layers have their own base).
+struct RopeParams {
+    RopeType type = RopeType::Neox;
+    int n_rot = 0;                  // rotated dims per head (<= head_dim)
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;        // 1 / rope.scaling.factor for linear and YaRN
+    RopeScaling scaling = RopeScaling::None;
+    // YaRN (llama.cpp defaults: ext_factor 1, attn_factor 1, beta_fast 32, beta_slow 1).
+    int n_ctx_orig = 0;
+    float ext_factor = 0.0f;
+    float attn_factor = 1.0f;
+    float beta_fast = 32.0f, beta_slow = 1.0f;
+};
+
+struct HParams {
+    std::string arch;
+    int64_t n_vocab = 0;            // rows of token_embd
+    int64_t n_embd = 0;
+    int n_layer = 0;
+    int64_t n_ff = 0;
+    int n_head = 0, n_head_kv = 0;
+    int64_t head_dim_k = 0, head_dim_v = 0;  // attention.key_length / value_length
+    float norm_eps = 1e-5f;
+    int64_t n_ctx_train = 0;
+    RopeParams rope;                // global (full-attention) layers
+    RopeParams rope_swa;            // sliding-window layers (gemma3)
+    int n_swa = 0;                  // sliding window in tokens, 0 = none
+    std::vector<bool> layer_swa;    // [n_layer] true: the layer uses the sliding window
+    float attn_scale = 0.0f;        // q·k multiplier (1/sqrt(head_dim_k) unless the arch says)
+    float embd_scale = 1.0f;        // token embedding multiplier (gemma: sqrt(n_embd))
+    bool ffn_relu2 = false;         // bitnet: relu(gate)² ⊙ up instead of SwiGLU
+    float final_logit_softcap = 0;  // logits = c·tanh(logits/c) when > 0 (gemma)
+
+    int64_t n_embd_q() const { return int64_t(n_head) * head_dim_k; }
+    int64_t n_embd_k_gqa() const { return int64_t(n_head_kv) * head_dim_k; }
+    int64_t n_embd_v_gqa() const { return int64_t(n_head_kv) * head_dim_v; }
+};
+
+// Typed metadata helpers (GGUFError naming the key when absent or of another type).
+float gguf_get_float(const GGUFFile &f, const std::string &key);
+float gguf_get_float_or(const GGUFFile &f, const std::string &key, float dflt);
+uint64_t gguf_get_uint_or(const GGUFFile &f, const std::string &key, uint64_t dflt);
+
+// Reads the hyperparameters common to all supported architectures; n_vocab is the row count of
+// token_embd.weight. Architecture-specific values (embd_scale, swa) are set by the arch table.
+HParams read_hparams(const GGUFFile &f, const std::string &arch);
+
+}  // namespace ktd

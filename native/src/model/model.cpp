@@ -1,0 +1,328 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/float16.h"
+#include "model/blocks.h"
+
+namespace ktd {
+
+const std::vector<const ArchSpec *> &all_archs() {
+    static const std::vector<const ArchSpec *> archs = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchGemma3, &kArchBitnet};
+    return archs;
+}
+
+const ArchSpec *find_arch(const std::string &name) {
+    for (const ArchSpec *a : all_archs())
+        if (name == a->name) return a;
+    return nullptr;
+}
+
+std::string Model::supported_archs() {
+    std::string s;
+    for (const ArchSpec *a : all_archs()) {
+        if (!s.empty()) s.append(", ");
+        s.append(a->name);
+    }
+    return s;
+}
+
+namespace {
+
+int64_t dim_value(Dim d, const HParams &hp) {
+    switch (d) {
+        case Dim::One: return 1;
+        case Dim::Embd: return hp.n_embd;
+        case Dim::EmbdQ: return hp.n_embd_q();
+        case Dim::EmbdKGqa: return hp.n_embd_k_gqa();
+        case Dim::EmbdVGqa: return hp.n_embd_v_gqa();
+        case Dim::EmbdAttnOut: return int64_t(hp.n_head) * hp.head_dim_v;
+        case Dim::FF: return hp.n_ff;
+        case Dim::Vocab: return hp.n_vocab;
+        case Dim::HeadK: return hp.head_dim_k;
+        case Dim::RotHalf: return hp.rope.n_rot / 2;
+    }
+    return 0;
+}
+
+std::string tensor_name(const char *fmt, int il) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, fmt, il);
+    return buf;
+}
+
+std::string shape_str(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + "]"; }
+
+const TypeKernels &kernels_or_throw(const GGUFTensorInfo &t) {
+    const TypeKernels *tk = kernels_for(t.type);
+    if (!tk || !tk->dequantize_row)
+        throw GGUFError("tensor " + std::string(t.name) + " has type " + std::string(ggml_type_name(t.type)) +
+                        ", which has no kernels in this build");
+    return *tk;
+}
+
+std::vector<float> load_vector(const GGUFFile &f, const GGUFTensorInfo &t) {
+    const TypeKernels &tk = kernels_or_throw(t);
+    std::vector<float> v(size_t(t.n_elements));
+    tk.dequantize_row(f.tensor_data(t), v.data(), int64_t(t.n_elements));
+    return v;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
+    GGUFFile f = GGUFFile::open(path);
+    const std::string arch_name(f.get_string("general.architecture"));
+    const ArchSpec *arch = find_arch(arch_name);
+    if (!arch)
+        throw GGUFError("unsupported architecture '" + arch_name + "' (supported: " + supported_archs() + ")");
+    std::unique_ptr<Model> m(new Model(std::move(f)));
+    const GGUFFile &file = m->file_;
+    m->arch_ = arch;
+    m->hp_ = read_hparams(file, arch_name);
+    arch->tune(m->hp_, file);
+    HParams &hp = m->hp_;
+
+    ThreadPoolOptions popts;
+    popts.n_threads = opts.n_threads;
+    popts.pin = opts.pin;
+    m->pool_ = std::make_unique<ThreadPool>(popts);
+
+    ModelWeights &w = m->w_;
+    w.layers.resize(size_t(hp.n_layer));
+    for (const TensorSpec &spec : arch->tensors) {
+        const bool per_layer = spec.layer_mat || spec.layer_vec || spec.layer_scalar;
+        for (int il = 0; il < (per_layer ? hp.n_layer : 1); ++il) {
+            const std::string name = tensor_name(spec.name, il);
+            const GGUFTensorInfo *t = file.find_tensor(name);
+            if (!t) {
+                if (spec.required) throw GGUFError("missing tensor " + name + " (required by " + arch_name + ")");
+                continue;
+            }
+            const int64_t e0 = dim_value(spec.ne0, hp), e1 = dim_value(spec.ne1, hp);
+            if (int64_t(t->ne[0]) != e0 || int64_t(t->ne[1]) != e1 || t->ne[2] != 1 || t->ne[3] != 1)
+                throw GGUFError("tensor " + name + " has shape " + shape_str(int64_t(t->ne[0]), int64_t(t->ne[1])) +
+                                (t->n_dims > 2 ? " (" + std::to_string(t->n_dims) + " dims)" : "") +
+                                ", expected " + shape_str(e0, e1));
+            m->n_params_ += t->n_elements;
+            LayerWeights *lw = per_layer ? &w.layers[size_t(il)] : nullptr;
+            if (spec.layer_vec) lw->*spec.layer_vec = load_vector(file, *t);
+            if (spec.model_vec) w.*spec.model_vec = load_vector(file, *t);
+            if (spec.layer_scalar) lw->*spec.layer_scalar = load_vector(file, *t)[0];
+            if (spec.layer_mat || spec.model_mat) {
+                const TypeKernels &tk = kernels_or_throw(*t);
+                if (!tk.gemm)
+                    throw GGUFError("tensor " + name + " has type " + std::string(ggml_type_name(t->type)) +
+                                    ", which has no matmul kernel in this build");
+                Matrix &mat = spec.layer_mat ? lw->*spec.layer_mat : w.*spec.model_mat;
+                mat.info = t;
+                const size_t row_bytes = size_t(*ggml_row_size(t->type, t->ne[0]));
+                mat.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*t), row_bytes, int64_t(t->ne[1]),
+                                         int64_t(t->ne[0]), opts.allow_repack);
+                m->repacked_bytes_ += mat.pw.storage.size();
+            }
+        }
+    }
+    // token_embd is read row by row (dequantize_row), and is the output head when untied.
+    w.token_embd = file.find_tensor("token_embd.weight");
+    w.token_embd_tk = &kernels_or_throw(*w.token_embd);
+    if (int64_t(w.token_embd->ne[0]) != hp.n_embd)
+        throw GGUFError("tensor token_embd.weight has shape " +
+                        shape_str(int64_t(w.token_embd->ne[0]), int64_t(w.token_embd->ne[1])) + ", expected " +
+                        shape_str(hp.n_embd, hp.n_vocab));
+    if (!w.output) {
+        const TypeKernels &tk = *w.token_embd_tk;
+        if (!tk.gemm)
+            throw GGUFError("tensor token_embd.weight (tied output) has type " +
+                            std::string(ggml_type_name(w.token_embd->type)) + ", which has no matmul kernel");
+        w.output.info = w.token_embd;
+        w.output.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*w.token_embd),
+                                      size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0])), hp.n_vocab,
+                                      hp.n_embd, opts.allow_repack);
+        m->repacked_bytes_ += w.output.pw.storage.size();
+    }
+    return m;
+}
+
+Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_batch)
+    : model_(model), n_ctx_(n_ctx), n_seq_max_(n_seq_max), n_batch_(n_batch) {
+    if (n_ctx < 1 || n_ctx > (int64_t(1) << 24)) throw std::invalid_argument("n_ctx must be in [1, 2^24]");
+    if (n_seq_max < 1 || n_seq_max > 4096) throw std::invalid_argument("n_seq_max must be in [1, 4096]");
+    if (n_batch < 1 || n_batch > 65536) throw std::invalid_argument("n_batch must be in [1, 65536]");
+    const HParams &hp = model.hparams();
+    const size_t rows = size_t(n_seq_max) * size_t(n_ctx);
+    for (int il = 0; il < hp.n_layer; ++il) {
+        // Not value-initialized: pages are touched only as positions are written.
+        k_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_k_gqa())]);
+        v_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_v_gqa())]);
+    }
+    seq_len_.assign(size_t(n_seq_max), 0);
+    next_pos_.assign(size_t(n_seq_max), -1);
+    const size_t nb = size_t(n_batch);
+    s_.x.resize(nb * size_t(hp.n_embd));
+    s_.xn.resize(nb * size_t(hp.n_embd));
+    s_.tmp.resize(nb * size_t(std::max(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v)));
+    s_.q.resize(nb * size_t(hp.n_embd_q()));
+    s_.k.resize(nb * size_t(hp.n_embd_k_gqa()));
+    s_.v.resize(nb * size_t(hp.n_embd_v_gqa()));
+    s_.attn.resize(nb * size_t(int64_t(hp.n_head) * hp.head_dim_v));
+    s_.gate.resize(nb * size_t(hp.n_ff));
+    s_.up.resize(nb * size_t(hp.n_ff));
+    s_.rope_cs.resize(nb * size_t(hp.rope.n_rot));
+    s_.rope_cs_swa.resize(nb * size_t(hp.rope_swa.n_rot));
+    s_.attn_tmp.resize(size_t(model.pool().size()) * kAttnTile);
+}
+
+void Context::check_seq(int seq_id, const char *what) const {
+    if (seq_id < 0 || seq_id >= n_seq_max_)
+        throw std::invalid_argument(std::string(what) + ": sequence id " + std::to_string(seq_id) +
+                                    " out of range [0, " + std::to_string(n_seq_max_) + ")");
+}
+
+int64_t Context::seq_len(int seq_id) const {
+    check_seq(seq_id, "seq_len");
+    return seq_len_[size_t(seq_id)];
+}
+
+void Context::free_seq(int seq_id) {
+    check_seq(seq_id, "free_seq");
+    seq_len_[size_t(seq_id)] = 0;
+}
+
+void Context::copy_seq(int src, int dst, int64_t n_tokens) {
+    check_seq(src, "copy_seq");
+    check_seq(dst, "copy_seq");
+    if (n_tokens < 0 || n_tokens > seq_len_[size_t(src)])
+        throw std::invalid_argument("copy_seq: n_tokens " + std::to_string(n_tokens) + " exceeds the " +
+                                    std::to_string(seq_len_[size_t(src)]) + " tokens of sequence " +
+                                    std::to_string(src));
+    if (src == dst) {
+        seq_len_[size_t(dst)] = n_tokens;
+        return;
+    }
+    const HParams &hp = model_.hparams();
+    for (int il = 0; il < hp.n_layer; ++il) {
+        for (auto [cache, dim] : {std::pair{k_cache_[size_t(il)].get(), hp.n_embd_k_gqa()},
+                                  std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_gqa()}}) {
+            const size_t row = size_t(dim);
+            std::memcpy(cache + size_t(dst) * size_t(n_ctx_) * row, cache + size_t(src) * size_t(n_ctx_) * row,
+                        size_t(n_tokens) * row * sizeof(uint16_t));
+        }
+    }
+    seq_len_[size_t(dst)] = n_tokens;
+}
+
+void Context::forward(const Batch &b, float *logits) {
+    if (b.n < 0) throw std::invalid_argument("forward: negative batch size");
+    const HParams &hp = model_.hparams();
+    // Validate every row before touching the cache: a rejected batch changes nothing.
+    std::vector<int64_t> &next = next_pos_;  // expected next position per sequence, -1: none yet
+    std::fill(next.begin(), next.end(), -1);
+    for (int64_t i = 0; i < b.n; ++i) {
+        const int s = b.seq_ids[i];
+        check_seq(s, "forward");
+        const int64_t p = b.positions[i];
+        if (b.tokens[i] < 0 || b.tokens[i] >= hp.n_vocab)
+            throw std::invalid_argument("forward: token id " + std::to_string(b.tokens[i]) + " out of range [0, " +
+                                        std::to_string(hp.n_vocab) + ")");
+        if (p >= n_ctx_)
+            throw ContextOverflowError("position " + std::to_string(p) + " of sequence " + std::to_string(s) +
+                                       " reaches the context limit n_ctx = " + std::to_string(n_ctx_));
+        int64_t &nx = next[size_t(s)];
+        if (nx < 0 ? (p < 0 || p > seq_len_[size_t(s)]) : p != nx)
+            throw std::invalid_argument("forward: row " + std::to_string(i) + " has position " + std::to_string(p) +
+                                        " for sequence " + std::to_string(s) + ", expected " +
+                                        (nx < 0 ? "at most " + std::to_string(seq_len_[size_t(s)])
+                                                : std::to_string(nx)) +
+                                        " (positions of a sequence must be consecutive)");
+        nx = p + 1;
+    }
+    int64_t out_row = 0;
+    for (int64_t r0 = 0; r0 < b.n; r0 += n_batch_) {
+        const int64_t n = std::min(n_batch_, b.n - r0);
+        forward_chunk(b, r0, n, logits ? logits + out_row * hp.n_vocab : nullptr);
+        for (int64_t i = r0; i < r0 + n; ++i) out_row += b.want_logits[i] ? 1 : 0;
+    }
+}
+
+void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits) {
+    const HParams &hp = model_.hparams();
+    const ModelWeights &w = model_.weights();
+    ThreadPool &pool = model_.pool();
+    const int64_t E = hp.n_embd;
+
+    // Embedding rows: x [n][n_embd].
+    const size_t embd_row_bytes = size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0]));
+    const uint8_t *embd = model_.file().tensor_data(*w.token_embd);
+    for (int64_t i = 0; i < n; ++i) {
+        float *xi = s_.x.data() + i * E;
+        w.token_embd_tk->dequantize_row(embd + size_t(b.tokens[r0 + i]) * embd_row_bytes, xi, E);
+        if (hp.embd_scale != 1.0f)
+            for (int64_t d = 0; d < E; ++d) xi[d] *= hp.embd_scale;
+    }
+    // Rotary angles per row: [n][n_rot] (and for sliding-window layers when they differ).
+    const float *ff = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
+    for (int64_t i = 0; i < n; ++i) {
+        rope_cos_sin(hp.rope, ff, b.positions[r0 + i], s_.rope_cs.data() + i * hp.rope.n_rot);
+        rope_cos_sin(hp.rope_swa, ff, b.positions[r0 + i], s_.rope_cs_swa.data() + i * hp.rope_swa.n_rot);
+    }
+    // The sequence slots grow before the layers run: attention reads positions [0, p] of each row.
+    for (int64_t i = r0; i < r0 + n; ++i) seq_len_[size_t(b.seq_ids[i])] = int64_t(b.positions[i]) + 1;
+
+    for (int il = 0; il < hp.n_layer; ++il) model_.arch().layer(*this, w.layers[size_t(il)], il, b, r0, n);
+
+    // Output head on the marked rows only: gather, norm, logits [n_marked][n_vocab].
+    int64_t n_out = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (!b.want_logits[r0 + i]) continue;
+        rms_norm(s_.x.data() + i * E, w.output_norm.data(), s_.xn.data() + n_out * E, E, hp.norm_eps);
+        ++n_out;
+    }
+    if (n_out > 0) matmul(&pool, w.output.pw, s_.xn.data(), n_out, logits, s_.mm);
+    if (const float c = hp.final_logit_softcap; c > 0.0f && n_out > 0)
+        for (int64_t j = 0; j < n_out * hp.n_vocab; ++j) logits[j] = c * std::tanh(logits[j] / c);
+}
+
+void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const std::vector<float> *bias) {
+    matmul(&model_.pool(), m.pw, x, n, y, s_.mm);
+    if (bias && !bias->empty()) {
+        const int64_t rows = m.pw.rows;
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t r = 0; r < rows; ++r) y[i * rows + r] += (*bias)[size_t(r)];
+    }
+}
+
+void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    const HParams &hp = model_.hparams();
+    const int64_t dk = hp.n_embd_k_gqa(), dv = hp.n_embd_v_gqa();
+    uint16_t *kc = k_cache_[size_t(il)].get(), *vc = v_cache_[size_t(il)].get();
+    // Store this chunk's K/V as F16 at (seq, pos).
+    for (int64_t i = 0; i < n; ++i) {
+        const size_t slot = size_t(seq_ids[i]) * size_t(n_ctx_) + size_t(positions[i]);
+        for (int64_t d = 0; d < dk; ++d) kc[slot * size_t(dk) + size_t(d)] = fp32_to_fp16(s_.k[size_t(i * dk + d)]);
+        for (int64_t d = 0; d < dv; ++d) vc[slot * size_t(dv) + size_t(d)] = fp32_to_fp16(s_.v[size_t(i * dv + d)]);
+    }
+    // Every (row, head) pair is independent: attend over [lo, pos] of the row's sequence.
+    const int group = hp.n_head / hp.n_head_kv;
+    const bool swa = hp.layer_swa[size_t(il)];
+    const int64_t hd_k = hp.head_dim_k, hd_v = hp.head_dim_v;
+    model_.pool().parallel_for(size_t(n) * size_t(hp.n_head), [&](size_t begin, size_t end, int tid) {
+        float *scores = s_.attn_tmp.data() + size_t(tid) * kAttnTile;
+        for (size_t job = begin; job < end; ++job) {
+            const int64_t i = int64_t(job) / hp.n_head;
+            const int h = int(int64_t(job) % hp.n_head), hkv = h / group;
+            const int64_t pos = positions[i];
+            const int64_t lo = swa ? std::max<int64_t>(0, pos - hp.n_swa + 1) : 0;
+            const size_t base = size_t(seq_ids[i]) * size_t(n_ctx_);
+            attend_one(s_.q.data() + i * hp.n_embd_q() + h * hd_k, kc + base * size_t(dk) + size_t(hkv * hd_k),
+                       size_t(dk), vc + base * size_t(dv) + size_t(hkv * hd_v), size_t(dv), lo, pos + 1, hd_k, hd_v,
+                       s_.attn.data() + i * int64_t(hp.n_head) * hd_v + h * hd_v, scores);
+        }
+    });
+}
+
+}  // namespace ktd

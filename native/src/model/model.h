@@ -1,0 +1,210 @@
+// A loaded model (weights checked against its architecture's tensor table and prepared for the
+// kernels) and a Context (KV cache with sequence slots + scratch) that runs batches through it.
+//
+// Shapes (GGML order in the file, row-major here): W [rows][k] is a GGUF tensor with ne[0] = k.
+// Activations: x [n][n_embd] F32, one row per batch token. KV cache: per layer, K [n_seq_max]
+// [n_ctx][n_head_kv·head_dim_k] and V [n_seq_max][n_ctx][n_head_kv·head_dim_v], F16.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "gguf/gguf_file.h"
+#include "kernels/kernels.h"
+#include "model/hparams.h"
+
+namespace ktd {
+
+// A position at or beyond the context limit. Python: ktd._native.ContextOverflow.
+struct ContextOverflowError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// A weight matrix prepared for matmul (null `info`: the optional tensor is absent).
+struct Matrix {
+    const GGUFTensorInfo *info = nullptr;
+    PreparedWeights pw;
+    explicit operator bool() const { return info != nullptr; }
+};
+
+// Per-layer tensors; an optional one that is absent stays empty.
+struct LayerWeights {
+    std::vector<float> attn_norm;            // [n_embd]
+    Matrix wq, wk, wv, wo;                   // [n_embd_q][n_embd] [n_embd_k_gqa][n_embd] ... [n_embd][n_head·hd_v]
+    std::vector<float> bq, bk, bv, bo;       // [n_embd_q] [n_embd_k_gqa] [n_embd_v_gqa] [n_embd] (qwen2)
+    std::vector<float> attn_q_norm, attn_k_norm;  // [head_dim_k] per-head RMSNorm (qwen3, gemma3)
+    std::vector<float> attn_sub_norm;        // [n_head·hd_v] before wo (bitnet)
+    std::vector<float> post_attention_norm;  // [n_embd] (gemma3)
+    std::vector<float> ffn_norm;             // [n_embd]
+    Matrix ffn_gate, ffn_up, ffn_down;       // [n_ff][n_embd] [n_ff][n_embd] [n_embd][n_ff]
+    std::vector<float> ffn_sub_norm;         // [n_ff] before ffn_down (bitnet)
+    std::vector<float> post_ffw_norm;        // [n_embd] (gemma3)
+    // Scalar multipliers of a ternary weight (bitnet "*.scale" tensors), 1 when absent.
+    float wq_scale = 1, wk_scale = 1, wv_scale = 1, wo_scale = 1, gate_scale = 1, up_scale = 1, down_scale = 1;
+};
+
+struct ModelWeights {
+    const GGUFTensorInfo *token_embd = nullptr;  // [n_vocab][n_embd], rows dequantized on lookup
+    const TypeKernels *token_embd_tk = nullptr;
+    std::vector<float> output_norm;              // [n_embd]
+    Matrix output;                               // [n_vocab][n_embd]; token_embd when tied
+    std::vector<float> rope_freqs;               // [n_rot/2] frequency divisors (llama 3.1), optional
+    std::vector<LayerWeights> layers;
+};
+
+struct ArchSpec;
+class Context;
+
+struct ModelOptions {
+    int n_threads = 0;       // 0: one per physical core
+    bool pin = true;
+    bool allow_repack = true;
+};
+
+class Model {
+public:
+    // Opens, checks and prepares. GGUFError names the tensor/key/type on bad input.
+    static std::unique_ptr<Model> open(const std::string &path, const ModelOptions &opts = {});
+    // Supported architecture names, comma-separated (for messages).
+    static std::string supported_archs();
+
+    const HParams &hparams() const { return hp_; }
+    const ModelWeights &weights() const { return w_; }
+    const GGUFFile &file() const { return file_; }
+    ThreadPool &pool() const { return *pool_; }
+    const ArchSpec &arch() const { return *arch_; }
+    uint64_t n_params() const { return n_params_; }
+    uint64_t repacked_bytes() const { return repacked_bytes_; }
+
+private:
+    Model(GGUFFile file) : file_(std::move(file)) {}
+    GGUFFile file_;
+    HParams hp_;
+    ModelWeights w_;
+    const ArchSpec *arch_ = nullptr;
+    std::unique_ptr<ThreadPool> pool_;
+    uint64_t n_params_ = 0, repacked_bytes_ = 0;
+};
+
+// One batch row per token: (token, position, sequence id, wants logits).
+struct Batch {
+    const int32_t *tokens = nullptr, *positions = nullptr, *seq_ids = nullptr;
+    const uint8_t *want_logits = nullptr;
+    int64_t n = 0;
+};
+
+// Scratch of one chunk of up to n_batch rows, shared by the layer functions.
+struct ForwardScratch {
+    std::vector<float> x, xn, q, k, v, attn, gate, up, tmp;  // [n_batch][...]
+    std::vector<float> rope_cs;                // [n_batch][n_rot] cos/sin pairs
+    std::vector<float> rope_cs_swa;            // same for sliding-window layers
+    std::vector<float> attn_tmp;               // [n_threads][kAttnTile]
+    MatmulScratch mm;
+};
+
+class Context {
+public:
+    // n_ctx: per-sequence limit; n_seq_max: KV slots; n_batch: rows computed at once (a longer
+    // batch is run in chunks of n_batch).
+    Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_batch = 512);
+
+    // Rows of one sequence must have consecutive positions in row order, starting at or before the
+    // sequence's current length (starting before it discards the tail). Writes logits of marked
+    // rows, in row order, to `logits` [n_marked][n_vocab]. ContextOverflowError if a position is
+    // >= n_ctx; std::invalid_argument for any other bad row (nothing is computed then).
+    void forward(const Batch &batch, float *logits);
+    void free_seq(int seq_id);
+    void copy_seq(int src, int dst, int64_t n_tokens);
+    int64_t seq_len(int seq_id) const;
+
+    const Model &model() const { return model_; }
+    int64_t n_ctx() const { return n_ctx_; }
+    int n_seq_max() const { return n_seq_max_; }
+    int64_t n_batch() const { return n_batch_; }
+
+    // Used by the architecture files.
+    ForwardScratch &scratch() { return s_; }
+    // y [n][rows] = m · x [n][k] (+ bias [rows] on every row when given).
+    void linear(const Matrix &m, const float *x, int64_t n, float *y, const std::vector<float> *bias = nullptr);
+    // Writes rows' K/V [n][n_embd_k_gqa]/[n][n_embd_v_gqa] into layer il's cache and computes
+    // attn [n][n_head·hd_v] from q [n][n_embd_q] (already scaled, roped).
+    void attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n);
+
+private:
+    void forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits);
+    void check_seq(int seq_id, const char *what) const;
+
+    const Model &model_;
+    int64_t n_ctx_;
+    int n_seq_max_;
+    int64_t n_batch_;
+    std::vector<std::unique_ptr<uint16_t[]>> k_cache_, v_cache_;  // [n_layer] → [n_seq][n_ctx][dim]
+    std::vector<int64_t> seq_len_;   // [n_seq_max] tokens held per slot
+    std::vector<int64_t> next_pos_;  // [n_seq_max] forward's validation scratch
+    ForwardScratch s_;
+};
+
+// Architecture facts: the tensor table and the per-layer forward.
+enum class Placement { Input, Repeating, Output };
+enum class Dim { One, Embd, EmbdQ, EmbdKGqa, EmbdVGqa, EmbdAttnOut, FF, Vocab, HeadK, RotHalf };
+struct TensorSpec {
+    const char *name;      // GGUF name; "%d" = layer index
+    Dim ne0, ne1;          // expected shape, GGML order (ne1 = One for vectors)
+    bool required;
+    Placement placement;
+    // At most one destination is set; none: the tensor is only checked (token_embd, read by row).
+    Matrix LayerWeights::*layer_mat = nullptr;
+    std::vector<float> LayerWeights::*layer_vec = nullptr;
+    float LayerWeights::*layer_scalar = nullptr;
+    Matrix ModelWeights::*model_mat = nullptr;
+    std::vector<float> ModelWeights::*model_vec = nullptr;
+};
+struct ArchSpec {
+    const char *name;
+    std::vector<TensorSpec> tensors;
+    // Arch-specific hparams beyond read_hparams (rope type, swa layout, scales).
+    void (*tune)(HParams &hp, const GGUFFile &f);
+    // x [n][n_embd] in s.x → updated in place by one layer.
+    void (*layer)(Context &ctx, const LayerWeights &w, int il, const Batch &b, int64_t r0, int64_t n);
+};
+// Table-row helpers: a per-layer tensor (L), a model-level one (G), one only checked (C).
+inline TensorSpec L(const char *name, Dim ne0, Dim ne1, bool required, Matrix LayerWeights::*m) {
+    TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
+    s.layer_mat = m;
+    return s;
+}
+inline TensorSpec L(const char *name, Dim ne0, Dim ne1, bool required, std::vector<float> LayerWeights::*v) {
+    TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
+    s.layer_vec = v;
+    return s;
+}
+inline TensorSpec L(const char *name, Dim ne0, Dim ne1, bool required, float LayerWeights::*f) {
+    TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
+    s.layer_scalar = f;
+    return s;
+}
+inline TensorSpec G(const char *name, Dim ne0, Dim ne1, bool required, Placement p, Matrix ModelWeights::*m) {
+    TensorSpec s{name, ne0, ne1, required, p};
+    s.model_mat = m;
+    return s;
+}
+inline TensorSpec G(const char *name, Dim ne0, Dim ne1, bool required, Placement p,
+                    std::vector<float> ModelWeights::*v) {
+    TensorSpec s{name, ne0, ne1, required, p};
+    s.model_vec = v;
+    return s;
+}
+inline TensorSpec C(const char *name, Dim ne0, Dim ne1, bool required, Placement p) {
+    return TensorSpec{name, ne0, ne1, required, p};
+}
+constexpr bool kRequired = true, kOptional = false;
+
+const ArchSpec *find_arch(const std::string &name);
+const std::vector<const ArchSpec *> &all_archs();
+// Defined by the architecture files.
+extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen3, kArchGemma3, kArchBitnet;
+
+}  // namespace ktd
