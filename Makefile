@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run fetch-models bench bench-kernels synthetic-moe clean distclean wheel oracle
+.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels synthetic-moe clean distclean wheel oracle
 
 build: native
 
@@ -49,10 +49,22 @@ test: build oracle
 test-fast: build
 	$(PY) -m pytest -m "not slow and not realmodel" $(PYTEST_ARGS)
 
-# The default model (fetched and SHA-256 verified into the cache if absent) on a demo prompt.
-# MODEL=name-or-path and RUN_ARGS="--threads 4 --max-tokens 512" override.
+# The README's first command: fetch the default model (SHA-256 verified into the cache if absent)
+# and serve it with the daemon in the foreground on ./run/ktd.sock (no root needed; Ctrl-C stops
+# it). MODEL=<known name> picks another model (`ktd fetch --list`); KTD_<SECTION>__<KEY>
+# environment variables override configuration keys (`ktd config explain`).
 MODEL ?= qwen2.5-coder-0.5b
+RUN_SOCKET := run/ktd.sock
 run: build
+	@mkdir -p run
+	@path=$$($(PY) -m ktd fetch $(MODEL)) || exit 1; \
+	echo "ktd: serving $$path on $(RUN_SOCKET); in another terminal try:"; \
+	echo "  .venv/bin/ktctl -s $(RUN_SOCKET) chat -m 'Write a Python function that checks whether a number is prime.'"; \
+	KTD_MODEL__PATH="$$path" KTD_SERVER__SOCKET_GROUP=null exec $(PY) -m ktd serve --socket $(RUN_SOCKET)
+
+# In-process generation without the daemon (ktd run): the default model on a demo prompt.
+# RUN_ARGS="--threads 4 --max-tokens 512" overrides.
+demo: build
 	$(PY) -m ktd run $(MODEL) --chat --prompt "Write a Python function that checks whether a number is prime." $(RUN_ARGS)
 
 # The three real models of docs/MODELS into the cache (~/.cache/ktd/models, or $$KTD_CACHE).
