@@ -15,6 +15,7 @@ type (tiled from a 256-row base), otherwise random bytes (timing does not depend
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -28,14 +29,41 @@ from ktd import _native
 
 K = _native.kernels
 
-# (label, rows, k): Qwen2.5-0.5B output head; its ffn_down stacked 48 times (two models' layers);
-# Qwen2.5-1.5B ffn_up stacked over 12 layers. All ≥ 2.3x the L3 cache (32 MiB here) even at
-# 4.5 bits per weight, so the weights stream from DRAM.
+# (label, rows, k): Qwen2.5-0.5B output head, its ffn_down, Qwen2.5-1.5B ffn_up; each stacked
+# (see stacked_rows) until the weights are several times this machine's L3 cache, so they stream
+# from DRAM whatever the cache size (32 MiB on one machine here, 300 MiB on another).
 GEMV_SHAPES = [
     ("0.5B output 151936x896", 151936, 896),
-    ("0.5B ffn_down x48", 896 * 48, 4864),
-    ("1.5B ffn_up x12", 8960 * 12, 1536),
+    ("0.5B ffn_down", 896, 4864),
+    ("1.5B ffn_up", 8960, 1536),
 ]
+
+
+def l3_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The largest cache of CPU 0 (sysfs ``size``, e.g. ``300M``/``32768K``); 32 MiB if unknown."""
+    best = 0
+    for index in glob.glob(os.path.join(sysfs, "index*")):
+        try:
+            text = open(os.path.join(index, "size")).read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best or 32 << 20
+
+
+# Weights and bandwidth buffers are at least this many times the L3 cache.
+CACHE_FACTOR = 4
+
+
+def stacked_rows(type_name: str, rows: int, k: int, min_bytes: int) -> int:
+    """rows, repeated in whole copies of the matrix until it holds at least min_bytes."""
+    per_copy = rows * row_bytes(type_name, k)
+    return rows * max(1, -(-min_bytes // per_copy))
+
+
 # Prefill GEMM: Qwen2.5-1.5B ffn_up (8960 x 1536), n tokens.
 GEMM_SHAPE = ("1.5B ffn_up", 8960, 1536)
 GEMM_N = [32, 128, 512]
@@ -73,8 +101,10 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
     types = types or K.supported_types(isa)
     rng = np.random.default_rng(0)
     rows_out: list[dict] = []
-    # Per-case bandwidth: still 8x the L3 cache, cheaper to repeat than the headline buffer.
-    case_bw_bytes = min(bw_bytes, 256 << 20)
+    # Per-case bandwidth: still CACHE_FACTOR x the L3 cache, cheaper to repeat than the headline buffer.
+    min_bytes = CACHE_FACTOR * l3_bytes()
+    case_bw_bytes = min(bw_bytes, max(256 << 20, min_bytes))
+    bw_bytes = max(bw_bytes, min_bytes)
     print(f"ISA {isa}; types {', '.join(types)}; threads {threads_list}", flush=True)
     for threads in threads_list:
         bw = K.bench_read_bandwidth(bw_bytes, threads, 5)
@@ -83,9 +113,12 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
         print(f"{'type':7} {'layout':8} {'shape':26} {'n':>4} {'ms':>9} {'GB/s':>7} {'% bw':>6} {'GFLOP/s':>8}"
               "   (GEMV % bw: against the bandwidth measured alongside that case)")
         for t in types:
-            for label, rows, k in GEMV_SHAPES:
+            for label, base_rows, k in GEMV_SHAPES:
                 if row_bytes(t, k) is None:
                     continue
+                rows = stacked_rows(t, base_rows, k, min_bytes)
+                if rows != base_rows:
+                    label = f"{label} x{rows // base_rows}"
                 w = make_weights(t, rows, k, rng)
                 for layout in layouts(t):
                     wl = prepared(t, layout, w, rows, k, threads)
