@@ -9,6 +9,7 @@
 
 #include "kernels/avx2/k_common.h"
 #include "kernels/blocks.h"
+#include "kernels/avx512/ternary.h"
 #include "kernels/kernels.h"
 
 namespace ktd::avx512 {
@@ -26,46 +27,14 @@ inline void unpack_tq2(const block_tq2_0 &x, __m512i v[4]) {
     v[3] = _mm512_shuffle_i64x2(q2, q3, 0xEE);  // 192..255
 }
 
-void dequantize_row_tq2_0(const void *vx, float *y, int64_t k) {
-    const auto *x = static_cast<const block_tq2_0 *>(vx);
-    const __m512i one = _mm512_set1_epi8(1);
-    for (int64_t b = 0; b < k / QK_K; ++b) {
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(x[b].d));
-        __m512i v[4];
-        unpack_tq2(x[b], v);
-        for (int i = 0; i < 4; ++i) {
-            alignas(64) int8_t q[64];
-            _mm512_store_si512(q, _mm512_sub_epi8(v[i], one));
-            for (int j = 0; j < 4; ++j) {
-                const __m512 vq = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i *>(q + 16 * j))));
-                _mm512_storeu_ps(y + b * QK_K + 64 * i + 16 * j, _mm512_mul_ps(d, vq));
-            }
-        }
-    }
-}
-
 struct TQ2 {
-    template <int NC>
-    static void dot(int64_t nb, const block_tq2_0 *w, const block_q8_K *const *a, float *out) {
-        __m512 acc[NC];
-        for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            __m512i v[4];
-            unpack_tq2(w[b], v);
-            const float d = _cvtsh_ss(w[b].d);
-            for (int c = 0; c < NC; ++c) {
-                __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_cvtepi16_epi32(load256(a[c][b].bsums)));
-                for (int p = 0; p < 4; ++p) sumi = _mm512_dpbusd_epi32(sumi, v[p], _mm512_loadu_si512(a[c][b].qs + 64 * p));
-                acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[c][b].d), _mm512_cvtepi32_ps(sumi), acc[c]);
-            }
-        }
-        for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]);
-    }
+    static void unpack(const block_tq2_0 &x, __m512i v[4]) { unpack_tq2(x, v); }
 };
 
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{GGMLType::TQ2_0, GGMLType::Q8_K, dequantize_row_tq2_0, quantize_row_q8_K,
-                                              gemm_tile<block_tq2_0, TQ2>});
+KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{GGMLType::TQ2_0, GGMLType::Q8_K,
+                                              dequantize_row_ternary<block_tq2_0, TQ2>, quantize_row_q8_K,
+                                              gemm_tile<block_tq2_0, TernaryDot<block_tq2_0, TQ2>>});
 
 }  // namespace ktd::avx512
