@@ -27,6 +27,27 @@ struct RopeParams {
     float beta_fast = 32.0f, beta_slow = 1.0f;
 };
 
+// Routed experts (qwen2moe, qwen3moe, Mixtral, deepseek2). n_expert == 0: a dense model.
+enum class ExpertGating { Softmax, Sigmoid };  // deepseek2.expert_gating_func 1 / 2
+struct MoeParams {
+    int n_expert = 0, n_expert_used = 0;   // expert_count, expert_used_count
+    int64_t n_ff_exp = 0;                  // expert_feed_forward_length (Mixtral: feed_forward_length)
+    int64_t n_ff_shexp = 0;                // shared-expert FFN width (0: none); deepseek2: n_ff_exp · n_expert_shared
+    int n_expert_shared = 0;               // expert_shared_count (deepseek2)
+    int n_layer_dense_lead = 0;            // leading_dense_block_count: layers [0, n) have a dense FFN
+    ExpertGating gating = ExpertGating::Softmax;
+    bool weights_norm = false;             // renormalise the selected experts' weights to sum 1
+    float weights_scale = 1.0f;            // expert_weights_scale
+    int n_group = 0, n_group_used = 0;     // group-limited top-k (DeepSeek-V3); 0: off
+};
+
+// Multi-head latent attention (deepseek2). kv_lora_rank == 0: not MLA.
+struct MlaParams {
+    int64_t q_lora_rank = 0;               // 0: a plain wq (DeepSeek-V2-Lite)
+    int64_t kv_lora_rank = 0;              // width of the cached latent
+    int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+};
+
 struct HParams {
     std::string arch;
     int64_t n_vocab = 0;            // rows of token_embd
@@ -45,6 +66,8 @@ struct HParams {
     float embd_scale = 1.0f;        // token embedding multiplier (gemma: sqrt(n_embd))
     bool ffn_relu2 = false;         // bitnet: relu(gate)² ⊙ up instead of SwiGLU
     float final_logit_softcap = 0;  // logits = c·tanh(logits/c) when > 0 (gemma)
+    MoeParams moe;
+    MlaParams mla;
 
     int64_t n_embd_q() const { return int64_t(n_head) * head_dim_k; }
     int64_t n_embd_k_gqa() const { return int64_t(n_head_kv) * head_dim_k; }

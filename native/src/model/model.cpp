@@ -45,6 +45,9 @@ int64_t dim_value(Dim d, const HParams &hp) {
         case Dim::Vocab: return hp.n_vocab;
         case Dim::HeadK: return hp.head_dim_k;
         case Dim::RotHalf: return hp.rope.n_rot / 2;
+        case Dim::Expert: return hp.moe.n_expert;
+        case Dim::FFExp: return hp.moe.n_ff_exp;
+        case Dim::FFShexp: return hp.moe.n_ff_shexp;
     }
     return 0;
 }
@@ -55,7 +58,18 @@ std::string tensor_name(const char *fmt, int il) {
     return buf;
 }
 
-std::string shape_str(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + "]"; }
+std::string shape_str(int64_t a, int64_t b, int64_t c = 1) {
+    return "[" + std::to_string(a) + ", " + std::to_string(b) + (c != 1 ? ", " + std::to_string(c) : "") + "]";
+}
+
+bool layer_in_set(LayerSet set, const HParams &hp, int il) {
+    switch (set) {
+        case LayerSet::All: return true;
+        case LayerSet::DenseLead: return il < hp.moe.n_layer_dense_lead;
+        case LayerSet::Moe: return hp.moe.n_expert > 0 && il >= hp.moe.n_layer_dense_lead;
+    }
+    return true;
+}
 
 const TypeKernels &kernels_or_throw(const GGUFTensorInfo &t) {
     const TypeKernels *tk = kernels_for(t.type);
@@ -95,34 +109,52 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     ModelWeights &w = m->w_;
     w.layers.resize(size_t(hp.n_layer));
     for (const TensorSpec &spec : arch->tensors) {
-        const bool per_layer = spec.layer_mat || spec.layer_vec || spec.layer_scalar;
+        const bool per_layer = spec.layer_mat || spec.layer_vec || spec.layer_scalar || spec.layer_stack;
         for (int il = 0; il < (per_layer ? hp.n_layer : 1); ++il) {
             const std::string name = tensor_name(spec.name, il);
             const GGUFTensorInfo *t = file.find_tensor(name);
+            if (per_layer && !layer_in_set(spec.layers, hp, il)) {
+                if (t) throw GGUFError("unexpected tensor " + name + " (layer " + std::to_string(il) + " of " + arch_name +
+                                       " has no such tensor)");
+                continue;
+            }
             if (!t) {
                 if (spec.required) throw GGUFError("missing tensor " + name + " (required by " + arch_name + ")");
                 continue;
             }
-            const int64_t e0 = dim_value(spec.ne0, hp), e1 = dim_value(spec.ne1, hp);
-            if (int64_t(t->ne[0]) != e0 || int64_t(t->ne[1]) != e1 || t->ne[2] != 1 || t->ne[3] != 1)
-                throw GGUFError("tensor " + name + " has shape " + shape_str(int64_t(t->ne[0]), int64_t(t->ne[1])) +
-                                (t->n_dims > 2 ? " (" + std::to_string(t->n_dims) + " dims)" : "") +
-                                ", expected " + shape_str(e0, e1));
+            const int64_t e0 = dim_value(spec.ne0, hp), e1 = dim_value(spec.ne1, hp), e2 = dim_value(spec.ne2, hp);
+            if (int64_t(t->ne[0]) != e0 || int64_t(t->ne[1]) != e1 || int64_t(t->ne[2]) != e2 || t->ne[3] != 1)
+                throw GGUFError("tensor " + name + " has shape " +
+                                shape_str(int64_t(t->ne[0]), int64_t(t->ne[1]), int64_t(t->ne[2])) +
+                                (t->n_dims > 3 ? " (" + std::to_string(t->n_dims) + " dims)" : "") + ", expected " +
+                                shape_str(e0, e1, e2));
             m->n_params_ += t->n_elements;
             LayerWeights *lw = per_layer ? &w.layers[size_t(il)] : nullptr;
             if (spec.layer_vec) lw->*spec.layer_vec = load_vector(file, *t);
             if (spec.model_vec) w.*spec.model_vec = load_vector(file, *t);
             if (spec.layer_scalar) lw->*spec.layer_scalar = load_vector(file, *t)[0];
-            if (spec.layer_mat || spec.model_mat) {
+            if (spec.layer_mat || spec.model_mat || spec.layer_stack) {
                 const TypeKernels &tk = kernels_or_throw(*t);
                 if (!tk.gemm)
                     throw GGUFError("tensor " + name + " has type " + std::string(ggml_type_name(t->type)) +
                                     ", which has no matmul kernel in this build");
+                const size_t row_bytes = size_t(*ggml_row_size(t->type, t->ne[0]));
+                const int64_t rows = int64_t(t->ne[1]), k = int64_t(t->ne[0]);
+                if (spec.layer_stack) {
+                    MatrixStack &st = lw->*spec.layer_stack;
+                    st.info = t;
+                    st.mats.resize(size_t(e2));
+                    for (int64_t e = 0; e < e2; ++e) {
+                        st.mats[size_t(e)] = prepare_weights(m->pool_.get(), tk,
+                                                             file.tensor_data(*t) + size_t(e) * size_t(rows) * row_bytes,
+                                                             row_bytes, rows, k, opts.allow_repack);
+                        m->repacked_bytes_ += st.mats[size_t(e)].storage.size();
+                    }
+                    continue;
+                }
                 Matrix &mat = spec.layer_mat ? lw->*spec.layer_mat : w.*spec.model_mat;
                 mat.info = t;
-                const size_t row_bytes = size_t(*ggml_row_size(t->type, t->ne[0]));
-                mat.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*t), row_bytes, int64_t(t->ne[1]),
-                                         int64_t(t->ne[0]), opts.allow_repack);
+                mat.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*t), row_bytes, rows, k, opts.allow_repack);
                 m->repacked_bytes_ += mat.pw.storage.size();
             }
         }

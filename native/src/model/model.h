@@ -30,6 +30,15 @@ struct Matrix {
     explicit operator bool() const { return info != nullptr; }
 };
 
+// A 3-D GGUF tensor ne = {k, rows, n_mat}: a stack of n_mat matrices [rows][k] (the experts of a
+// layer, or deepseek2's per-head attn_k_b/attn_v_b), each prepared on its own so one matrix is one
+// contiguous stream.
+struct MatrixStack {
+    const GGUFTensorInfo *info = nullptr;
+    std::vector<PreparedWeights> mats;  // [n_mat]
+    explicit operator bool() const { return info != nullptr; }
+};
+
 // Per-layer tensors; an optional one that is absent stays empty.
 struct LayerWeights {
     std::vector<float> attn_norm;            // [n_embd]
@@ -42,6 +51,14 @@ struct LayerWeights {
     Matrix ffn_gate, ffn_up, ffn_down;       // [n_ff][n_embd] [n_ff][n_embd] [n_embd][n_ff]
     std::vector<float> ffn_sub_norm;         // [n_ff] before ffn_down (bitnet)
     std::vector<float> post_ffw_norm;        // [n_embd] (gemma3)
+    // Routed experts (MoE layers only; see MoeParams).
+    Matrix ffn_gate_inp;                     // router [n_expert][n_embd]
+    std::vector<float> exp_probs_b;          // [n_expert] selection bias (DeepSeek-V3), optional
+    MatrixStack ffn_gate_exps, ffn_up_exps;  // [n_expert] × [n_ff_exp][n_embd]
+    MatrixStack ffn_down_exps;               // [n_expert] × [n_embd][n_ff_exp]
+    Matrix ffn_gate_shexp, ffn_up_shexp;     // shared expert(s) [n_ff_shexp][n_embd], optional
+    Matrix ffn_down_shexp;                   // [n_embd][n_ff_shexp]
+    std::vector<float> ffn_gate_inp_shexp;   // [n_embd] sigmoid gate of the shared expert (qwen2moe)
     // Scalar multipliers of a ternary weight (bitnet "*.scale" tensors), 1 when absent.
     float wq_scale = 1, wk_scale = 1, wv_scale = 1, wo_scale = 1, gate_scale = 1, up_scale = 1, down_scale = 1;
 };
@@ -149,16 +166,23 @@ private:
 
 // Architecture facts: the tensor table and the per-layer forward.
 enum class Placement { Input, Repeating, Output };
-enum class Dim { One, Embd, EmbdQ, EmbdKGqa, EmbdVGqa, EmbdAttnOut, FF, Vocab, HeadK, RotHalf };
+enum class Dim { One, Embd, EmbdQ, EmbdKGqa, EmbdVGqa, EmbdAttnOut, FF, Vocab, HeadK, RotHalf,
+                 Expert, FFExp, FFShexp };
+// Which layers a per-layer tensor belongs to (deepseek2: a dense FFN in the leading layers, experts
+// in the others). A tensor outside its layers must be absent.
+enum class LayerSet { All, DenseLead, Moe };
 struct TensorSpec {
     const char *name;      // GGUF name; "%d" = layer index
     Dim ne0, ne1;          // expected shape, GGML order (ne1 = One for vectors)
     bool required;
     Placement placement;
+    Dim ne2 = Dim::One;    // a 3-D stack (layer_stack) has ne2 > 1
+    LayerSet layers = LayerSet::All;
     // At most one destination is set; none: the tensor is only checked (token_embd, read by row).
     Matrix LayerWeights::*layer_mat = nullptr;
     std::vector<float> LayerWeights::*layer_vec = nullptr;
     float LayerWeights::*layer_scalar = nullptr;
+    MatrixStack LayerWeights::*layer_stack = nullptr;
     Matrix ModelWeights::*model_mat = nullptr;
     std::vector<float> ModelWeights::*model_vec = nullptr;
 };
@@ -184,6 +208,18 @@ inline TensorSpec L(const char *name, Dim ne0, Dim ne1, bool required, std::vect
 inline TensorSpec L(const char *name, Dim ne0, Dim ne1, bool required, float LayerWeights::*f) {
     TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
     s.layer_scalar = f;
+    return s;
+}
+// A per-layer 3-D stack [ne2] × [ne1][ne0].
+inline TensorSpec L3(const char *name, Dim ne0, Dim ne1, Dim ne2, bool required, MatrixStack LayerWeights::*st) {
+    TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
+    s.ne2 = ne2;
+    s.layer_stack = st;
+    return s;
+}
+// The same spec restricted to a set of layers.
+inline TensorSpec in_layers(TensorSpec s, LayerSet set) {
+    s.layers = set;
     return s;
 }
 inline TensorSpec G(const char *name, Dim ne0, Dim ne1, bool required, Placement p, Matrix ModelWeights::*m) {
