@@ -65,7 +65,7 @@ std::string shape_str(int64_t a, int64_t b, int64_t c = 1) {
 bool layer_in_set(LayerSet set, const HParams &hp, int il) {
     switch (set) {
         case LayerSet::All: return true;
-        case LayerSet::DenseLead: return il < hp.moe.n_layer_dense_lead;
+        case LayerSet::Dense: return hp.moe.n_expert == 0 || il < hp.moe.n_layer_dense_lead;
         case LayerSet::Moe: return hp.moe.n_expert > 0 && il >= hp.moe.n_layer_dense_lead;
     }
     return true;

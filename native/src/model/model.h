@@ -168,9 +168,10 @@ private:
 enum class Placement { Input, Repeating, Output };
 enum class Dim { One, Embd, EmbdQ, EmbdKGqa, EmbdVGqa, EmbdAttnOut, FF, Vocab, HeadK, RotHalf,
                  Expert, FFExp, FFShexp };
-// Which layers a per-layer tensor belongs to (deepseek2: a dense FFN in the leading layers, experts
-// in the others). A tensor outside its layers must be absent.
-enum class LayerSet { All, DenseLead, Moe };
+// Which layers a per-layer tensor belongs to. Dense: layers with a dense FFN (every layer of a model
+// without experts; deepseek2's leading layers); Moe: the layers with routed experts. A tensor
+// outside its layers must be absent.
+enum class LayerSet { All, Dense, Moe };
 struct TensorSpec {
     const char *name;      // GGUF name; "%d" = layer index
     Dim ne0, ne1;          // expected shape, GGML order (ne1 = One for vectors)
