@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 namespace py = pybind11;
 
@@ -54,6 +55,8 @@ void bind_model(py::module_ &m) {
         .def_property_readonly("n_head_kv", [](const Model &x) { return x.hparams().n_head_kv; })
         .def_property_readonly("n_ff", [](const Model &x) { return x.hparams().n_ff; })
         .def_property_readonly("n_ctx_train", [](const Model &x) { return x.hparams().n_ctx_train; })
+        .def_property_readonly("n_expert", [](const Model &x) { return x.hparams().moe.n_expert; })
+        .def_property_readonly("n_expert_used", [](const Model &x) { return x.hparams().moe.n_expert_used; })
         .def_property_readonly("n_params", &Model::n_params)
         .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
         .def_property_readonly("n_threads", [](const Model &x) { return x.pool().size(); })
@@ -105,7 +108,45 @@ void bind_model(py::module_ &m) {
             std::lock_guard<std::mutex> l(c.mu);
             c.ctx->copy_seq(src, dst, n);
         })
-        .def("seq_len", [](PyContext &c, int s) { std::lock_guard<std::mutex> l(c.mu); return c.ctx->seq_len(s); });
+        .def("seq_len", [](PyContext &c, int s) { std::lock_guard<std::mutex> l(c.mu); return c.ctx->seq_len(s); })
+        .def(
+            "expert_counts",
+            [](PyContext &c) {
+                const HParams &hp = c.model->hparams();
+                py::array_t<uint64_t> out({int64_t(hp.n_layer), int64_t(hp.moe.n_expert)});
+                std::lock_guard<std::mutex> l(c.mu);
+                const std::vector<uint64_t> &counts = c.ctx->expert_counts();
+                std::copy(counts.begin(), counts.end(), out.mutable_data());
+                return out;
+            },
+            "uint64 [n_layer, n_expert]: tokens routed to each expert since creation or the last reset "
+            "(dense layers 0; n_expert = 0 for a dense model)")
+        .def("reset_expert_counts", [](PyContext &c) {
+            std::lock_guard<std::mutex> l(c.mu);
+            c.ctx->reset_expert_counts();
+        })
+        .def(
+            "_moe_ffn",
+            [](PyContext &c, int il, py::handle xn_h) {
+                const HParams &hp = c.model->hparams();
+                if (il < 0 || il >= hp.n_layer || !c.model->weights().layers[size_t(il)].ffn_gate_inp)
+                    throw std::invalid_argument("layer " + std::to_string(il) + " has no routed experts");
+                auto xn = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(xn_h);
+                if (!xn || xn.ndim() != 2 || xn.shape(1) != hp.n_embd || xn.shape(0) < 1 ||
+                    xn.shape(0) > c.ctx->n_batch())
+                    throw std::invalid_argument("xn must be a float32 array [n, n_embd] with 1 <= n <= n_batch");
+                const int64_t n = xn.shape(0);
+                py::array_t<float> y({n, hp.n_embd});
+                float *dst = y.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    std::lock_guard<std::mutex> l(c.mu);
+                    moe_ffn(*c.ctx, c.model->weights().layers[size_t(il)], il, xn.data(), n, dst);
+                }
+                return y;
+            },
+            py::arg("il"), py::arg("xn"),
+            "Test hook: the MoE FFN of layer il on normed rows xn [n, n_embd] → [n, n_embd] (counts the routing)");
 }
 
 }  // namespace ktd
