@@ -252,6 +252,68 @@ def test_moe_operator_rejects_bad_calls(tiny):
         e.context._moe_ffn(0, np.zeros((1, 63), np.float32))
 
 
+# ---- routing (every variant, including the ones only deepseek2 uses) ------------------------------
+
+ROUTINGS = {
+    "softmax": dict(n_expert_used=2),
+    "softmax-norm": dict(n_expert_used=3, weights_norm=True),
+    "softmax-scale": dict(n_expert_used=6, weights_scale=1.5),  # DeepSeek-V2
+    "sigmoid-bias": dict(n_expert_used=4, gating="sigmoid", bias=True, weights_norm=True),
+    "sigmoid-groups": dict(n_expert_used=8, gating="sigmoid", bias=True, weights_norm=True, weights_scale=2.5,
+                           n_group=8, n_group_used=4),  # DeepSeek-V3 (256 experts top-8, 8 groups, 4 used)
+}
+
+
+def _route_both(logits, p, bias):
+    got_ids, got_w = _native._moe_route(
+        logits, p["n_expert_used"], gating=p.get("gating", "softmax"), weights_norm=p.get("weights_norm", False),
+        weights_scale=p.get("weights_scale", 1.0), exp_probs_b=bias, n_group=p.get("n_group", 0),
+        n_group_used=p.get("n_group_used", 0))
+    want_ids, want_w = R.route(logits.astype(np.float64), R.Routing(
+        n_expert_used=p["n_expert_used"], gating=p.get("gating", "softmax"), norm_topk=p.get("weights_norm", False),
+        scale=p.get("weights_scale", 1.0), exp_probs_b=bias, n_group=p.get("n_group", 0),
+        topk_group=p.get("n_group_used", 0)))
+    return got_ids, got_w, want_ids, want_w
+
+
+@pytest.mark.parametrize("name", ROUTINGS)
+def test_routing_matches_reference(name):
+    p = ROUTINGS[name]
+    n_expert = 64 if p.get("n_group") else 16
+    rng = np.random.default_rng(len(name))
+    logits = (2 * rng.standard_normal((200, n_expert))).astype(np.float32)
+    bias = rng.uniform(0, 0.2, n_expert).astype(np.float32) if p.get("bias") else None
+    got_ids, got_w, want_ids, want_w = _route_both(logits, p, bias)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_allclose(got_w, want_w, rtol=2e-6, atol=1e-7)
+    if p.get("n_group"):
+        groups = got_ids // (n_expert // p["n_group"])
+        assert max(len(set(row)) for row in groups) == p["n_group_used"]
+
+
+def test_routing_ties_go_to_the_lowest_index():
+    logits = np.zeros((3, 8), np.float32)
+    logits[1, [2, 5, 6]] = 1.0
+    logits[2] = [0, 1, 1, 0, 0, 1, 1, 0]
+    ids, w = _native._moe_route(logits, 2)
+    np.testing.assert_array_equal(ids, [[0, 1], [2, 5], [1, 2]])
+    np.testing.assert_allclose(w[0], [1 / 8, 1 / 8], rtol=1e-6)
+    # groups of 2: row 1's groups 1..3 tie (score σ(1) + σ(0)), so groups 1 and 2 win; all of row 2's
+    # groups tie, so groups 0 and 1
+    ids, _ = _native._moe_route(logits, 2, gating="sigmoid", n_group=4, n_group_used=2)
+    np.testing.assert_array_equal(ids, [[0, 1], [2, 5], [1, 2]])
+    want_ids, _ = R.route(logits.astype(np.float64), R.Routing(n_expert_used=2, gating="sigmoid", n_group=4,
+                                                               topk_group=2))
+    np.testing.assert_array_equal(ids, want_ids)
+
+
+def test_routing_survives_non_finite_logits():
+    logits = np.full((2, 8), np.nan, np.float32)
+    logits[1, 3] = np.inf
+    ids, _ = _native._moe_route(logits, 3, weights_norm=True)
+    assert all(len(set(row)) == 3 and row.min() >= 0 and row.max() < 8 for row in ids)
+
+
 # ---- expert statistics --------------------------------------------------------------------------
 
 def _reference_routing(m: R.Model, tokens) -> list[np.ndarray]:
@@ -296,6 +358,22 @@ def test_expert_counts_match_reference_routing(tiny, reference, arch):
     assert (e.context.expert_counts().sum(axis=1) == n_used).all()
 
 
+def test_engine_status_summarises_expert_counts(tiny):
+    e = _open(tiny("qwen3moe"))
+    assert e.info()["experts"] == {"n_expert": 8, "n_expert_used": 3, "layers": []}
+    _prefill(e, _tokens(320, n=10))
+    counts = e.expert_counts()
+    summary = e.info()["experts"]
+    assert [d["layer"] for d in summary["layers"]] == [0, 1]
+    for d in summary["layers"]:
+        row = counts[d["layer"]]
+        assert d["routed"] == 30 == row.sum()
+        assert [c for _, c in d["top"]] == sorted(row, reverse=True)[:len(d["top"])]
+        assert all(row[x] == c for x, c in d["top"])
+    e.reset_expert_counts()
+    assert not e.expert_counts().any() and e.info()["experts"]["layers"] == []
+
+
 def test_dense_model_has_no_expert_counts(tmp_path):
     from models.tiny_dense import make_model
 
@@ -303,6 +381,7 @@ def test_dense_model_has_no_expert_counts(tmp_path):
     assert e.model.n_expert == 0
     _prefill(e, [1, 5, 9])
     assert e.context.expert_counts().shape == (e.model.n_layer, 0)
+    assert "experts" not in e.info()
 
 
 # ---- load-time errors ---------------------------------------------------------------------------

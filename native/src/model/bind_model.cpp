@@ -36,6 +36,50 @@ py::array_t<T, py::array::c_style | py::array::forcecast> vec1d(const py::handle
 void bind_model(py::module_ &m) {
     py::register_exception<ContextOverflowError>(m, "ContextOverflow", PyExc_RuntimeError);
 
+    m.def(
+        "_moe_route",
+        [](py::handle logits_h, int n_expert_used, const std::string &gating, bool weights_norm, float weights_scale,
+           py::object probs_b_h, int n_group, int n_group_used) {
+            auto logits = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(logits_h);
+            if (!logits || logits.ndim() != 2 || logits.shape(1) < 1 || logits.shape(1) > 4096)
+                throw std::invalid_argument("logits must be a float32 array [n, n_expert] with 1 <= n_expert <= 4096");
+            MoeParams mp;
+            mp.n_expert = int(logits.shape(1));
+            mp.n_expert_used = n_expert_used;
+            if (n_expert_used < 1 || n_expert_used > mp.n_expert)
+                throw std::invalid_argument("n_expert_used must be in [1, n_expert]");
+            if (gating != "softmax" && gating != "sigmoid")
+                throw std::invalid_argument("gating must be 'softmax' or 'sigmoid'");
+            mp.gating = gating == "softmax" ? ExpertGating::Softmax : ExpertGating::Sigmoid;
+            mp.weights_norm = weights_norm;
+            mp.weights_scale = weights_scale;
+            if (n_group > 1) {
+                const int gsize = mp.n_expert / n_group;
+                if (mp.n_expert % n_group != 0 || gsize < 2 || n_group_used < 1 || n_group_used > n_group ||
+                    n_group_used * gsize < n_expert_used)
+                    throw std::invalid_argument("bad expert groups");
+                mp.n_group = n_group;
+                mp.n_group_used = n_group_used;
+            }
+            std::vector<float> bias;
+            if (!probs_b_h.is_none()) {
+                auto b = vec1d<float>(probs_b_h, "exp_probs_b");
+                if (b.shape(0) != mp.n_expert) throw std::invalid_argument("exp_probs_b must have n_expert entries");
+                bias.assign(b.data(), b.data() + mp.n_expert);
+            }
+            const int64_t n = logits.shape(0);
+            std::vector<float> probs(logits.data(), logits.data() + n * mp.n_expert), select(size_t(mp.n_expert));
+            py::array_t<int32_t> ids({n, int64_t(n_expert_used)});
+            py::array_t<float> weights({n, int64_t(n_expert_used)});
+            moe_route(mp, probs.data(), bias.empty() ? nullptr : bias.data(), n, ids.mutable_data(),
+                      weights.mutable_data(), select.data());
+            return py::make_tuple(ids, weights);
+        },
+        py::arg("logits"), py::arg("n_expert_used"), py::arg("gating") = "softmax", py::arg("weights_norm") = false,
+        py::arg("weights_scale") = 1.0f, py::arg("exp_probs_b") = py::none(), py::arg("n_group") = 0,
+        py::arg("n_group_used") = 0,
+        "Test hook: moe_route on router logits [n, n_expert] → (ids int32 [n, k] best first, weights float32 [n, k])");
+
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A loaded GGUF model (weights checked and prepared)")
         .def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack) {
                  ModelOptions o;
