@@ -138,6 +138,25 @@ def test_logits_match_llama_cpp(tiny, arch, wtype):
         assert np.median(err) <= Q8_MEDIAN_ABS and top1 >= Q8_TOP1, stats
 
 
+def test_routing_keys_as_llama_cpp_reads_them(tiny, tmp_path):
+    """On qwen3moe llama.cpp applies expert_group_count/expert_group_used_count but ignores
+    expert_weights_scale, expert_gating_func and expert_weights_norm (hard-coded softmax,
+    renormalised): ktd and the numpy reference must do the same."""
+    src = tiny("qwen3moe")
+    p = _rewrite(src, tmp_path / "keys.gguf", keys={
+        "qwen3moe.expert_group_count": (4, U32), "qwen3moe.expert_group_used_count": (2, U32),
+        "qwen3moe.expert_weights_scale": (3.0, GGUFValueType.FLOAT32), "qwen3moe.expert_gating_func": (2, U32),
+        "qwen3moe.expert_weights_norm": (False, GGUFValueType.BOOL)})
+    toks = _tokens(320, n=16, seed=11)
+    llm = _llama(p, 32)
+    llm.eval(toks)
+    want = np.array(llm.scores[:len(toks)], dtype=np.float64)
+    got = _prefill(_open(p), toks)
+    assert np.abs(got - _prefill(_open(src), toks)).max() > 1.0, "the groups must change the routing"
+    assert np.abs(got - want).max() <= LLAMA_F32_MAX_ABS
+    assert _rel_err(got, R.forward(p, toks)) < TOL_F32
+
+
 # ---- consistency --------------------------------------------------------------------------------
 
 # Different batch shapes change the kernels' tiles (GEMV vs GEMM, experts over 1 or many tokens):

@@ -68,12 +68,13 @@ void llama_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, in
 // keep the half-split (NeoX) layout.
 void tune_neox_rope(HParams &hp, const GGUFFile &) { hp.rope.type = hp.rope_swa.type = RopeType::Neox; }
 
-// The routing llama.cpp hard-codes per architecture (build_moe_ffn's norm_w and gating arguments),
-// whatever the file says.
+// The routing llama.cpp hard-codes for these architectures (build_moe_ffn's gating and norm_w
+// arguments), whatever the file says; it does not read expert_weights_scale for them either, but
+// it does apply expert_group_count (checked against llama.cpp in tests/test_moe_forward.py).
 void set_softmax_routing(HParams &hp, bool weights_norm) {
     hp.moe.gating = ExpertGating::Softmax;
     hp.moe.weights_norm = weights_norm;
-    hp.moe.n_group = hp.moe.n_group_used = 0;
+    hp.moe.weights_scale = 1.0f;
 }
 
 void require_experts(const HParams &hp) {
