@@ -27,14 +27,16 @@ from reference import numpy_moe as R
 
 ARCHS = ["qwen2moe", "qwen3moe", "llama"]
 N_TOKENS = 24
-# max |ktd - numpy| / max(1, max |numpy|) over all logits.
-TOL_F32 = 5e-3
-# Q8_0: median over positions of max |Δlogit| (logits have std ~4), and top-1 agreement.
+# max |ktd - numpy| / max(1, max |numpy|) over all logits; measured 1.7-4.3e-4.
+TOL_F32 = 2e-3
+# Q8_0: median over positions of max |Δlogit| (logits have std ~4), and top-1 agreement; measured
+# against the reference 0.11-0.22 and >= 0.94, against llama.cpp 0.10-0.11 and >= 0.96.
 Q8_MEDIAN_ABS = 0.5
 Q8_TOP1 = 0.85
-# The operator alone (one layer, fresh inputs): F32 exact weights and activations, float32 sums.
-TOL_OP_F32 = 1e-4
-# Q8_0 activations: relative rounding ~1/127 per element of xn and of the hidden rows.
+# The operator alone (one layer, fresh inputs), relative to max |y|: F32 exact weights and
+# activations, float32 sums (measured 1-4e-7); Q8_0 activations, relative rounding ~1/127 per
+# element of xn and of the hidden rows (measured 1.0-1.6e-2).
+TOL_OP_F32 = 1e-5
 TOL_OP_Q8 = 3e-2
 
 
@@ -137,8 +139,8 @@ def _llama(path, n_ctx):
 
 
 # llama.cpp with its default F16 KV cache, ktd with its F16 cache; measured on 48 tokens:
-# F32 max |Δlogit| <= LLAMA_F32_MAX_ABS with top-1 1.0; Q8_0 as in the module docstring.
-LLAMA_F32_MAX_ABS = 0.05
+# F32 max |Δlogit| 2.8-3.3e-3 with top-1 1.0; Q8_0 as above.
+LLAMA_F32_MAX_ABS = 0.01
 
 
 @pytest.mark.parametrize("arch", ARCHS)
