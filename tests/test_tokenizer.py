@@ -287,9 +287,10 @@ def test_bad_metadata():
         Tokenizer({})
     with pytest.raises(TokenizerError, match="unsupported tokenizer model"):
         Tokenizer({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": [b"a"]})
-    with pytest.raises(TokenizerError, match="unsupported pre-tokenizer"):
+    with pytest.raises(TokenizerError, match="unsupported pre-tokenizer 'chameleon'") as e:
         Tokenizer({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "chameleon",
                    "tokenizer.ggml.tokens": [b"a"], "tokenizer.ggml.merges": []})
+    assert "deepseek-v3" in str(e.value) and "qwen2" in str(e.value)  # the supported list
 
 
 @pytest.mark.realmodel
@@ -327,7 +328,8 @@ def test_encode_random_text_matches_llama_cpp(tok, llm, text, parse_special):
 # ---- other pre-tokenizers and SPM options: real vocabularies re-labelled, llama.cpp as the oracle
 
 
-@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2", "spm-space-prefix"])
+@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2", "deepseek-v3", "deepseek-llm", "deepseek-coder",
+                                        "spm-space-prefix"])
 def relabelled(request, real_model, tmp_path_factory):
     """Vocabulary-only GGUFs that re-label a real vocabulary: Qwen2.5's tokens and merges with
     another pre-tokenizer type (the gpt-2 and llama3 word splitters), and Gemma 3's SentencePiece
@@ -371,18 +373,48 @@ def relabelled(request, real_model, tmp_path_factory):
     return tok, llm
 
 
+# Characters the DeepSeek splitters treat specially: CJK/kana runs and their borders, the ASCII
+# symbols llama.cpp files under \\p{S} (or, like "~", under neither \\p{P} nor \\p{S}), fullwidth
+# punctuation, non-ASCII digits, combining marks, Greek letters at the ends of DeepSeek-LLM's
+# letter ranges, astral letters, non-ASCII whitespace.
+_DEEPSEEK_CORPUS = [
+    "x = a+b-c*d/e^f|g~h`i$j%k&l",
+    "~~~ $$ ^^ `code` ||| @user #tag",
+    "\u65e5\u672c\u8a9e\u3072\u3089\u304c\u306a\u30ab\u30bf\u30ab\u30ca\u30fc\u4e2d\u6587abc\u4e2d",
+    "\uff01\uff1f\uff08\u5168\u89d2\uff09\u3001\u3002\u300c\u300d\u2018q\u2019 \u201cdq\u201d",
+    "\u0663\u0664\u0665 \u00bd \u2460 \u0e51\u0e52 1234567 12 123456789012",
+    "\u1f7d\u1f7c \u1fbe\u1fd3 \u212a\u2126 \u03ce\u03a9 \U00010400\U00010428 \U0001e900",
+    "a\u3000b\u00a0c\u2003d \u3000\u3000 e\u0301\u0308 \u0915\u094d\u0937",
+    "\uac00\ub098\ub2e4 \u0800\u0801 \ud7a3\ud7ff",
+    "line1\r\nline2\n\n  line3\t\n \n",
+]
+_INVALID_UTF8 = [b"abc\xffdef", b"\x80 start", b"end \xfe", b"mid \xc0 x \xf8\xf9 y"]
+
+
 @pytest.mark.realmodel
 def test_other_pre_tokenizers_match_llama_cpp(relabelled):
     tok, llm = relabelled
-    for text in CORPUS + [LONG_TEXT]:
+    for text in CORPUS + _DEEPSEEK_CORPUS + [LONG_TEXT]:
         for parse_special in (False, True):
             want = llm.tokenize(text.encode("utf-8"), add_bos=True, special=parse_special)
             assert tok.encode(text, parse_special=parse_special) == want, f"text={text[:80]!r}"
+    if tok.model == "gpt2":  # byte-level BPE: llama.cpp turns each invalid byte into U+FFFD too
+        for raw in _INVALID_UTF8:
+            assert tok.encode(raw.decode("utf-8", errors="replace")) == llm.tokenize(raw, add_bos=True)
+
+
+_FUZZ_TEXT_WIDE = st.one_of(
+    _FUZZ_TEXT,
+    st.lists(st.sampled_from(["~", "$", "+", "^", "`", "|", "@", "a", "Ab", " ", "  ", "\n", "\u3000", "\u3042",
+                              "\u30ab", "\u30fc", "\u4e2d", "\u9fa6", "\uac00", "\u0800", "\uff01", "\uff21",
+                              "\u2018", "\u3001", "1", "22", "\u0663", "\u00bd", "\u0301", "\u1f7d", "\u212a",
+                              "\U00010400", ".", "'s", "\ufffd"]), max_size=30).map("".join),
+)
 
 
 @pytest.mark.realmodel
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=_FUZZ_TEXT)
+@given(text=_FUZZ_TEXT_WIDE)
 def test_other_pre_tokenizers_random_text(relabelled, text):
     tok, llm = relabelled
     assert tok.encode(text) == llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
