@@ -202,9 +202,9 @@ _UCAT = {r"\p{N}": "N", r"\p{L}": "L", r"\p{P}": "P", r"\p{M}": "M", r"\p{S}": "
 # The byte a non-ASCII codepoint of that category collapses to (0xD0 for any other category).
 _UCAT_CPT = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
 _OTHER_CPT = "\xd0"
-# The ASCII members of each class in the collapsed regex, exactly as llama.cpp lists them (so
-# e.g. "~", a Unicode symbol, is in neither \\p{P} nor \\p{S} there).
-_UCAT_ASCII = {"N": "0-9", "L": "A-Za-z", "P": r"!-#%-*,-/:-;?-@\[-\]_\{\}", "M": "", "S": r"\$\+<->^`\|"}
+# The ASCII members of each class in the collapsed regex, as llama.cpp (the pinned version; older
+# ones left "~" out of \\p{S}) lists them.
+_UCAT_ASCII = {"N": "0-9", "L": "A-Za-z", "P": r"!-#%-*,-/:-;?-@\[-\]_\{\}", "M": "", "S": r"\$\+<->^`\|\~"}
 # Non-ASCII whitespace becomes a vertical tab, which \\s matches in both std::regex and re.ASCII.
 _WS_STANDIN = "\x0b"
 
