@@ -405,7 +405,8 @@ def test_other_pre_tokenizers_match_llama_cpp(relabelled):
 
 _FUZZ_TEXT_WIDE = st.one_of(
     _FUZZ_TEXT,
-    st.lists(st.sampled_from(["~", "$", "+", "^", "`", "|", "@", "a", "Ab", " ", "  ", "\n", "\u3000", "\u3042",
+    st.lists(st.sampled_from(["~", "$", "+", "^", "`", "|", "@", "a", "Ab", " ", "  ", "\n", "\u3000",
+                              "\u3042",
                               "\u30ab", "\u30fc", "\u4e2d", "\u9fa6", "\uac00", "\u0800", "\uff01", "\uff21",
                               "\u2018", "\u3001", "1", "22", "\u0663", "\u00bd", "\u0301", "\u1f7d", "\u212a",
                               "\U00010400", ".", "'s", "\ufffd"]), max_size=30).map("".join),
@@ -484,7 +485,8 @@ def _gpt2_byte_symbols() -> list[str]:
     return [table[b] for b in range(256)]
 
 
-@pytest.fixture(scope="module", params=["deepseek-v3", "deepseek-llm", "deepseek-coder", "qwen2", "llama-bpe"])
+@pytest.fixture(scope="module",
+                params=["deepseek-v3", "deepseek-llm", "deepseek-coder", "qwen2", "llama-bpe"])
 def merge_all_vocab(request, tmp_path_factory):
     import itertools
 
@@ -531,15 +533,18 @@ def test_pre_tokenizer_boundaries_match_llama_cpp(merge_all_vocab, text):
 
 def test_regex_cascade_splits_without_oracle():
     """Splits worked out by hand from llama.cpp's regex lists (llama-vocab.cpp)."""
-    from ktd.tokenizer.pretokenize import RegexCascade, split_deepseek3, split_deepseek_coder, split_deepseek_llm
+    from ktd.tokenizer.pretokenize import (RegexCascade, split_deepseek3, split_deepseek_coder,
+                                           split_deepseek_llm)
 
     # DeepSeek-V3: digits in groups of three first, then CJK/kana runs, then words (a leading ASCII
     # punctuation joins ASCII letters), punctuation runs and whitespace.
     assert split_deepseek3("x1234567 \u65e5\u672c\u8a9eab a.Net .Net ,,  \n\n y") == [
-        "x", "123", "456", "7", " ", "\u65e5\u672c\u8a9e", "ab", " a", ".Net", " .", "Net", " ,,", "  \n\n", " y"]
+        "x", "123", "456", "7", " ", "\u65e5\u672c\u8a9e", "ab", " a", ".Net", " .", "Net", " ,,",
+        "  \n\n", " y"]
     # DeepSeek-LLM: newlines alone, \\s? + letters, \\s? + ASCII/fullwidth punctuation, CJK runs,
     # digit runs whole (what no regex matches stays one piece: the "  " before the digits).
-    assert split_deepseek_llm("a\nb  12345!? \u4e2d\u6587") == ["a", "\n", "b", "  ", "12345", "!?", " ", "\u4e2d\u6587"]
+    assert split_deepseek_llm("a\nb  12345!? \u4e2d\u6587") == [
+        "a", "\n", "b", "  ", "12345", "!?", " ", "\u4e2d\u6587"]
     # DeepSeek-Coder: single digits.
     assert split_deepseek_coder("ab12, x") == ["ab", "1", "2", ",", " x"]
     # Non-ASCII whitespace is \s; "~" is a symbol.
