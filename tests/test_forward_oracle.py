@@ -1,5 +1,6 @@
 """The native forward against llama.cpp (llama-cpp-python) on the real models: teacher-forced
-logits over a ~200-token text and a greedy continuation.
+logits over a ~200-token text and a greedy continuation; for Gemma 3 also on a copy of the file
+dequantized to F32, where neither engine quantizes activations.
 
 Both engines quantize activations (llama.cpp to Q8_0/Q8_K per op, ktd the same way) but not
 bit-identically (summation order, F16 KV rounding), so logits differ by a small absolute amount;
@@ -42,12 +43,26 @@ MIN_GREEDY_PATH_AGREEMENT = 0.9  # measured 30/32 on PLAIN_PROMPT
 N_GREEDY = 32
 # Measured (2 threads, AVX2) over the 213-token TEXT:
 # - qwen2.5-coder-0.5b: top-1 0.995 (one near-tie), max |Δlogit| 0.72 over logits of -26..36.
-# - gemma-3-270m: top-1 0.967, max |Δlogit| 4.3 over logits up to ~28. Gemma's residual stream is
-#   large (embeddings × sqrt(n_embd)), so the per-op Q8 activation rounding that both engines do
-#   (differently) moves its logits far more. Against the exact float64 numpy forward on the first
-#   48 tokens, ktd and llama.cpp are equally far (max 3.02 vs 2.96) and ktd agrees better on top-1
-#   (0.979 vs 0.938): the gap is rounding noise of the quantized file, not a modelling difference.
+# - gemma-3-270m: top-1 0.967 (7 positions, all where llama.cpp's own top-2 margin is < 0.46),
+#   max |Δlogit| 4.3 over logits of -47..38. This is the noise floor of the quantized file, not a
+#   modelling difference: llama.cpp against itself (token by token vs one batched prefill) agrees on
+#   top-1 at only 0.977 with max |Δlogit| 5.0 and the same mean |Δlogit| (0.32) as ktd vs llama.cpp;
+#   the exact float64 forward (numpy reference, dequantized weights) agrees with llama.cpp at 0.967,
+#   with ktd at 0.972. Cause: Gemma's residual stream reaches 1e5 and the FFN-down input has outliers
+#   ~2000x its median (layer 0: max 156, median 0.08), so a Q8 activation step (block max / 127)
+#   is many times the typical value; any upstream difference, down to F32 rounding (summation
+#   order; llama.cpp also rounds GELU through an F16 table and Q and the softmax to F16 in
+#   attention, which ktd keeps in F32), flips roundings that each move a row's output by up to ~1%.
+#   Per op, llama.cpp's layer-0 outputs equal a numpy emulation of its Q8_0/Q8_K activation
+#   quantization to 1e-7 (relative), so both engines compute the same model.
+# Hence top-1 is bounded per model below, and additionally over the "decided" positions, where
+# llama.cpp's top-1 leads its runner-up by more than DECIDED_MARGIN logits (170 of 213 for Gemma,
+# all agree), and ktd's argmax must be within MAX_REGRET logits of llama.cpp's best everywhere
+# (Gemma: 0.56 measured).
 MIN_TOP1 = {"qwen2.5-coder-0.5b": 0.99, "gemma-3-270m": 0.95}
+DECIDED_MARGIN = 0.5
+MIN_TOP1_DECIDED = 0.99
+MAX_REGRET = 1.0
 MAX_ABS = {"qwen2.5-coder-0.5b": 1.0, "gemma-3-270m": 6.0}
 
 
@@ -76,11 +91,19 @@ def test_teacher_forced_logits_match_llama_cpp(pair):
     llm.eval(toks)
     ref = np.array(llm.scores[: len(toks)], dtype=np.float32)
     got = eng.forward(np.array(toks), np.arange(len(toks)), np.zeros(len(toks)), np.ones(len(toks), bool))
-    top1 = float((got.argmax(-1) == ref.argmax(-1)).mean())
+    agree = got.argmax(-1) == ref.argmax(-1)
+    top1 = float(agree.mean())
     max_abs = float(np.abs(got - ref).max())
-    print(f"\n{name}: top-1 agreement {top1:.4f}, max |Δlogit| {max_abs:.3f}, "
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    decided = top2[:, 1] - top2[:, 0] > DECIDED_MARGIN
+    top1_decided = float(agree[decided].mean())
+    regret = float((ref.max(-1) - ref[np.arange(len(toks)), got.argmax(-1)]).max())
+    print(f"\n{name}: top-1 agreement {top1:.4f} ({top1_decided:.4f} on the {decided.sum()} positions with "
+          f"llama.cpp margin > {DECIDED_MARGIN}), max regret {regret:.3f}, max |Δlogit| {max_abs:.3f}, "
           f"logit range {ref.min():.1f}..{ref.max():.1f}")
     assert top1 >= MIN_TOP1[name]
+    assert top1_decided >= MIN_TOP1_DECIDED
+    assert regret < MAX_REGRET
     assert max_abs < MAX_ABS[name]
 
 
@@ -124,3 +147,54 @@ def test_greedy_continuation_matches_llama_cpp(pair):
         assert [got[i] for i in clear] == [ref[i] for i in clear]
         agree = sum(g == r for g, r in zip(got, ref))
         assert agree >= MIN_GREEDY_PATH_AGREEMENT * N_GREEDY, f"{agree}/{N_GREEDY}"
+
+
+# ---- the same model without activation quantization -------------------------------------------
+# With every weight dequantized to F32 (by gguf-py), neither engine quantizes activations (F32
+# weights take F32 inputs), so the Q8 rounding noise above is gone and only the modelling is
+# compared. Measured on gemma-3-270m: top-1 1.000, max |Δlogit| 0.052 (ktd vs the exact float64
+# numpy forward: 0.046); what remains is F16 KV cache and llama.cpp's F16 GELU/attention roundings.
+MIN_TOP1_F32 = 0.99
+MAX_ABS_F32 = 0.2
+
+
+def _write_dequantized(src, dst):
+    """A copy of the GGUF file src with every tensor dequantized to F32 by gguf-py."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), arch=str(reader.fields["general.architecture"].contents()))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key == "general.file_type":
+            w.add_uint32(key, int(gguf.LlamaFileType.ALL_F32))
+        elif field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, field.contents(), field.types[0])
+    for t in reader.tensors:
+        data = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        w.add_tensor(t.name, data.reshape([int(d) for d in reversed(t.shape.tolist())]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_dequantized_gemma_logits_match_llama_cpp(real_model, tmp_path):
+    llama_cpp = _oracle()
+    path = tmp_path / "gemma-3-270m-f32.gguf"
+    _write_dequantized(real_model("gemma-3-270m"), path)
+    eng = Engine.open(path, n_ctx=512, threads=2, pin=False)
+    toks = eng.tokenizer.encode(TEXT)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, logits_all=True, n_threads=2, verbose=False)
+    llm.eval(toks)
+    ref = np.array(llm.scores[: len(toks)], dtype=np.float32)
+    got = eng.forward(np.array(toks), np.arange(len(toks)), np.zeros(len(toks)), np.ones(len(toks), bool))
+    top1 = float((got.argmax(-1) == ref.argmax(-1)).mean())
+    max_abs = float(np.abs(got - ref).max())
+    print(f"\ngemma-3-270m dequantized to F32: top-1 agreement {top1:.4f}, max |Δlogit| {max_abs:.4f}")
+    assert top1 >= MIN_TOP1_F32
+    assert max_abs < MAX_ABS_F32

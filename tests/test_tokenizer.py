@@ -287,9 +287,10 @@ def test_bad_metadata():
         Tokenizer({})
     with pytest.raises(TokenizerError, match="unsupported tokenizer model"):
         Tokenizer({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": [b"a"]})
-    with pytest.raises(TokenizerError, match="unsupported pre-tokenizer"):
+    with pytest.raises(TokenizerError, match="unsupported pre-tokenizer 'chameleon'") as e:
         Tokenizer({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "chameleon",
                    "tokenizer.ggml.tokens": [b"a"], "tokenizer.ggml.merges": []})
+    assert "deepseek-v3" in str(e.value) and "qwen2" in str(e.value)  # the supported list
 
 
 @pytest.mark.realmodel
@@ -327,7 +328,8 @@ def test_encode_random_text_matches_llama_cpp(tok, llm, text, parse_special):
 # ---- other pre-tokenizers and SPM options: real vocabularies re-labelled, llama.cpp as the oracle
 
 
-@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2", "spm-space-prefix"])
+@pytest.fixture(scope="module", params=["llama-bpe", "gpt-2", "deepseek-v3", "deepseek-llm", "deepseek-coder",
+                                        "spm-space-prefix"])
 def relabelled(request, real_model, tmp_path_factory):
     """Vocabulary-only GGUFs that re-label a real vocabulary: Qwen2.5's tokens and merges with
     another pre-tokenizer type (the gpt-2 and llama3 word splitters), and Gemma 3's SentencePiece
@@ -371,18 +373,49 @@ def relabelled(request, real_model, tmp_path_factory):
     return tok, llm
 
 
+# Characters the DeepSeek splitters treat specially: CJK/kana runs and their borders, the ASCII
+# symbols llama.cpp files under \\p{S} (or, like "~", under neither \\p{P} nor \\p{S}), fullwidth
+# punctuation, non-ASCII digits, combining marks, Greek letters at the ends of DeepSeek-LLM's
+# letter ranges, astral letters, non-ASCII whitespace.
+_DEEPSEEK_CORPUS = [
+    "x = a+b-c*d/e^f|g~h`i$j%k&l",
+    "~~~ $$ ^^ `code` ||| @user #tag",
+    "\u65e5\u672c\u8a9e\u3072\u3089\u304c\u306a\u30ab\u30bf\u30ab\u30ca\u30fc\u4e2d\u6587abc\u4e2d",
+    "\uff01\uff1f\uff08\u5168\u89d2\uff09\u3001\u3002\u300c\u300d\u2018q\u2019 \u201cdq\u201d",
+    "\u0663\u0664\u0665 \u00bd \u2460 \u0e51\u0e52 1234567 12 123456789012",
+    "\u1f7d\u1f7c \u1fbe\u1fd3 \u212a\u2126 \u03ce\u03a9 \U00010400\U00010428 \U0001e900",
+    "a\u3000b\u00a0c\u2003d \u3000\u3000 e\u0301\u0308 \u0915\u094d\u0937",
+    "\uac00\ub098\ub2e4 \u0800\u0801 \ud7a3\ud7ff",
+    "line1\r\nline2\n\n  line3\t\n \n",
+]
+_INVALID_UTF8 = [b"abc\xffdef", b"\x80 start", b"end \xfe", b"mid \xc0 x \xf8\xf9 y"]
+
+
 @pytest.mark.realmodel
 def test_other_pre_tokenizers_match_llama_cpp(relabelled):
     tok, llm = relabelled
-    for text in CORPUS + [LONG_TEXT]:
+    for text in CORPUS + _DEEPSEEK_CORPUS + [LONG_TEXT]:
         for parse_special in (False, True):
             want = llm.tokenize(text.encode("utf-8"), add_bos=True, special=parse_special)
             assert tok.encode(text, parse_special=parse_special) == want, f"text={text[:80]!r}"
+    if tok.model == "gpt2":  # byte-level BPE: llama.cpp turns each invalid byte into U+FFFD too
+        for raw in _INVALID_UTF8:
+            assert tok.encode(raw.decode("utf-8", errors="replace")) == llm.tokenize(raw, add_bos=True)
+
+
+_FUZZ_TEXT_WIDE = st.one_of(
+    _FUZZ_TEXT,
+    st.lists(st.sampled_from(["~", "$", "+", "^", "`", "|", "@", "a", "Ab", " ", "  ", "\n", "\u3000",
+                              "\u3042",
+                              "\u30ab", "\u30fc", "\u4e2d", "\u9fa6", "\uac00", "\u0800", "\uff01", "\uff21",
+                              "\u2018", "\u3001", "1", "22", "\u0663", "\u00bd", "\u0301", "\u1f7d", "\u212a",
+                              "\U00010400", ".", "'s", "\ufffd"]), max_size=30).map("".join),
+)
 
 
 @pytest.mark.realmodel
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=_FUZZ_TEXT)
+@given(text=_FUZZ_TEXT_WIDE)
 def test_other_pre_tokenizers_random_text(relabelled, text):
     tok, llm = relabelled
     assert tok.encode(text) == llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
@@ -426,3 +459,95 @@ def test_tiny_vocab_specials_and_byte_fallback():
     assert tok.decode(ids) == "x\u00e9\u00e8 a"
     assert tok.decode([ctl, usr]) == "<usr>" and tok.decode([ctl], special=True) == "<ctl>"
     assert tok.add_bos and tok.bos_id == 1 and tok.eos_ids == frozenset({2})
+
+
+# ---- pre-tokenizer boundaries made visible: a vocabulary that merges any short word ----------
+#
+# A real vocabulary hides most split differences (Qwen's has no multi-digit tokens, so digit
+# grouping is invisible). Here every string of up to _MERGE_LEN symbols of a small alphabet is a
+# token reachable by merges, so a word of up to _MERGE_LEN symbols becomes exactly one token and a
+# split in a different place gives different ids.
+
+_ALPHABET = "0123456789aAb~$+^`|@.!'_ \n\t" + "\u00e9\u00b5\u00bd\u00a0\u0663"
+_MERGE_LEN = 3
+
+
+def _gpt2_byte_symbols() -> list[str]:
+    """GPT-2's byte -> printable codepoint table (the byte-level BPE alphabet)."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return [table[b] for b in range(256)]
+
+
+@pytest.fixture(scope="module",
+                params=["deepseek-v3", "deepseek-llm", "deepseek-coder", "qwen2", "llama-bpe"])
+def merge_all_vocab(request, tmp_path_factory):
+    import itertools
+
+    import gguf
+
+    llama_cpp = _oracle()
+    sym = _gpt2_byte_symbols()
+    alphabet = sorted({sym[b] for ch in _ALPHABET for b in ch.encode("utf-8")})
+    tokens = ["<s>", "</s>"] + sym
+    merges = []
+    for n in range(2, _MERGE_LEN + 1):  # every split of every n-symbol string, shorter merges first
+        for combo in itertools.product(alphabet, repeat=n):
+            for cut in range(1, n):
+                merges.append("".join(combo[:cut]) + " " + "".join(combo[cut:]))
+            tokens.append("".join(combo))
+    path = tmp_path_factory.mktemp("vocab") / f"merge-all-{request.param}.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(8)
+    w.add_head_count(1)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(request.param)
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Tokenizer.from_gguf(path), llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+
+
+@pytest.mark.realmodel  # needs the oracle only, but builds a 70k-merge vocabulary
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.sampled_from(_ALPHABET), max_size=40))
+def test_pre_tokenizer_boundaries_match_llama_cpp(merge_all_vocab, text):
+    tok, llm = merge_all_vocab
+    assert tok.encode(text) == llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+
+
+def test_regex_cascade_splits_without_oracle():
+    """Splits worked out by hand from llama.cpp's regex lists (llama-vocab.cpp)."""
+    from ktd.tokenizer.pretokenize import (RegexCascade, split_deepseek3, split_deepseek_coder,
+                                           split_deepseek_llm)
+
+    # DeepSeek-V3: digits in groups of three first, then CJK/kana runs, then words (a leading ASCII
+    # punctuation joins ASCII letters), punctuation runs and whitespace.
+    assert split_deepseek3("x1234567 \u65e5\u672c\u8a9eab a.Net .Net ,,  \n\n y") == [
+        "x", "123", "456", "7", " ", "\u65e5\u672c\u8a9e", "ab", " a", ".Net", " .", "Net", " ,,",
+        "  \n\n", " y"]
+    # DeepSeek-LLM: newlines alone, \\s? + letters, \\s? + ASCII/fullwidth punctuation, CJK runs,
+    # digit runs whole (what no regex matches stays one piece: the "  " before the digits).
+    assert split_deepseek_llm("a\nb  12345!? \u4e2d\u6587") == [
+        "a", "\n", "b", "  ", "12345", "!?", " ", "\u4e2d\u6587"]
+    # DeepSeek-Coder: single digits.
+    assert split_deepseek_coder("ab12, x") == ["ab", "1", "2", ",", " x"]
+    # Non-ASCII whitespace is \s; "~" is a symbol.
+    assert split_deepseek3("a\u3000b ~~c") == ["a", "\u3000b", " ~~", "c"]
+    with pytest.raises(ValueError, match="unicode categories and non-ASCII"):
+        RegexCascade(["\\p{L}\u00e9"])

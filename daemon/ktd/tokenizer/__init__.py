@@ -1,7 +1,8 @@
 """Tokenizer built from GGUF metadata, matching llama.cpp's tokenization token for token.
 
 Supported vocabularies: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE with the pre-tokenizers
-of ktd.tokenizer.pretokenize: gpt-2, llama3/llama-bpe, qwen2 families) and ``"llama"``
+of ktd.tokenizer.pretokenize: gpt-2, llama3/llama-bpe, qwen2 families, deepseek-llm, deepseek-coder,
+deepseek-v3) and ``"llama"``
 (SentencePiece BPE by score with ``<0xXX>`` byte fallback). Anything else is a TokenizerError.
 
 Text is ``str``. A Python str always encodes to valid UTF-8 except for lone surrogates (which e.g.
