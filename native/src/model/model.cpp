@@ -12,7 +12,8 @@
 namespace ktd {
 
 const std::vector<const ArchSpec *> &all_archs() {
-    static const std::vector<const ArchSpec *> archs = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchGemma3, &kArchBitnet};
+    static const std::vector<const ArchSpec *> archs = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchGemma3, &kArchBitnet,
+                                                         &kArchDeepseek2};
     return archs;
 }
 
@@ -48,6 +49,14 @@ int64_t dim_value(Dim d, const HParams &hp) {
         case Dim::Expert: return hp.moe.n_expert;
         case Dim::FFExp: return hp.moe.n_ff_exp;
         case Dim::FFShexp: return hp.moe.n_ff_shexp;
+        case Dim::Head: return hp.n_head;
+        case Dim::QLora: return hp.mla.q_lora_rank;
+        case Dim::KvLora: return hp.mla.kv_lora_rank;
+        case Dim::KvLoraRope: return hp.mla.kv_lora_rank + hp.mla.qk_rope_head_dim;
+        case Dim::HeadKNope: return hp.mla.qk_nope_head_dim;
+        case Dim::HeadVMla: return hp.mla.v_head_dim;
+        case Dim::EmbdQMla: return int64_t(hp.n_head) * hp.mla.n_embd_head_k();
+        case Dim::EmbdVMla: return int64_t(hp.n_head) * hp.mla.v_head_dim;
     }
     return 0;
 }
@@ -189,8 +198,8 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
     const size_t rows = size_t(n_seq_max) * size_t(n_ctx);
     for (int il = 0; il < hp.n_layer; ++il) {
         // Not value-initialized: pages are touched only as positions are written.
-        k_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_k_gqa())]);
-        v_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_v_gqa())]);
+        k_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_k_cache())]);
+        v_cache_.emplace_back(hp.n_embd_v_cache() > 0 ? new uint16_t[rows * size_t(hp.n_embd_v_cache())] : nullptr);
     }
     seq_len_.assign(size_t(n_seq_max), 0);
     next_pos_.assign(size_t(n_seq_max), -1);
@@ -207,6 +216,19 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
     s_.rope_cs.resize(nb * size_t(hp.rope.n_rot));
     s_.rope_cs_swa.resize(nb * size_t(hp.rope_swa.n_rot));
     s_.attn_tmp.resize(size_t(model.pool().size()) * kAttnTile);
+    if (hp.is_mla()) {
+        const MlaParams &mla = hp.mla;
+        s_.mla_q_a.resize(nb * size_t(mla.q_lora_rank));
+        s_.mla_q.resize(nb * size_t(hp.n_head) * size_t(mla.n_embd_head_k()));
+        s_.mla_heads.resize(nb * size_t(hp.n_head) * size_t(std::max(mla.qk_nope_head_dim, mla.v_head_dim)));
+        s_.mla_v.resize(nb * size_t(hp.n_head) * size_t(mla.v_head_dim));
+        s_.mm_thread.resize(size_t(model.pool().size()));
+    }
+}
+
+int64_t Context::kv_bytes_per_token() const {
+    const HParams &hp = model_.hparams();
+    return int64_t(hp.n_layer) * (hp.n_embd_k_cache() + hp.n_embd_v_cache()) * int64_t(sizeof(uint16_t));
 }
 
 void Context::check_seq(int seq_id, const char *what) const {
@@ -238,8 +260,9 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
     }
     const HParams &hp = model_.hparams();
     for (int il = 0; il < hp.n_layer; ++il) {
-        for (auto [cache, dim] : {std::pair{k_cache_[size_t(il)].get(), hp.n_embd_k_gqa()},
-                                  std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_gqa()}}) {
+        for (auto [cache, dim] : {std::pair{k_cache_[size_t(il)].get(), hp.n_embd_k_cache()},
+                                  std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_cache()}}) {
+            if (dim == 0) continue;  // no V cache (MLA)
             const size_t row = size_t(dim);
             std::memcpy(cache + size_t(dst) * size_t(n_ctx_) * row, cache + size_t(src) * size_t(n_ctx_) * row,
                         size_t(n_tokens) * row * sizeof(uint16_t));
@@ -330,13 +353,17 @@ void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const
 
 void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
     const HParams &hp = model_.hparams();
-    const int64_t dk = hp.n_embd_k_gqa(), dv = hp.n_embd_v_gqa();
-    uint16_t *kc = k_cache_[size_t(il)].get(), *vc = v_cache_[size_t(il)].get();
+    const int64_t dk = hp.n_embd_k_cache(), dv_cache = hp.n_embd_v_cache();
+    uint16_t *kc = k_cache_[size_t(il)].get();
+    // Without a V cache the values are read from the K rows (MLA: the latent is both).
+    uint16_t *vc = dv_cache > 0 ? v_cache_[size_t(il)].get() : kc;
+    const int64_t dv = dv_cache > 0 ? dv_cache : dk;  // V row stride
     // Store this chunk's K/V as F16 at (seq, pos).
     for (int64_t i = 0; i < n; ++i) {
         const size_t slot = size_t(seq_ids[i]) * size_t(n_ctx_) + size_t(positions[i]);
         for (int64_t d = 0; d < dk; ++d) kc[slot * size_t(dk) + size_t(d)] = fp32_to_fp16(s_.k[size_t(i * dk + d)]);
-        for (int64_t d = 0; d < dv; ++d) vc[slot * size_t(dv) + size_t(d)] = fp32_to_fp16(s_.v[size_t(i * dv + d)]);
+        for (int64_t d = 0; d < dv_cache; ++d)
+            vc[slot * size_t(dv) + size_t(d)] = fp32_to_fp16(s_.v[size_t(i * dv_cache + d)]);
     }
     // Every (row, head) pair is independent: attend over [lo, pos] of the row's sequence.
     const int group = hp.n_head / hp.n_head_kv;
