@@ -110,6 +110,18 @@ def test_long_context_spans_many_attention_tiles(tiny):
     assert err < TOL_F32, f"rel err {err:.2e}"
 
 
+def test_decode_over_long_context_merges_key_ranges(tiny):
+    """One-row decode steps at positions 130-149 with 3 threads: too few rows to keep the workers
+    busy, so each row's keys are split into ranges (64-key chunks) whose softmax states are merged."""
+    path = tiny("v2", dense=True)
+    _, ctx = _ctx(path, threads=3, n_ctx=160)
+    toks = _tokens(320, n=150, seed=3)
+    _run(ctx, toks[:130])
+    steps = np.concatenate([_run(ctx, [t], start=130 + i) for i, t in enumerate(toks[130:])])
+    err = _rel_err(steps, R.forward(path, toks)[130:])
+    assert err < TOL_F32, f"rel err {err:.2e}"
+
+
 # ---- (b) against llama.cpp ----------------------------------------------------------------------
 
 def _llama_cpp():
@@ -206,17 +218,19 @@ def test_prefill_equals_token_by_token_and_batched(v2):
     np.testing.assert_allclose(np.concatenate(got), full, atol=ATOL_BATCHING, rtol=0)
 
 
-def test_thread_count_does_not_change_logits(tiny):
-    path = tiny("v3", "Q8_0")
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
+def test_thread_count_does_not_change_logits(tiny, dense):
+    path = tiny("v3", "Q8_0", dense=dense)
     toks = _tokens(320, n=20)
     outs = [_run(_ctx(path, threads=t)[1], toks) for t in (1, 2, 3)]
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
 
 
-def test_more_threads_than_heads(tiny):
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
+def test_more_threads_than_heads(tiny, dense):
     """n_head 4 < 6 threads: the per-head matmuls run one pooled matmul per head instead."""
-    path = tiny("v2")
+    path = tiny("v2", dense=dense)
     toks = _tokens(320, n=12)
     np.testing.assert_allclose(_run(_ctx(path, threads=6)[1], toks), _run(_ctx(path, threads=1)[1], toks),
                                atol=ATOL_BATCHING, rtol=0)
@@ -254,10 +268,11 @@ def test_context_overflow(v2):
 
 # ---- (d) the cache holds the latent -------------------------------------------------------------
 
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_kv_cache_holds_only_the_latent(tiny, variant):
-    cfg = _cfg(variant, dense=False)
-    _, ctx = _ctx(tiny(variant))
+def test_kv_cache_holds_only_the_latent(tiny, variant, dense):
+    cfg = _cfg(variant, dense=dense)
+    _, ctx = _ctx(tiny(variant, dense=dense))
     assert ctx.kv_bytes_per_token == cfg.n_layer * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
     # what decompressed K/V would take: n_head × (k head + v head) per layer
     assert ctx.kv_bytes_per_token < cfg.n_layer * cfg.n_head * (

@@ -133,6 +133,21 @@ struct ForwardScratch {
     // decompressed attention output [n_batch][n_head·v_head_dim], one matmul scratch per thread.
     std::vector<float> mla_q_a, mla_q, mla_heads, mla_v;
     std::vector<MatmulScratch> mm_thread;
+    // Grouped attention (all query heads of a kv head at once; used for MLA): work items (a row's
+    // kv head over a key range), the rows split over several ranges, their partial softmax states,
+    // per-thread tiles and states.
+    struct AttnItem {
+        int64_t row, k0, k1, part;  // part: slot in attn_part, -1: the range is the whole row
+        int hkv;
+    };
+    struct AttnSplit {
+        int64_t row, first_part, n_parts;
+        int hkv;
+    };
+    std::vector<AttnItem> attn_items;
+    std::vector<AttnSplit> attn_splits;
+    std::vector<float> attn_part;       // [n_part][group·(2 + head_dim_v)]: m, l, o per head
+    std::vector<float> attn_group_tmp;  // [n_threads][attend_group_tmp_floats + 2·group]
 };
 
 class Context {
@@ -168,6 +183,8 @@ public:
 
 private:
     void forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits);
+    void attention_grouped(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n, const uint16_t *kc,
+                           int64_t dk, const uint16_t *vc, int64_t dv);
     void check_seq(int seq_id, const char *what) const;
 
     const Model &model_;
