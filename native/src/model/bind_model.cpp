@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 namespace py = pybind11;
 
@@ -35,6 +36,50 @@ py::array_t<T, py::array::c_style | py::array::forcecast> vec1d(const py::handle
 void bind_model(py::module_ &m) {
     py::register_exception<ContextOverflowError>(m, "ContextOverflow", PyExc_RuntimeError);
 
+    m.def(
+        "_moe_route",
+        [](py::handle logits_h, int n_expert_used, const std::string &gating, bool weights_norm, float weights_scale,
+           py::object probs_b_h, int n_group, int n_group_used) {
+            auto logits = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(logits_h);
+            if (!logits || logits.ndim() != 2 || logits.shape(1) < 1 || logits.shape(1) > 4096)
+                throw std::invalid_argument("logits must be a float32 array [n, n_expert] with 1 <= n_expert <= 4096");
+            MoeParams mp;
+            mp.n_expert = int(logits.shape(1));
+            mp.n_expert_used = n_expert_used;
+            if (n_expert_used < 1 || n_expert_used > mp.n_expert)
+                throw std::invalid_argument("n_expert_used must be in [1, n_expert]");
+            if (gating != "softmax" && gating != "sigmoid")
+                throw std::invalid_argument("gating must be 'softmax' or 'sigmoid'");
+            mp.gating = gating == "softmax" ? ExpertGating::Softmax : ExpertGating::Sigmoid;
+            mp.weights_norm = weights_norm;
+            mp.weights_scale = weights_scale;
+            if (n_group > 1) {
+                const int gsize = mp.n_expert / n_group;
+                if (mp.n_expert % n_group != 0 || gsize < 2 || n_group_used < 1 || n_group_used > n_group ||
+                    n_group_used * gsize < n_expert_used)
+                    throw std::invalid_argument("bad expert groups");
+                mp.n_group = n_group;
+                mp.n_group_used = n_group_used;
+            }
+            std::vector<float> bias;
+            if (!probs_b_h.is_none()) {
+                auto b = vec1d<float>(probs_b_h, "exp_probs_b");
+                if (b.shape(0) != mp.n_expert) throw std::invalid_argument("exp_probs_b must have n_expert entries");
+                bias.assign(b.data(), b.data() + mp.n_expert);
+            }
+            const int64_t n = logits.shape(0);
+            std::vector<float> probs(logits.data(), logits.data() + n * mp.n_expert), select(size_t(mp.n_expert));
+            py::array_t<int32_t> ids({n, int64_t(n_expert_used)});
+            py::array_t<float> weights({n, int64_t(n_expert_used)});
+            moe_route(mp, probs.data(), bias.empty() ? nullptr : bias.data(), n, ids.mutable_data(),
+                      weights.mutable_data(), select.data());
+            return py::make_tuple(ids, weights);
+        },
+        py::arg("logits"), py::arg("n_expert_used"), py::arg("gating") = "softmax", py::arg("weights_norm") = false,
+        py::arg("weights_scale") = 1.0f, py::arg("exp_probs_b") = py::none(), py::arg("n_group") = 0,
+        py::arg("n_group_used") = 0,
+        "Test hook: moe_route on router logits [n, n_expert] → (ids int32 [n, k] best first, weights float32 [n, k])");
+
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A loaded GGUF model (weights checked and prepared)")
         .def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack) {
                  ModelOptions o;
@@ -54,6 +99,8 @@ void bind_model(py::module_ &m) {
         .def_property_readonly("n_head_kv", [](const Model &x) { return x.hparams().n_head_kv; })
         .def_property_readonly("n_ff", [](const Model &x) { return x.hparams().n_ff; })
         .def_property_readonly("n_ctx_train", [](const Model &x) { return x.hparams().n_ctx_train; })
+        .def_property_readonly("n_expert", [](const Model &x) { return x.hparams().moe.n_expert; })
+        .def_property_readonly("n_expert_used", [](const Model &x) { return x.hparams().moe.n_expert_used; })
         .def_property_readonly("n_params", &Model::n_params)
         .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
         .def_property_readonly("n_threads", [](const Model &x) { return x.pool().size(); })
@@ -107,7 +154,45 @@ void bind_model(py::module_ &m) {
             std::lock_guard<std::mutex> l(c.mu);
             c.ctx->copy_seq(src, dst, n);
         })
-        .def("seq_len", [](PyContext &c, int s) { std::lock_guard<std::mutex> l(c.mu); return c.ctx->seq_len(s); });
+        .def("seq_len", [](PyContext &c, int s) { std::lock_guard<std::mutex> l(c.mu); return c.ctx->seq_len(s); })
+        .def(
+            "expert_counts",
+            [](PyContext &c) {
+                const HParams &hp = c.model->hparams();
+                py::array_t<uint64_t> out({int64_t(hp.n_layer), int64_t(hp.moe.n_expert)});
+                std::lock_guard<std::mutex> l(c.mu);
+                const std::vector<uint64_t> &counts = c.ctx->expert_counts();
+                std::copy(counts.begin(), counts.end(), out.mutable_data());
+                return out;
+            },
+            "uint64 [n_layer, n_expert]: tokens routed to each expert since creation or the last reset "
+            "(dense layers 0; n_expert = 0 for a dense model)")
+        .def("reset_expert_counts", [](PyContext &c) {
+            std::lock_guard<std::mutex> l(c.mu);
+            c.ctx->reset_expert_counts();
+        })
+        .def(
+            "_moe_ffn",
+            [](PyContext &c, int il, py::handle xn_h) {
+                const HParams &hp = c.model->hparams();
+                if (il < 0 || il >= hp.n_layer || !c.model->weights().layers[size_t(il)].ffn_gate_inp)
+                    throw std::invalid_argument("layer " + std::to_string(il) + " has no routed experts");
+                auto xn = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(xn_h);
+                if (!xn || xn.ndim() != 2 || xn.shape(1) != hp.n_embd || xn.shape(0) < 1 ||
+                    xn.shape(0) > c.ctx->n_batch())
+                    throw std::invalid_argument("xn must be a float32 array [n, n_embd] with 1 <= n <= n_batch");
+                const int64_t n = xn.shape(0);
+                py::array_t<float> y({n, hp.n_embd});
+                float *dst = y.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    std::lock_guard<std::mutex> l(c.mu);
+                    moe_ffn(*c.ctx, c.model->weights().layers[size_t(il)], il, xn.data(), n, dst);
+                }
+                return y;
+            },
+            py::arg("il"), py::arg("xn"),
+            "Test hook: the MoE FFN of layer il on normed rows xn [n, n_embd] → [n, n_embd] (counts the routing)");
 }
 
 }  // namespace ktd

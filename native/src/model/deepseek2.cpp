@@ -20,6 +20,7 @@
 #include "gguf/gguf_file.h"
 #include "model/blocks.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 namespace ktd {
 
@@ -106,10 +107,14 @@ void deepseek2_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b
     for (int64_t j = 0; j < n * E; ++j) x[j] += s.tmp[size_t(j)];
 
     for (int64_t i = 0; i < n; ++i) rms_norm(x + i * E, w.ffn_norm.data(), xn + i * E, E, hp.norm_eps);
-    ctx.linear(w.ffn_gate, xn, n, s.gate.data());
-    ctx.linear(w.ffn_up, xn, n, s.up.data());
-    swiglu(s.gate.data(), s.up.data(), n * hp.n_ff);
-    ctx.linear(w.ffn_down, s.gate.data(), n, s.tmp.data());
+    if (w.ffn_gate_inp) {  // routed + shared experts
+        moe_ffn(ctx, w, il, xn, n, s.tmp.data());
+    } else {  // a leading dense layer
+        ctx.linear(w.ffn_gate, xn, n, s.gate.data());
+        ctx.linear(w.ffn_up, xn, n, s.up.data());
+        swiglu(s.gate.data(), s.up.data(), n * hp.n_ff);
+        ctx.linear(w.ffn_down, s.gate.data(), n, s.tmp.data());
+    }
     for (int64_t j = 0; j < n * E; ++j) x[j] += s.tmp[size_t(j)];
 }
 
@@ -218,6 +223,19 @@ std::vector<TensorSpec> deepseek2_tensors() {
         in_layers(L("blk.%d.ffn_gate.weight", D::Embd, D::FF, kRequired, &LW::ffn_gate), LayerSet::Dense),
         in_layers(L("blk.%d.ffn_up.weight", D::Embd, D::FF, kRequired, &LW::ffn_up), LayerSet::Dense),
         in_layers(L("blk.%d.ffn_down.weight", D::FF, D::Embd, kRequired, &LW::ffn_down), LayerSet::Dense),
+        // layers from leading_dense_block_count on: routed experts (exp_probs_b: DeepSeek-V3's
+        // selection bias) and the shared experts fused into one FFN of n_ff_exp · expert_shared_count
+        in_layers(L("blk.%d.ffn_gate_inp.weight", D::Embd, D::Expert, kRequired, &LW::ffn_gate_inp), LayerSet::Moe),
+        in_layers(L("blk.%d.exp_probs_b.bias", D::Expert, D::One, kOptional, &LW::exp_probs_b), LayerSet::Moe),
+        in_layers(L3("blk.%d.ffn_gate_exps.weight", D::Embd, D::FFExp, D::Expert, kRequired, &LW::ffn_gate_exps),
+                  LayerSet::Moe),
+        in_layers(L3("blk.%d.ffn_up_exps.weight", D::Embd, D::FFExp, D::Expert, kRequired, &LW::ffn_up_exps),
+                  LayerSet::Moe),
+        in_layers(L3("blk.%d.ffn_down_exps.weight", D::FFExp, D::Embd, D::Expert, kRequired, &LW::ffn_down_exps),
+                  LayerSet::Moe),
+        in_layers(L("blk.%d.ffn_gate_shexp.weight", D::Embd, D::FFShexp, kRequired, &LW::ffn_gate_shexp), LayerSet::Moe),
+        in_layers(L("blk.%d.ffn_up_shexp.weight", D::Embd, D::FFShexp, kRequired, &LW::ffn_up_shexp), LayerSet::Moe),
+        in_layers(L("blk.%d.ffn_down_shexp.weight", D::FFShexp, D::Embd, kRequired, &LW::ffn_down_shexp), LayerSet::Moe),
     };
 }
 

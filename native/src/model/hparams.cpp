@@ -25,11 +25,75 @@ uint64_t gguf_get_uint_or(const GGUFFile &f, const std::string &key, uint64_t df
     return f.find_key(key) ? f.get_uint(key) : dflt;
 }
 
+bool gguf_get_bool_or(const GGUFFile &f, const std::string &key, bool dflt) {
+    const GGUFKeyValue *kv = f.find_key(key);
+    if (!kv) return dflt;
+    if (auto p = std::get_if<bool>(&kv->value)) return *p;
+    throw GGUFError("metadata key " + key + " has type " +
+                    std::string(gguf_value_type_name(gguf_value_type(kv->value))) + ", expected BOOL");
+}
+
 namespace {
+
+// llama.cpp's LLAMA_MAX_EXPERTS is 512; leave room without letting a corrupt count size buffers.
+constexpr uint64_t kMaxExperts = 4096;
 
 int checked_int(uint64_t v, const std::string &key, uint64_t max) {
     if (v == 0 || v > max) throw GGUFError("metadata key " + key + " = " + std::to_string(v) + " is out of range");
     return int(v);
+}
+
+// Routed-expert keys (present only in MoE files). Defaults where a key is absent follow llama.cpp:
+// experts as wide as n_ff / n_expert_used (Mixtral: n_ff itself, set by its arch), softmax gating,
+// no renormalisation, no scaling, no groups.
+void read_moe_hparams(const GGUFFile &f, const std::string &p, HParams &hp) {
+    MoeParams &m = hp.moe;
+    const uint64_t n_expert = f.get_uint(p + "expert_count");
+    if (n_expert == 0) return;  // a dense model that writes the key
+    m.n_expert = checked_int(n_expert, p + "expert_count", kMaxExperts);
+    const uint64_t used = f.get_uint(p + "expert_used_count");
+    if (used == 0 || used > n_expert)
+        throw GGUFError("metadata key " + p + "expert_used_count = " + std::to_string(used) +
+                        " is out of range [1, " + std::to_string(n_expert) + "] (expert_count)");
+    m.n_expert_used = int(used);
+    const uint64_t ff_default = uint64_t(hp.n_ff / m.n_expert_used);
+    m.n_ff_exp = checked_int(gguf_get_uint_or(f, p + "expert_feed_forward_length", ff_default),
+                             p + "expert_feed_forward_length", 1 << 22);
+    m.n_expert_shared = int(gguf_get_uint_or(f, p + "expert_shared_count", 0));
+    if (m.n_expert_shared > 64) throw GGUFError("metadata key " + p + "expert_shared_count is out of range");
+    m.n_ff_shexp = int64_t(gguf_get_uint_or(f, p + "expert_shared_feed_forward_length",
+                                            uint64_t(m.n_ff_exp) * uint64_t(m.n_expert_shared)));
+    if (m.n_ff_shexp > (1 << 22)) throw GGUFError("metadata key " + p + "expert_shared_feed_forward_length is out of range");
+    m.n_layer_dense_lead = int(gguf_get_uint_or(f, p + "leading_dense_block_count", 0));
+    if (m.n_layer_dense_lead > hp.n_layer)
+        throw GGUFError("metadata key " + p + "leading_dense_block_count = " + std::to_string(m.n_layer_dense_lead) +
+                        " exceeds block_count " + std::to_string(hp.n_layer));
+    // 0 (llama.cpp's "none") or absent: DeepSeek-V2 files written before the key existed.
+    const uint64_t gating = gguf_get_uint_or(f, p + "expert_gating_func", 0);
+    if (gating == 0 || gating == 1)
+        m.gating = ExpertGating::Softmax;
+    else if (gating == 2)
+        m.gating = ExpertGating::Sigmoid;
+    else
+        throw GGUFError("unsupported " + p + "expert_gating_func " + std::to_string(gating) +
+                        " (supported: 1 softmax, 2 sigmoid)");
+    m.weights_norm = gguf_get_bool_or(f, p + "expert_weights_norm", false);
+    const float scale = gguf_get_float_or(f, p + "expert_weights_scale", 0.0f);
+    if (!std::isfinite(scale) || scale < 0.0f)
+        throw GGUFError("metadata key " + p + "expert_weights_scale must be finite and non-negative");
+    m.weights_scale = scale == 0.0f ? 1.0f : scale;  // llama.cpp: 0 means "not scaled"
+    const uint64_t n_group = gguf_get_uint_or(f, p + "expert_group_count", 0);
+    const uint64_t n_group_used = gguf_get_uint_or(f, p + "expert_group_used_count", 0);
+    if (n_group > 1) {  // llama.cpp groups only when there are at least two
+        if (n_expert % n_group != 0 || n_expert / n_group < 2)
+            throw GGUFError("metadata key " + p + "expert_group_count = " + std::to_string(n_group) +
+                            " must divide expert_count " + std::to_string(n_expert) + " into groups of at least 2");
+        if (n_group_used == 0 || n_group_used > n_group || n_group_used * (n_expert / n_group) < used)
+            throw GGUFError("metadata key " + p + "expert_group_used_count = " + std::to_string(n_group_used) +
+                            " is out of range: need 1..expert_group_count groups holding at least expert_used_count experts");
+        m.n_group = int(n_group);
+        m.n_group_used = int(n_group_used);
+    }
 }
 
 }  // namespace
@@ -91,6 +155,7 @@ HParams read_hparams(const GGUFFile &f, const std::string &arch) {
     }
     hp.rope_swa = r;
     hp.layer_swa.assign(size_t(hp.n_layer), false);
+    if (f.find_key(p + "expert_count")) read_moe_hparams(f, p, hp);
     return hp;
 }
 

@@ -89,9 +89,13 @@ struct HParams {
 float gguf_get_float(const GGUFFile &f, const std::string &key);
 float gguf_get_float_or(const GGUFFile &f, const std::string &key, float dflt);
 uint64_t gguf_get_uint_or(const GGUFFile &f, const std::string &key, uint64_t dflt);
+bool gguf_get_bool_or(const GGUFFile &f, const std::string &key, bool dflt);
 
 // Reads the hyperparameters common to all supported architectures; n_vocab is the row count of
 // token_embd.weight. Architecture-specific values (embd_scale, swa) are set by the arch table.
+// With "{arch}.expert_count" present (and non-zero) it also reads the routed-expert keys into moe:
+// GGUFError when expert_used_count is not in [1, expert_count], the gating function is not
+// softmax/sigmoid, or the groups do not divide the experts.
 HParams read_hparams(const GGUFFile &f, const std::string &arch);
 
 }  // namespace ktd

@@ -1,15 +1,23 @@
-// llama (and Mistral-style), qwen2 (QKV biases), qwen3 (per-head q/k RMSNorm): one pre-norm
-// decoder layer — RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU FFN → residual.
+// The llama family: llama (and Mistral-style; Mixtral when llama.expert_count is set), qwen2 (QKV
+// biases), qwen3 (per-head q/k RMSNorm), qwen2moe (QKV biases, routed experts + a sigmoid-gated
+// shared expert), qwen3moe (q/k norm, routed experts). One pre-norm decoder layer — RMSNorm → GQA
+// attention with RoPE → residual → RMSNorm → FFN → residual, the FFN being SwiGLU or, in a layer
+// with experts, the MoE FFN (moe.h).
 //   x [n][n_embd] → q [n][n_head·hd] k [n][n_head_kv·hd] v [n][n_head_kv·hd] → attn [n][n_head·hd]
 //   → x += wo·attn;  x += w_down·(silu(w_gate·xn) ⊙ w_up·xn),  gate/up [n][n_ff]
+//                 or x += moe_ffn(xn)
+#include "common/error.h"
+#include "gguf/gguf_file.h"
 #include "model/blocks.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 namespace ktd {
 
 namespace {
 
-void llama_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, int64_t r0, int64_t n) {
+// x += wo · attention(rope(q), rope(k), v) of rms_norm(x).
+void llama_attention(Context &ctx, const LayerWeights &w, int il, const Batch &b, int64_t r0, int64_t n) {
     const HParams &hp = ctx.model().hparams();
     ForwardScratch &s = ctx.scratch();
     const int64_t E = hp.n_embd, hd = hp.head_dim_k;
@@ -32,22 +40,77 @@ void llama_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, in
     ctx.attention(il, b.positions + r0, b.seq_ids + r0, n);
     ctx.linear(w.wo, s.attn.data(), n, s.tmp.data(), &w.bo);
     for (int64_t j = 0; j < n * E; ++j) s.x[size_t(j)] += s.tmp[size_t(j)];
+}
 
+// x += FFN(rms_norm(x)): the layer's experts when it has them, else SwiGLU.
+void llama_ffn(Context &ctx, const LayerWeights &w, int il, int64_t n) {
+    const HParams &hp = ctx.model().hparams();
+    ForwardScratch &s = ctx.scratch();
+    const int64_t E = hp.n_embd;
     for (int64_t i = 0; i < n; ++i) rms_norm(&s.x[size_t(i * E)], w.ffn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
-    ctx.linear(w.ffn_gate, s.xn.data(), n, s.gate.data());
-    ctx.linear(w.ffn_up, s.xn.data(), n, s.up.data());
-    swiglu(s.gate.data(), s.up.data(), n * hp.n_ff);
-    ctx.linear(w.ffn_down, s.gate.data(), n, s.tmp.data());
+    if (w.ffn_gate_inp) {
+        moe_ffn(ctx, w, il, s.xn.data(), n, s.tmp.data());
+    } else {
+        ctx.linear(w.ffn_gate, s.xn.data(), n, s.gate.data());
+        ctx.linear(w.ffn_up, s.xn.data(), n, s.up.data());
+        swiglu(s.gate.data(), s.up.data(), n * hp.n_ff);
+        ctx.linear(w.ffn_down, s.gate.data(), n, s.tmp.data());
+    }
     for (int64_t j = 0; j < n * E; ++j) s.x[size_t(j)] += s.tmp[size_t(j)];
+}
+
+void llama_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, int64_t r0, int64_t n) {
+    llama_attention(ctx, w, il, b, r0, n);
+    llama_ffn(ctx, w, il, n);
 }
 
 // llama.cpp's converter permutes llama's q/k rows for the adjacent-pair rotation; qwen2/qwen3
 // keep the half-split (NeoX) layout.
-void tune_norm_rope(HParams &hp, const GGUFFile &) { hp.rope.type = hp.rope_swa.type = RopeType::Norm; }
 void tune_neox_rope(HParams &hp, const GGUFFile &) { hp.rope.type = hp.rope_swa.type = RopeType::Neox; }
 
-std::vector<TensorSpec> llama_tensors(bool bias_required, bool qk_norm) {
+// The routing llama.cpp hard-codes per architecture (build_moe_ffn's norm_w and gating arguments),
+// whatever the file says.
+void set_softmax_routing(HParams &hp, bool weights_norm) {
+    hp.moe.gating = ExpertGating::Softmax;
+    hp.moe.weights_norm = weights_norm;
+    hp.moe.n_group = hp.moe.n_group_used = 0;
+}
+
+void require_experts(const HParams &hp) {
+    if (hp.moe.n_expert == 0) throw GGUFError(hp.arch + " requires metadata key " + hp.arch + ".expert_count > 0");
+}
+
+// llama; with llama.expert_count Mixtral: every layer routed, experts as wide as feed_forward_length
+// unless the file says otherwise, renormalised softmax top-k.
+void tune_llama(HParams &hp, const GGUFFile &f) {
+    hp.rope.type = hp.rope_swa.type = RopeType::Norm;
+    if (hp.moe.n_expert == 0) return;
+    if (!f.find_key("llama.expert_feed_forward_length")) hp.moe.n_ff_exp = hp.n_ff;
+    set_softmax_routing(hp, true);
+}
+
+// qwen2moe: softmax top-k without renormalisation; the shared expert is feed_forward_length wide
+// when the file gives no width of its own (llama.cpp's default).
+void tune_qwen2moe(HParams &hp, const GGUFFile &f) {
+    tune_neox_rope(hp, f);
+    require_experts(hp);
+    set_softmax_routing(hp, false);
+    if (!f.find_key("qwen2moe.expert_shared_feed_forward_length")) hp.moe.n_ff_shexp = hp.n_ff;
+}
+
+// qwen3moe: llama.cpp always renormalises the top-k (Qwen3-MoE's norm_topk_prob is true).
+void tune_qwen3moe(HParams &hp, const GGUFFile &f) {
+    tune_neox_rope(hp, f);
+    require_experts(hp);
+    set_softmax_routing(hp, true);
+}
+
+enum class Experts { None, Routed, RoutedShared };
+
+std::vector<TensorSpec> llama_tensors(bool bias_required, bool qk_norm, Experts experts = Experts::None) {
     using D = Dim;
+    // Without an expert table every layer has the dense FFN, whatever expert_count says.
+    const LayerSet dense = experts == Experts::None ? LayerSet::All : LayerSet::Dense;
     std::vector<TensorSpec> t = {
         C("token_embd.weight", D::Embd, D::Vocab, kRequired, Placement::Input),
         G("output_norm.weight", D::Embd, D::One, kRequired, Placement::Output, &ModelWeights::output_norm),
@@ -63,21 +126,40 @@ std::vector<TensorSpec> llama_tensors(bool bias_required, bool qk_norm) {
         L("blk.%d.attn_v.bias", D::EmbdVGqa, D::One, bias_required, &LayerWeights::bv),
         L("blk.%d.attn_output.bias", D::Embd, D::One, kOptional, &LayerWeights::bo),
         L("blk.%d.ffn_norm.weight", D::Embd, D::One, kRequired, &LayerWeights::ffn_norm),
-        L("blk.%d.ffn_gate.weight", D::Embd, D::FF, kRequired, &LayerWeights::ffn_gate),
-        L("blk.%d.ffn_up.weight", D::Embd, D::FF, kRequired, &LayerWeights::ffn_up),
-        L("blk.%d.ffn_down.weight", D::FF, D::Embd, kRequired, &LayerWeights::ffn_down),
+        in_layers(L("blk.%d.ffn_gate.weight", D::Embd, D::FF, kRequired, &LayerWeights::ffn_gate), dense),
+        in_layers(L("blk.%d.ffn_up.weight", D::Embd, D::FF, kRequired, &LayerWeights::ffn_up), dense),
+        in_layers(L("blk.%d.ffn_down.weight", D::FF, D::Embd, kRequired, &LayerWeights::ffn_down), dense),
     };
     if (qk_norm) {
         t.push_back(L("blk.%d.attn_q_norm.weight", D::HeadK, D::One, kRequired, &LayerWeights::attn_q_norm));
         t.push_back(L("blk.%d.attn_k_norm.weight", D::HeadK, D::One, kRequired, &LayerWeights::attn_k_norm));
     }
+    if (experts == Experts::None) return t;
+    for (TensorSpec s : {
+             L("blk.%d.ffn_gate_inp.weight", D::Embd, D::Expert, kRequired, &LayerWeights::ffn_gate_inp),
+             L3("blk.%d.ffn_gate_exps.weight", D::Embd, D::FFExp, D::Expert, kRequired, &LayerWeights::ffn_gate_exps),
+             L3("blk.%d.ffn_up_exps.weight", D::Embd, D::FFExp, D::Expert, kRequired, &LayerWeights::ffn_up_exps),
+             L3("blk.%d.ffn_down_exps.weight", D::FFExp, D::Embd, D::Expert, kRequired, &LayerWeights::ffn_down_exps),
+         })
+        t.push_back(in_layers(s, LayerSet::Moe));
+    if (experts == Experts::RoutedShared)
+        for (TensorSpec s : {
+                 L("blk.%d.ffn_gate_inp_shexp.weight", D::Embd, D::One, kRequired, &LayerWeights::ffn_gate_inp_shexp),
+                 L("blk.%d.ffn_gate_shexp.weight", D::Embd, D::FFShexp, kRequired, &LayerWeights::ffn_gate_shexp),
+                 L("blk.%d.ffn_up_shexp.weight", D::Embd, D::FFShexp, kRequired, &LayerWeights::ffn_up_shexp),
+                 L("blk.%d.ffn_down_shexp.weight", D::FFShexp, D::Embd, kRequired, &LayerWeights::ffn_down_shexp),
+             })
+            t.push_back(in_layers(s, LayerSet::Moe));
     return t;
 }
 
 }  // namespace
 
-const ArchSpec kArchLlama{"llama", llama_tensors(kOptional, false), tune_norm_rope, llama_layer};
+const ArchSpec kArchLlama{"llama", llama_tensors(kOptional, false, Experts::Routed), tune_llama, llama_layer};
 const ArchSpec kArchQwen2{"qwen2", llama_tensors(kRequired, false), tune_neox_rope, llama_layer};
 const ArchSpec kArchQwen3{"qwen3", llama_tensors(kOptional, true), tune_neox_rope, llama_layer};
+const ArchSpec kArchQwen2Moe{"qwen2moe", llama_tensors(kRequired, false, Experts::RoutedShared), tune_qwen2moe,
+                             llama_layer};
+const ArchSpec kArchQwen3Moe{"qwen3moe", llama_tensors(kOptional, true, Experts::Routed), tune_qwen3moe, llama_layer};
 
 }  // namespace ktd

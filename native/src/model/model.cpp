@@ -13,8 +13,9 @@
 namespace ktd {
 
 const std::vector<const ArchSpec *> &all_archs() {
-    static const std::vector<const ArchSpec *> archs = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchGemma3, &kArchBitnet,
-                                                         &kArchDeepseek2};
+    static const std::vector<const ArchSpec *> archs = {&kArchLlama,    &kArchQwen2,  &kArchQwen3,
+                                                                &kArchQwen2Moe, &kArchQwen3Moe, &kArchGemma3,
+                                                                &kArchBitnet,   &kArchDeepseek2};
     return archs;
 }
 
@@ -204,6 +205,7 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
     }
     seq_len_.assign(size_t(n_seq_max), 0);
     next_pos_.assign(size_t(n_seq_max), -1);
+    expert_counts_.assign(size_t(hp.n_layer) * size_t(hp.moe.n_expert), 0);
     const size_t nb = size_t(n_batch);
     s_.x.resize(nb * size_t(hp.n_embd));
     s_.xn.resize(nb * size_t(hp.n_embd));

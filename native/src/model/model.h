@@ -5,6 +5,7 @@
 // Activations: x [n][n_embd] F32, one row per batch token. KV cache: per layer, K [n_seq_max]
 // [n_ctx][n_head_kv·head_dim_k] and V [n_seq_max][n_ctx][n_head_kv·head_dim_v], F16.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 #include "gguf/gguf_file.h"
 #include "kernels/kernels.h"
 #include "model/hparams.h"
+#include "model/moe.h"
 
 namespace ktd {
 
@@ -128,6 +130,7 @@ struct ForwardScratch {
     std::vector<float> rope_cs_swa;            // same for sliding-window layers
     std::vector<float> attn_tmp;               // [n_threads][kAttnTile]
     MatmulScratch mm;
+    MoeScratch moe;                            // routed experts (moe_ffn)
     // deepseek2 (MLA) only: q LoRA [n_batch][q_lora_rank], decompressed q [n_batch][n_head·(nope+rope)],
     // a head-major [n_head][n_batch][max(nope, v_head_dim)] buffer for the per-head matmuls, the
     // decompressed attention output [n_batch][n_head·v_head_dim], one matmul scratch per thread.
@@ -172,6 +175,14 @@ public:
     // Bytes of KV cache one token takes over all layers (MLA: the latent and the rope key only).
     int64_t kv_bytes_per_token() const;
 
+    // Expert statistics: tokens routed to each expert, [n_layer][n_expert] row-major, counted by
+    // moe_ffn since creation or the last reset (dense layers stay 0; empty for a dense model).
+    const std::vector<uint64_t> &expert_counts() const { return expert_counts_; }
+    void reset_expert_counts() { std::fill(expert_counts_.begin(), expert_counts_.end(), uint64_t(0)); }
+    uint64_t *layer_expert_counts(int il) {
+        return expert_counts_.data() + size_t(il) * size_t(model_.hparams().moe.n_expert);
+    }
+
     // Used by the architecture files.
     ForwardScratch &scratch() { return s_; }
     // y [n][rows] = m · x [n][k] (+ bias [rows] on every row when given).
@@ -194,6 +205,7 @@ private:
     std::vector<std::unique_ptr<uint16_t[]>> k_cache_, v_cache_;  // [n_layer] → [n_seq][n_ctx][dim]
     std::vector<int64_t> seq_len_;   // [n_seq_max] tokens held per slot
     std::vector<int64_t> next_pos_;  // [n_seq_max] forward's validation scratch
+    std::vector<uint64_t> expert_counts_;  // [n_layer][n_expert]
     ForwardScratch s_;
 };
 
@@ -278,6 +290,7 @@ constexpr bool kRequired = true, kOptional = false;
 const ArchSpec *find_arch(const std::string &name);
 const std::vector<const ArchSpec *> &all_archs();
 // Defined by the architecture files.
-extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen3, kArchGemma3, kArchBitnet, kArchDeepseek2;
+extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen3, kArchQwen2Moe, kArchQwen3Moe, kArchGemma3, kArchBitnet,
+    kArchDeepseek2;
 
 }  // namespace ktd

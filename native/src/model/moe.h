@@ -1,25 +1,83 @@
-// Mixture-of-experts FFN of one layer (qwen2moe, qwen3moe, Mixtral, deepseek2).
+// Mixture-of-experts FFN of one layer (qwen2moe, qwen3moe, Mixtral, deepseek2), routed exactly as
+// llama.cpp's build_moe_ffn:
 //
 //   logits [n][n_expert] = ffn_gate_inp · xn
-//   selection: top-n_expert_used of p = softmax(logits) or sigmoid(logits) (+ exp_probs_b for the
-//   choice only, group-limited when n_group > 0); weights = the selected p, renormalised when
-//   weights_norm, times weights_scale
-//   y_i = Σ_j weight_ij · down_e(silu(gate_e · xn_i) ⊙ up_e · xn_i)   (e = j-th selected expert)
-//       + shared expert(s) (qwen2moe: times sigmoid(ffn_gate_inp_shexp · xn_i))
+//   p = softmax(logits) or sigmoid(logits)                       (MoeParams::gating)
+//   selection: top-n_expert_used of s = p + exp_probs_b (bias for the choice only, when present);
+//     group-limited when n_group > 1: a group scores the sum of its two best s, the n_group_used
+//     best groups compete, the others are out; ties go to the lowest index
+//   weights = the selected p, divided by their sum (clamped to >= 2^-14) when weights_norm,
+//     times weights_scale
+//   y_i = Σ_j weight_ij · down_e(silu(gate_e · xn_i) ⊙ up_e · xn_i)   (e = j-th selected expert,
+//         summed in selection order)
+//       + shared expert(s) down_sh(silu(gate_sh · xn_i) ⊙ up_sh · xn_i)   (fused into one FFN of
+//         width n_ff_shexp), times sigmoid(ffn_gate_inp_shexp · xn_i) when that gate exists (qwen2moe)
 //
-// Execution: decode shares the work of all selected experts between all threads (work items =
-// expert × row block); prefill groups the tokens by expert (one GEMM per expert over its tokens;
-// experts that receive no token cost nothing).
+// Execution (one parallel region per layer; every output element is computed by exactly one work
+// item, and items are summed in a fixed order, so the result does not depend on the thread count):
+// the tokens are grouped by expert (counting sort); each active expert — and the shared expert, as
+// one more job over all tokens — is one GEMM over its tokens, cut into row blocks. Work items =
+// (expert, block of gate/up rows), gate and up fused, then (expert, block of down rows), taken
+// dynamically by all threads. Decode (n = 1) thus spreads the selected experts over every thread;
+// prefill runs one GEMM per expert over its tokens; experts that receive no token cost nothing.
+// xn is quantized once per activation format, each expert's hidden rows once for its down matrix.
 #pragma once
 #include <cstdint>
+#include <vector>
+
+#include "model/hparams.h"
 
 namespace ktd {
 
 class Context;
 struct LayerWeights;
+struct PreparedWeights;
+
+// Routing of n tokens: logits [n][n_expert] (overwritten with the gating probabilities p) →
+// ids [n][n_expert_used] (best first) and weights [n][n_expert_used]. exp_probs_b: [n_expert] or
+// null. select: scratch [n_expert] floats.
+void moe_route(const MoeParams &mp, float *logits, const float *exp_probs_b, int64_t n, int32_t *ids,
+               float *weights, float *select);
+
+// Scratch of moe_ffn, grown on first use of a larger chunk (no allocation once warm).
+struct MoeScratch {
+    std::vector<float> logits;          // [n][n_expert] router logits, then probabilities
+    std::vector<float> select;          // [n_threads][n_expert] selection scores
+    std::vector<int32_t> ids;           // [n][n_expert_used] selected experts
+    std::vector<float> weights;         // [n][n_expert_used] their weights
+    std::vector<float> shexp_gate;      // [n] sigmoid gate of the shared expert (qwen2moe)
+    std::vector<int32_t> expert_start;  // [n_expert + 1] first sorted pair of each expert
+    std::vector<int32_t> pair_tok;      // [n·n_expert_used] token of each pair, sorted by expert
+    std::vector<int32_t> pair_pos;      // [n·n_expert_used] sorted position of pair (token i, slot j)
+    std::vector<uint8_t> xq[4];         // [n][act row] xn quantized, one per distinct activation format
+    std::vector<uint8_t> xg[2];         // [pairs][act row] gathered per expert (routed gate, up formats)
+    std::vector<float> hg, hu;          // [pairs][n_ff_exp] routed gate/up → swiglu
+    std::vector<float> sg, su;          // [n][n_ff_shexp] shared gate/up → swiglu
+    std::vector<uint8_t> hq, sq;        // quantized swiglu rows for down_exps / down_shexp
+    std::vector<float> yd, ys;          // [pairs][n_embd] routed down outputs, [n][n_embd] shared
+    // One expert's work over its ntok tokens: gate/up GEMMs into hg/hu (row stride n_ff), swiglu,
+    // then the down GEMM from the quantized rows hq into yd (row stride n_embd).
+    struct Job {
+        const PreparedWeights *gate, *up, *down;
+        int64_t n_ff;
+        int ntok;
+        const uint8_t *x_gate, *x_up;   // activation rows, x_stride_* bytes apart
+        size_t x_stride_gate, x_stride_up;
+        float *hg, *hu;
+        uint8_t *hq;
+        size_t hq_stride;
+        float *yd;
+    };
+    struct Item {
+        int32_t job;
+        int32_t r0, r1;  // rows [r0, r1) of the job's gate/up (up items) or down (down items)
+    };
+    std::vector<Job> jobs;
+    std::vector<Item> up_items, down_items;
+};
 
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into
-// the context's expert statistics.
+// the context's expert statistics. n <= the context's n_batch.
 void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y);
 
 }  // namespace ktd

@@ -1,0 +1,375 @@
+// The routed-expert FFN (see moe.h for the maths and the execution plan).
+//
+// Buffers (MoeScratch), P = n·n_expert_used (token, slot) pairs sorted by expert:
+//   logits [n][n_expert]   ids/weights [n][n_expert_used]   pair_tok/pair_pos [P]
+//   xq[f] [n][act row of format f]   xg [P][act row] (only the rows of experts with > 1 token)
+//   hg/hu [P][n_ff_exp] → swiglu in hg → hq [P][act row of down_exps] → yd [P][n_embd]
+//   shared expert: sg/su [n][n_ff_shexp] → sq → ys [n][n_embd]
+#include "model/moe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "cpu/thread_pool.h"
+#include "kernels/kernels.h"
+#include "model/blocks.h"
+#include "model/model.h"
+
+namespace ktd {
+
+namespace {
+
+// Row blocks start on multiples of this, so repacked row groups (R divides 16) never straddle items.
+constexpr int64_t kRowAlign = 16;
+// Work items per thread and phase: enough to even out experts of different token counts.
+constexpr int64_t kItemsPerThread = 4;
+// llama.cpp clamps the renormalisation sum to F16's smallest normal number.
+constexpr float kWeightsSumMin = 6.103515625e-5f;
+constexpr int kMaxExpertWords = 4096 / 64;  // hparams.cpp caps n_expert at 4096
+
+template <class T>
+T *grow(std::vector<T> &v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+}
+
+// y[c·ldy + (r - r0)] = W row r · activation row c for r in [r0, r1), c < nc; r0 % kRowAlign == 0.
+void tile(const PreparedWeights &pw, int64_t r0, int64_t r1, const uint8_t *xq, size_t x_stride, float *y,
+          size_t ldy, int nc) {
+    const TypeKernels &tk = *pw.tk;
+    const char *wb = static_cast<const char *>(pw.data);
+    if (pw.repacked) {
+        const size_t group_bytes = tk.repacked_group_bytes(pw.k);
+        tk.gemm_repacked(pw.k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq, x_stride, y, ldy,
+                         int(r1 - r0), nc);
+    } else {
+        tk.gemm(pw.k, wb + size_t(r0) * pw.row_bytes, pw.row_bytes, xq, x_stride, y, ldy, int(r1 - r0), nc);
+    }
+}
+
+// Cuts `rows` into blocks (multiples of kRowAlign) so that this job gets its share, by cost, of
+// n_target items.
+void add_items(std::vector<MoeScratch::Item> &items, int32_t job, int64_t rows, double cost, double total_cost,
+               int64_t n_target) {
+    const int64_t max_blocks = (rows + kRowAlign - 1) / kRowAlign;
+    const int64_t want = int64_t(std::ceil(double(n_target) * cost / total_cost));
+    const int64_t n_blocks = std::clamp<int64_t>(want, 1, max_blocks);
+    const int64_t blk = (rows / n_blocks + kRowAlign - 1) / kRowAlign * kRowAlign;
+    for (int64_t r0 = 0; r0 < rows; r0 += blk)
+        items.push_back({job, int32_t(r0), int32_t(std::min(rows, r0 + blk))});
+}
+
+// One activation format: the quantizer of a weight type and its row size for k = n_embd.
+struct ActFormat {
+    const TypeKernels *tk = nullptr;
+    size_t row = 0;
+};
+
+int format_index(ActFormat *fmts, int &n_fmt, const TypeKernels &tk, int64_t k) {
+    for (int i = 0; i < n_fmt; ++i)
+        if (fmts[i].tk->act_type == tk.act_type && fmts[i].tk->quantize_act_row == tk.quantize_act_row) return i;
+    fmts[n_fmt] = {&tk, act_row_size(tk, k)};
+    return n_fmt++;
+}
+
+}  // namespace
+
+void moe_route(const MoeParams &mp, float *logits, const float *exp_probs_b, int64_t n, int32_t *ids,
+               float *weights, float *select) {
+    const int ne = mp.n_expert, k = mp.n_expert_used;
+    for (int64_t i = 0; i < n; ++i) {
+        float *p = logits + i * ne;
+        if (mp.gating == ExpertGating::Softmax) {
+            float mx = -INFINITY;
+            for (int e = 0; e < ne; ++e) mx = std::max(mx, p[e]);
+            double sum = 0.0;
+            for (int e = 0; e < ne; ++e) {
+                p[e] = std::exp(p[e] - mx);
+                sum += p[e];
+            }
+            const float inv = float(1.0 / sum);
+            for (int e = 0; e < ne; ++e) p[e] *= inv;
+        } else {
+            for (int e = 0; e < ne; ++e) p[e] = 1.0f / (1.0f + std::exp(-p[e]));
+        }
+        for (int e = 0; e < ne; ++e) select[e] = exp_probs_b ? p[e] + exp_probs_b[e] : p[e];
+
+        if (mp.n_group > 1) {
+            // Group score: the sum of its two best selection scores; keep the n_group_used best groups.
+            const int gsize = ne / mp.n_group;
+            float gscore[kMaxExpertWords * 64 / 2];
+            for (int g = 0; g < mp.n_group; ++g) {
+                const float *sg = select + g * gsize;
+                int b1 = 0;
+                for (int e = 1; e < gsize; ++e)
+                    if (sg[e] > sg[b1]) b1 = e;
+                int b2 = b1 == 0 ? 1 : 0;
+                for (int e = 0; e < gsize; ++e)
+                    if (e != b1 && sg[e] > sg[b2]) b2 = e;
+                gscore[g] = sg[b1] + sg[b2];
+            }
+            uint64_t kept[kMaxExpertWords] = {};
+            for (int j = 0; j < mp.n_group_used; ++j) {
+                int best = -1;
+                for (int g = 0; g < mp.n_group; ++g)
+                    if (!(kept[g / 64] >> (g % 64) & 1) && (best < 0 || gscore[g] > gscore[best])) best = g;
+                kept[best / 64] |= uint64_t(1) << (best % 64);
+            }
+            for (int g = 0; g < mp.n_group; ++g)
+                if (!(kept[g / 64] >> (g % 64) & 1))
+                    for (int e = 0; e < gsize; ++e) select[g * gsize + e] = -INFINITY;
+        }
+
+        // Top-k, best first; strict > keeps the lowest index among equals (and picks something
+        // even from NaN scores, so the ids are always k distinct experts).
+        uint64_t taken[kMaxExpertWords] = {};
+        int32_t *id = ids + i * k;
+        float *wt = weights + i * k;
+        for (int j = 0; j < k; ++j) {
+            int best = -1;
+            for (int e = 0; e < ne; ++e)
+                if (!(taken[e / 64] >> (e % 64) & 1) && (best < 0 || select[e] > select[best])) best = e;
+            taken[best / 64] |= uint64_t(1) << (best % 64);
+            id[j] = best;
+            wt[j] = p[best];
+        }
+        if (mp.weights_norm) {
+            float sum = 0.0f;
+            for (int j = 0; j < k; ++j) sum += wt[j];
+            sum = std::max(sum, kWeightsSumMin);
+            for (int j = 0; j < k; ++j) wt[j] /= sum;
+        }
+        if (mp.weights_scale != 1.0f)
+            for (int j = 0; j < k; ++j) wt[j] *= mp.weights_scale;
+    }
+}
+
+void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y) {
+    if (n <= 0) return;
+    const Model &model = ctx.model();
+    const HParams &hp = model.hparams();
+    const MoeParams &mp = hp.moe;
+    ThreadPool &pool = model.pool();
+    ForwardScratch &fs = ctx.scratch();
+    MoeScratch &s = fs.moe;
+    const int64_t E = hp.n_embd, ff = mp.n_ff_exp;
+    const int ne = mp.n_expert, k = mp.n_expert_used;
+    const int64_t P = n * k;
+    const int nth = pool.size();
+    const bool shared = bool(w.ffn_gate_shexp);
+    const int64_t ff_sh = shared ? w.ffn_gate_shexp.pw.rows : 0;
+    const PreparedWeights &gate0 = w.ffn_gate_exps.mats[0], &up0 = w.ffn_up_exps.mats[0];
+    const PreparedWeights &down0 = w.ffn_down_exps.mats[0];
+
+    // Router logits [n][n_expert] (a matmul of its own on all threads).
+    float *logits = grow(s.logits, size_t(n * ne));
+    matmul(&pool, w.ffn_gate_inp.pw, xn, n, logits, fs.mm);
+
+    // Activation formats of xn: routed gate/up, shared gate/up (shared when the quantizer is).
+    ActFormat fmts[4];
+    int n_fmt = 0;
+    const int f_gate = format_index(fmts, n_fmt, *gate0.tk, E), f_up = format_index(fmts, n_fmt, *up0.tk, E);
+    const int f_sgate = shared ? format_index(fmts, n_fmt, *w.ffn_gate_shexp.pw.tk, E) : -1;
+    const int f_sup = shared ? format_index(fmts, n_fmt, *w.ffn_up_shexp.pw.tk, E) : -1;
+    for (int f = 0; f < n_fmt; ++f) grow(s.xq[f], size_t(n) * fmts[f].row);
+    grow(s.xg[0], size_t(P) * fmts[f_gate].row);
+    if (f_up != f_gate) grow(s.xg[1], size_t(P) * fmts[f_up].row);
+    const size_t hq_row = act_row_size(*down0.tk, ff);
+    grow(s.select, size_t(nth) * size_t(ne));
+    grow(s.ids, size_t(P));
+    grow(s.weights, size_t(P));
+    grow(s.shexp_gate, size_t(n));
+    grow(s.expert_start, size_t(ne) + 1);
+    grow(s.pair_tok, size_t(P));
+    grow(s.pair_pos, size_t(P));
+    grow(s.hg, size_t(P * ff));
+    grow(s.hu, size_t(P * ff));
+    grow(s.hq, size_t(P) * hq_row);
+    grow(s.yd, size_t(P * E));
+    size_t sq_row = 0;
+    if (shared) {
+        sq_row = act_row_size(*w.ffn_down_shexp.pw.tk, ff_sh);
+        grow(s.sg, size_t(n * ff_sh));
+        grow(s.su, size_t(n * ff_sh));
+        grow(s.sq, size_t(n) * sq_row);
+        grow(s.ys, size_t(n * E));
+    }
+    uint64_t *counts = ctx.layer_expert_counts(il);
+    const float *probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
+    const float *sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
+    bool gather = false;
+    std::atomic<int64_t> next_up{0}, next_down{0};
+
+    // Serial between two barriers: group the pairs by expert and lay out the jobs and items.
+    auto plan = [&] {
+        int32_t *start = s.expert_start.data();
+        std::fill(start, start + ne + 1, 0);
+        for (int64_t p = 0; p < P; ++p) ++start[s.ids[size_t(p)] + 1];
+        for (int e = 0; e < ne; ++e) {
+            counts[e] += uint64_t(start[e + 1]);
+            start[e + 1] += start[e];
+        }
+        for (int64_t p = 0; p < P; ++p) {  // counting sort, stable: tokens ascending per expert
+            const int32_t pos = start[s.ids[size_t(p)]]++;
+            s.pair_tok[size_t(pos)] = int32_t(p / k);
+            s.pair_pos[size_t(p)] = pos;
+        }
+        for (int e = ne; e > 0; --e) start[e] = start[e - 1];
+        start[0] = 0;
+
+        s.jobs.clear();
+        double cost_up = 0, cost_down = 0;
+        if (shared) {
+            MoeScratch::Job j{};
+            j.gate = &w.ffn_gate_shexp.pw;
+            j.up = &w.ffn_up_shexp.pw;
+            j.down = &w.ffn_down_shexp.pw;
+            j.n_ff = ff_sh;
+            j.ntok = int(n);
+            j.x_gate = s.xq[size_t(f_sgate)].data();
+            j.x_stride_gate = fmts[f_sgate].row;
+            j.x_up = s.xq[size_t(f_sup)].data();
+            j.x_stride_up = fmts[f_sup].row;
+            j.hg = s.sg.data();
+            j.hu = s.su.data();
+            j.hq = s.sq.data();
+            j.hq_stride = sq_row;
+            j.yd = s.ys.data();
+            s.jobs.push_back(j);
+        }
+        gather = false;
+        for (int e = 0; e < ne; ++e) {
+            const int32_t p0 = start[e], ntok = start[e + 1] - p0;
+            if (ntok == 0) continue;
+            MoeScratch::Job j{};
+            j.gate = &w.ffn_gate_exps.mats[size_t(e)];
+            j.up = &w.ffn_up_exps.mats[size_t(e)];
+            j.down = &w.ffn_down_exps.mats[size_t(e)];
+            j.n_ff = ff;
+            j.ntok = ntok;
+            if (ntok == 1) {  // its token's row of xq directly
+                const size_t t = size_t(s.pair_tok[size_t(p0)]);
+                j.x_gate = s.xq[size_t(f_gate)].data() + t * fmts[f_gate].row;
+                j.x_up = s.xq[size_t(f_up)].data() + t * fmts[f_up].row;
+            } else {
+                gather = true;
+                j.x_gate = s.xg[0].data() + size_t(p0) * fmts[f_gate].row;
+                j.x_up = (f_up == f_gate ? s.xg[0] : s.xg[1]).data() + size_t(p0) * fmts[f_up].row;
+            }
+            j.x_stride_gate = fmts[f_gate].row;
+            j.x_stride_up = fmts[f_up].row;
+            j.hg = s.hg.data() + size_t(p0) * size_t(ff);
+            j.hu = s.hu.data() + size_t(p0) * size_t(ff);
+            j.hq = s.hq.data() + size_t(p0) * hq_row;
+            j.hq_stride = hq_row;
+            j.yd = s.yd.data() + size_t(p0) * size_t(E);
+            s.jobs.push_back(j);
+        }
+        // Cost ~ weight bytes streamed + the tokens' dot products: rows · (1 + ntok) per phase.
+        for (const MoeScratch::Job &j : s.jobs) {
+            cost_up += double(j.n_ff) * (1 + j.ntok);
+            cost_down += double(E) * (1 + j.ntok);
+        }
+        const int64_t n_target = nth > 1 ? kItemsPerThread * nth : 1;
+        s.up_items.clear();
+        s.down_items.clear();
+        for (size_t ji = 0; ji < s.jobs.size(); ++ji) {
+            const MoeScratch::Job &j = s.jobs[ji];
+            add_items(s.up_items, int32_t(ji), j.n_ff, double(j.n_ff) * (1 + j.ntok), cost_up, n_target);
+            add_items(s.down_items, int32_t(ji), E, double(E) * (1 + j.ntok), cost_down, n_target);
+        }
+    };
+
+    auto body = [&](int tid, int nt) {
+        auto sync = [&] {
+            if (nt > 1) pool.barrier(tid);
+        };
+        // 1. Per token: route, shared-expert gate, xn quantized once per activation format.
+        for (int64_t i = tid; i < n; i += nt) {
+            moe_route(mp, logits + i * ne, probs_b, 1, s.ids.data() + i * k, s.weights.data() + i * k,
+                      s.select.data() + size_t(tid) * size_t(ne));
+            if (sh_gate_w) {
+                float dot = 0.0f;
+                for (int64_t d = 0; d < E; ++d) dot += sh_gate_w[d] * xn[i * E + d];
+                s.shexp_gate[size_t(i)] = 1.0f / (1.0f + std::exp(-dot));
+            }
+            for (int f = 0; f < n_fmt; ++f)
+                fmts[f].tk->quantize_act_row(xn + i * E, s.xq[size_t(f)].data() + size_t(i) * fmts[f].row, E);
+        }
+        sync();
+        if (tid == 0) plan();
+        sync();
+        // 2. Rows of experts with several tokens gathered contiguous (one GEMM per expert).
+        if (gather) {
+            const int32_t *start = s.expert_start.data();
+            for (int e = 0; e < ne; ++e) {
+                const int32_t p0 = start[e], p1 = start[e + 1];
+                if (p1 - p0 < 2) continue;
+                for (int32_t p = p0 + tid; p < p1; p += nt) {
+                    const size_t t = size_t(s.pair_tok[size_t(p)]);
+                    std::memcpy(s.xg[0].data() + size_t(p) * fmts[f_gate].row,
+                                s.xq[size_t(f_gate)].data() + t * fmts[f_gate].row, fmts[f_gate].row);
+                    if (f_up != f_gate)
+                        std::memcpy(s.xg[1].data() + size_t(p) * fmts[f_up].row,
+                                    s.xq[size_t(f_up)].data() + t * fmts[f_up].row, fmts[f_up].row);
+                }
+            }
+            sync();
+        }
+        // 3. gate and up of one row block of one expert, then swiglu on that block.
+        for (int64_t it; (it = next_up.fetch_add(1, std::memory_order_relaxed)) < int64_t(s.up_items.size());) {
+            const MoeScratch::Item &item = s.up_items[size_t(it)];
+            const MoeScratch::Job &j = s.jobs[size_t(item.job)];
+            tile(*j.gate, item.r0, item.r1, j.x_gate, j.x_stride_gate, j.hg + item.r0, size_t(j.n_ff), j.ntok);
+            tile(*j.up, item.r0, item.r1, j.x_up, j.x_stride_up, j.hu + item.r0, size_t(j.n_ff), j.ntok);
+            for (int c = 0; c < j.ntok; ++c)
+                swiglu(j.hg + c * j.n_ff + item.r0, j.hu + c * j.n_ff + item.r0, item.r1 - item.r0);
+        }
+        sync();
+        // 4. Each hidden row quantized once for its down matrix.
+        for (int64_t r = tid; r < P + (shared ? n : 0); r += nt) {
+            if (r < P)
+                down0.tk->quantize_act_row(s.hg.data() + r * ff, s.hq.data() + size_t(r) * hq_row, ff);
+            else
+                w.ffn_down_shexp.pw.tk->quantize_act_row(s.sg.data() + (r - P) * ff_sh,
+                                                         s.sq.data() + size_t(r - P) * sq_row, ff_sh);
+        }
+        sync();
+        // 5. down of one row block of one expert.
+        for (int64_t it; (it = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(s.down_items.size());) {
+            const MoeScratch::Item &item = s.down_items[size_t(it)];
+            const MoeScratch::Job &j = s.jobs[size_t(item.job)];
+            tile(*j.down, item.r0, item.r1, j.hq, j.hq_stride, j.yd + item.r0, size_t(E), j.ntok);
+        }
+        sync();
+        // 6. y = Σ_j weight_j · expert_j (selection order) + gate · shared, split by elements.
+        const int64_t total = n * E, q0 = total * tid / nt, q1 = total * (tid + 1) / nt;
+        for (int64_t q = q0; q < q1;) {
+            const int64_t i = q / E, d0 = q % E, d1 = std::min(E, d0 + (q1 - q));
+            float *out = y + i * E;
+            for (int j = 0; j < k; ++j) {
+                const float wt = s.weights[size_t(i * k + j)];
+                const float *src = s.yd.data() + size_t(s.pair_pos[size_t(i * k + j)]) * size_t(E);
+                if (j == 0)
+                    for (int64_t d = d0; d < d1; ++d) out[d] = wt * src[d];
+                else
+                    for (int64_t d = d0; d < d1; ++d) out[d] += wt * src[d];
+            }
+            if (shared) {
+                const float g = sh_gate_w ? s.shexp_gate[size_t(i)] : 1.0f;
+                const float *src = s.ys.data() + i * E;
+                for (int64_t d = d0; d < d1; ++d) out[d] += g * src[d];
+            }
+            q += d1 - d0;
+        }
+    };
+    if (nth > 1)
+        pool.run(std::ref(body));
+    else
+        body(0, 1);
+}
+
+}  // namespace ktd
