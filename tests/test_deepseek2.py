@@ -285,6 +285,18 @@ def test_kv_cache_holds_only_the_latent(tiny, variant, dense):
         cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * 2
 
 
+def test_inspect_memory_plan_matches_the_context(tiny):
+    """`ktd inspect` plans the KV cache from the metadata alone (daemon/ktd/inspect.py); the native
+    Context allocates what it plans."""
+    from ktd.inspect import inspect_model
+
+    path = tiny("v3")
+    _, ctx = _ctx(path, n_ctx=100, n_seq_max=2)
+    plan = inspect_model(str(path), n_ctx=100, n_seq=2)["memory_plan"]
+    assert plan["kv_bytes_per_token"] == ctx.kv_bytes_per_token
+    assert plan["kv_cache"] == ctx.kv_bytes_per_token * 100 * 2
+
+
 def test_kv_bytes_per_token_of_a_dense_model(tmp_path):
     """Control: a GQA model (llama tiny: head size n_embd / n_head) caches n_head_kv·(k + v head)
     per token and layer."""
