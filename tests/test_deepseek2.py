@@ -412,6 +412,13 @@ def test_q_lora_rank_contradicting_tensors_is_named(tiny, tmp_path):
         _load(p)
 
 
+def test_attention_temperature_tuning_is_refused(tiny, tmp_path):
+    p = _rewrite(tiny("v2", dense=True), tmp_path / "x.gguf",
+                 set_kv={"deepseek2.attention.temperature_scale": (0.1, GGUFValueType.FLOAT32)})
+    with pytest.raises(_native.GGUFError, match=r"deepseek2\.attention\.temperature_scale"):
+        _load(p)
+
+
 def test_legacy_unsplit_kv_b_is_refused(tiny, tmp_path):
     src = tiny("v2", dense=True)
     p = tmp_path / "legacy.gguf"

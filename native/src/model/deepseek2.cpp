@@ -142,6 +142,10 @@ void tune_deepseek2(HParams &hp, const GGUFFile &f) {
     if (f.find_tensor("blk.0.attn_kv_b.weight"))
         throw GGUFError("tensor blk.0.attn_kv_b.weight: unsplit MLA weights of an older convert_hf_to_gguf.py are not "
                         "supported; reconvert the model (current converters write attn_k_b/attn_v_b)");
+    // Mistral-Large-3 files (also deepseek2) scale q by a position-dependent temperature, which this
+    // forward does not implement: refuse them rather than compute something else.
+    if (gguf_get_float_or(f, p + "attention.temperature_scale", 0.0f) != 0.0f)
+        throw GGUFError("metadata key " + p + "attention.temperature_scale: attention temperature tuning is not supported");
     m.kv_lora_rank = mla_key(f, p + "attention.kv_lora_rank", 1 << 16);
     m.q_lora_rank = int64_t(gguf_get_uint_or(f, p + "attention.q_lora_rank", 0));  // 0 or absent: plain wq
     if (m.q_lora_rank > (1 << 20))
