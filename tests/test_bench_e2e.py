@@ -242,3 +242,14 @@ def test_llama_cpp_loop_matches_llama_eval(real_model):
         ids = [int(np.argmax(logits))]
         want.append(ids[0])
     assert got == want
+
+
+def test_synthetic_moe_models_resolve_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KTD_CACHE", str(tmp_path))
+    m = {b.name: b for b in e2e.MODELS}["synthetic-qwen3moe-bench"]
+    with pytest.raises(FileNotFoundError, match=r"tests\.models\.synthetic_moe --preset bench --arch qwen3moe"):
+        m.resolve()
+    path = tmp_path / "synthetic" / "qwen3moe-bench-q4_k_m-s0.gguf"
+    path.parent.mkdir()
+    path.write_bytes(b"GGUF")
+    assert m.resolve() == path

@@ -13,6 +13,7 @@ Bounds (measured on these files, seed 0, 2 threads; margins stated next to each)
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import numpy as np
@@ -26,14 +27,16 @@ from reference import numpy_moe as R
 
 ARCHS = ["qwen2moe", "qwen3moe", "llama"]
 N_TOKENS = 24
-# max |ktd - numpy| / max(1, max |numpy|) over all logits.
-TOL_F32 = 5e-3
-# Q8_0: median over positions of max |Δlogit| (logits have std ~4), and top-1 agreement.
+# max |ktd - numpy| / max(1, max |numpy|) over all logits; measured 1.7-4.3e-4.
+TOL_F32 = 2e-3
+# Q8_0: median over positions of max |Δlogit| (logits have std ~4), and top-1 agreement; measured
+# against the reference 0.11-0.22 and >= 0.94, against llama.cpp 0.10-0.11 and >= 0.96.
 Q8_MEDIAN_ABS = 0.5
 Q8_TOP1 = 0.85
-# The operator alone (one layer, fresh inputs): F32 exact weights and activations, float32 sums.
-TOL_OP_F32 = 1e-4
-# Q8_0 activations: relative rounding ~1/127 per element of xn and of the hidden rows.
+# The operator alone (one layer, fresh inputs), relative to max |y|: F32 exact weights and
+# activations, float32 sums (measured 1-4e-7); Q8_0 activations, relative rounding ~1/127 per
+# element of xn and of the hidden rows (measured 1.0-1.6e-2).
+TOL_OP_F32 = 1e-5
 TOL_OP_Q8 = 3e-2
 
 
@@ -46,6 +49,26 @@ def tiny(tmp_path_factory):
         if (arch, wtype) not in cache:
             cache[arch, wtype] = S.make_model(arch, root / f"{arch}-{wtype}.gguf", wtype=wtype)
         return cache[arch, wtype]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def tiny_k(tmp_path_factory):
+    """Tiny models widened to 256 (one K-quant block per row) and quantized to Q4_K_M by llama.cpp,
+    which mixes Q4_K, Q5_K, Q6_K, Q8_0 and F16 tensors: the experts' gate/up and down (and the
+    shared expert) then use different activation formats."""
+    pytest.importorskip("llama_cpp", reason="Q4_K_M needs llama.cpp's quantizer (tools/oracle.sh installs it)")
+    root = tmp_path_factory.mktemp("moe_k")
+    cache: dict = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            cfg = dataclasses.replace(S.config(arch), n_embd=256, n_head=4, n_embd_head=64, n_ff=256,
+                                      n_ff_exp=256 if arch != "llama" else 0,
+                                      n_ff_shexp=256 if arch == "qwen2moe" else 0)
+            cache[arch] = S.make_model(arch, root / f"{arch}-q4_k_m.gguf", wtype="Q4_K_M", cfg=cfg)
+        return cache[arch]
 
     return get
 
@@ -116,8 +139,8 @@ def _llama(path, n_ctx):
 
 
 # llama.cpp with its default F16 KV cache, ktd with its F16 cache; measured on 48 tokens:
-# F32 max |Δlogit| <= LLAMA_F32_MAX_ABS with top-1 1.0; Q8_0 as in the module docstring.
-LLAMA_F32_MAX_ABS = 0.05
+# F32 max |Δlogit| 2.8-3.3e-3 with top-1 1.0; Q8_0 as above.
+LLAMA_F32_MAX_ABS = 0.01
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -136,6 +159,25 @@ def test_logits_match_llama_cpp(tiny, arch, wtype):
         assert err.max() <= LLAMA_F32_MAX_ABS and top1 == 1.0, stats
     else:
         assert np.median(err) <= Q8_MEDIAN_ABS and top1 >= Q8_TOP1, stats
+
+
+def test_routing_keys_as_llama_cpp_reads_them(tiny, tmp_path):
+    """On qwen3moe llama.cpp applies expert_group_count/expert_group_used_count but ignores
+    expert_weights_scale, expert_gating_func and expert_weights_norm (hard-coded softmax,
+    renormalised): ktd and the numpy reference must do the same."""
+    src = tiny("qwen3moe")
+    p = _rewrite(src, tmp_path / "keys.gguf", keys={
+        "qwen3moe.expert_group_count": (4, U32), "qwen3moe.expert_group_used_count": (2, U32),
+        "qwen3moe.expert_weights_scale": (3.0, GGUFValueType.FLOAT32), "qwen3moe.expert_gating_func": (2, U32),
+        "qwen3moe.expert_weights_norm": (False, GGUFValueType.BOOL)})
+    toks = _tokens(320, n=16, seed=11)
+    llm = _llama(p, 32)
+    llm.eval(toks)
+    want = np.array(llm.scores[:len(toks)], dtype=np.float64)
+    got = _prefill(_open(p), toks)
+    assert np.abs(got - _prefill(_open(src), toks)).max() > 1.0, "the groups must change the routing"
+    assert np.abs(got - want).max() <= LLAMA_F32_MAX_ABS
+    assert _rel_err(got, R.forward(p, toks)) < TOL_F32
 
 
 # ---- consistency --------------------------------------------------------------------------------
@@ -240,6 +282,34 @@ def test_moe_operator_matches_loop_over_experts(tiny, reference, arch, wtype, n)
     assert counts.shape == (2, n_expert) and counts.dtype == np.uint64
     np.testing.assert_array_equal(counts[1], np.bincount(ids.ravel(), minlength=n_expert))
     assert counts[0].sum() == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n", [1, 64])
+def test_moe_operator_k_quants(tiny_k, reference, arch, n):
+    """Q8_K activations (measured rel err 1.3-2.1e-2)."""
+    path = tiny_k(arch)
+    m = reference(path)
+    x = _inputs(m, n, seed=n)
+    want, ids = _layer_moe(m, 1, x)
+    assert len(np.unique(ids)) < m.w["blk.1.ffn_gate_inp.weight"].shape[0]
+    err = _rel_err(_open(path, threads=3).context._moe_ffn(1, x), want)
+    assert err < TOL_OP_Q8, f"rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_k_quants_match_llama_cpp(tiny_k, arch):
+    """Measured on 32 tokens: median max|Δlogit| 0.17-0.18, top-1 >= 0.94."""
+    path = tiny_k(arch)
+    toks = _tokens(320, n=32, seed=11)
+    llm = _llama(path, 64)
+    llm.eval(toks)
+    want = np.array(llm.scores[:len(toks)], dtype=np.float64)
+    got = _prefill(_open(path), toks)
+    err = np.abs(got - want).max(axis=-1)
+    top1 = float((got.argmax(-1) == want.argmax(-1)).mean())
+    stats = f"max {err.max():.3g} median {np.median(err):.3g} top1 {top1:.3f}"
+    assert np.median(err) <= Q8_MEDIAN_ABS and top1 >= Q8_TOP1, stats
 
 
 def test_moe_operator_rejects_bad_calls(tiny):
@@ -502,3 +572,26 @@ def test_mixtral_expert_width_is_feed_forward_length(tiny):
     """Mixtral files give no expert_feed_forward_length: the stacks are [n_embd, n_ff, n_expert]."""
     m = _load(tiny("llama"))
     assert (m.arch, m.n_expert, m.n_expert_used, m.n_ff) == ("llama", 8, 2, 48)
+
+
+# ---- the benchmark-sized file -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_bench_file_matches_llama_cpp():
+    """The Qwen3-30B-A3B-shaped Q4_K_M file (128 experts top-8, 12 layers; ~5 GB, ~12 GB of RAM
+    with both engines): measured on 24 tokens top-1 1.0, relative L2 error of the logits 0.049 (mean
+    |Δ| 0.15 on logits of std 4; both engines round activations to Q8_K, differently)."""
+    path = S.default_path("qwen3moe", "bench", "Q4_K_M")
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (python -m tests.models.synthetic_moe --preset bench --arch qwen3moe)")
+    toks = (np.arange(24) * 7919 % 150000 + 3).tolist()
+    e = _open(path, n_ctx=64)
+    got = _prefill(e, toks)
+    assert (e.expert_counts().sum(axis=1) == 24 * 8).all()
+    del e
+    llm = _llama(path, 64)
+    llm.eval(toks)
+    want = np.array(llm.scores[:len(toks)], dtype=np.float64)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    top1 = float((got.argmax(-1) == want.argmax(-1)).mean())
+    assert rel < 0.1 and top1 >= 0.9, f"rel L2 {rel:.3g} top1 {top1:.3f}"

@@ -203,8 +203,11 @@ def layer_routing(m: Model, il: int) -> Routing:
                        exp_probs_b=m.w.get(f"blk.{il}.exp_probs_b.bias"),
                        n_group=int(m._get("expert_group_count", 0)), topk_group=int(m._get("expert_group_used_count", 0)))
     # Mixtral and Qwen3-MoE renormalise the top-k (norm_topk_prob=True); Qwen2-MoE does not.
+    # llama.cpp (the pinned oracle) ignores expert_weights_scale for these architectures (it reads
+    # the key only for the DeepSeek family), but applies expert_group_count to any of them
+    # (test_moe_forward.test_routing_keys_as_llama_cpp_reads_them).
     return Routing(n_expert_used=int(m.hp("expert_used_count")), norm_topk=arch in ("llama", "qwen3moe"),
-                   scale=scale if arch != "qwen2moe" else 1.0)
+                   n_group=int(m._get("expert_group_count", 0)), topk_group=int(m._get("expert_group_used_count", 0)))
 
 
 def _attention_gqa(m: Model, il: int, x: np.ndarray, pos: np.ndarray) -> np.ndarray:

@@ -75,9 +75,27 @@ def _known_model(name: str) -> Callable[[], Path]:
     return resolve
 
 
+def _synthetic_moe(arch: str, variant: str | None = None) -> Callable[[], Path]:
+    """A synthetic MoE benchmark file (tests/models/synthetic_moe.py, bench preset, Q4_K_M) from
+    ${KTD_CACHE:-~/.cache/ktd}/synthetic. Writing one takes many minutes and several GB, so an
+    absent file is reported unavailable with the command that writes it, not generated here."""
+    def resolve() -> Path:
+        v = f"-{variant}" if variant else ""
+        cache = Path(os.environ.get("KTD_CACHE") or Path.home() / ".cache" / "ktd")
+        path = cache / "synthetic" / f"{arch}{v}-bench-q4_k_m-s0.gguf"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is absent; write it with `python -m tests.models.synthetic_moe "
+                                    f"--preset bench --arch {arch}` (many minutes, several GB)")
+        return path
+    return resolve
+
+
 MODELS: list[BenchModel] = [
     BenchModel("qwen2.5-coder-0.5b", _known_model("qwen2.5-coder-0.5b")),
     BenchModel("qwen2.5-coder-1.5b", _known_model("qwen2.5-coder-1.5b")),
+    # Shaped like Qwen3-30B-A3B (12 of 48 layers) and DeepSeek-V2-Lite (10 of 27 layers).
+    BenchModel("synthetic-qwen3moe-bench", _synthetic_moe("qwen3moe")),
+    BenchModel("synthetic-deepseek2-v2-bench", _synthetic_moe("deepseek2", "v2")),
 ]
 
 

@@ -64,24 +64,26 @@ void llama_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, in
     llama_ffn(ctx, w, il, n);
 }
 
-// llama.cpp's converter permutes llama's q/k rows for the adjacent-pair rotation; qwen2/qwen3
-// keep the half-split (NeoX) layout.
+// qwen2/qwen3 (and their MoE variants) keep the half-split (NeoX) rotary layout; llama uses
+// adjacent pairs (tune_llama).
 void tune_neox_rope(HParams &hp, const GGUFFile &) { hp.rope.type = hp.rope_swa.type = RopeType::Neox; }
 
-// The routing llama.cpp hard-codes per architecture (build_moe_ffn's norm_w and gating arguments),
-// whatever the file says.
+// The routing llama.cpp hard-codes for these architectures (build_moe_ffn's gating and norm_w
+// arguments), whatever the file says; it does not read expert_weights_scale for them either, but
+// it does apply expert_group_count (checked against llama.cpp in tests/test_moe_forward.py).
 void set_softmax_routing(HParams &hp, bool weights_norm) {
     hp.moe.gating = ExpertGating::Softmax;
     hp.moe.weights_norm = weights_norm;
-    hp.moe.n_group = hp.moe.n_group_used = 0;
+    hp.moe.weights_scale = 1.0f;
 }
 
 void require_experts(const HParams &hp) {
     if (hp.moe.n_expert == 0) throw GGUFError(hp.arch + " requires metadata key " + hp.arch + ".expert_count > 0");
 }
 
-// llama; with llama.expert_count Mixtral: every layer routed, experts as wide as feed_forward_length
-// unless the file says otherwise, renormalised softmax top-k.
+// llama: llama.cpp's converter permutes q/k rows for the adjacent-pair rotation. With
+// llama.expert_count, Mixtral: every layer routed, experts as wide as feed_forward_length unless the
+// file says otherwise, renormalised softmax top-k.
 void tune_llama(HParams &hp, const GGUFFile &f) {
     hp.rope.type = hp.rope_swa.type = RopeType::Norm;
     if (hp.moe.n_expert == 0) return;
