@@ -117,6 +117,8 @@ void bind_model(py::module_ &m) {
         .def_property_readonly("n_ctx", [](PyContext &c) { return c.ctx->n_ctx(); })
         .def_property_readonly("n_seq_max", [](PyContext &c) { return c.ctx->n_seq_max(); })
         .def_property_readonly("n_batch", [](PyContext &c) { return c.ctx->n_batch(); })
+        .def_property_readonly("kv_bytes_per_token", [](PyContext &c) { return c.ctx->kv_bytes_per_token(); },
+                               "KV cache bytes one token takes over all layers (MLA: latent + rope key)")
         .def(
             "forward",
             [](PyContext &c, py::handle tokens, py::handle positions, py::handle seq_ids, py::handle want) {

@@ -35,4 +35,20 @@ constexpr int kAttnTile = 64;
 void attend_one(const float *q, const uint16_t *k, size_t k_stride, const uint16_t *v, size_t v_stride,
                 int64_t lo, int64_t hi, int64_t head_dim_k, int64_t head_dim_v, float *out, float *scores);
 
+// n_q query heads that share one cached K/V sequence (a GQA group; MLA: all heads and the latent)
+// over keys [k0, k1): each tile of keys is converted from F16 once and used by every head. Leaves
+// the unnormalized softmax state per head so that the states of several key ranges merge
+// (attend_merge): m[g] the max score, l[g] = Σ exp(s - m), o_g [head_dim_v] = Σ exp(s - m)·v
+// (all heads: m = -inf, l = 0, o = 0 for an empty range).
+//   q_g = q + g·q_stride [head_dim_k] (already scaled), k/v as in attend_one (v == k with the same
+//   stride: the values are the first head_dim_v entries of each key row), o_g = o + g·o_stride,
+//   tmp: attend_group_tmp_floats(...) floats of scratch.
+size_t attend_group_tmp_floats(int n_q, int64_t head_dim_k, int64_t head_dim_v);
+void attend_group(const float *q, size_t q_stride, int n_q, const uint16_t *k, size_t k_stride, const uint16_t *v,
+                  size_t v_stride, int64_t k0, int64_t k1, int64_t head_dim_k, int64_t head_dim_v, float *m, float *l,
+                  float *o, size_t o_stride, float *tmp);
+// Softmax-weighted output of one head from its states of n key ranges, range c at m[c·stride],
+// l[c·stride], o + c·stride: out [head_dim_v] = Σ_c exp(m_c - M)·o_c / Σ_c exp(m_c - M)·l_c, M = max m_c.
+void attend_merge(int n, const float *m, const float *l, const float *o, size_t stride, int64_t head_dim_v, float *out);
+
 }  // namespace ktd

@@ -42,10 +42,15 @@ struct MoeParams {
 };
 
 // Multi-head latent attention (deepseek2). kv_lora_rank == 0: not MLA.
+// The attention is computed in the absorbed form: the cache holds per token the normed latent
+// c [kv_lora_rank] and the roped key k_pe [qk_rope_head_dim] shared by all heads, and head h scores
+// (W_kb_h · q_nope_h)·c + q_pe_h·k_pe, so MLA is multi-query attention with head_dim_k =
+// kv_lora_rank + qk_rope, head_dim_v = kv_lora_rank and n_head_kv = 1.
 struct MlaParams {
     int64_t q_lora_rank = 0;               // 0: a plain wq (DeepSeek-V2-Lite)
     int64_t kv_lora_rank = 0;              // width of the cached latent
     int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+    int64_t n_embd_head_k() const { return qk_nope_head_dim + qk_rope_head_dim; }  // decompressed q/k head
 };
 
 struct HParams {
@@ -72,6 +77,12 @@ struct HParams {
     int64_t n_embd_q() const { return int64_t(n_head) * head_dim_k; }
     int64_t n_embd_k_gqa() const { return int64_t(n_head_kv) * head_dim_k; }
     int64_t n_embd_v_gqa() const { return int64_t(n_head_kv) * head_dim_v; }
+    bool is_mla() const { return mla.kv_lora_rank > 0; }
+    // Per-token widths of the K and V caches. MLA caches one row [latent; rope key] of
+    // kv_lora_rank + qk_rope (= n_embd_k_gqa: one kv head of head_dim_k) and no V: the values are
+    // the latent itself.
+    int64_t n_embd_k_cache() const { return n_embd_k_gqa(); }
+    int64_t n_embd_v_cache() const { return is_mla() ? 0 : n_embd_v_gqa(); }
 };
 
 // Typed metadata helpers (GGUFError naming the key when absent or of another type).

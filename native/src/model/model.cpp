@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -14,7 +15,7 @@ namespace ktd {
 const std::vector<const ArchSpec *> &all_archs() {
     static const std::vector<const ArchSpec *> archs = {&kArchLlama,    &kArchQwen2,  &kArchQwen3,
                                                                 &kArchQwen2Moe, &kArchQwen3Moe, &kArchGemma3,
-                                                                &kArchBitnet};
+                                                                &kArchBitnet,   &kArchDeepseek2};
     return archs;
 }
 
@@ -50,6 +51,14 @@ int64_t dim_value(Dim d, const HParams &hp) {
         case Dim::Expert: return hp.moe.n_expert;
         case Dim::FFExp: return hp.moe.n_ff_exp;
         case Dim::FFShexp: return hp.moe.n_ff_shexp;
+        case Dim::Head: return hp.n_head;
+        case Dim::QLora: return hp.mla.q_lora_rank;
+        case Dim::KvLora: return hp.mla.kv_lora_rank;
+        case Dim::KvLoraRope: return hp.mla.kv_lora_rank + hp.mla.qk_rope_head_dim;
+        case Dim::HeadKNope: return hp.mla.qk_nope_head_dim;
+        case Dim::HeadVMla: return hp.mla.v_head_dim;
+        case Dim::EmbdQMla: return int64_t(hp.n_head) * hp.mla.n_embd_head_k();
+        case Dim::EmbdVMla: return int64_t(hp.n_head) * hp.mla.v_head_dim;
     }
     return 0;
 }
@@ -191,8 +200,8 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
     const size_t rows = size_t(n_seq_max) * size_t(n_ctx);
     for (int il = 0; il < hp.n_layer; ++il) {
         // Not value-initialized: pages are touched only as positions are written.
-        k_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_k_gqa())]);
-        v_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_v_gqa())]);
+        k_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_k_cache())]);
+        v_cache_.emplace_back(hp.n_embd_v_cache() > 0 ? new uint16_t[rows * size_t(hp.n_embd_v_cache())] : nullptr);
     }
     seq_len_.assign(size_t(n_seq_max), 0);
     next_pos_.assign(size_t(n_seq_max), -1);
@@ -210,6 +219,22 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
     s_.rope_cs.resize(nb * size_t(hp.rope.n_rot));
     s_.rope_cs_swa.resize(nb * size_t(hp.rope_swa.n_rot));
     s_.attn_tmp.resize(size_t(model.pool().size()) * kAttnTile);
+    if (hp.is_mla()) {
+        const MlaParams &mla = hp.mla;
+        s_.mla_q_a.resize(nb * size_t(mla.q_lora_rank));
+        s_.mla_q.resize(nb * size_t(hp.n_head) * size_t(mla.n_embd_head_k()));
+        s_.mla_heads.resize(nb * size_t(hp.n_head) * size_t(std::max(mla.qk_nope_head_dim, mla.v_head_dim)));
+        s_.mla_v.resize(nb * size_t(hp.n_head) * size_t(mla.v_head_dim));
+        s_.mm_thread.resize(size_t(model.pool().size()));
+        const int group = hp.n_head / hp.n_head_kv;
+        s_.attn_group_tmp.resize(size_t(model.pool().size()) *
+                                 (attend_group_tmp_floats(group, hp.head_dim_k, hp.head_dim_v) + 2 * size_t(group)));
+    }
+}
+
+int64_t Context::kv_bytes_per_token() const {
+    const HParams &hp = model_.hparams();
+    return int64_t(hp.n_layer) * (hp.n_embd_k_cache() + hp.n_embd_v_cache()) * int64_t(sizeof(uint16_t));
 }
 
 void Context::check_seq(int seq_id, const char *what) const {
@@ -241,8 +266,9 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
     }
     const HParams &hp = model_.hparams();
     for (int il = 0; il < hp.n_layer; ++il) {
-        for (auto [cache, dim] : {std::pair{k_cache_[size_t(il)].get(), hp.n_embd_k_gqa()},
-                                  std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_gqa()}}) {
+        for (auto [cache, dim] : {std::pair{k_cache_[size_t(il)].get(), hp.n_embd_k_cache()},
+                                  std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_cache()}}) {
+            if (dim == 0) continue;  // no V cache (MLA)
             const size_t row = size_t(dim);
             std::memcpy(cache + size_t(dst) * size_t(n_ctx_) * row, cache + size_t(src) * size_t(n_ctx_) * row,
                         size_t(n_tokens) * row * sizeof(uint16_t));
@@ -333,13 +359,21 @@ void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const
 
 void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
     const HParams &hp = model_.hparams();
-    const int64_t dk = hp.n_embd_k_gqa(), dv = hp.n_embd_v_gqa();
-    uint16_t *kc = k_cache_[size_t(il)].get(), *vc = v_cache_[size_t(il)].get();
+    const int64_t dk = hp.n_embd_k_cache(), dv_cache = hp.n_embd_v_cache();
+    uint16_t *kc = k_cache_[size_t(il)].get();
+    // Without a V cache the values are read from the K rows (MLA: the latent is both).
+    uint16_t *vc = dv_cache > 0 ? v_cache_[size_t(il)].get() : kc;
+    const int64_t dv = dv_cache > 0 ? dv_cache : dk;  // V row stride
     // Store this chunk's K/V as F16 at (seq, pos).
     for (int64_t i = 0; i < n; ++i) {
         const size_t slot = size_t(seq_ids[i]) * size_t(n_ctx_) + size_t(positions[i]);
         for (int64_t d = 0; d < dk; ++d) kc[slot * size_t(dk) + size_t(d)] = fp32_to_fp16(s_.k[size_t(i * dk + d)]);
-        for (int64_t d = 0; d < dv; ++d) vc[slot * size_t(dv) + size_t(d)] = fp32_to_fp16(s_.v[size_t(i * dv + d)]);
+        for (int64_t d = 0; d < dv_cache; ++d)
+            vc[slot * size_t(dv) + size_t(d)] = fp32_to_fp16(s_.v[size_t(i * dv_cache + d)]);
+    }
+    if (hp.is_mla()) {
+        attention_grouped(il, positions, seq_ids, n, kc, dk, vc, dv);
+        return;
     }
     // Every (row, head) pair is independent: attend over [lo, pos] of the row's sequence.
     const int group = hp.n_head / hp.n_head_kv;
@@ -356,6 +390,84 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
             attend_one(s_.q.data() + i * hp.n_embd_q() + h * hd_k, kc + base * size_t(dk) + size_t(hkv * hd_k),
                        size_t(dk), vc + base * size_t(dv) + size_t(hkv * hd_v), size_t(dv), lo, pos + 1, hd_k, hd_v,
                        s_.attn.data() + i * int64_t(hp.n_head) * hd_v + h * hd_v, scores);
+        }
+    });
+}
+
+// The query heads of a kv head read the same cached rows, so they are computed together: each key
+// tile is converted from F16 once for all of them (MLA: 16-128 heads on one latent row). Work
+// items are (row, kv head, key range); a row's keys are split into several ranges only when the
+// rows alone cannot keep the workers busy (decode over a long context), and the ranges' partial
+// softmax states are merged afterwards. Items are taken dynamically (their sizes differ by row).
+void Context::attention_grouped(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n,
+                                const uint16_t *kc, int64_t dk, const uint16_t *vc, int64_t dv) {
+    const HParams &hp = model_.hparams();
+    ThreadPool &pool = model_.pool();
+    const int group = hp.n_head / hp.n_head_kv;
+    const int64_t hd_k = hp.head_dim_k, hd_v = hp.head_dim_v;
+    const bool swa = hp.layer_swa[size_t(il)];
+    auto key_lo = [&](int64_t pos) { return swa ? std::max<int64_t>(0, pos - hp.n_swa + 1) : int64_t(0); };
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; ++i) total += positions[i] + 1 - key_lo(positions[i]);
+    total *= hp.n_head_kv;
+    const int64_t target = 4 * int64_t(pool.size());  // items per worker, for balance
+    int64_t chunk = std::max<int64_t>(kAttnTile, (total + target - 1) / target);
+    chunk = (chunk + kAttnTile - 1) / kAttnTile * kAttnTile;
+    std::vector<ForwardScratch::AttnItem> &items = s_.attn_items;
+    std::vector<ForwardScratch::AttnSplit> &splits = s_.attn_splits;
+    items.clear();
+    splits.clear();
+    int64_t n_part = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t lo = key_lo(positions[i]), hi = int64_t(positions[i]) + 1;
+        const int64_t n_chunks = (hi - lo + chunk - 1) / chunk;
+        for (int hkv = 0; hkv < hp.n_head_kv; ++hkv) {
+            if (n_chunks <= 1) {
+                items.push_back({i, lo, hi, -1, hkv});
+                continue;
+            }
+            splits.push_back({i, n_part, n_chunks, hkv});
+            for (int64_t c = 0; c < n_chunks; ++c)
+                items.push_back({i, lo + c * chunk, std::min(hi, lo + (c + 1) * chunk), n_part++, hkv});
+        }
+    }
+    const size_t part_stride = size_t(group) * size_t(2 + hd_v);  // m [group], l [group], o [group][hd_v]
+    if (s_.attn_part.size() < size_t(n_part) * part_stride) s_.attn_part.resize(size_t(n_part) * part_stride);
+    const size_t tmp_floats = attend_group_tmp_floats(group, hd_k, hd_v) + 2 * size_t(group);
+    const int64_t n_embd_attn = int64_t(hp.n_head) * hd_v;
+    std::atomic<size_t> next{0};
+    pool.run([&](int tid, int) {
+        float *tmp = s_.attn_group_tmp.data() + size_t(tid) * tmp_floats;
+        float *m = tmp + (tmp_floats - 2 * size_t(group)), *l = m + group;
+        for (size_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < items.size();) {
+            const ForwardScratch::AttnItem &it = items[j];
+            const size_t base = size_t(seq_ids[it.row]) * size_t(n_ctx_);
+            const float *q = s_.q.data() + it.row * hp.n_embd_q() + int64_t(it.hkv) * group * hd_k;
+            const uint16_t *k = kc + base * size_t(dk) + size_t(it.hkv * hd_k);
+            const uint16_t *v = vc + base * size_t(dv) + size_t(it.hkv * hd_v);
+            if (it.part >= 0) {
+                float *p = s_.attn_part.data() + size_t(it.part) * part_stride;
+                attend_group(q, size_t(hd_k), group, k, size_t(dk), v, size_t(dv), it.k0, it.k1, hd_k, hd_v, p,
+                             p + group, p + 2 * group, size_t(hd_v), tmp);
+                continue;
+            }
+            float *o = s_.attn.data() + it.row * n_embd_attn + int64_t(it.hkv) * group * hd_v;
+            attend_group(q, size_t(hd_k), group, k, size_t(dk), v, size_t(dv), it.k0, it.k1, hd_k, hd_v, m, l, o,
+                         size_t(hd_v), tmp);
+            for (int g = 0; g < group; ++g) {
+                const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+                for (int64_t d = 0; d < hd_v; ++d) o[g * hd_v + d] *= inv;
+            }
+        }
+    });
+    if (splits.empty()) return;
+    pool.parallel_for(splits.size() * size_t(group), [&](size_t begin, size_t end, int) {
+        for (size_t job = begin; job < end; ++job) {
+            const ForwardScratch::AttnSplit &sp = splits[job / size_t(group)];
+            const int g = int(job % size_t(group));
+            const float *p = s_.attn_part.data() + size_t(sp.first_part) * part_stride;
+            attend_merge(int(sp.n_parts), p + g, p + group + g, p + 2 * group + g * hd_v, part_stride, hd_v,
+                         s_.attn.data() + sp.row * n_embd_attn + (int64_t(sp.hkv) * group + g) * hd_v);
         }
     });
 }

@@ -61,6 +61,14 @@ struct LayerWeights {
     Matrix ffn_gate_shexp, ffn_up_shexp;     // shared expert(s) [n_ff_shexp][n_embd], optional
     Matrix ffn_down_shexp;                   // [n_embd][n_ff_shexp]
     std::vector<float> ffn_gate_inp_shexp;   // [n_embd] sigmoid gate of the shared expert (qwen2moe)
+    // Multi-head latent attention (deepseek2; see MlaParams). q from a plain wq [n_head·(nope+rope)][n_embd]
+    // or through the q LoRA: wq_b [n_head·(nope+rope)][q_lora] · rms(wq_a [q_lora][n_embd] · x).
+    Matrix wq_a, wq_b;
+    std::vector<float> attn_q_a_norm;        // [q_lora_rank]
+    Matrix wkv_a_mqa;                        // [kv_lora_rank + qk_rope][n_embd]: the latent and the shared rope key
+    std::vector<float> attn_kv_a_norm;       // [kv_lora_rank]
+    MatrixStack wk_b;                        // [n_head] × [kv_lora_rank][qk_nope]: absorbs q_nope into the latent
+    MatrixStack wv_b;                        // [n_head] × [v_head_dim][kv_lora_rank]: latent output -> v
     // Scalar multipliers of a ternary weight (bitnet "*.scale" tensors), 1 when absent.
     float wq_scale = 1, wk_scale = 1, wv_scale = 1, wo_scale = 1, gate_scale = 1, up_scale = 1, down_scale = 1;
 };
@@ -123,6 +131,26 @@ struct ForwardScratch {
     std::vector<float> attn_tmp;               // [n_threads][kAttnTile]
     MatmulScratch mm;
     MoeScratch moe;                            // routed experts (moe_ffn)
+    // deepseek2 (MLA) only: q LoRA [n_batch][q_lora_rank], decompressed q [n_batch][n_head·(nope+rope)],
+    // a head-major [n_head][n_batch][max(nope, v_head_dim)] buffer for the per-head matmuls, the
+    // decompressed attention output [n_batch][n_head·v_head_dim], one matmul scratch per thread.
+    std::vector<float> mla_q_a, mla_q, mla_heads, mla_v;
+    std::vector<MatmulScratch> mm_thread;
+    // Grouped attention (all query heads of a kv head at once; used for MLA): work items (a row's
+    // kv head over a key range), the rows split over several ranges, their partial softmax states,
+    // per-thread tiles and states.
+    struct AttnItem {
+        int64_t row, k0, k1, part;  // part: slot in attn_part, -1: the range is the whole row
+        int hkv;
+    };
+    struct AttnSplit {
+        int64_t row, first_part, n_parts;
+        int hkv;
+    };
+    std::vector<AttnItem> attn_items;
+    std::vector<AttnSplit> attn_splits;
+    std::vector<float> attn_part;       // [n_part][group·(2 + head_dim_v)]: m, l, o per head
+    std::vector<float> attn_group_tmp;  // [n_threads][attend_group_tmp_floats + 2·group]
 };
 
 class Context {
@@ -144,6 +172,8 @@ public:
     int64_t n_ctx() const { return n_ctx_; }
     int n_seq_max() const { return n_seq_max_; }
     int64_t n_batch() const { return n_batch_; }
+    // Bytes of KV cache one token takes over all layers (MLA: the latent and the rope key only).
+    int64_t kv_bytes_per_token() const;
 
     // Expert statistics: tokens routed to each expert, [n_layer][n_expert] row-major, counted by
     // moe_ffn since creation or the last reset (dense layers stay 0; empty for a dense model).
@@ -157,12 +187,15 @@ public:
     ForwardScratch &scratch() { return s_; }
     // y [n][rows] = m · x [n][k] (+ bias [rows] on every row when given).
     void linear(const Matrix &m, const float *x, int64_t n, float *y, const std::vector<float> *bias = nullptr);
-    // Writes rows' K/V [n][n_embd_k_gqa]/[n][n_embd_v_gqa] into layer il's cache and computes
-    // attn [n][n_head·hd_v] from q [n][n_embd_q] (already scaled, roped).
+    // Writes rows' K/V [n][n_embd_k_cache]/[n][n_embd_v_cache] into layer il's cache and computes
+    // attn [n][n_head·hd_v] from q [n][n_embd_q] (already scaled, roped). Without a V cache (MLA)
+    // the values are the first hd_v entries of each cached K row (the latent).
     void attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n);
 
 private:
     void forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits);
+    void attention_grouped(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n, const uint16_t *kc,
+                           int64_t dk, const uint16_t *vc, int64_t dv);
     void check_seq(int seq_id, const char *what) const;
 
     const Model &model_;
@@ -179,7 +212,10 @@ private:
 // Architecture facts: the tensor table and the per-layer forward.
 enum class Placement { Input, Repeating, Output };
 enum class Dim { One, Embd, EmbdQ, EmbdKGqa, EmbdVGqa, EmbdAttnOut, FF, Vocab, HeadK, RotHalf,
-                 Expert, FFExp, FFShexp };
+                 Expert, FFExp, FFShexp,
+                 // MLA (deepseek2): n_head, q_lora_rank, kv_lora_rank, kv_lora_rank + qk_rope,
+                 // qk_nope, v_head_dim, n_head·(qk_nope + qk_rope), n_head·v_head_dim
+                 Head, QLora, KvLora, KvLoraRope, HeadKNope, HeadVMla, EmbdQMla, EmbdVMla };
 // Which layers a per-layer tensor belongs to. Dense: layers with a dense FFN (every layer of a model
 // without experts; deepseek2's leading layers); Moe: the layers with routed experts. A tensor
 // outside its layers must be absent.
@@ -254,6 +290,7 @@ constexpr bool kRequired = true, kOptional = false;
 const ArchSpec *find_arch(const std::string &name);
 const std::vector<const ArchSpec *> &all_archs();
 // Defined by the architecture files.
-extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen3, kArchQwen2Moe, kArchQwen3Moe, kArchGemma3, kArchBitnet;
+extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen3, kArchQwen2Moe, kArchQwen3Moe, kArchGemma3, kArchBitnet,
+    kArchDeepseek2;
 
 }  // namespace ktd
