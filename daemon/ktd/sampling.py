@@ -138,26 +138,30 @@ def _nucleus_candidates(w: np.ndarray, top_p: float, total: float) -> np.ndarray
     token of the (decreasing weight, then id) order up to where the mass reaches
     ``top_p * total`` (``total`` = the sum of ``w``).
 
-    Any set {w >= tau} whose mass reaches the target holds it. Two guesses at tau: the
-    ``_NUCLEUS_PROBE``-th largest weight (a peaked distribution: a few tokens hold the mass),
-    then a threshold from a strided sample whose estimated mass passes the target with a margin
-    (a flat distribution: thousands of tokens). A wrong guess costs one pass; if both are
-    short, every positive weight is a candidate (exact, slower).
+    Any set {w >= tau} whose mass reaches the target holds it; each guess at tau costs one
+    checked pass. A sorted strided sample gives the guesses. If the sample carries its share of
+    the mass, the distribution is flat (thousands of plausible tokens) and the sample's own
+    estimate of the nucleus is used, with a margin, then a 4x wider one. Otherwise a few
+    tokens the sample missed hold the mass (peaked): first about the ``_NUCLEUS_PROBE`` most
+    likely tokens. If every guess falls short, all positive weights are candidates (exact,
+    slower).
     """
     n = w.shape[0]
     target = top_p * total
     if n > 4 * _NUCLEUS_PROBE:
-        top = top_k_indices(w, _NUCLEUS_PROBE)
-        if float(w[top].sum(dtype=np.float64)) >= target:
-            return top
         sample = np.sort(w[::_TOPK_STRIDE])[::-1]
+        m = sample.shape[0]
         cum = np.cumsum(sample, dtype=np.float64)
-        # aim halfway between top_p and all of the mass, then a quarter more ranks
-        j = int(np.searchsorted(cum, (0.5 + 0.5 * top_p) * float(cum[-1]), side="left"))
-        j = min(sample.shape[0] - 1, j + j // 4 + 4)
-        cand = np.flatnonzero(w >= sample[j])
-        if float(w[cand].sum(dtype=np.float64)) >= target:
-            return cand
+        # the sample's estimate of where the mass reaches a bit more than top_p, plus 25 % ranks
+        j = int(np.searchsorted(cum, (top_p + 0.25 * (1.0 - top_p)) * float(cum[-1]), side="left"))
+        j_mass = min(m - 1, j + j // 4 + 4)
+        guesses = [j_mass, min(m - 1, 4 * j_mass)]
+        if float(cum[-1]) * n / m < 0.5 * total:  # peaked
+            guesses.insert(0, min(m - 1, _NUCLEUS_PROBE * m // n))
+        for j in guesses:
+            cand = np.flatnonzero(w >= sample[j])
+            if float(w[cand].sum(dtype=np.float64)) >= target:
+                return cand
     return np.flatnonzero(w)
 
 
