@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -107,6 +108,20 @@ def native_rows(engine: Any, n_rows: int, n_steps: int) -> float:
     return n_rows * n_steps / spent
 
 
+def _thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of every thread of process ``pid``, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # the thread ended
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
 class DaemonRun:
     """``python -m ktd serve`` on a private socket, for the duration of the benchmark."""
 
@@ -155,13 +170,28 @@ class DaemonRun:
 
     def bench(self, streams: int, n_tokens: int) -> dict[str, Any]:
         before = self.metrics()
+        cpu_before = _thread_cpu(self.pid)
+        client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = subprocess.run([sys.executable, "-m", "ktd.ctl", "-s", self.socket, "bench", "-c", str(streams),
                             "-r", "1", "-n", str(n_tokens), "--json"],
                            capture_output=True, text=True, check=False)
         if r.returncode != 0:
             raise SystemExit(f"ktctl bench failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
+        client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_after = _thread_cpu(self.pid)
         result = json.loads(r.stdout)
         after = self.metrics()
+        # CPU time per generated token (ms): the event loop (the main thread), the whole daemon
+        # (compute threads included), and the ktctl client process. On a machine whose cores are
+        # all compute threads, loop and client time is taken from the forward.
+        n = max(1, result["generated_tokens"])
+        loop = cpu_after.get(self.pid, 0.0) - cpu_before.get(self.pid, 0.0)
+        total = sum(v - cpu_before.get(t, 0.0) for t, v in cpu_after.items())
+        client = (client_after.ru_utime + client_after.ru_stime
+                  - client_before.ru_utime - client_before.ru_stime)
+        result["cpu_ms_per_token"] = {"event_loop": round(loop / n * 1e3, 3),
+                                      "daemon": round(total / n * 1e3, 3),
+                                      "client": round(client / n * 1e3, 3)}
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in
                  ("ktd_steps_total", "ktd_forward_seconds_total", "ktd_sample_seconds_total",
                   "ktd_step_seconds_total")}
@@ -199,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from ktd.engine import Engine
 
+    # a stop (timeout, kill) still stops the daemon: SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     path = _model_path(args.model)
     engine = Engine.open(path, n_ctx=N_CTX, n_seq_max=max(streams), threads=args.threads)
     info = engine.info()
@@ -235,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "native_rows_per_s": {n: med(r["native_rows_per_s"][n] for r in reps) for n in streams},
         "native_gain": {n: med(r["native_gain"][n] for r in reps) for n in streams},
         "engine_ms_per_step": {n: reps[-1]["daemon"][n]["engine_ms_per_step"] for n in streams},
+        "cpu_ms_per_token": {n: reps[-1]["daemon"][n]["cpu_ms_per_token"] for n in streams},
     }
     out = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(["python -m ktd.bench.daemon", *(argv if argv is not None else sys.argv[1:])]),
@@ -247,11 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in-process decode          {summary['inproc_decode_tokens_per_s']:8.1f} tok/s")
     print(f"socket decode (1 stream)   {summary['socket_decode_ratio']:8.1%} of in-process   (goal >= 97%)")
     print(f"{'streams':>8} {'daemon tok/s':>13} {'gain':>7} {'native gain':>12} "
-          f"{'step ms':>8} {'forward':>8} {'sample':>8}")
+          f"{'step ms':>8} {'forward':>8} {'sample':>8}   cpu ms/token: {'loop':>6} {'client':>6}")
     for n in streams:
         e = summary["engine_ms_per_step"][n]
+        c = summary["cpu_ms_per_token"][n]
         print(f"{n:8d} {summary['daemon_tokens_per_s'][n]:13.1f} {summary['daemon_gain'][n]:6.2f}x "
-              f"{summary['native_gain'][n]:11.2f}x {e['step']:8.2f} {e['forward']:8.2f} {e['sample']:8.2f}")
+              f"{summary['native_gain'][n]:11.2f}x {e['step']:8.2f} {e['forward']:8.2f} {e['sample']:8.2f}"
+              f"                 {c['event_loop']:6.3f} {c['client']:6.3f}")
     print(f"(goal: gain >= 3x at 4 streams) -> {args.out}")
     return 0
 
