@@ -5,7 +5,8 @@ on the scheduler's engine thread, tokenization in the default executor. Lifecycl
 bind or inherit the socket → load the model (STATUS=/EXTEND_TIMEOUT_USEC= progress) → start the
 engine thread → accept → READY=1; SIGHUP reloads the live keys (RELOADING=1 … READY=1); SIGTERM
 sends STOPPING=1, stops accepting, lets running requests finish for ``drain_timeout_s``, cancels
-the rest, answers them, and exits 0.
+the rest, answers them, and exits 0. SIGTERM during the load sends STOPPING=1 and exits 0 at
+once, without waiting for the load; SIGHUP during the load is ignored.
 """
 
 from __future__ import annotations
