@@ -43,9 +43,13 @@ Deliver = Callable[[list[Event]], None]
 
 
 def deliver_here(events: list[Event]) -> None:
-    """The default ``deliver``: call every sink on the engine thread."""
+    """Call every sink here (the default ``deliver``: on the engine thread). A failing sink is
+    logged and does not keep the other jobs' events from being delivered."""
     for sink, kind, payload in events:
-        sink(kind, payload)
+        try:
+            sink(kind, payload)
+        except Exception:
+            log.exception("delivering a %r event failed", kind)
 _TPS_WINDOW_S = 10.0                # tokens/s is averaged over this window
 
 

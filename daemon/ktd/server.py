@@ -223,7 +223,7 @@ class Daemon:
         self.scheduler = Scheduler(self.engine,
                                    prefill_tokens_per_step=self.config.scheduler.prefill_tokens_per_step,
                                    max_queue=self.config.server.max_queue,
-                                   deliver=lambda events: loop.call_soon_threadsafe(deliver_here, events))
+                                   deliver=lambda events: self._deliver(loop, events))
         self.scheduler.start()
         server = await asyncio.start_unix_server(self._accept, sock=sock, limit=_READ_CHUNK)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload()))
@@ -306,6 +306,14 @@ class Daemon:
             raise StartupError(f"cannot load the model: {e}") from None
         log.info("model loaded: %s", engine.info().get("name", "?"))
         return engine
+
+    @staticmethod
+    def _deliver(loop: asyncio.AbstractEventLoop, events: list) -> None:
+        """The scheduler's hand-off (engine thread): one loop wakeup per step."""
+        try:
+            loop.call_soon_threadsafe(deliver_here, events)
+        except RuntimeError:  # the loop has closed: the daemon is exiting, nobody is waiting
+            pass
 
     def _report_progress(self, text: str) -> None:
         log.info("%s", text)
