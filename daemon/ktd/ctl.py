@@ -164,12 +164,12 @@ async def _bench(path: str, timeout: float, args) -> dict[str, Any]:
                             decode.append((n - 1) / (s.t_last - s.t_first))
                 bar.step()
 
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     await asyncio.gather(*(one_client() for _ in range(args.clients)))
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
     ms = lambda d: {k: round(v * 1e3, 1) for k, v in d.items()}  # noqa: E731
     return {"clients": args.clients, "requests": args.clients * args.requests, "completed": len(latency),
-            "errors": errors, "generated_tokens": tokens, "wall_s": round(wall, 3),
+            "errors": errors, "generated_tokens": tokens, "wall_s": round(wall, 3), "cpu_s": round(cpu, 4),
             "tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
             "ttft_ms": ms(_percentiles(ttft)), "latency_ms": ms(_percentiles(latency)),
             "decode_tokens_per_s": {k: round(v, 2) for k, v in _percentiles(decode).items()}}
