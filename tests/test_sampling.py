@@ -336,3 +336,16 @@ def test_nucleus_candidates_hold_the_nucleus(kind, top_p):
         cand = _nucleus_candidates(w, top_p, total)
         assert (np.diff(cand) > 0).all()
         assert set(order[:cut].tolist()) <= set(cand.tolist())
+
+
+def test_penalties_leave_the_callers_logits_unchanged():
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal(50000) * 3).astype(np.float32)
+    before = logits.copy()
+    history = [int(t) for t in rng.integers(0, 50000, 64)]
+    p = SamplingParams(seed=1, repeat_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.5)
+    in_place = Sampler(p).sample(logits, history)
+    assert np.array_equal(logits, before)
+    read_only = before.copy()
+    read_only.flags.writeable = False
+    assert Sampler(p).sample(read_only, history) == in_place  # the copying path agrees

@@ -66,20 +66,29 @@ class SamplingParams:
                 raise ValueError(f"{name} must be finite")
 
 
-def apply_penalties(logits: np.ndarray, window: Sequence[int], p: SamplingParams) -> np.ndarray:
-    """Return penalised logits (a copy when anything changes). ``window``: recent token ids."""
+def penalised_values(logits: np.ndarray, window: Sequence[int],
+                     p: SamplingParams) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids, new logits of those ids) for the tokens the penalties change, or None when no
+    penalty applies. ``window``: recent token ids (out-of-vocabulary ids are ignored)."""
     if not window or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
                       and p.frequency_penalty == 0.0):
-        return logits
+        return None
     ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
     ok = (ids >= 0) & (ids < logits.shape[0])
     ids, counts = ids[ok], counts[ok]
-    out = logits.copy()
-    v = out[ids]
+    v = logits[ids]
     if p.repeat_penalty != 1.0:
         v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
-    v = v - counts * p.frequency_penalty - p.presence_penalty
-    out[ids] = v
+    return ids, (v - counts * p.frequency_penalty - p.presence_penalty).astype(logits.dtype)
+
+
+def apply_penalties(logits: np.ndarray, window: Sequence[int], p: SamplingParams) -> np.ndarray:
+    """Return penalised logits (a copy when anything changes). ``window``: recent token ids."""
+    change = penalised_values(logits, window, p)
+    if change is None:
+        return logits
+    out = logits.copy()
+    out[change[0]] = change[1]
     return out
 
 
@@ -250,7 +259,23 @@ class Sampler:
         """One token id from float32 ``logits [n_vocab]``; ``history`` = prompt + output so far."""
         p = self.params
         window = history[-p.penalty_last_n:] if p.penalty_last_n > 0 else ()
-        x = apply_penalties(logits, window, p)
+        change = penalised_values(logits, window, p)
+        if change is None:
+            return self._sample(logits)
+        if not logits.flags.writeable:
+            return self._sample(apply_penalties(logits, window, p))
+        # penalise the few window entries in place and put them back after: no copy of the
+        # [n_vocab] row per token
+        ids, values = change
+        saved = logits[ids]
+        logits[ids] = values
+        try:
+            return self._sample(logits)
+        finally:
+            logits[ids] = saved
+
+    def _sample(self, x: np.ndarray) -> int:
+        p = self.params
         if p.temperature == 0.0:
             return int(np.argmax(x))
         idx, w = candidates(x, p)
