@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels synthetic-moe clean distclean wheel oracle
+.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels bench-daemon synthetic-moe clean distclean wheel oracle
 
 build: native
 
@@ -79,6 +79,13 @@ bench: build oracle
 
 bench-kernels: build
 	$(PY) -m ktd.bench.kernels
+
+# The daemon: decode through the socket vs in-process, aggregate tokens/s with 1/2/4/8 streams
+# (ktctl bench), native forward with n rows: bench/results/daemon.json.
+# Options: make bench-daemon BENCH_DAEMON_ARGS="--threads 4 --reps 5".
+BENCH_DAEMON_ARGS ?=
+bench-daemon: build
+	$(PY) -m ktd.bench.daemon $(BENCH_DAEMON_ARGS)
 
 # Benchmark-sized synthetic MoE models (DeepSeek-V2-Lite- and Qwen3-30B-A3B-shaped, Q4_K_M, a few GB
 # each) into $${KTD_CACHE:-~/.cache/ktd}/synthetic; needs llama-cpp-python for the quantizer.

@@ -205,3 +205,29 @@ def test_load_failure_is_one_line_and_releases_the_socket():
         assert not os.path.exists(d.socket)
     finally:
         d.close()
+
+
+def test_sigterm_during_model_load_stops_at_once_and_cleanly():
+    # a 600 s load (60 progress steps): the daemon must not wait for it
+    d = DaemonProcess(fake={"load_steps": 60, "load_delay_s": 600.0})
+    notify = NotifySocket(os.path.join(d.dir, "notify"))
+    d.env["NOTIFY_SOCKET"] = notify.path
+    try:
+        d.spawn()
+        notify.wait("STATUS", "loading: loading fake weights 1/60 (2%)")
+        assert wait_for(lambda: os.path.exists(d.socket), 10)
+        # a reload request while loading is logged and ignored (SIGHUP's default would kill)
+        d.proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: "reload ignored: the model is loading" in d.log(), 20), d.log()
+        assert d.proc.poll() is None
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(60) == 0  # systemd counts exit 0 after a stop request as clean
+        notify.wait("STOPPING", "1")
+        assert notify.index("READY", "1") < 0
+        log = d.log()
+        assert "stopping: a stop was requested while the model was loading" in log
+        assert "Traceback" not in log
+        assert not os.path.exists(d.socket)  # a self-bound socket is removed
+    finally:
+        notify.close()
+        d.close()

@@ -65,3 +65,6 @@ def test_bench_reports_aggregates(daemon):
     out = json.loads(r.stdout)
     assert out["completed"] == 6 and out["generated_tokens"] == 48 and out["errors"] == {}
     assert out["latency_ms"]["p50"] > 0 and set(out["ttft_ms"]) == {"p50", "p90", "p99"}
+    # per-stream decode rate as the client sees it (tokens after the first / their time)
+    assert set(out["decode_tokens_per_s"]) == {"p50", "p90", "p99"} and out["decode_tokens_per_s"]["p50"] > 0
+    assert out["cpu_s"] > 0

@@ -231,3 +231,121 @@ def test_generation_eos_stop_length_and_utf8():
     assert (text, finish) == ("\ufffd", "length")  # incomplete UTF-8 at the end
     text, finish, _ = run_generation([65, 299, 66], stop=(), max_tokens=3, ignore_eos=True)
     assert (text, finish) == ("A<299>B", "length")
+
+
+def reference_step(row, history, p: SamplingParams, u: float | None) -> tuple[int, float]:
+    """The documented sampling of one token, written with full sorts in float64: penalties,
+    then (for temperature > 0) the order by decreasing penalised logit, equal logits by
+    increasing id; top-k = its first k; softmax(logit / temperature); top-p = the shortest
+    prefix whose mass reaches top_p; min-p; then the kept ids in increasing order and the
+    inverse CDF at ``u``. Returns (token, distance of u from the nearest other draw boundary,
+    as a fraction of the mass)."""
+    x = row.astype(np.float64)
+    n = x.shape[0]
+    window = list(history)[-p.penalty_last_n:] if p.penalty_last_n > 0 else []
+    for t, c in zip(*np.unique(np.array(window, dtype=np.int64), return_counts=True)):
+        v = x[t]
+        if p.repeat_penalty != 1.0:
+            v = v / p.repeat_penalty if v > 0 else v * p.repeat_penalty
+        x[t] = v - c * p.frequency_penalty - p.presence_penalty
+    if p.temperature == 0.0:
+        return int(np.flatnonzero(x == x.max())[0]), 1.0
+    order = np.lexsort((np.arange(n), -x))
+    if 0 < p.top_k < n:
+        order = order[:p.top_k]
+    z = x[order] / p.temperature
+    prob = np.exp(z - z.max())
+    prob /= prob.sum()
+    if p.top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(prob), p.top_p, side="left")) + 1
+        order, prob = order[:cut], prob[:cut]
+    if p.min_p > 0.0:
+        keep = prob >= p.min_p * prob.max()
+        order, prob = order[keep], prob[keep]
+    by_id = np.argsort(order)
+    ids, cum = order[by_id], np.cumsum(prob[by_id])
+    target = u * cum[-1]
+    j = min(int(np.searchsorted(cum, target, side="right")), ids.shape[0] - 1)
+    edges = np.concatenate(([0.0], cum))
+    return int(ids[j]), float(min(abs(target - edges[j]), abs(edges[j + 1] - target)) / cum[-1])
+
+
+def _logit_rows(kind: str, n: int, steps: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(steps):
+        if kind == "flat":
+            x = rng.standard_normal(n) * 3
+        elif kind == "peaked":  # a few likely tokens (the top-p probe path)
+            x = -2.0 * np.log(rng.permutation(n) + 1.0) + rng.standard_normal(n) * 0.5
+        elif kind == "ties":  # many equal logits: tie-breaking by id decides top-k and top-p
+            x = np.repeat(np.round(rng.standard_normal(n // 16 + 1) * 2, 1), 16)[:n]
+        else:  # "stride": the likely tokens sit on the sample stride, most mass elsewhere
+            x = np.full(n, 0.0)
+            x[::37] = 4.0
+            x += rng.standard_normal(n) * 0.01
+        rows.append(x.astype(np.float32))
+    return rows
+
+
+SEQ_PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(seed=7),  # the defaults: T=0.8 top-k 40 top-p 0.95 min-p 0.05
+    SamplingParams(seed=8, top_k=0, min_p=0.0),  # top-p only
+    SamplingParams(seed=9, top_k=0, top_p=0.5, min_p=0.0),
+    SamplingParams(seed=10, top_k=0, top_p=1.0, min_p=0.0),  # temperature only
+    SamplingParams(seed=11, top_k=0, top_p=1.0, min_p=0.2),
+    SamplingParams(seed=12, top_k=3000, top_p=0.9, min_p=0.0, temperature=1.3),
+    SamplingParams(seed=14, top_k=40, top_p=1.0, min_p=0.0, temperature=1.0),  # top-k only
+    SamplingParams(seed=13, repeat_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25,
+                   penalty_last_n=16, top_k=0, min_p=0.0),
+]
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ties", "stride"])
+@pytest.mark.parametrize("p", SEQ_PARAMS, ids=range(len(SEQ_PARAMS)))
+@pytest.mark.parametrize("n_vocab", [1000, 151936])
+def test_sampled_tokens_identical_to_reference(kind, p, n_vocab):
+    rows = _logit_rows(kind, n_vocab, 12, seed=n_vocab + len(kind))
+    s = Sampler(p)
+    rng = np.random.default_rng(p.seed)  # the sampler draws one u per token from this stream
+    history = [3, 5, 5, 8]
+    rounding = 0
+    for row in rows:
+        got = s.sample(row, history)
+        want, margin = reference_step(row, history, p, None if p.temperature == 0 else rng.random())
+        if got != want:
+            # float32 weights vs this float64 reference: only a draw that falls within rounding
+            # distance of the boundary between two adjacent kept tokens may differ
+            assert margin < 1e-5, (got, want, margin)
+            rounding += 1
+        history.append(got)
+    assert rounding <= 1
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ties", "stride"])
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
+def test_nucleus_candidates_hold_the_nucleus(kind, top_p):
+    # whichever guess (or the fallback) is taken, the candidates contain the exact nucleus
+    from ktd.sampling import _nucleus_candidates
+    for row in _logit_rows(kind, 151936, 3, seed=int(top_p * 100)):
+        w = np.exp(row - row.max()).astype(np.float32)
+        total = float(w.sum(dtype=np.float64))
+        order = np.lexsort((np.arange(w.shape[0]), -w.astype(np.float64)))
+        cut = int(np.searchsorted(np.cumsum(w[order], dtype=np.float64), top_p * total, side="left")) + 1
+        cand = _nucleus_candidates(w, top_p, total)
+        assert (np.diff(cand) > 0).all()
+        assert set(order[:cut].tolist()) <= set(cand.tolist())
+
+
+def test_penalties_leave_the_callers_logits_unchanged():
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal(50000) * 3).astype(np.float32)
+    before = logits.copy()
+    history = [int(t) for t in rng.integers(0, 50000, 64)]
+    p = SamplingParams(seed=1, repeat_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.5)
+    in_place = Sampler(p).sample(logits, history)
+    assert np.array_equal(logits, before)
+    read_only = before.copy()
+    read_only.flags.writeable = False
+    assert Sampler(p).sample(read_only, history) == in_place  # the copying path agrees

@@ -174,3 +174,46 @@ def test_watchdog_health_reflects_a_wedged_engine(make):
     s.submit(job([fake_engine.BOS], c, max_tokens=50))
     time.sleep(0.5)
     assert not s.healthy(max_stall_s=0.2)  # work pending, no progress
+
+
+def test_each_step_hands_its_events_over_at_once_and_a_failing_sink_harms_nobody():
+    eng = fake_engine.FakeEngine(n_seq_max=4, step_delay_s=0.002)
+    batches: list[list] = []
+    lock = threading.Lock()
+
+    def deliver(events):
+        with lock:
+            batches.append([(sink, kind) for sink, kind, _ in events])
+        from ktd.scheduler import deliver_here
+        deliver_here(events)
+
+    s = Scheduler(eng, prefill_tokens_per_step=64, max_queue=8, deliver=deliver)
+    s.start()
+    try:
+        def broken(kind, payload):
+            raise RuntimeError("a sink that fails")
+
+        # 30 tokens each: the four sequences surely decode side by side for a while
+        collectors = [Collector() for _ in range(3)]
+        for i, c in enumerate(collectors):
+            s.submit(job([fake_engine.BOS, 65 + i], c, max_tokens=30))
+        s.submit(job([fake_engine.BOS], broken, max_tokens=30))
+        for c in collectors:
+            kind, payload = c.wait()
+            assert kind == "done" and payload["usage"]["completion_tokens"] == 30 and c.chunks
+        assert wait_for_idle(s)
+    finally:
+        s.stop(timeout=10)
+    # one hand-off per step at most (plus one per cancellation phase): never one per token
+    assert len(batches) <= s.steps + 1
+    sinks_per_batch = [len({id(sink) for sink, kind in b if kind == "chunk"}) for b in batches]
+    assert max(sinks_per_batch) == 4  # a decode step carries the pieces of all four sequences
+
+
+def wait_for_idle(s, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if s.pending() == 0:
+            return True
+        time.sleep(0.01)
+    return False

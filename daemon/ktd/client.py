@@ -31,6 +31,7 @@ __all__ = ["Client", "AsyncClient", "Stream", "AsyncStream", "default_socket", "
            "ContextOverflow", "Internal"]
 
 DEFAULT_SOCKET = "/run/ktd/ktd.sock"
+_END = object()  # on a stream's queue: its response (or a connection error) has arrived
 
 
 class ConnectionLost(ConnectionError):
@@ -227,6 +228,9 @@ class AsyncClient:
                         fut = self._waiters.pop(msg[1], None)
                         if fut is not None and not fut.done():
                             fut.set_result((msg[2], msg[3]))
+                        q = self._streams.get(msg[1])
+                        if q is not None:
+                            q.put_nowait(_END)
                     elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.CHUNK:
                         q = self._streams.get(msg[2][0])
                         if q is not None:
@@ -239,6 +243,8 @@ class AsyncClient:
                 if not fut.done():
                     fut.set_exception(e)
             self._waiters.clear()
+            for q in self._streams.values():
+                q.put_nowait(_END)
 
     async def _send(self, method: str, params: list[Any]) -> tuple[int, asyncio.Future]:
         if self._closed_error is not None:
@@ -285,6 +291,8 @@ class AsyncClient:
         return await self.call("generate", prompt=prompt, stream=False, **params)
 
     async def stream(self, prompt: str | None = None, **params: Any) -> AsyncStream:
+        if self._closed_error is not None:
+            raise self._closed_error
         q: asyncio.Queue = asyncio.Queue()
         msgid = next(self._ids)
         self._streams[msgid] = q
@@ -297,29 +305,40 @@ class AsyncClient:
 
 
 class AsyncStream:
+    """Text pieces of one streamed generate; ``result`` (usage, timings) once iteration ends.
+
+    The client's read loop puts the pieces, then ``_END`` when the response (or a connection
+    error) arrives, on this stream's queue: one queue operation per piece, no task per piece.
+    """
+
     def __init__(self, client: AsyncClient, msgid: int, queue: asyncio.Queue, fut: asyncio.Future):
         self.client, self.msgid, self._queue, self._fut = client, msgid, queue, fut
         self.result: dict | None = None
         self.t_first: float | None = None  # time.monotonic() of the first text piece
+        self.t_last: float | None = None   # ... and of the last one
+
+    async def _next(self) -> Any:
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        if self.client.timeout is None:
+            return await self._queue.get()
+        try:
+            async with asyncio.timeout(self.client.timeout):
+                return await self._queue.get()
+        except TimeoutError:
+            raise ConnectionLost(f"no answer from {self.client.path} within {self.client.timeout} s") from None
 
     async def __aiter__(self) -> AsyncIterator[str]:
         try:
             while True:
-                if self._queue.empty() and self._fut.done():
+                piece = await self._next()
+                if piece is _END:
                     self.result = await self.client._result(self._fut)
                     return
-                getter = asyncio.ensure_future(self._queue.get())
-                done, _ = await asyncio.wait({getter, self._fut}, timeout=self.client.timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    if not done:
-                        raise ConnectionLost(f"no answer from {self.client.path} within "
-                                             f"{self.client.timeout} s")
-                    continue  # the response came: drain the queue first, then finish
+                self.t_last = time.monotonic()
                 if self.t_first is None:
-                    self.t_first = time.monotonic()
-                yield getter.result()
+                    self.t_first = self.t_last
+                yield piece
         finally:
             self.client._streams.pop(self.msgid, None)
 

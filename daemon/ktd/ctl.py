@@ -139,6 +139,7 @@ async def _bench(path: str, timeout: float, args) -> dict[str, Any]:
     bar = ProgressBar(args.clients * args.requests)
     ttft: list[float] = []
     latency: list[float] = []
+    decode: list[float] = []  # per request, as the client sees it: (tokens - 1) / (last - first piece)
     tokens = 0
     errors: dict[str, int] = {}
 
@@ -155,19 +156,23 @@ async def _bench(path: str, timeout: float, args) -> dict[str, Any]:
                     errors[e.code] = errors.get(e.code, 0) + 1
                 else:
                     latency.append(time.monotonic() - t0)
+                    n = (s.result or {}).get("usage", {}).get("completion_tokens", 0)
+                    tokens += n
                     if s.t_first is not None:
                         ttft.append(s.t_first - t0)
-                    tokens += (s.result or {}).get("usage", {}).get("completion_tokens", 0)
+                        if n > 1 and s.t_last > s.t_first:
+                            decode.append((n - 1) / (s.t_last - s.t_first))
                 bar.step()
 
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     await asyncio.gather(*(one_client() for _ in range(args.clients)))
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
     ms = lambda d: {k: round(v * 1e3, 1) for k, v in d.items()}  # noqa: E731
     return {"clients": args.clients, "requests": args.clients * args.requests, "completed": len(latency),
-            "errors": errors, "generated_tokens": tokens, "wall_s": round(wall, 3),
+            "errors": errors, "generated_tokens": tokens, "wall_s": round(wall, 3), "cpu_s": round(cpu, 4),
             "tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
-            "ttft_ms": ms(_percentiles(ttft)), "latency_ms": ms(_percentiles(latency))}
+            "ttft_ms": ms(_percentiles(ttft)), "latency_ms": ms(_percentiles(latency)),
+            "decode_tokens_per_s": {k: round(v, 2) for k, v in _percentiles(decode).items()}}
 
 
 def cmd_bench(path: str, timeout: float, args) -> int:
@@ -181,6 +186,8 @@ def cmd_bench(path: str, timeout: float, args) -> int:
         print(f"{r['completed']}/{r['requests']} requests from {r['clients']} clients in {r['wall_s']} s, "
               f"errors {r['errors'] or 'none'}")
         print(f"generated {r['generated_tokens']} tokens: {r['tokens_per_s']} tokens/s aggregate")
+        if r["decode_tokens_per_s"]:
+            print(f"decode   p50 {r['decode_tokens_per_s']['p50']} tokens/s per stream")
         for key in ("ttft_ms", "latency_ms"):
             p = r[key]
             if p:

@@ -7,10 +7,15 @@ engine forward). The filter order is fixed and documented (docs/PROTOCOL.md, gen
     → temperature (0 = greedy: argmax of the penalised logits)
     → top-k → softmax → top-p (nucleus) → min-p → seeded draw
 
+The draw is defined independently of how the candidates are found: the kept tokens in
+increasing id order, inverse CDF at one ``rng.random()`` per token; ties in the filters go to
+the lower id. So any exact implementation gives the same tokens for the same seed.
+
 Cost matters: at n_vocab = 152k a decode step is tens of milliseconds and sampling must stay
-under 2 % of it, so nothing sorts the whole vocabulary in the common cases: top-k uses
-a sampled threshold and a small ``argpartition``; top-p sorts only the smallest probe of the k most likely tokens
-(k = ``_NUCLEUS_PROBE`` · 8^i) that holds the nucleus; the draw uses a two-level cumulative sum. ``bench/sampling.py`` measures it.
+under 2 % of it, so nothing sorts the whole vocabulary in the common cases: top-k uses a
+sampled threshold and a small partition; top-p sorts only a candidate set {w >= tau} whose mass
+is checked to hold the nucleus; the draw uses a two-level cumulative sum. ``bench/sampling.py``
+measures it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-_NUCLEUS_PROBE = 1024  # first top-p probe size (grows 8x while the nucleus does not fit)
+_NUCLEUS_PROBE = 1024  # first top-p guess: the nucleus lies in the 1024 most likely tokens
 _DRAW_BLOCK = 1024     # block size of the two-level draw
 _TOPK_SAMPLE_MIN_N = 16384  # top-k by a sampled threshold from this vocabulary size on
 _TOPK_STRIDE = 37      # prime sample stride, so it does not align with structure in token ids
@@ -61,30 +66,56 @@ class SamplingParams:
                 raise ValueError(f"{name} must be finite")
 
 
-def apply_penalties(logits: np.ndarray, window: Sequence[int], p: SamplingParams) -> np.ndarray:
-    """Return penalised logits (a copy when anything changes). ``window``: recent token ids."""
+def penalised_values(logits: np.ndarray, window: Sequence[int],
+                     p: SamplingParams) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids, new logits of those ids) for the tokens the penalties change, or None when no
+    penalty applies. ``window``: recent token ids (out-of-vocabulary ids are ignored)."""
     if not window or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
                       and p.frequency_penalty == 0.0):
-        return logits
+        return None
     ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
     ok = (ids >= 0) & (ids < logits.shape[0])
     ids, counts = ids[ok], counts[ok]
-    out = logits.copy()
-    v = out[ids]
+    v = logits[ids]
     if p.repeat_penalty != 1.0:
         v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
-    v = v - counts * p.frequency_penalty - p.presence_penalty
-    out[ids] = v
+    return ids, (v - counts * p.frequency_penalty - p.presence_penalty).astype(logits.dtype)
+
+
+def apply_penalties(logits: np.ndarray, window: Sequence[int], p: SamplingParams) -> np.ndarray:
+    """Return penalised logits (a copy when anything changes). ``window``: recent token ids."""
+    change = penalised_values(logits, window, p)
+    if change is None:
+        return logits
+    out = logits.copy()
+    out[change[0]] = change[1]
     return out
 
 
-def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the k largest entries of x [n] (any order; ties broken arbitrarily).
+def _top_k_of(x: np.ndarray, cand: np.ndarray, k: int) -> np.ndarray:
+    """The k largest of ``x[cand]`` (``cand``: ascending ids, len >= k), ties at the k-th value
+    resolved to the lowest ids; ascending ids."""
+    vals = x[cand]
+    m = vals.shape[0]
+    if m == k:
+        return cand
+    kth = np.partition(vals, m - k)[m - k]
+    above = vals > kth
+    n_tied = k - int(np.count_nonzero(above))
+    tied = np.flatnonzero(vals == kth)[:n_tied]
+    keep = above
+    keep[tied] = True
+    return cand[keep]
 
-    A full ``argpartition`` of 152k logits costs about a millisecond; instead a strided sample
-    gives a threshold that about 4k entries exceed, one comparison pass collects them, and the
-    small set is partitioned. Exact: when at least k entries reach the threshold, the k largest
-    are among them; otherwise (an unlucky sample) the full partition runs.
+
+def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest entries of x [n], ascending; among equal values the lower ids first
+    (the order of ``sorted(range(n), key=lambda i: -x[i])``).
+
+    A full partition of 152k logits costs about a millisecond; instead a strided sample gives a
+    threshold that about 4k entries reach, one comparison pass collects them, and the small set
+    is partitioned. Exact: when at least k entries reach the threshold, the k largest are among
+    them; otherwise (an unlucky sample) the whole vocabulary is partitioned.
     """
     n = x.shape[0]
     if n >= _TOPK_SAMPLE_MIN_N and k * 64 < n:
@@ -94,51 +125,90 @@ def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
         tau = np.partition(sample, m - 1 - j)[m - 1 - j]
         cand = np.flatnonzero(x >= tau)
         if k <= cand.shape[0] <= 64 * k:
-            return cand[np.argpartition(x[cand], cand.shape[0] - k)[cand.shape[0] - k:]]
-    return np.argpartition(x, n - k)[n - k:]
+            return _top_k_of(x, cand, k)
+    return _top_k_of(x, np.arange(n), k)
+
+
+def _sort_desc(w: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, weights) in decreasing weight, equal weights by increasing id. ``w`` float32 >= 0.
+
+    One sort of 64-bit keys (the weight's bits, complemented, above the id): non-negative
+    float32 bit patterns order like the values, and numpy sorts integers with SIMD.
+    """
+    bits = w.view(np.uint32).astype(np.uint64)
+    keys = np.sort(((np.uint64(0xFFFFFFFF) - bits) << np.uint64(32)) | ids.astype(np.uint64))
+    ids_sorted = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    w_sorted = (np.uint64(0xFFFFFFFF) - (keys >> np.uint64(32))).astype(np.uint32).view(np.float32)
+    return ids_sorted, w_sorted
+
+
+def _nucleus_candidates(w: np.ndarray, top_p: float, total: float) -> np.ndarray:
+    """Ascending ids of a set that holds the top-p nucleus of ``w`` [n] (float32, max 1): every
+    token of the (decreasing weight, then id) order up to where the mass reaches
+    ``top_p * total`` (``total`` = the sum of ``w``).
+
+    Any set {w >= tau} whose mass reaches the target holds it; each guess at tau costs one
+    checked pass. A sorted strided sample gives the guesses. If the sample carries its share of
+    the mass, the distribution is flat (thousands of plausible tokens) and the sample's own
+    estimate of the nucleus is used, with a margin, then a 4x wider one. Otherwise a few
+    tokens the sample missed hold the mass (peaked): first about the ``_NUCLEUS_PROBE`` most
+    likely tokens. If every guess falls short, all positive weights are candidates (exact,
+    slower).
+    """
+    n = w.shape[0]
+    target = top_p * total
+    if n > 4 * _NUCLEUS_PROBE:
+        sample = np.sort(w[::_TOPK_STRIDE])[::-1]
+        m = sample.shape[0]
+        cum = np.cumsum(sample, dtype=np.float64)
+        # the sample's estimate of where the mass reaches a bit more than top_p, plus 25 % ranks
+        j = int(np.searchsorted(cum, (top_p + 0.25 * (1.0 - top_p)) * float(cum[-1]), side="left"))
+        j_mass = min(m - 1, j + j // 4 + 4)
+        guesses = [j_mass, min(m - 1, 4 * j_mass)]
+        if float(cum[-1]) * n / m < 0.5 * total:  # peaked
+            guesses.insert(0, min(m - 1, _NUCLEUS_PROBE * m // n))
+        for j in guesses:
+            cand = np.flatnonzero(w >= sample[j])
+            if float(w[cand].sum(dtype=np.float64)) >= target:
+                return cand
+    return np.flatnonzero(w)
 
 
 def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
     """The tokens that may be drawn and their weights (probabilities up to a common factor).
 
     ``logits`` float32 [n_vocab], already penalised; temperature > 0. Returns ``(idx, w)``:
-    token ids and weights; ``idx`` None means ``w`` is [n_vocab] in id order (no filter cut
-    anything). The weights are the softmax over the top-k set (or the whole vocabulary), then
-    cut by top-p and min-p. Without top-k the whole vocabulary is handled in place in float32
-    (three passes: scale, subtract the max, exp); argpartition finds top-k and the top-p probe.
+    token ids in ascending order and their weights; ``idx`` None means ``w`` is [n_vocab] (no
+    filter cut anything). Definitions (the order of every filter is decreasing logit, equal
+    logits by increasing id): top-k keeps the first k of that order of the penalised logits
+    (temperature does not change it); softmax of logit / temperature over those; top-p keeps
+    the shortest prefix whose mass reaches top_p of the total; min-p keeps weights >= min_p
+    times the largest. Without top-k the whole vocabulary is handled in place in float32
+    (scale, subtract the max, exp); nothing sorts the whole vocabulary.
     """
     n = logits.shape[0]
-    x = np.multiply(logits, np.float32(1.0 / p.temperature), dtype=np.float32)
     idx: np.ndarray | None
     if 0 < p.top_k < n:
-        idx = top_k_indices(x, p.top_k)
-        xs = x[idx].astype(np.float64)
-        w = np.exp(xs - xs.max())
+        idx = top_k_indices(logits, p.top_k)
+        xs = logits[idx].astype(np.float64) / p.temperature
+        w = np.exp(xs - xs.max()).astype(np.float32)
     else:
         idx = None
-        np.subtract(x, x.max(), out=x)
-        w = np.exp(x, out=x)  # max 1; far-below-max tokens underflow to exactly 0
+        w = np.multiply(logits, np.float32(1.0 / p.temperature), dtype=np.float32)
+        np.subtract(w, w.max(), out=w)
+        np.exp(w, out=w)  # max 1; far-below-max tokens underflow to exactly 0
     if p.top_p < 1.0:
         total = float(w.sum(dtype=np.float64))
+        target = p.top_p * total
         if idx is None:
-            # the nucleus is usually small: find a probe of the k most likely tokens that holds
-            # it (k grows 8x while it does not), then sort only the probe
-            k = _NUCLEUS_PROBE
-            while True:
-                if k >= n:
-                    top = np.flatnonzero(w)
-                    break
-                top = top_k_indices(w, k)
-                if float(w[top].sum(dtype=np.float64)) >= p.top_p * total:
-                    break
-                k *= 8
-            idx, w = top, w[top].astype(np.float64)
-        order = np.argsort(-w, kind="stable")
-        idx, w = idx[order], w[order]
-        cum = np.cumsum(w, dtype=np.float64)
-        # the smallest prefix (in decreasing probability) whose mass reaches top_p
-        keep = min(int(np.searchsorted(cum, p.top_p * total, side="left")) + 1, idx.shape[0])
-        idx, w = idx[:keep], w[:keep]
+            cand = _nucleus_candidates(w, p.top_p, total)
+            ids, ws = _sort_desc(w[cand], cand)
+        else:
+            ids, ws = _sort_desc(w, idx)
+        cum = np.cumsum(ws, dtype=np.float64)
+        keep = min(int(np.searchsorted(cum, target, side="left")) + 1, ids.shape[0])
+        order = np.argsort(ids[:keep])
+        idx, w = ids[:keep][order], ws[:keep][order]
     if p.min_p > 0.0:
         threshold = p.min_p * float(w.max())
         if idx is None:
@@ -151,7 +221,8 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None
 
 
 def draw(w: np.ndarray, u: float) -> int:
-    """Position j drawn with probability w[j] / sum(w), for u uniform in [0, 1).
+    """Position j drawn with probability w[j] / sum(w), for u uniform in [0, 1): the first j
+    whose cumulative weight exceeds u * sum(w) (inverse CDF in the given order).
 
     Two levels (sums of ``_DRAW_BLOCK`` weights, then one block) so a draw over the whole
     vocabulary costs one reduction pass instead of a full cumulative sum.
@@ -188,7 +259,23 @@ class Sampler:
         """One token id from float32 ``logits [n_vocab]``; ``history`` = prompt + output so far."""
         p = self.params
         window = history[-p.penalty_last_n:] if p.penalty_last_n > 0 else ()
-        x = apply_penalties(logits, window, p)
+        change = penalised_values(logits, window, p)
+        if change is None:
+            return self._sample(logits)
+        if not logits.flags.writeable:
+            return self._sample(apply_penalties(logits, window, p))
+        # penalise the few window entries in place and put them back after: no copy of the
+        # [n_vocab] row per token
+        ids, values = change
+        saved = logits[ids]
+        logits[ids] = values
+        try:
+            return self._sample(logits)
+        finally:
+            logits[ids] = saved
+
+    def _sample(self, x: np.ndarray) -> int:
+        p = self.params
         if p.temperature == 0.0:
             return int(np.argmax(x))
         idx, w = candidates(x, p)

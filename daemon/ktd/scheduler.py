@@ -12,7 +12,10 @@ Each step the engine thread:
 4. calls ``engine.forward`` once (the GIL is released there) and samples the rows it marked.
 
 A job ends with exactly one terminal event: ("done", result) or ("error", KtdError). Before it,
-("chunk", text) events carry the generated text in order.
+("chunk", text) events carry the generated text in order. The events of one step are handed over
+together: ``deliver(events)`` is called once per step on the engine thread with the list of
+``(sink, kind, payload)``; the default calls each sink there, the server posts the whole list to
+its event loop with one ``call_soon_threadsafe`` (one loop wakeup per step, not per token).
 """
 
 from __future__ import annotations
@@ -35,6 +38,18 @@ from ktd.sampling import Generation, SamplingParams
 log = logging.getLogger("ktd.scheduler")
 
 Sink = Callable[[str, Any], None]   # sink(kind, payload): "chunk" str | "done" dict | "error" KtdError
+Event = tuple[Sink, str, Any]
+Deliver = Callable[[list[Event]], None]
+
+
+def deliver_here(events: list[Event]) -> None:
+    """Call every sink here (the default ``deliver``: on the engine thread). A failing sink is
+    logged and does not keep the other jobs' events from being delivered."""
+    for sink, kind, payload in events:
+        try:
+            sink(kind, payload)
+        except Exception:
+            log.exception("delivering a %r event failed", kind)
 _TPS_WINDOW_S = 10.0                # tokens/s is averaged over this window
 
 
@@ -69,8 +84,11 @@ class _Seq:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int):
+    def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int,
+                 deliver: Deliver = deliver_here):
         self.engine = engine
+        self.deliver = deliver
+        self._outbox: list[Event] = []             # events of the current step (engine thread)
         self.prefill_tokens_per_step = prefill_tokens_per_step
         self.max_queue = max_queue
         self._lock = threading.Condition()
@@ -90,7 +108,10 @@ class Scheduler:
         self.last_progress = time.monotonic()
         self._tps: collections.deque[tuple[float, int]] = collections.deque()
         self.counters = collections.Counter()       # finished_<reason>, prompt_tokens, ...
+        # engine-thread time split, seconds (metrics): whole steps, the forward, sampling + hand-off
+        self.step_seconds = 0.0
         self.forward_seconds = 0.0
+        self.sample_seconds = 0.0
 
     # --- event-loop side (thread-safe) -------------------------------------------------------
 
@@ -189,16 +210,27 @@ class Scheduler:
                     self._apply_cancels(cancels)
                     self._admit()
                 self._expire()
+                self._flush()  # cancellations and expiries are answered before the forward
                 if self._running:
                     self._step()
+                self._flush()
         except BaseException:  # a scheduler bug: fail every job rather than hang them
             log.exception("engine thread failed")
             with self._lock:
                 for seq in list(self._running.values()):
                     self._finish(seq, error=Internal("engine thread failed"))
                 while self._waiting:
-                    self._waiting.popleft().sink("error", Internal("engine thread failed"))
+                    self._emit(self._waiting.popleft(), "error", Internal("engine thread failed"))
+            self._flush()
             raise
+
+    def _emit(self, job: Job, kind: str, payload: Any) -> None:
+        self._outbox.append((job.sink, kind, payload))
+
+    def _flush(self) -> None:
+        if self._outbox:
+            events, self._outbox = self._outbox, []
+            self.deliver(events)
 
     def _apply_cancels(self, cancels: dict[int, str]) -> None:
         # under the lock
@@ -211,7 +243,7 @@ class Scheduler:
                 kept.append(job)
             else:
                 self.counters["finished_cancelled"] += 1
-                job.sink("error", Cancelled(reason, data={"usage": {"prompt_tokens": len(job.prompt),
+                self._emit(job, "error", Cancelled(reason, data={"usage": {"prompt_tokens": len(job.prompt),
                                                                     "completion_tokens": 0}}))
         self._waiting = kept
         for rid, reason in cancels.items():
@@ -247,10 +279,11 @@ class Scheduler:
             for job in expired:
                 self._waiting.remove(job)
                 self.counters["finished_cancelled"] += 1
-                job.sink("error", Cancelled("request deadline exceeded while queued"))
+                self._emit(job, "error", Cancelled("request deadline exceeded while queued"))
 
     def _step(self) -> None:
         # Rows: decode tokens first (one per sequence past its prompt), then prefill chunks.
+        t_start = time.monotonic()
         tokens: list[int] = []
         positions: list[int] = []
         seq_ids: list[int] = []
@@ -317,7 +350,7 @@ class Scheduler:
             if seq.t_first is None:
                 seq.t_first = t1
             if text:
-                seq.job.sink("chunk", text)
+                self._emit(seq.job, "chunk", text)
                 seq.n_chunks += 1
             if finish is not None:
                 self._finish(seq, finish=finish)
@@ -327,6 +360,9 @@ class Scheduler:
             self._tps.append((t1, n_generated))
             while self._tps and t1 - self._tps[0][0] > _TPS_WINDOW_S:
                 self._tps.popleft()
+        t2 = time.monotonic()
+        self.sample_seconds += t2 - t1
+        self.step_seconds += t2 - t_start
         self.counters["generated_tokens"] += n_generated
         self.counters["prompt_tokens"] += len(tokens) - n_decode
 
@@ -358,7 +394,7 @@ class Scheduler:
         if error is not None:
             self.counters[f"finished_{error.code}"] += 1
             error.data = {**(error.data or {}), **summary}
-            seq.job.sink("error", error)
+            self._emit(seq.job, "error", error)
         else:
             self.counters[f"finished_{finish}"] += 1
-            seq.job.sink("done", {"finish_reason": finish, **summary})
+            self._emit(seq.job, "done", {"finish_reason": finish, **summary})

@@ -5,7 +5,8 @@ on the scheduler's engine thread, tokenization in the default executor. Lifecycl
 bind or inherit the socket → load the model (STATUS=/EXTEND_TIMEOUT_USEC= progress) → start the
 engine thread → accept → READY=1; SIGHUP reloads the live keys (RELOADING=1 … READY=1); SIGTERM
 sends STOPPING=1, stops accepting, lets running requests finish for ``drain_timeout_s``, cancels
-the rest, answers them, and exits 0.
+the rest, answers them, and exits 0. SIGTERM during the load sends STOPPING=1 and exits 0 at
+once, without waiting for the load; SIGHUP during the load is ignored.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import signal
 import socket
 import stat
 import struct
+import sys
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -30,7 +33,7 @@ from ktd import __version__, config as config_mod, protocol, systemd
 from ktd.engine_api import Engine, EngineFactory
 from ktd.errors import (BadRequest, Busy, ContextOverflow, Internal, KtdError, NotFound, TooLarge,
                         Unauthorized)
-from ktd.scheduler import Job, Scheduler
+from ktd.scheduler import Job, Scheduler, deliver_here
 
 log = logging.getLogger("ktd.server")
 
@@ -45,6 +48,11 @@ _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 
 class StartupError(Exception):
     """The daemon cannot start (socket, model): one line for the operator, exit 1."""
+
+
+class StoppedDuringLoad(Exception):
+    """SIGTERM/SIGINT arrived while the model was loading: the daemon stops (exit 0) without
+    waiting for the load, which runs in native code that cannot be interrupted."""
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int, frozenset[int]]:
@@ -201,6 +209,11 @@ class Daemon:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         sock = self._listening_socket()
+        # A stop request during the load (systemctl stop while starting) ends the daemon at once;
+        # a reload request then has nothing to reload yet (SIGHUP must not kill the process).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.info("reload ignored: the model is loading"))
         try:
             self.engine = await self._load(loop)
         except BaseException:
@@ -209,11 +222,10 @@ class Daemon:
             raise
         self.scheduler = Scheduler(self.engine,
                                    prefill_tokens_per_step=self.config.scheduler.prefill_tokens_per_step,
-                                   max_queue=self.config.server.max_queue)
+                                   max_queue=self.config.server.max_queue,
+                                   deliver=lambda events: self._deliver(loop, events))
         self.scheduler.start()
         server = await asyncio.start_unix_server(self._accept, sock=sock, limit=_READ_CHUNK)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload()))
         self.state = "serving"
         systemd.ready(self._status_text())
@@ -252,12 +264,41 @@ class Daemon:
     async def _load(self, loop: asyncio.AbstractEventLoop) -> Engine:
         def progress(what: str, fraction: float | None) -> None:
             text = f"loading: {what}" + (f" ({fraction:.0%})" if fraction is not None else "")
-            loop.call_soon_threadsafe(self._report_progress, text)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is stopping
+                loop.call_soon_threadsafe(self._report_progress, text)
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if not loaded.done():
+                if error is None:
+                    loaded.set_result(result)
+                else:
+                    loaded.set_exception(error)
+
+        def load() -> None:
+            try:
+                engine = self.engine_factory(self.config, progress)
+            except BaseException as e:  # handed to the event loop
+                result, error = None, e
+            else:
+                result, error = engine, None
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, result, error)
 
         systemd.notify("STATUS=loading model", f"EXTEND_TIMEOUT_USEC={int(_LOAD_EXTEND_S * 1e6)}")
         log.info("loading model %s", self.config.model.path)
+        # A daemon thread, not the executor: a stop during the load must not wait for it.
+        loaded: asyncio.Future[Engine] = loop.create_future()
+        threading.Thread(target=load, name="ktd-load", daemon=True).start()
+        stop = loop.create_task(self._stop.wait())
+        await asyncio.wait({loaded, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not loaded.done():
+            self.state = "stopping"
+            systemd.stopping()
+            log.info("stopping: a stop was requested while the model was loading")
+            raise StoppedDuringLoad()
         try:
-            engine = await loop.run_in_executor(None, self.engine_factory, self.config, progress)
+            engine = loaded.result()
         except StartupError:
             raise
         except Exception as e:  # GGUFError, ResourceError, OSError ...: one line for the operator
@@ -265,6 +306,14 @@ class Daemon:
             raise StartupError(f"cannot load the model: {e}") from None
         log.info("model loaded: %s", engine.info().get("name", "?"))
         return engine
+
+    @staticmethod
+    def _deliver(loop: asyncio.AbstractEventLoop, events: list) -> None:
+        """The scheduler's hand-off (engine thread): one loop wakeup per step."""
+        try:
+            loop.call_soon_threadsafe(deliver_here, events)
+        except RuntimeError:  # the loop has closed: the daemon is exiting, nobody is waiting
+            pass
 
     def _report_progress(self, text: str) -> None:
         log.info("%s", text)
@@ -563,40 +612,41 @@ class Daemon:
         max_tokens = g.max_tokens or min(self._limits.max_tokens, n_ctx - len(prompt))
         deadlines = [d for d in (self.config.server.request_deadline_s or None, g.deadline_s) if d]
         deadline = time.monotonic() + min(deadlines) if deadlines else None
-        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        # The sink runs on the event loop (the scheduler posts each step's events in one
+        # callback): a streamed piece is written at once, without waking this task; the task
+        # only waits for the terminal event. Unread output is bounded by max_tokens.
+        end: asyncio.Future[tuple[str, Any]] = loop.create_future()
+        parts: list[str] = []
+        index = 0
 
-        def sink(kind: str, payload: Any) -> None:  # engine thread
-            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+        def sink(kind: str, payload: Any) -> None:
+            nonlocal index
+            if kind == "chunk":
+                if g.stream:
+                    conn.send(protocol.chunk(req.msgid, index, payload))
+                    index += 1
+                else:
+                    parts.append(payload)
+            elif not end.done():
+                end.set_result((kind, payload))
 
         job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
                   stop=g.stop, ignore_eos=g.ignore_eos, sink=sink, deadline=deadline, label=label)
         rid = self.scheduler.submit(job)
         conn.active[req.msgid] = rid
         log.info("%s: generate, %d prompt tokens, max_tokens %d", label, len(prompt), max_tokens, extra=extra)
-        parts: list[str] = []
-        index = 0
         try:
-            while True:
-                kind, payload = await events.get()
-                if kind == "chunk":
-                    if g.stream:
-                        conn.send(protocol.chunk(req.msgid, index, payload))
-                        index += 1
-                        await conn.drain()
-                    else:
-                        parts.append(payload)
-                elif kind == "done":
-                    if not g.stream:
-                        payload["text"] = "".join(parts)
-                    conn.send(protocol.response(req.msgid, payload))
-                    log.info("%s: %s, %d tokens", label, payload["finish_reason"],
-                             payload["usage"]["completion_tokens"], extra=extra)
-                    return
-                else:
-                    self.counters["errors_" + payload.code] += 1
-                    conn.send(protocol.response(req.msgid, error=payload))
-                    log.info("%s: %s: %s", label, payload.code, payload.message, extra=extra)
-                    return
+            kind, payload = await end
+            if kind == "done":
+                if not g.stream:
+                    payload["text"] = "".join(parts)
+                conn.send(protocol.response(req.msgid, payload))
+                log.info("%s: %s, %d tokens", label, payload["finish_reason"],
+                         payload["usage"]["completion_tokens"], extra=extra)
+            else:
+                self.counters["errors_" + payload.code] += 1
+                conn.send(protocol.response(req.msgid, error=payload))
+                log.info("%s: %s: %s", label, payload.code, payload.message, extra=extra)
         finally:
             conn.active.pop(req.msgid, None)
 
@@ -652,8 +702,12 @@ class Daemon:
         metric("generated_tokens_total", "counter", "tokens sampled", [("", sc["generated_tokens"])])
         metric("prompt_tokens_total", "counter", "prompt tokens prefilled", [("", sc["prompt_tokens"])])
         metric("steps_total", "counter", "engine batch steps", [("", s["steps"])])
+        metric("step_seconds_total", "counter", "engine thread time in batch steps (batch assembly, "
+               "forward, sampling, hand-off)", [("", float(self.scheduler.step_seconds))])
         metric("forward_seconds_total", "counter", "time spent in engine forward",
                [("", float(self.scheduler.forward_seconds))])
+        metric("sample_seconds_total", "counter", "time spent sampling, detokenizing and handing "
+               "results to the event loop", [("", float(self.scheduler.sample_seconds))])
         metric("tokens_per_second", "gauge", "generated tokens per second (10 s window)",
                [("", float(s["tokens_per_s"]))])
         metric("slots_in_use", "gauge", "KV slots holding a sequence", [("", s["slots_in_use"])])
@@ -677,6 +731,15 @@ def serve(config: config_mod.Config, engine_factory: EngineFactory, *, config_pa
     daemon = Daemon(config, engine_factory, config_path=config_path, socket_path=socket_path)
     try:
         return asyncio.run(daemon.run())
+    except StoppedDuringLoad:
+        # The loader thread is still inside the (uninterruptible) native load: leave without
+        # interpreter finalization, which could tear down state that thread is using.
+        # Exit 0: a requested stop is a clean stop for systemd.
+        for handler in logging.getLogger("ktd").handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     except OSError as e:
         if e.errno in (errno.EADDRINUSE, errno.EACCES, errno.EPERM):
             raise StartupError(f"{daemon.socket_path}: {e.strerror}") from None
