@@ -161,6 +161,11 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("isa") = py::none(),
        "Rows per interleaved group of the type's repacked layout (0: the type has none)");
 
+    k.def("repack_layout", [](const std::string &type, std::optional<std::string> isa) {
+        return lookup(type, isa).repack_layout;
+    }, py::arg("type"), py::arg("isa") = py::none(),
+       "Version of the type's repacked layout (0: the type has none); caches of repacked weights key on it");
+
     k.def("repack", [](const std::string &type, u8array w, int64_t rows, int64_t k_,
                        std::optional<std::string> isa, int threads) {
         const TypeKernels &tk = lookup(type, isa);
