@@ -122,14 +122,26 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
                         std::memcpy(dst.ql + 128 * s + 32 * i + 4 * r, &v, 4);
                     }
                 }
-                // Sub-block sb (elements 16sb + 4f + t): half sb/8, bits 2((sb%8)/2) of qh[32(sb/8) + 16(sb%2) + 4f + t].
-                for (int sb = 0; sb < 16; ++sb) {
-                    const uint8_t *q = src.qh + 32 * (sb / 8) + 16 * (sb % 2);
-                    const int shift = 2 * ((sb % 8) / 2);
-                    uint32_t v = 0;
-                    for (int f = 0; f < 4; ++f) v |= ((load_u32(q + 4 * f) >> shift) & 0x03030303u) << (2 * f);
-                    std::memcpy(dst.qh + 32 * sb + 4 * r, &v, 4);
-                }
+                // Sub-block sb = 8u + 2s + v (elements 16sb + 4f + t) takes bits 2s of
+                // qh[32u + 16v + 4f + t]. For fixed (u, v) the four source words a[f] hold field
+                // (f, s) at bits 2s of each byte and the four destination words field (f, s) at
+                // bits 2f: a 4×4 transpose of 2-bit fields per byte, done with two masked swaps.
+                for (int u = 0; u < 2; ++u)
+                    for (int v = 0; v < 2; ++v) {
+                        uint32_t a[4];
+                        for (int f = 0; f < 4; ++f) a[f] = load_u32(src.qh + 32 * u + 16 * v + 4 * f);
+                        for (int f = 0; f < 4; f += 2) {  // swap (f, s odd) with (f + 1, s even)
+                            const uint32_t x = ((a[f] >> 2) ^ a[f + 1]) & 0x33333333u;
+                            a[f + 1] ^= x;
+                            a[f] ^= x << 2;
+                        }
+                        for (int f = 0; f < 2; ++f) {  // swap (f, s ≥ 2) with (f + 2, s < 2)
+                            const uint32_t x = ((a[f] >> 4) ^ a[f + 2]) & 0x0F0F0F0Fu;
+                            a[f + 2] ^= x;
+                            a[f] ^= x << 4;
+                        }
+                        for (int sh = 0; sh < 4; ++sh) std::memcpy(dst.qh + 32 * (8 * u + 2 * sh + v) + 4 * r, &a[sh], 4);
+                    }
             }
         }
 }
