@@ -1,5 +1,6 @@
 // AVX2 tile kernels of the K-quants' 8-row interleaved layouts (kernels/repacked_k.h); the
-// AVX-512 entries compile the same code with their flags (more registers). Included only through
+// AVX-512 entries compile the same code with their flags (32 registers, and the integer dot
+// products as VNNI vpdpbusd on 256-bit vectors). Included only through
 // the per-ISA kernel files after kernels/avx2/k_common.h, inside namespace ktd::KTD_SIMD_NS.
 //
 // Register tile: the 8 rows of a group (one lane each) × up to kMaxCols activation columns. Each
@@ -71,12 +72,24 @@ struct Q4_Kx8 {
             __m256i v[8];
             load_chunk_nibbles(g.qs + 128 * j, v);
             const __m256i sc = _mm256_shuffle_epi8(pairs[j / 2], j % 2 ? pick_odd : pick_even);
+#if defined(KTD_ISA_AVX512)
+            // VNNI: vpdpbusd sums the 4 products of a lane in int32 (no int16 bound); the scale
+            // is the low int16 of each lane of sc (its high int16 is the same byte, so mask it).
+            const __m256i sc32 = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
+            for (int c = 0; c < NC; ++c) {
+                const int8_t *q = a[c]->qs + 32 * j;
+                __m256i s = _mm256_setzero_si256();
+                for (int i = 0; i < 8; ++i) s = _mm256_dpbusd_epi32(s, v[i], bcast4(q + 4 * i));
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s, sc32));
+            }
+#else
             for (int c = 0; c < NC; ++c) {
                 // 8 registers × 2 products ≤ 15·127 each: |int16 sum| ≤ 30480.
                 const int8_t *q = a[c]->qs + 32 * j;
                 const __m256i s = _mm256_add_epi16(maddubs_chunk4(v, q), maddubs_chunk4(v + 4, q + 16));
                 isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s, sc));
             }
+#endif
         }
         // Mins: lane r = Σ_j m[j][r] · (sum of the activations of sub-block j), two sub-blocks
         // per vpmaddwd: int16 [2r + h] = m[2p + h][r] against the broadcast pair of sums.
@@ -129,6 +142,24 @@ struct Q6_Kx8 {
                 v[i] = _mm256_or_si256(_mm256_and_si256(ql, m4), _mm256_and_si256(hi_e[i], m30));
                 v[i + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m4), _mm256_and_si256(hi_o[i], m30));
             }
+#if defined(KTD_ISA_AVX512)
+            // VNNI: each sub-block's 16 products per lane in int32, times the int32 scale (the
+            // sign-extended low int16 of each lane of sc_e / sc_o).
+            const __m256i se32 = _mm256_srai_epi32(_mm256_slli_epi32(sc_e, 16), 16);
+            const __m256i so32 = _mm256_srai_epi32(_mm256_slli_epi32(sc_o, 16), 16);
+            for (int c = 0; c < NC; ++c) {
+                const int8_t *q = a[c]->qs + 32 * s;
+                __m256i e = _mm256_setzero_si256(), o = _mm256_setzero_si256();
+                for (int i = 0; i < 4; ++i) {
+                    e = _mm256_dpbusd_epi32(e, v[i], bcast4(q + 4 * i));
+                    o = _mm256_dpbusd_epi32(o, v[i + 4], bcast4(q + 16 + 4 * i));
+                }
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_mullo_epi32(e, se32), _mm256_mullo_epi32(o, so32)));
+                int32_t bs;
+                std::memcpy(&bs, a[c]->bsums + 2 * s, 4);
+                osum[c] = _mm256_add_epi32(osum[c], _mm256_madd_epi16(sc2, _mm256_set1_epi32(bs)));
+            }
+#else
             for (int c = 0; c < NC; ++c) {
                 // q ≤ 63: two registers' products per int16 sum, ≤ 4·63·127 = 32004.
                 const int8_t *q = a[c]->qs + 32 * s;
@@ -143,6 +174,7 @@ struct Q6_Kx8 {
                 std::memcpy(&bs, a[c]->bsums + 2 * s, 4);
                 osum[c] = _mm256_add_epi32(osum[c], _mm256_madd_epi16(sc2, _mm256_set1_epi32(bs)));
             }
+#endif
         }
         const __m256 d8 = load_fp16x8(g.d);
         for (int c = 0; c < NC; ++c) {
