@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include "cpu/thread_pool.h"
 #include "kernels/bench.h"
 #include "kernels/kernels.h"
+#include "memory/arena.h"
 
 namespace py = pybind11;
 
@@ -161,6 +163,11 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("isa") = py::none(),
        "Rows per interleaved group of the type's repacked layout (0: the type has none)");
 
+    k.def("repack_layout", [](const std::string &type, std::optional<std::string> isa) {
+        return lookup(type, isa).repack_layout;
+    }, py::arg("type"), py::arg("isa") = py::none(),
+       "Version of the type's repacked layout (0: the type has none); caches of repacked weights key on it");
+
     k.def("repack", [](const std::string &type, u8array w, int64_t rows, int64_t k_,
                        std::optional<std::string> isa, int threads) {
         const TypeKernels &tk = lookup(type, isa);
@@ -215,6 +222,49 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("isa") = py::none(),
        py::arg("threads") = 1, py::arg("allow_repack") = true,
        "prepare_weights + matmul (the forward's path) -> (Y[n, rows], whether the weights were repacked)");
+
+    k.def("matmul_prepared_in_arena", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
+                                         const std::string &hugepages, std::optional<std::string> isa, int threads) {
+        const TypeKernels &tk = lookup(type, isa);
+        const size_t row = checked_row_bytes(tk, w, rows, k_);
+        const int64_t n = check_x(x, k_);
+        ArenaOptions ao;
+        ao.hugepages = parse_hugepages(hugepages);
+        const size_t bytes = prepared_bytes(tk, rows, k_);
+        auto arena = std::make_shared<Arena>(std::max<size_t>(bytes, 1), ao);
+        f32array y({n, rows});
+        float *dst = y.mutable_data();
+        ThreadPool *pool = pool_for(threads);
+        MatmulScratch scratch;
+        PreparedWeights pw;
+        {
+            py::gil_scoped_release nogil;
+            pw = prepare_weights(pool, tk, w.data(), row, rows, k_, true, arena);
+            matmul(pool, pw, x.data(), n, dst, scratch);
+        }
+        py::dict info;
+        info["y"] = y;
+        info["repacked"] = pw.repacked;
+        info["prepared_bytes"] = bytes;
+        info["repacked_bytes"] = pw.repacked_bytes;
+        info["data_offset"] = reinterpret_cast<intptr_t>(pw.data) - reinterpret_cast<intptr_t>(arena->base());
+        info["arena_capacity"] = arena->capacity();
+        info["arena_used"] = arena->used();
+        info["kind"] = std::string(arena_kind_name(arena->kind()));
+        info["smaps"] = arena->smaps();
+        return info;
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("hugepages") = "auto",
+       py::arg("isa") = py::none(), py::arg("threads") = 1,
+       "prepare_weights into a fresh weights arena (sized by prepared_bytes) + matmul -> dict: y, repacked, "
+       "prepared_bytes, repacked_bytes, data_offset (of the repacked bytes from the arena base), arena_capacity, "
+       "arena_used, kind, smaps (of the arena, read after the repack)");
+
+    k.def("prepared_bytes", [](const std::string &type, int64_t rows, int64_t k_, std::optional<std::string> isa,
+                               bool allow_repack) {
+        if (rows < 0) throw py::value_error("rows must be >= 0");
+        return prepared_bytes(lookup(type, isa), rows, k_, allow_repack);
+    }, py::arg("type"), py::arg("rows"), py::arg("k"), py::arg("isa") = py::none(), py::arg("allow_repack") = true,
+       "Arena bytes prepare_weights takes for a [rows, k] matrix (0: not repacked)");
 
     k.def("bench_read_bandwidth", [](size_t bytes, int threads, int reps) {
         ThreadPool *pool = pool_for(threads);

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,7 @@
 
 namespace ktd {
 
+class Arena;
 class ThreadPool;
 
 enum class Isa : int { Ref = 0, AVX2 = 1, AVX512 = 2 };
@@ -105,14 +107,25 @@ void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, in
 // it). The forward prepares each weight once at load time and calls matmul(pool, pw, ...).
 struct PreparedWeights {
     const TypeKernels *tk = nullptr;
-    const void *data = nullptr;  // original rows or repacked.data()
+    const void *data = nullptr;  // original rows or the repacked bytes
     size_t row_bytes = 0;        // bytes of one original row
     int64_t rows = 0, k = 0;
     bool repacked = false;
-    std::vector<uint8_t> storage;  // the repacked bytes (empty when not repacked)
+    size_t repacked_bytes = 0;   // 0 when not repacked
+    // Keeps the repacked bytes alive: their heap buffer, or the weights arena they were carved
+    // from (shared by every matrix of a model). Null when not repacked.
+    std::shared_ptr<const void> storage;
 };
+// Alignment of the repacked bytes in an arena, and the arena bytes prepare_weights will take for
+// a matrix (0 when it stays as it is): sum this over a model's matrices to size its arena.
+constexpr size_t kPreparedAlign = 64;
+size_t prepared_bytes(const TypeKernels &tk, int64_t rows, int64_t k, bool allow_repack = true);
+// arena null: repacked bytes in a heap buffer. Otherwise they are bump-allocated from `arena`
+// (ResourceError when it is full); the result keeps the arena alive. The repack runs on the pool,
+// so the arena's pages are first touched by the workers, in parallel.
 PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes,
-                                int64_t rows, int64_t k, bool allow_repack = true);
+                                int64_t rows, int64_t k, bool allow_repack = true,
+                                const std::shared_ptr<Arena> &arena = nullptr);
 void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch);
 
 }  // namespace ktd

@@ -8,6 +8,7 @@
 
 #include "cpu/thread_pool.h"
 #include "kernels/kernels.h"
+#include "memory/arena.h"
 
 namespace ktd {
 
@@ -91,19 +92,42 @@ void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, in
     });
 }
 
+namespace {
+bool will_repack(const TypeKernels &tk, bool allow_repack) {
+    return allow_repack && tk.repack_rows > 0 && tk.repack && tk.gemm_repacked && tk.repacked_group_bytes;
+}
+}  // namespace
+
+size_t prepared_bytes(const TypeKernels &tk, int64_t rows, int64_t k, bool allow_repack) {
+    act_row_size(tk, k);  // validates k
+    if (!will_repack(tk, allow_repack)) return 0;
+    return (repacked_size(tk, rows, k) + kPreparedAlign - 1) / kPreparedAlign * kPreparedAlign;
+}
+
 PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes,
-                                int64_t rows, int64_t k, bool allow_repack) {
+                                int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena) {
     act_row_size(tk, k);  // validates k
     PreparedWeights pw;
     pw.tk = &tk;
     pw.row_bytes = w_row_bytes;
     pw.rows = rows;
     pw.k = k;
-    if (allow_repack && tk.repack_rows > 0 && tk.repack && tk.gemm_repacked && tk.repacked_group_bytes) {
-        pw.storage.resize(repacked_size(tk, rows, k));
-        repack_weights(pool, tk, w, w_row_bytes, rows, k, pw.storage.data());
-        pw.data = pw.storage.data();
+    if (will_repack(tk, allow_repack)) {
+        const size_t bytes = repacked_size(tk, rows, k);
+        void *out;
+        if (arena) {
+            out = arena->alloc(bytes, kPreparedAlign);
+            pw.storage = std::shared_ptr<const void>(arena, out);  // aliasing: owns the arena
+        } else {
+            // Not value-initialised: the pages are first touched by the repack workers.
+            std::shared_ptr<uint8_t[]> buf(new uint8_t[bytes]);
+            out = buf.get();
+            pw.storage = std::shared_ptr<const void>(buf, out);
+        }
+        repack_weights(pool, tk, w, w_row_bytes, rows, k, out);
+        pw.data = out;
         pw.repacked = true;
+        pw.repacked_bytes = bytes;
     } else {
         pw.data = w;
     }

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/float16.h"
+#include "memory/arena.h"
 #include "model/blocks.h"
 
 namespace ktd {
@@ -117,6 +118,20 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     popts.pin = opts.pin;
     m->pool_ = std::make_unique<ThreadPool>(popts);
 
+    // One weights arena for every repacked matrix (huge pages when a hugetlb pool is reserved,
+    // THP otherwise), sized before repacking from the file's matrices: an upper bound (tensors
+    // the architecture does not use as matrices are counted too), bad shapes are left to the
+    // checks below.
+    size_t arena_bytes = 0;
+    const bool has_output = file.find_tensor("output.weight") != nullptr;
+    for (const GGUFTensorInfo &t : file.tensors()) {
+        const TypeKernels *tk = kernels_for(t.type);
+        if (!tk || t.n_dims < 2 || (has_output && std::string_view(t.name) == "token_embd.weight")) continue;
+        if (!ggml_row_size(tk->act_type, t.ne[0])) continue;
+        arena_bytes += prepared_bytes(*tk, int64_t(t.ne[1]), int64_t(t.ne[0]), opts.allow_repack) * size_t(t.ne[2]);
+    }
+    const std::shared_ptr<Arena> arena = arena_bytes ? std::make_shared<Arena>(arena_bytes) : nullptr;
+
     ModelWeights &w = m->w_;
     w.layers.resize(size_t(hp.n_layer));
     for (const TensorSpec &spec : arch->tensors) {
@@ -158,15 +173,16 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                     for (int64_t e = 0; e < e2; ++e) {
                         st.mats[size_t(e)] = prepare_weights(m->pool_.get(), tk,
                                                              file.tensor_data(*t) + size_t(e) * size_t(rows) * row_bytes,
-                                                             row_bytes, rows, k, opts.allow_repack);
-                        m->repacked_bytes_ += st.mats[size_t(e)].storage.size();
+                                                             row_bytes, rows, k, opts.allow_repack, arena);
+                        m->repacked_bytes_ += st.mats[size_t(e)].repacked_bytes;
                     }
                     continue;
                 }
                 Matrix &mat = spec.layer_mat ? lw->*spec.layer_mat : w.*spec.model_mat;
                 mat.info = t;
-                mat.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*t), row_bytes, rows, k, opts.allow_repack);
-                m->repacked_bytes_ += mat.pw.storage.size();
+                mat.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*t), row_bytes, rows, k, opts.allow_repack,
+                                         arena);
+                m->repacked_bytes_ += mat.pw.repacked_bytes;
             }
         }
     }
@@ -185,8 +201,8 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         w.output.info = w.token_embd;
         w.output.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*w.token_embd),
                                       size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0])), hp.n_vocab,
-                                      hp.n_embd, opts.allow_repack);
-        m->repacked_bytes_ += w.output.pw.storage.size();
+                                      hp.n_embd, opts.allow_repack, arena);
+        m->repacked_bytes_ += w.output.pw.repacked_bytes;
     }
     return m;
 }

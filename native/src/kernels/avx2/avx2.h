@@ -177,12 +177,10 @@ inline int32_t act_sum(const block_q8_0 &a) {
 // The nibble layout shared by the 4- and 5-bit 8-row groups (128 bytes of qs): qs[32i + 4r + t]
 // holds row r's element 4i + t in its low nibble and element 16 + 4i + t in its high nibble, so
 // register i's low nibbles are lane-per-row register j = i and its high nibbles j = i + 4.
-// Row r's 4-bit values q[e] (e < 32) into the group's qs (zero-initialised).
-inline void put_nibbles(uint8_t *qs, int r, const uint8_t *q) {
-    for (int e = 0; e < 32; ++e) {
-        const int j = e / 4, t = e % 4;
-        qs[32 * (j % 4) + 4 * r + t] |= uint8_t((q[e] & 0x0F) << (j < 4 ? 0 : 4));
-    }
+// Row r's block in the Q4_0 qs encoding (byte j: element j low nibble, element j + 16 high)
+// into the group's qs: the layout keeps that pairing, so each 4-byte word is copied as is.
+inline void put_nibbles(uint8_t *qs, int r, const uint8_t *src_qs) {
+    for (int i = 0; i < 4; ++i) std::memcpy(qs + 32 * i + 4 * r, src_qs + 4 * i, 4);
 }
 inline void load_nibbles(const uint8_t *qs, __m256i v[8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -193,8 +191,12 @@ inline void load_nibbles(const uint8_t *qs, __m256i v[8]) {
     }
 }
 // Fifth bits of the 5-bit groups (32 bytes of qh): qh[4r + t] bit j = bit 4 of row r's element 4j + t.
-inline void put_bit4(uint8_t *qh, int r, const uint8_t *q) {
-    for (int e = 0; e < 32; ++e) qh[4 * r + e % 4] |= uint8_t(((q[e] >> 4) & 1) << (e / 4));
+// From row r's qh in the Q5 encoding (bit e of the little-endian u32 = element e's fifth bit):
+// byte t gathers bits t, t + 4, ..., t + 28 (pext).
+inline void put_bit4(uint8_t *qh, int r, const uint8_t *src_qh) {
+    uint32_t bits;
+    std::memcpy(&bits, src_qh, 4);
+    for (int t = 0; t < 4; ++t) qh[4 * r + t] = uint8_t(_pext_u32(bits, 0x11111111u << t));
 }
 inline void add_bit4(const uint8_t *qh, __m256i v[8]) {
     const __m256i b4 = _mm256_set1_epi8(0x10);
@@ -208,13 +210,6 @@ inline void add_bit4(const uint8_t *qh, __m256i v[8]) {
     v[5] = _mm256_or_si256(v[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), b4));
     v[6] = _mm256_or_si256(v[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), b4));
     v[7] = _mm256_or_si256(v[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), b4));
-}
-// The 32 element values (0..31) of a block in the Q4/Q5 qs/qh encoding (qh may be null: 4-bit).
-inline void block_values(const uint8_t *qs, const uint8_t *qh, uint8_t *q) {
-    uint32_t bits = 0;
-    if (qh) std::memcpy(&bits, qh, 4);
-    for (int e = 0; e < 32; ++e)
-        q[e] = uint8_t((e < 16 ? (qs[e] & 0x0F) : (qs[e - 16] >> 4)) | (((bits >> e) & 1u) << 4));
 }
 // Σ_j v[j]·(activation bytes 4j..4j+3) per lane for unsigned v ≤ 31: int16 partial sums of four
 // registers stay below 4·2·31·127 = 31496.

@@ -56,10 +56,8 @@ void repack_iq4_nl(const void *w, size_t w_stride, int64_t rows, int64_t k, int6
             block_iq4_nlx8 &dst = o[g * nb + b];
             std::memset(&dst, 0, sizeof dst);  // rows past the end: d = 0
             for_group_rows<block_iq4_nl>(w, w_stride, rows, g, b, [&](int r, const block_iq4_nl &src) {
-                uint8_t q[32];
-                block_values(src.qs, nullptr, q);
                 dst.d[r] = src.d;
-                put_nibbles(dst.qs, r, q);
+                put_nibbles(dst.qs, r, src.qs);
             });
         }
 }

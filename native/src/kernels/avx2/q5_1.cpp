@@ -63,12 +63,10 @@ void repack_q5_1(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_
             block_q5_1x8 &dst = o[g * nb + b];
             std::memset(&dst, 0, sizeof dst);  // rows past the end: d = m = 0
             for_group_rows<block_q5_1>(w, w_stride, rows, g, b, [&](int r, const block_q5_1 &src) {
-                uint8_t q[32];
-                block_values(src.qs, src.qh, q);
                 dst.d[r] = src.d;
                 dst.m[r] = src.m;
-                put_nibbles(dst.qs, r, q);
-                put_bit4(dst.qh, r, q);
+                put_nibbles(dst.qs, r, src.qs);
+                put_bit4(dst.qh, r, src.qh);
             });
         }
 }

@@ -6,8 +6,10 @@
 #include <immintrin.h>
 
 #include "kernels/avx2/k_common.h"
+#include "kernels/avx2/k_repack.h"
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
+#include "kernels/repacked_k.h"
 
 namespace ktd::avx2 {
 namespace {
@@ -91,7 +93,15 @@ struct Q6K {
 
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{GGMLType::Q6_K, GGMLType::Q8_K, dequantize_row_q6_K, quantize_row_q8_K,
-                                            gemm_tile<block_q6_K, Q6K>});
+KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q6_K,
+                                            .act_type = GGMLType::Q8_K,
+                                            .dequantize_row = dequantize_row_q6_K,
+                                            .quantize_act_row = quantize_row_q8_K,
+                                            .gemm = gemm_tile<block_q6_K, Q6K>,
+                                            .repack_rows = kRepackRowsK,
+                                            .repack_layout = kRepackLayoutQ6_K,
+                                            .repacked_group_bytes = ref::group_bytes_q6_K_x8,
+                                            .repack = ref::repack_q6_K_x8,
+                                            .gemm_repacked = gemm_repacked_k8<Q6_Kx8>});
 
 }  // namespace ktd::avx2

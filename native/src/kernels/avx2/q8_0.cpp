@@ -89,7 +89,7 @@ void repack_q8_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_
                 const auto *src = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(w) +
                                                                        size_t(g * kRepackRows + r) * w_stride) + b;
                 dst.d[r] = src->d;
-                for (int e = 0; e < QK8_0; ++e) dst.qs[32 * (e / 4) + 4 * r + e % 4] = src->qs[e];
+                for (int j = 0; j < QK8_0 / 4; ++j) std::memcpy(dst.qs + 32 * j + 4 * r, src->qs + 4 * j, 4);
             }
         }
 }

@@ -1,0 +1,69 @@
+// Row-interleaved ("repacked") layouts of the K-quants, 8 rows per group (layout version 1).
+//
+// A group block holds super-block b (256 elements) of 8 consecutive rows, arranged so that
+// 32-bit lane r of a 256-bit register belongs to row r: a register holds 4 consecutive elements
+// (bytes 4r..4r+3) of each of the 8 rows. One broadcast of 4 activation bytes then serves all 8
+// rows, the 8 row scales are one fp16 vector, and each row's sum stays in its own lane (no
+// horizontal sums). The group block has exactly the bytes of the 8 row blocks it replaces, so
+// repacking does not change the number of bytes streamed per token.
+//
+// Element registers: "register i of a 32-element chunk" (i < 8) holds elements 4i..4i+3 of the
+// chunk. The 4-bit values of a chunk are 128 bytes: byte 32i + 4r + t (i < 4, t < 4) holds row r's
+// element 4i + t in its low nibble and element 16 + 4i + t in its high nibble, so the low
+// nibbles of those 32 bytes are register i and the high nibbles register i + 4.
+//
+// The reference repack (kernels/ref/) is the definition; every ISA's entry uses it (the layout
+// is shared, only the tile kernels differ). Only POD structs here: no inline code, so the header
+// is safe to include from translation units compiled with different ISA flags.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/blocks.h"
+
+namespace ktd {
+
+constexpr int kRepackRowsK = 8;
+constexpr uint32_t kRepackLayoutQ4_K = 1;
+constexpr uint32_t kRepackLayoutQ6_K = 1;
+
+// Q4_K, 8 rows. Sub-block j (32 elements) of row r has the 6-bit scale sc and min m of the
+// original block; their "index" is i = 8j + r (0..63).
+//   scl[x]: low nibble = bits 0-3 of sc at index x, high nibble = bits 0-3 of sc at index x + 32 (x < 32)
+//   mnl[x]: the same for m
+//   sh[x]:  bits 0-1 = bits 4-5 of sc[x], bits 2-3 = of sc[x + 32], bits 4-5 = of m[x], bits 6-7 = of m[x + 32]
+//   qs:     sub-block j at 128j, the chunk nibble layout above
+// w = d[r]·sc·q − dmin[r]·m as in block_q4_K.
+struct block_q4_Kx8 {
+    uint16_t d[kRepackRowsK];
+    uint16_t dmin[kRepackRowsK];
+    uint8_t scl[32];
+    uint8_t mnl[32];
+    uint8_t sh[32];
+    uint8_t qs[kRepackRowsK * QK_K / 2];
+};
+static_assert(sizeof(block_q4_Kx8) == kRepackRowsK * sizeof(block_q4_K));
+
+// Q6_K, 8 rows. q = the unsigned 6-bit value (0..63) of an element, w = d[r]·sc·(q − 32).
+//   scales[16p + 2r + h] = the int8 scale of sub-block 2p + h (16 elements) of row r
+//   ql: 32-element chunk s at 128s, the chunk nibble layout above, of the low 4 bits of q
+//   qh[32g + 4r + t] bits 2f..2f+1 = the high 2 bits of q of row r's element 16g + 4f + t
+//       (register g of qh holds sub-block g)
+struct block_q6_Kx8 {
+    uint16_t d[kRepackRowsK];
+    int8_t scales[kRepackRowsK * QK_K / 16];
+    uint8_t ql[kRepackRowsK * QK_K / 2];
+    uint8_t qh[kRepackRowsK * QK_K / 4];
+};
+static_assert(sizeof(block_q6_Kx8) == kRepackRowsK * sizeof(block_q6_K));
+
+}  // namespace ktd
+
+namespace ktd::ref {
+// The repacks (TypeKernels::repack contract) and group sizes of the layouts above, defined with
+// the reference kernels and shared by every ISA's entry.
+size_t group_bytes_q4_K_x8(int64_t k);
+void repack_q4_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+size_t group_bytes_q6_K_x8(int64_t k);
+void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+}  // namespace ktd::ref

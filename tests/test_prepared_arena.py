@@ -1,0 +1,89 @@
+"""prepare_weights into a weights arena (native/src/kernels/matmul.cpp): the repacked bytes are
+carved from the arena (its smaps readback shows them resident there), with the alignment and size
+prepared_bytes promises, and the product is bitwise the one of the heap-prepared weights.
+The model's use (one arena per model, sized from prepared_bytes) is covered by loading a real
+model with and without repacking."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernel_oracle import row_bytes
+from ktd import _native
+from test_arena import thp_mode
+from test_kernels_k import random_weights
+
+K = _native.kernels
+MiB = 1 << 20
+
+
+def weights(qt: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    if qt in ("Q4_K", "Q6_K"):
+        return random_weights(qt, rows, k, rng)
+    w = rng.integers(0, 256, size=(rows, row_bytes(qt, k)), dtype=np.uint8)
+    w.reshape(-1, 34)[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # Q8_0 d
+    return w
+
+
+@pytest.mark.parametrize("hugepages", ["auto", "thp", "off"])
+@pytest.mark.parametrize("qt", ["Q4_K", "Q6_K", "Q8_0"])
+def test_repacked_weights_land_in_the_arena(qt, hugepages):
+    if hugepages == "thp" and thp_mode() not in ("madvise", "always"):
+        pytest.skip(f"THP mode is '{thp_mode()}', not madvise/always")
+    rng = np.random.default_rng(4)
+    rows, k, n = 1536, 2048, 3  # 3.4-6.3 MiB of repacked weights: more than one 2 MiB page
+    w = weights(qt, rows, k, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    info = K.matmul_prepared_in_arena(qt, w, rows, k, x, hugepages=hugepages, threads=2)
+    assert info["repacked"]
+    assert info["repacked_bytes"] == K.repack(qt, w, rows, k).size
+    assert info["prepared_bytes"] == K.prepared_bytes(qt, rows, k)
+    assert info["repacked_bytes"] <= info["prepared_bytes"] < info["repacked_bytes"] + 64
+    off = info["data_offset"]
+    assert off >= 0 and off % 64 == 0
+    assert off + info["repacked_bytes"] <= info["arena_used"] <= info["arena_capacity"]
+    # The repack wrote every byte, so every page holding them is resident in the arena's mapping.
+    smaps = info["smaps"]
+    page = 4096 if info["kind"] in ("thp", "normal") else 2 * MiB
+    assert smaps["Rss"] >= info["repacked_bytes"] // page * page
+    if info["kind"] == "normal":
+        assert smaps["AnonHugePages"] == 0
+    if hugepages == "off":
+        assert info["kind"] == "normal"
+    y_heap, repacked = K.matmul_prepared(qt, w, rows, k, x, threads=2)
+    assert repacked
+    np.testing.assert_array_equal(info["y"].view(np.uint32), y_heap.view(np.uint32))
+
+
+def test_prepared_bytes_zero_without_repack():
+    assert K.prepared_bytes("Q4_K", 17, 512, allow_repack=False) == 0
+    assert K.prepared_bytes("F32", 17, 512) == 0
+    assert K.prepared_bytes("Q4_K", 17, 512) == 3 * 2 * 8 * 144  # 3 groups of 8 rows, 2 blocks
+    with pytest.raises(ValueError):
+        K.prepared_bytes("Q4_K", 17, 300)
+
+
+@pytest.mark.slow
+def test_real_model_repacked_matches_plain(real_model):
+    """The 1.5B model (Q4_K + Q6_K) loads with its matrices repacked into the arena, and its
+    logits match the unrepacked model's within the summation-order tolerance."""
+    path = real_model("qwen2.5-coder-1.5b")
+    plain = _native.Model(str(path), n_threads=2, allow_repack=False)
+    packed = _native.Model(str(path), n_threads=2, allow_repack=True)
+    assert plain.repacked_bytes == 0 and packed.repacked_bytes > 0
+    tokens = [151644, 872, 198, 7985, 264, 729]
+    n = len(tokens)
+
+    def logits(model):
+        ctx = _native.Context(model, 64, 1, 64)
+        return ctx.forward(np.array(tokens), np.arange(n), np.zeros(n), np.ones(n, bool)).astype(np.float64)
+
+    lp, lr = logits(plain), logits(packed)
+    assert np.isfinite(lr).all()
+    # Per matmul the two differ only in float32 summation order (~1e-6 relative, tested per
+    # kernel); through 28 layers that flips some Q8_K roundings of the activations, so the
+    # logits differ at the level test_forward_oracle.py allows against llama.cpp (max 1.0).
+    assert (lp.argmax(-1) == lr.argmax(-1)).all()
+    assert np.max(np.abs(lp - lr)) < 1.0
+    assert np.corrcoef(lp.ravel(), lr.ravel())[0, 1] > 0.999

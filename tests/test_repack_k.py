@@ -1,0 +1,225 @@
+"""The K-quants' 8-row interleaved ("repacked") layouts (native/src/kernels/repacked_k.h):
+repack + gemm_repacked of every ISA this machine runs, against
+
+- an independent numpy decoder of the layout, written from the header's description, compared
+  with gguf-py's dequantization of the original rows (the layout holds the same weights);
+- the plain (unrepacked) kernels and the scalar reference: the reference's repacked tile does
+  the same integer sums and float operations as its plain tile, so the two agree bitwise; other
+  ISAs use the same quantized activations (bitwise, tested in test_kernels_k.py) and differ only
+  in float32 summation order, |y − y_ref| ≤ 1e-5 · Σ|w||x|;
+- gguf-py dequantize + float64 matmul, with the Q8_K activation-quantization bound of
+  test_kernels_k.py (|y − y_exact| ≤ Σ_blocks amax/254 · Σ|w| + 1e-5 · Σ|w||x|).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernel_oracle import dequantize_ref
+from ktd import _native
+from test_kernels_k import ISAS, exact_and_bound, random_weights
+
+K = _native.kernels
+QK_K = 256
+R = 8  # rows per group
+TYPES = ["Q4_K", "Q6_K"]
+GROUP_BLOCK = {"Q4_K": 8 * 144, "Q6_K": 8 * 210}
+
+
+def f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float64)
+
+
+def decode_q4_Kx8(blk: np.ndarray) -> np.ndarray:
+    """One group block (1152 bytes) → float64 [8 rows, 256]."""
+    d, dmin = f16(blk[0:16]), f16(blk[16:32])
+    scl, mnl, sh = (blk[32:64].astype(np.int64), blk[64:96].astype(np.int64), blk[96:128].astype(np.int64))
+    sc = np.concatenate([(scl & 15) | ((sh & 3) << 4), (scl >> 4) | (((sh >> 2) & 3) << 4)])  # index 8j + r
+    mn = np.concatenate([(mnl & 15) | (((sh >> 4) & 3) << 4), (mnl >> 4) | (((sh >> 6) & 3) << 4)])
+    sc, mn = sc.reshape(8, R).T, mn.reshape(8, R).T  # [r, j]
+    qs = blk[128:].reshape(8, 4, R, 4).astype(np.int64)  # [j, i, r, t]
+    q = np.concatenate([qs & 15, qs >> 4], axis=1)  # [j, 8 registers, r, t]: element 4·reg + t
+    q = q.transpose(2, 0, 1, 3).reshape(R, 8, 32)  # [r, j, e]
+    w = d[:, None, None] * sc[:, :, None] * q - dmin[:, None, None] * mn[:, :, None]
+    return w.reshape(R, QK_K)
+
+
+def decode_q6_Kx8(blk: np.ndarray) -> np.ndarray:
+    """One group block (1680 bytes) → float64 [8 rows, 256]."""
+    d = f16(blk[0:16])
+    sc = blk[16:144].view(np.int8).astype(np.int64).reshape(8, R, 2).transpose(1, 0, 2).reshape(R, 16)
+    ql = blk[144:1168].reshape(8, 4, R, 4).astype(np.int64)  # [s, i, r, t]
+    lo = np.concatenate([ql & 15, ql >> 4], axis=1).transpose(2, 0, 1, 3).reshape(R, QK_K)
+    qh = blk[1168:1680].reshape(16, R, 4).astype(np.int64)  # [g, r, t]
+    hi = np.stack([(qh >> (2 * f)) & 3 for f in range(4)], axis=2)  # [g, r, f, t]
+    hi = hi.transpose(1, 0, 2, 3).reshape(R, QK_K)
+    q = (lo | (hi << 4)) - 32
+    return d[:, None] * np.repeat(sc, 16, axis=1) * q
+
+
+DECODE = {"Q4_K": decode_q4_Kx8, "Q6_K": decode_q6_Kx8}
+
+
+def decode_repacked(qt: str, wp: np.ndarray, rows: int, k: int) -> np.ndarray:
+    nb, groups = k // QK_K, (rows + R - 1) // R
+    blocks = wp.reshape(groups, nb, GROUP_BLOCK[qt])
+    out = np.zeros((groups * R, k))
+    for g in range(groups):
+        for b in range(nb):
+            out[g * R:(g + 1) * R, b * QK_K:(b + 1) * QK_K] = DECODE[qt](blocks[g, b])
+    return out
+
+
+def check_against_oracles(qt, isa, w, wp, rows, k, x, threads=1):
+    y = K.matmul_repacked(qt, wp, rows, k, x, isa=isa, threads=threads)
+    assert y.shape == (x.shape[0], rows) and np.isfinite(y).all()
+    exact, bound, mag = exact_and_bound(qt, w, rows, k, x)
+    err = np.abs(y.astype(np.float64) - exact)
+    assert (err <= bound + 1e-5 * mag + 1e-30).all(), f"max excess {np.max(err - bound - 1e-5 * mag)}"
+    y_ref = K.matmul(qt, w, rows, k, x, isa="ref")
+    if isa == "ref":
+        np.testing.assert_array_equal(y.view(np.uint32), y_ref.view(np.uint32))
+    else:
+        assert (np.abs(y.astype(np.float64) - y_ref) <= 1e-5 * mag + 1e-30).all()
+        y_plain = K.matmul(qt, w, rows, k, x, isa=isa, threads=threads)
+        assert (np.abs(y.astype(np.float64) - y_plain) <= 1e-5 * mag + 1e-30).all()
+    return y
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+def test_layout_present_and_versioned(qt, isa):
+    assert K.repack_rows(qt, isa=isa) == R
+    assert K.repack_layout(qt, isa=isa) >= 1
+    # Every ISA shares the reference's layout (one repack, one version).
+    assert K.repack_layout(qt, isa=isa) == K.repack_layout(qt, isa="ref")
+
+
+@pytest.mark.parametrize("qt", TYPES)
+@pytest.mark.parametrize("rows,k", [(1, 256), (3, 512), (8, 256), (17, 768)])
+def test_layout_decodes_to_gguf_weights(qt, rows, k):
+    rng = np.random.default_rng(rows * 13 + k)
+    w = random_weights(qt, rows, k, rng)
+    wp = K.repack(qt, w, rows, k, isa="ref")
+    assert wp.size == (rows + R - 1) // R * (k // QK_K) * GROUP_BLOCK[qt]
+    got = decode_repacked(qt, wp, rows, k)
+    want = dequantize_ref(qt, w, rows, k)
+    np.testing.assert_allclose(got[:rows], want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    assert (got[rows:] == 0).all()  # the padding rows of the last group
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+def test_repack_same_bytes_on_every_isa_and_thread_count(qt, isa):
+    rng = np.random.default_rng(5)
+    rows, k = 43, 1280
+    w = random_weights(qt, rows, k, rng)
+    want = K.repack(qt, w, rows, k, isa="ref", threads=1)
+    for threads in (1, 2, 3):
+        np.testing.assert_array_equal(K.repack(qt, w, rows, k, isa=isa, threads=threads), want)
+
+
+SHAPES = [(1, 256, 1), (3, 512, 2), (7, 256, 5), (17, 1280, 3), (33, 768, 9), (129, 512, 1), (16, 256, 64),
+          (9, 2304, 4), (24, 512, 7), (40, 256, 8), (5, 256, 6)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+@pytest.mark.parametrize("rows,k,n", SHAPES)
+def test_repacked_matmul(qt, isa, rows, k, n):
+    rng = np.random.default_rng(rows * 7919 + k * 31 + n)
+    w = random_weights(qt, rows, k, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    wp = K.repack(qt, w, rows, k, isa=isa)
+    check_against_oracles(qt, isa, w, wp, rows, k, x)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+def test_repacked_threads_bitwise_and_guards(qt, isa):
+    rng = np.random.default_rng(8)
+    rows, k, n = 77, 512, 6
+    w = random_weights(qt, rows, k, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    wp = K.repack(qt, w, rows, k, isa=isa, threads=2)
+    sentinel = np.float32(-1234.5)
+    results = []
+    for threads in (1, 2, 3):
+        offset, guard = 37, 53
+        out = np.full(offset + n * rows + guard, sentinel, dtype=np.float32)
+        K.matmul_into(qt, wp, rows, k, x, out, offset, isa=isa, threads=threads, repacked=True)
+        assert (out[:offset] == sentinel).all() and (out[offset + n * rows:] == sentinel).all()
+        results.append(out[offset:offset + n * rows].copy())
+    for y in results[1:]:
+        np.testing.assert_array_equal(y.view(np.uint32), results[0].view(np.uint32))
+    y = results[0].reshape(n, rows)
+    assert np.isfinite(y).all()
+    exact, bound, mag = exact_and_bound(qt, w, rows, k, x)
+    assert (np.abs(y.astype(np.float64) - exact) <= bound + 1e-5 * mag + 1e-30).all()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+def test_repacked_special_inputs(qt, isa):
+    """Zero activations give exact zeros; an Inf weight scale reaches only its row (lane); a NaN
+    activation only its column."""
+    rng = np.random.default_rng(3)
+    rows, k = 12, 512
+    w = random_weights(qt, rows, k, rng)
+    wp = K.repack(qt, w, rows, k, isa=isa)
+    assert (K.matmul_repacked(qt, wp, rows, k, np.zeros((2, k), np.float32), isa=isa) == 0).all()
+    d_off = {"Q4_K": 0, "Q6_K": 208}[qt]
+    w[2, d_off:d_off + 2] = np.array([np.inf], np.float16).view(np.uint8)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    x[1, 300] = np.nan
+    y = K.matmul_repacked(qt, K.repack(qt, w, rows, k, isa=isa), rows, k, x, isa=isa)
+    ok_rows = [r for r in range(rows) if r != 2]
+    assert np.isfinite(y[np.ix_([0, 2], ok_rows)]).all()
+    assert not np.isfinite(y[:, 2]).any()
+    assert not np.isfinite(y[1]).any()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+def test_prepared_weights_repack(qt, isa):
+    rng = np.random.default_rng(9)
+    rows, k, n = 41, 512, 3
+    w = random_weights(qt, rows, k, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    y, repacked = K.matmul_prepared(qt, w, rows, k, x, isa=isa, threads=2)
+    assert repacked
+    want = K.matmul_repacked(qt, K.repack(qt, w, rows, k, isa=isa), rows, k, x, isa=isa)
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+
+
+def test_repacked_bad_sizes_rejected():
+    rng = np.random.default_rng(1)
+    w = random_weights("Q4_K", 3, 512, rng)
+    wp = K.repack("Q4_K", w, 3, 512)
+    with pytest.raises(ValueError):
+        K.matmul_repacked("Q4_K", wp[:-1].copy(), 3, 512, np.zeros((1, 512), np.float32))
+    with pytest.raises(ValueError):
+        K.matmul_repacked("Q4_K", wp, 9, 512, np.zeros((1, 512), np.float32))  # 2 groups, 1 given
+    with pytest.raises(ValueError):
+        K.repack("Q6_K", w, 3, 512)  # Q4_K-sized rows
+
+
+# Qwen2.5 FFN matrices (rows, k) whose k is a whole number of 256-blocks: 0.5B ffn_down, 1.5B
+# ffn_down and ffn_up (the 0.5B model's k = 896 matrices cannot be K-quants).
+REAL_SHAPES = [(896, 4864), (1536, 8960), (8960, 1536)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qt", TYPES)
+@pytest.mark.parametrize("rows,k", REAL_SHAPES)
+def test_real_model_shapes(qt, rows, k):
+    rng = np.random.default_rng(rows + k)
+    w = random_weights(qt, rows, k, rng)
+    x = rng.standard_normal((4, k)).astype(np.float32)
+    for isa in ISAS:
+        wp = K.repack(qt, w, rows, k, isa=isa, threads=2)
+        y2 = check_against_oracles(qt, isa, w, wp, rows, k, x, threads=2)
+        np.testing.assert_array_equal(y2, K.matmul_repacked(qt, wp, rows, k, x, isa=isa, threads=1))
+        y1 = K.matmul_repacked(qt, wp, rows, k, x[:1], isa=isa, threads=2)  # the GEMV path (n = 1)
+        assert (np.abs(y1 - y2[:1]) <= 1e-5 * np.abs(y2[:1]) + 1e-6).all()
