@@ -69,7 +69,9 @@ grep -v '^systemd-python==' "$REQS" >"$OUT/requirements-binary.txt"
 sd_pin=$(grep '^systemd-python==' "$REQS")
 if ! ls "$WHEELHOUSE"/systemd_python-"${sd_pin#*==}"-*.whl >/dev/null 2>&1; then
   say "wheelhouse: $sd_pin from its sdist (against libsystemd-dev)"
-  "${PIP[@]}" wheel -q --no-deps --no-binary systemd-python -w "$WHEELHOUSE" "$sd_pin"
+  # --no-cache-dir: pip's wheel cache may hold a build by another interpreter (seen: a RUNPATH
+  # into a pyenv Python, which lintian rejects).
+  "${PIP[@]}" wheel -q --no-cache-dir --no-deps --no-binary systemd-python -w "$WHEELHOUSE" "$sd_pin"
 fi
 say "wheelhouse: ktd $WHEEL_VERSION (native core, Release)"
 rm -f "$WHEELHOUSE"/ktd-*.whl

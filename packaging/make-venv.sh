@@ -43,6 +43,10 @@ done
 # Shared objects from wheels are not executables (lintian shared-library-is-executable).
 find "$VENV/lib" -name '*.so*' -type f -exec chmod 0644 {} +
 
+# A RUNPATH may only point inside the package ($ORIGIN): anything else is a build machine's path.
+if bad=$(find "$VENV/lib" -name '*.so*' -type f -exec sh -c 'readelf -d "$1" | grep -E "R(UN)?PATH" | grep -v "\[\$ORIGIN[^]:]*\]" | sed "s#^#$1: #"' _ {} \; | grep .); then
+  echo "make-venv: shared objects with a RUNPATH outside the package:" >&2; echo "$bad" >&2; exit 1
+fi
 if leaks=$(grep -rIl -- "$STAGE" "$VENV"); then
   echo "make-venv: the staging path leaks into:" >&2; echo "$leaks" >&2; exit 1
 fi

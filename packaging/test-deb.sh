@@ -95,7 +95,7 @@ installed_layout() {
            /etc/sysctl.d/60-ktd-hugepages.conf /lib/systemd/system/ktd.service /lib/systemd/system/ktd.socket \
            /usr/share/man/man8/ktd.8.gz /usr/share/man/man1/ktctl.1.gz /usr/share/doc/ktd/copyright \
            /usr/share/doc/ktd/changelog.Debian.gz; do
-    [ -e "$R$f" ] || { echo "missing $f"; return 1; }
+    in_root test -e "$f" || { echo "missing $f"; return 1; }
   done
   [ "$(readlink "$R/opt/ktd/bin/python3.11")" = /usr/bin/python3.11 ]
   [ "$(in_root stat -c '%U:%G %a' /var/lib/ktd-models)" = "root:ktd 750" ]
@@ -171,7 +171,7 @@ serve_and_query() {
   set -e
   local tag=$1
   start_daemon "$tag"
-  [ "$(stat -c '%G %a' "$R/run/ktd/ktd.sock")" = "ktd 660" ] || { stat "$R/run/ktd/ktd.sock"; return 1; }
+  [ "$(in_root stat -c '%G %a' /run/ktd/ktd.sock)" = "ktd 660" ] || { in_root stat /run/ktd/ktd.sock; return 1; }
   in_root ktctl -s /run/ktd/ktd.sock health
   got=$(in_root ktctl -s /run/ktd/ktd.sock generate "hello world" -n 8 -t 0 --no-stream)
   want=$(in_root env PYTHONDONTWRITEBYTECODE=1 /opt/ktd/bin/python /tmp/greedy.py \
@@ -314,7 +314,7 @@ printf '[Service]\nEnvironment=KTD_MODEL__N_CTX=256 KTD_MODEL__N_SEQ_MAX=2 KTD_M
   >"$S/etc/systemd/system/ktd.service.d/test.conf"
 debroot_umount "$S"
 boot() {
-  timeout 300 systemd-nspawn -q -D "$S" -b --register=no --private-network --capability=CAP_IPC_LOCK \
+  timeout 300 systemd-nspawn -q -D "$S" -b --register=no --keep-unit --private-network --capability=CAP_IPC_LOCK \
     >"$LOGS/nspawn.log" 2>&1
   local rc=$?
   echo "systemd-nspawn rc=$rc"
