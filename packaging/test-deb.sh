@@ -33,11 +33,14 @@ pass() { echo "PASS: $1"; SUMMARY+=("PASS: $1"); }
 fail() { echo "FAIL: $1"; SUMMARY+=("FAIL: $1"); n_fail=$((n_fail + 1)); }
 skip() { echo "SKIP: $1"; SUMMARY+=("SKIP: $1"); }
 # check NAME COMMAND...: PASS if the command exits 0; its output goes to $LOGS/NAME.log and is
-# shown on failure.
+# shown on failure. The command runs in a subshell outside any `if`, so that the `set -e` of a
+# check function takes effect (bash ignores it in a condition) and ends only that check.
 check() {
-  local name=$1 log=$LOGS/${1//[^A-Za-z0-9_.-]/_}.log
+  local name=$1 log=$LOGS/${1//[^A-Za-z0-9_.-]/_}.log rc
   shift
-  if "$@" >"$log" 2>&1; then pass "$name"; else fail "$name (log: $log)"; sed 's/^/    /' "$log" | tail -25; fi
+  ( "$@" ) >"$log" 2>&1
+  rc=$?
+  if [ $rc = 0 ]; then pass "$name"; else fail "$name (log: $log)"; sed 's/^/    /' "$log" | tail -25; fi
 }
 finish() {
   echo
@@ -119,7 +122,14 @@ make_model() {
 check "model: tiny llama Q8_0 generated into /var/lib/ktd-models/model.gguf" make_model
 
 # The daemon as user ktd (no systemd in this root: it binds /run/ktd/ktd.sock itself).
-DAEMON_PID=
+# The daemon's pid is kept in a file: checks run in subshells, and a failed one leaves it running
+# for kill_daemon.
+PIDFILE=$WORK/daemon.pid
+kill_daemon() {
+  [ -s "$PIDFILE" ] || return 0
+  kill -KILL "$(cat "$PIDFILE")" 2>/dev/null
+  rm -f "$PIDFILE"
+}
 start_daemon() {
   mkdir -p "$R/run/ktd"
   in_root chown ktd:ktd /run/ktd
@@ -127,21 +137,22 @@ start_daemon() {
   unshare -n chroot "$R" setpriv --reuid=ktd --regid=ktd --init-groups --reset-env \
     env KTD_MODEL__N_CTX=256 KTD_MODEL__N_SEQ_MAX=2 KTD_MODEL__THREADS=1 \
     /usr/bin/ktd serve --config /etc/ktd/ktd.yaml >"$LOGS/daemon-$1.log" 2>&1 &
-  DAEMON_PID=$!
+  echo $! >"$PIDFILE"
   local i
   for i in $(seq 600); do
     [ -S "$R/run/ktd/ktd.sock" ] && return 0
-    kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$LOGS/daemon-$1.log"; return 1; }
+    kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { cat "$LOGS/daemon-$1.log"; return 1; }
     sleep 0.1
   done
   cat "$LOGS/daemon-$1.log"; return 1
 }
 stop_daemon() {
-  [ -n "$DAEMON_PID" ] || return 1
-  kill -TERM "$DAEMON_PID"
-  wait "$DAEMON_PID"
-  local rc=$?
-  DAEMON_PID=
+  local pid rc
+  pid=$(cat "$PIDFILE")
+  kill -TERM "$pid"
+  wait "$pid"
+  rc=$?
+  rm -f "$PIDFILE"
   echo "daemon exit status $rc"
   return $rc
 }
@@ -180,7 +191,8 @@ serve_and_query() {
            /var/lib/ktd-models/model.gguf "hello world" 8)
   echo "ktctl generate: $(printf %q "$got")"
   echo "in-process:     $(printf %q "$want")"
-  [ -n "$want" ] && [ "$got" = "$want" ]
+  [ -n "$want" ]
+  [ "$got" = "$want" ]
   in_root ktctl -s /run/ktd/ktd.sock status >"$WORK/status-$tag.json"
   cat "$WORK/status-$tag.json"
   /usr/bin/python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["model"]["architecture"] == "llama", s' \
@@ -189,7 +201,7 @@ serve_and_query() {
 }
 check "serve: daemon as ktd, ktctl health/generate/status (greedy text = in-process engine), SIGTERM exit 0" \
   serve_and_query v1
-[ -z "$DAEMON_PID" ] || { kill "$DAEMON_PID"; wait "$DAEMON_PID"; DAEMON_PID=; }
+kill_daemon
 
 # ---- upgrade with an edited conffile -----------------------------------------------------------
 edit_conffile() {
@@ -208,12 +220,13 @@ upgrade() {
   in_root dpkg -i "/tmp/$(basename "$NEW_DEB")"
   [ "$(in_root dpkg-query -W -f='${Status} ${Version}' ktd)" = "install ok installed $NEW_VERSION~deb12" ]
   grep -q 'n_ctx: 512  # edited by test-deb' "$R/etc/ktd/ktd.yaml"
-  [ ! -e "$R/etc/ktd/ktd.yaml.dpkg-dist" ] && [ ! -e "$R/etc/ktd/ktd.yaml.dpkg-old" ]
+  [ ! -e "$R/etc/ktd/ktd.yaml.dpkg-dist" ]
+  [ ! -e "$R/etc/ktd/ktd.yaml.dpkg-old" ]
   in_root ktd config check /etc/ktd/ktd.yaml | grep -q 'n_ctx: 512'
 }
 check "upgrade: dpkg -i $NEW_VERSION~deb12 offline, conffile edit kept" upgrade
 check "upgrade: the upgraded daemon serves" serve_and_query v2
-[ -z "$DAEMON_PID" ] || { kill "$DAEMON_PID"; wait "$DAEMON_PID"; DAEMON_PID=; }
+kill_daemon
 cp "$R/var/lib/ktd-models/model.gguf" "$WORK/model.gguf"   # for the systemd root below
 
 # ---- remove and purge -------------------------------------------------------------------------
@@ -221,15 +234,22 @@ remove() {
   set -e
   in_root dpkg -r ktd
   [ "$(in_root dpkg-query -W -f='${Status}' ktd)" = "deinstall ok config-files" ]
-  [ ! -e "$R/opt/ktd" ] && [ ! -e "$R/usr/bin/ktd" ] && [ ! -e "$R/usr/bin/ktctl" ]
-  [ -f "$R/etc/ktd/ktd.yaml" ] && [ -f "$R/var/lib/ktd-models/model.gguf" ]
+  [ ! -e "$R/opt/ktd" ]
+  [ ! -L "$R/usr/bin/ktd" ]
+  [ ! -L "$R/usr/bin/ktctl" ]
+  [ -f "$R/etc/ktd/ktd.yaml" ]
+  [ -f "$R/var/lib/ktd-models/model.gguf" ]
 }
 check "remove: /opt/ktd and commands gone; config and model kept" remove
 purge() {
   set -e
   in_root dpkg -P ktd
-  ! in_root dpkg-query -W -f='${Status}' ktd 2>/dev/null | grep -q installed
-  [ ! -e "$R/etc/ktd" ] && [ ! -e "$R/etc/sysctl.d/60-ktd-hugepages.conf" ] && [ ! -e "$R/var/lib/ktd" ]
+  local st
+  st=$(in_root dpkg-query -W -f='${Status}' ktd 2>/dev/null || true)
+  [ -z "$st" ] || [ "$st" = "unknown ok not-installed" ]
+  [ ! -e "$R/etc/ktd" ]
+  [ ! -e "$R/etc/sysctl.d/60-ktd-hugepages.conf" ]
+  [ ! -e "$R/var/lib/ktd" ]
   [ -z "$(in_root dpkg-statoverride --list /var/lib/ktd-models)" ]
   [ -f "$R/var/lib/ktd-models/model.gguf" ]
   in_root getent passwd ktd
