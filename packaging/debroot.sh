@@ -27,6 +27,7 @@ deb $DEBIAN_MIRROR bookworm-updates main
 deb $DEBIAN_SECURITY_MIRROR bookworm-security main
 EOF
   rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+  chmod 0755 "$dir"   # mktemp's 0700 would become the root's / (other users could not run anything)
   tar -C "$dir" -czf "$BASE_TGZ.tmp" . && mv "$BASE_TGZ.tmp" "$BASE_TGZ"
   rm -rf "$dir" "$dir.log"
 }
@@ -36,6 +37,7 @@ debroot_new() {
   local dir
   dir=$(mktemp -d "${1:-/tmp}/debroot.XXXXXX")
   tar -C "$dir" -xzf "$BASE_TGZ"
+  chmod 0755 "$dir"
   cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
   echo "$dir"
 }
