@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels bench-daemon synthetic-moe clean distclean wheel oracle
+.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
 
 build: native
 
@@ -94,6 +94,15 @@ synthetic-moe: venv
 
 wheel: venv
 	$(PIP) wheel --no-deps --no-build-isolation -w dist .
+
+# Debian 12 package + offline bundle in dist/ (packaging/build-deb.sh; root: apt, chroot), and its
+# checks: lintian, unit verify/security, offline install/upgrade/purge in a minimal Debian 12 root
+# (packaging/test-deb.sh). KTD_VERSION=X.Y.Z overrides the package version.
+deb:
+	packaging/build-deb.sh
+
+test-deb: deb
+	packaging/test-deb.sh
 
 clean:
 	rm -rf build daemon/ktd/_native*.so

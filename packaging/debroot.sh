@@ -1,0 +1,68 @@
+# Sourced by build-deb.sh and test-deb.sh: a minimal Debian 12 root (debootstrap
+# --variant=minbase bookworm, 88 packages, no python/procps/systemd), cached as a tarball in
+# ${KTD_CACHE:-~/.cache/ktd}/debian/ so that reruns do not bootstrap again (KTD_REFRESH_BASE=1
+# rebuilds it). The tarball is also piuparts' --basetgz.
+
+KTD_CACHE=${KTD_CACHE:-$HOME/.cache/ktd}
+DEBIAN_MIRROR=${KTD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEBIAN_SECURITY_MIRROR=${KTD_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
+BASE_TGZ=$KTD_CACHE/debian/bookworm-minbase.tgz
+
+# Create the base tarball if it is missing (network: the Debian mirror).
+debroot_base() {
+  if [ -s "$BASE_TGZ" ] && [ -z "${KTD_REFRESH_BASE:-}" ]; then
+    return 0
+  fi
+  command -v debootstrap >/dev/null || { echo "debootstrap is not installed" >&2; return 1; }
+  mkdir -p "$(dirname "$BASE_TGZ")"
+  local dir
+  dir=$(mktemp -d "$(dirname "$BASE_TGZ")/bootstrap.XXXXXX")
+  echo "debootstrap --variant=minbase bookworm (cached in $BASE_TGZ afterwards)"
+  debootstrap --variant=minbase bookworm "$dir" "$DEBIAN_MIRROR" >"$dir.log" 2>&1 \
+    || { tail -20 "$dir.log" >&2; rm -rf "$dir"; return 1; }
+  # Point releases and security updates are part of what a maintained Debian 12 installs.
+  cat >"$dir/etc/apt/sources.list" <<EOF
+deb $DEBIAN_MIRROR bookworm main
+deb $DEBIAN_MIRROR bookworm-updates main
+deb $DEBIAN_SECURITY_MIRROR bookworm-security main
+EOF
+  rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+  chmod 0755 "$dir"   # mktemp's 0700 would become the root's / (other users could not run anything)
+  tar -C "$dir" -czf "$BASE_TGZ.tmp" . && mv "$BASE_TGZ.tmp" "$BASE_TGZ"
+  rm -rf "$dir" "$dir.log"
+}
+
+# Unpack the base into a new directory and print its path.
+debroot_new() {
+  local dir
+  dir=$(mktemp -d "${1:-/tmp}/debroot.XXXXXX")
+  tar -C "$dir" -xzf "$BASE_TGZ"
+  chmod 0755 "$dir"
+  cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+  echo "$dir"
+}
+
+# Mount /proc, /sys (read-only) and /dev into a root (the daemon reads /proc/meminfo and the NUMA
+# topology in /sys); debroot_umount undoes it.
+debroot_mount() {
+  mount -t proc proc "$1/proc"
+  mount --rbind /sys "$1/sys" && mount --make-rslave "$1/sys"
+  mount --bind /dev "$1/dev"
+}
+
+debroot_umount() {
+  local m
+  for m in dev sys proc; do
+    mountpoint -q "$1/$m" && umount -R "$1/$m" 2>/dev/null || umount -l "$1/$m" 2>/dev/null || true
+  done
+}
+
+# Remove a root created by debroot_new (never while something is mounted in it).
+debroot_remove() {
+  debroot_umount "$1"
+  if grep -q " $1/" /proc/mounts; then
+    echo "debroot: $1 still has mounts, not removing it" >&2
+    return 1
+  fi
+  rm -rf "$1"
+}
