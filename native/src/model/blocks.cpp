@@ -95,44 +95,4 @@ void relu2glu(float *a, const float *b, int64_t n) {
     }
 }
 
-const float *fp16_table() {
-    static const std::vector<float> table = [] {
-        std::vector<float> t(65536);
-        for (uint32_t h = 0; h < 65536; ++h) t[h] = fp16_to_fp32(uint16_t(h));
-        return t;
-    }();
-    return table.data();
-}
-
-void attend_one(const float *q, const uint16_t *k, size_t k_stride, const uint16_t *v, size_t v_stride,
-                int64_t lo, int64_t hi, int64_t head_dim_k, int64_t head_dim_v, float *out, float *scores) {
-    const float *h2f = fp16_table();
-    float m = -INFINITY, sum = 0.0f;
-    std::fill(out, out + head_dim_v, 0.0f);
-    for (int64_t t0 = lo; t0 < hi; t0 += kAttnTile) {
-        const int64_t t1 = std::min(hi, t0 + kAttnTile);
-        float tile_max = -INFINITY;
-        for (int64_t j = t0; j < t1; ++j) {
-            const uint16_t *kj = k + size_t(j) * k_stride;
-            float s = 0.0f;
-            for (int64_t d = 0; d < head_dim_k; ++d) s += q[d] * h2f[kj[d]];
-            scores[j - t0] = s;
-            tile_max = std::max(tile_max, s);
-        }
-        const float m_new = std::max(m, tile_max);
-        const float correction = std::exp(m - m_new);  // 0 on the first tile (m = -inf)
-        sum *= correction;
-        for (int64_t d = 0; d < head_dim_v; ++d) out[d] *= correction;
-        for (int64_t j = t0; j < t1; ++j) {
-            const float p = std::exp(scores[j - t0] - m_new);
-            sum += p;
-            const uint16_t *vj = v + size_t(j) * v_stride;
-            for (int64_t d = 0; d < head_dim_v; ++d) out[d] += p * h2f[vj[d]];
-        }
-        m = m_new;
-    }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int64_t d = 0; d < head_dim_v; ++d) out[d] *= inv;
-}
-
 }  // namespace ktd

@@ -1,4 +1,5 @@
-// Shared building blocks of the forward pass: norms, rotary embeddings, activations, attention.
+// Shared building blocks of the forward pass: norms, rotary embeddings, activations (attention:
+// kernels/attention.h).
 // All activations are F32, row-major, one row per batch token: x [n][n_embd] etc.
 #pragma once
 #include <cstddef>
@@ -23,16 +24,5 @@ void swiglu(float *a, const float *b, int64_t n);
 void geglu(float *a, const float *b, int64_t n);
 // In place: a[i] = relu(a[i])² · b[i]  (BitNet b1.58)
 void relu2glu(float *a, const float *b, int64_t n);
-
-// Exact F16 → F32 through a 64 Ki-entry table (the core is compiled for baseline x86-64: no F16C).
-const float *fp16_table();
-
-// One query head against one sequence's cached keys/values [lo, hi), tile by tile with an online
-// softmax (running max and sum), so memory does not grow with the context length.
-//   q [head_dim_k] (already scaled), key j at k + j*k_stride, value j at v + j*v_stride (F16), out [head_dim_v],
-//   scores: scratch of kAttnTile floats.
-constexpr int kAttnTile = 64;
-void attend_one(const float *q, const uint16_t *k, size_t k_stride, const uint16_t *v, size_t v_stride,
-                int64_t lo, int64_t hi, int64_t head_dim_k, int64_t head_dim_v, float *out, float *scores);
 
 }  // namespace ktd
