@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
-#include "common/float16.h"
+#include "cpu/thread_pool.h"
+#include "kernels/elementwise.h"
 
 namespace ktd {
 
@@ -76,9 +76,17 @@ void rope_apply(const RopeParams &rp, const float *cs, float *x, int n_heads, in
     }
 }
 
-void swiglu(float *a, const float *b, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) a[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+void for_each_row(ThreadPool &pool, int64_t n, int64_t min_rows, const std::function<void(int64_t)> &fn) {
+    if (n < min_rows || pool.size() == 1) {
+        for (int64_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    pool.parallel_for(size_t(n), [&](size_t begin, size_t end, int) {
+        for (size_t i = begin; i < end; ++i) fn(int64_t(i));
+    });
 }
+
+void swiglu(float *a, const float *b, int64_t n) { swiglu_kernel()(a, b, n); }
 
 void geglu(float *a, const float *b, int64_t n) {
     constexpr float kSqrt2OverPi = 0.79788456080286535588f;

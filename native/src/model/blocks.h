@@ -4,10 +4,18 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "model/hparams.h"
 
 namespace ktd {
+
+class ThreadPool;
+
+// fn(i) for every batch row i < n: split across the pool when there are at least min_rows rows
+// (prefill), on the calling thread otherwise (decode: a hand-over would cost more than the row).
+// Rows are independent, so the split never changes a result.
+void for_each_row(ThreadPool &pool, int64_t n, int64_t min_rows, const std::function<void(int64_t)> &fn);
 
 // y[i] = x[i] / sqrt(mean(x²) + eps) · w[i] for one row of n (w null: no weight). y may alias x.
 void rms_norm(const float *x, const float *w, float *y, int64_t n, float eps);
@@ -19,7 +27,8 @@ void rope_cos_sin(const RopeParams &rp, const float *freq_factors, int64_t pos, 
 // Rotates the first n_rot dims of each of n_heads head vectors (head_dim apart) in place.
 void rope_apply(const RopeParams &rp, const float *cs, float *x, int n_heads, int64_t head_dim);
 
-// In place: a[i] = silu(a[i]) · b[i]   (SwiGLU)  /  gelu_tanh(a[i]) · b[i]  (GeGLU)
+// In place: a[i] = silu(a[i]) · b[i]   (SwiGLU, the active ISA's kernel: kernels/elementwise.h)
+//           /  gelu_tanh(a[i]) · b[i]  (GeGLU)
 void swiglu(float *a, const float *b, int64_t n);
 void geglu(float *a, const float *b, int64_t n);
 // In place: a[i] = relu(a[i])² · b[i]  (BitNet b1.58)

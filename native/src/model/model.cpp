@@ -337,8 +337,10 @@ void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const
     matmul(&model_.pool(), m.pw, x, n, y, s_.mm);
     if (bias && !bias->empty()) {
         const int64_t rows = m.pw.rows;
-        for (int64_t i = 0; i < n; ++i)
-            for (int64_t r = 0; r < rows; ++r) y[i * rows + r] += (*bias)[size_t(r)];
+        const float *bv = bias->data();
+        for_each_row(model_.pool(), n, 32, [&](int64_t i) {
+            for (int64_t r = 0; r < rows; ++r) y[i * rows + r] += bv[r];
+        });
     }
 }
 

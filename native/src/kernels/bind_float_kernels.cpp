@@ -1,30 +1,43 @@
-// Python bindings of the attention kernels (ktd._native.attention), for tests and benchmarks:
-// one block of query rows × one GQA group against F16 keys/values, with a chosen ISA.
+// Python bindings of the float kernels, for tests and benchmarks, each with a chosen ISA:
+// ktd._native.attention (one block of query rows × one GQA group against F16 keys/values) and
+// ktd._native.elementwise (activations).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bindings.h"
 #include "kernels/attention.h"
+#include "kernels/elementwise.h"
 
 namespace py = pybind11;
 
 namespace ktd {
 
-void bind_attention(py::module_ &m) {
-    auto a = m.def_submodule("attention", "attention kernels (online softmax over an F16 KV cache) per ISA");
-    a.def("tile", [] { return kAttnTile; }, "keys per online-softmax tile");
-    a.def("kernel_isas", [] {
+namespace {
+
+Isa supported_isa(const std::string &name) {
+    const Isa i = parse_isa(name);
+    if (!isa_supported_by_cpu(i)) throw std::invalid_argument("this CPU does not support ISA " + name);
+    return i;
+}
+
+}  // namespace
+
+void bind_float_kernels(py::module_ &m) {
+    auto att = m.def_submodule("attention", "attention kernels (online softmax over an F16 KV cache) per ISA");
+    att.def("tile", [] { return kAttnTile; }, "keys per online-softmax tile");
+    att.def("kernel_isas", [] {
         std::vector<std::string> out;
         for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
             if (find_attention_kernel(i)) out.emplace_back(isa_name(i));
         return out;
     }, "ISAs with their own attention kernel (others fall back as the matrix kernels do)");
-    a.def(
+    att.def(
         "attend",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
            py::array_t<uint16_t, py::array::c_style> k, py::array_t<uint16_t, py::array::c_style> v,
@@ -50,9 +63,7 @@ void bind_attention(py::module_ &m) {
                                                 " needs 0 <= lo < hi <= n_keys");
             AttnKernel fn = attention_kernel();
             if (isa) {
-                const Isa i = parse_isa(*isa);
-                if (!isa_supported_by_cpu(i)) throw std::invalid_argument("this CPU does not support ISA " + *isa);
-                fn = find_attention_kernel(i);
+                fn = find_attention_kernel(supported_isa(*isa));
                 if (!fn) throw std::invalid_argument("no " + *isa + " attention kernel in this build");
             }
             py::array_t<float> out({n_rows, n_group, hdv});
@@ -83,6 +94,31 @@ void bind_attention(py::module_ &m) {
         "One block: q F32 [n_rows, n_group, head_dim_k] (already scaled), k/v F16 bits (uint16) "
         "[n_keys, n_head_kv, head_dim], row r attends keys [lo[r], hi[r]) of KV head head_kv; "
         "returns F32 [n_rows, n_group, head_dim_v]");
+
+    auto ew = m.def_submodule("elementwise", "element-wise activation kernels per ISA");
+    ew.def("kernel_isas", [] {
+        std::vector<std::string> out;
+        for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
+            if (find_swiglu_kernel(i)) out.emplace_back(isa_name(i));
+        return out;
+    }, "ISAs with their own element-wise kernels");
+    ew.def(
+        "swiglu",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> a,
+           py::array_t<float, py::array::c_style | py::array::forcecast> b, std::optional<std::string> isa) {
+            if (a.ndim() != 1 || b.ndim() != 1 || a.shape(0) != b.shape(0))
+                throw std::invalid_argument("swiglu: a and b must be 1-D of the same length");
+            SwigluKernel fn = swiglu_kernel();
+            if (isa) {
+                fn = find_swiglu_kernel(supported_isa(*isa));
+                if (!fn) throw std::invalid_argument("no " + *isa + " swiglu kernel in this build");
+            }
+            py::array_t<float> out(a.shape(0));
+            std::copy(a.data(), a.data() + a.shape(0), out.mutable_data());
+            fn(out.mutable_data(), b.data(), a.shape(0));
+            return out;
+        },
+        py::arg("a"), py::arg("b"), py::arg("isa") = py::none(), "silu(a) * b, F32 1-D");
 }
 
 }  // namespace ktd
