@@ -220,7 +220,7 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
     s_.attn_tmp.resize(size_t(model.pool().size()) * s_.attn_tmp_stride);
     s_.attn_lo.resize(nb);
     s_.attn_hi.resize(nb);
-    s_.attn_jobs.reserve(nb * size_t(hp.n_head_kv));
+    s_.attn_jobs.reserve(nb * size_t(hp.n_head));
 }
 
 void Context::check_seq(int seq_id, const char *what) const {
@@ -363,15 +363,30 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
     }
     // Jobs: blocks of up to R consecutive rows of one sequence (consecutive positions) × one KV
     // head, so a block's K/V tiles are converted once for its R rows × the group's query heads.
+    // A query's result does not depend on the block or the heads it is computed with.
     const int group = hp.n_head / hp.n_head_kv, rows_max = attn_rows_per_block(hp);
     std::vector<ForwardScratch::AttnJob> &jobs = s_.attn_jobs;
     jobs.clear();
+    int64_t n_blocks = 0;
+    for (int64_t i = 0; i < n; ++n_blocks) {
+        int64_t e = i + 1;
+        while (e < n && e - i < rows_max && seq_ids[e] == seq_ids[i]) ++e;
+        i = e;
+    }
+    // Fewer jobs than threads (decode, few KV heads): split each group's query heads into parts.
+    const int pool_size = model_.pool().size();
+    const int64_t n_kv_jobs = n_blocks * hp.n_head_kv;
+    const int head_parts = n_kv_jobs >= pool_size ? 1 : int(std::min<int64_t>(group, (pool_size + n_kv_jobs - 1) / n_kv_jobs));
     for (int64_t i = 0; i < n;) {
         int64_t e = i + 1;
         while (e < n && e - i < rows_max && seq_ids[e] == seq_ids[i]) ++e;
         int64_t cost = 0;
         for (int64_t r = i; r < e; ++r) cost += s_.attn_hi[size_t(r)] - s_.attn_lo[size_t(r)];
-        for (int h = 0; h < hp.n_head_kv; ++h) jobs.push_back({i, cost, int(e - i), h});
+        for (int h = 0; h < hp.n_head_kv; ++h)
+            for (int part = 0; part < head_parts; ++part) {
+                const int g0 = group * part / head_parts, g1 = group * (part + 1) / head_parts;
+                jobs.push_back({i, cost * (g1 - g0), int(e - i), h, g0, g1 - g0});
+            }
         i = e;
     }
     // Longest first, handed out one at a time: causal prefill blocks differ in cost by up to the
@@ -389,10 +404,11 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
             const ForwardScratch::AttnJob &job = jobs[j];
             const size_t base = size_t(seq_ids[job.row0]) * size_t(n_ctx_);
             AttnBlock blk;
-            blk.q = s_.q.data() + job.row0 * n_embd_q + int64_t(job.head_kv) * group * hd_k;
+            const int64_t head = int64_t(job.head_kv) * group + job.head0;  // first query head
+            blk.q = s_.q.data() + job.row0 * n_embd_q + head * hd_k;
             blk.q_row_stride = size_t(n_embd_q);
             blk.n_rows = job.n_rows;
-            blk.n_group = group;
+            blk.n_group = job.n_heads;
             blk.lo = s_.attn_lo.data() + job.row0;
             blk.hi = s_.attn_hi.data() + job.row0;
             blk.k = kc + base * size_t(dk) + size_t(job.head_kv * hd_k);
@@ -401,7 +417,7 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
             blk.v_stride = size_t(dv);
             blk.head_dim_k = hd_k;
             blk.head_dim_v = hd_v;
-            blk.out = s_.attn.data() + job.row0 * attn_row + int64_t(job.head_kv) * group * hd_v;
+            blk.out = s_.attn.data() + job.row0 * attn_row + head * hd_v;
             blk.out_row_stride = size_t(attn_row);
             kernel(blk, scratch);
         }

@@ -124,8 +124,9 @@ struct ForwardScratch {
     struct AttnJob {
         int64_t row0, cost;  // first batch row; keys read by the job (for longest-first order)
         int n_rows, head_kv;
+        int head0, n_heads;  // the group's query heads [head0, head0 + n_heads) of head_kv
     };
-    std::vector<AttnJob> attn_jobs;            // [<= n_batch · n_head_kv]
+    std::vector<AttnJob> attn_jobs;            // [<= n_batch · n_head]
     MatmulScratch mm;
 };
 
