@@ -8,5 +8,6 @@ void bind_gguf(pybind11::module_ &m);     // GGUF reader
 void bind_memory(pybind11::module_ &m);   // weights arena, huge pages
 void bind_cpu(pybind11::module_ &m);      // CPU features, topology, thread pool
 void bind_kernels(pybind11::module_ &m);  // block types and matrix kernels
+void bind_float_kernels(pybind11::module_ &m);  // attention and element-wise kernels per ISA
 void bind_model(pybind11::module_ &m);    // model, context (KV cache), forward
 }  // namespace ktd

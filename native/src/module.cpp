@@ -8,5 +8,6 @@ PYBIND11_MODULE(_native, m) {
     ktd::bind_memory(m);
     ktd::bind_cpu(m);
     ktd::bind_kernels(m);
+    ktd::bind_float_kernels(m);
     ktd::bind_model(m);
 }

@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "common/float16.h"
+#include "cpu/thread_pool.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
 
 namespace ktd {
 
@@ -76,9 +79,17 @@ void rope_apply(const RopeParams &rp, const float *cs, float *x, int n_heads, in
     }
 }
 
-void swiglu(float *a, const float *b, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) a[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+void for_each_row(ThreadPool &pool, int64_t n, int64_t min_rows, const std::function<void(int64_t)> &fn) {
+    if (n < min_rows || pool.size() == 1) {
+        for (int64_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    pool.parallel_for(size_t(n), [&](size_t begin, size_t end, int) {
+        for (size_t i = begin; i < end; ++i) fn(int64_t(i));
+    });
 }
+
+void swiglu(float *a, const float *b, int64_t n) { swiglu_kernel()(a, b, n); }
 
 void geglu(float *a, const float *b, int64_t n) {
     constexpr float kSqrt2OverPi = 0.79788456080286535588f;
@@ -102,37 +113,6 @@ const float *fp16_table() {
         return t;
     }();
     return table.data();
-}
-
-void attend_one(const float *q, const uint16_t *k, size_t k_stride, const uint16_t *v, size_t v_stride,
-                int64_t lo, int64_t hi, int64_t head_dim_k, int64_t head_dim_v, float *out, float *scores) {
-    const float *h2f = fp16_table();
-    float m = -INFINITY, sum = 0.0f;
-    std::fill(out, out + head_dim_v, 0.0f);
-    for (int64_t t0 = lo; t0 < hi; t0 += kAttnTile) {
-        const int64_t t1 = std::min(hi, t0 + kAttnTile);
-        float tile_max = -INFINITY;
-        for (int64_t j = t0; j < t1; ++j) {
-            const uint16_t *kj = k + size_t(j) * k_stride;
-            float s = 0.0f;
-            for (int64_t d = 0; d < head_dim_k; ++d) s += q[d] * h2f[kj[d]];
-            scores[j - t0] = s;
-            tile_max = std::max(tile_max, s);
-        }
-        const float m_new = std::max(m, tile_max);
-        const float correction = std::exp(m - m_new);  // 0 on the first tile (m = -inf)
-        sum *= correction;
-        for (int64_t d = 0; d < head_dim_v; ++d) out[d] *= correction;
-        for (int64_t j = t0; j < t1; ++j) {
-            const float p = std::exp(scores[j - t0] - m_new);
-            sum += p;
-            const uint16_t *vj = v + size_t(j) * v_stride;
-            for (int64_t d = 0; d < head_dim_v; ++d) out[d] += p * h2f[vj[d]];
-        }
-        m = m_new;
-    }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int64_t d = 0; d < head_dim_v; ++d) out[d] *= inv;
 }
 
 namespace {

@@ -1,12 +1,21 @@
-// Shared building blocks of the forward pass: norms, rotary embeddings, activations, attention.
+// Shared building blocks of the forward pass: norms, rotary embeddings, activations (attention:
+// kernels/attention.h).
 // All activations are F32, row-major, one row per batch token: x [n][n_embd] etc.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "model/hparams.h"
 
 namespace ktd {
+
+class ThreadPool;
+
+// fn(i) for every batch row i < n: split across the pool when there are at least min_rows rows
+// (prefill), on the calling thread otherwise (decode: a hand-over would cost more than the row).
+// Rows are independent, so the split never changes a result.
+void for_each_row(ThreadPool &pool, int64_t n, int64_t min_rows, const std::function<void(int64_t)> &fn);
 
 // y[i] = x[i] / sqrt(mean(x²) + eps) · w[i] for one row of n (w null: no weight). y may alias x.
 void rms_norm(const float *x, const float *w, float *y, int64_t n, float eps);
@@ -18,7 +27,8 @@ void rope_cos_sin(const RopeParams &rp, const float *freq_factors, int64_t pos, 
 // Rotates the first n_rot dims of each of n_heads head vectors (head_dim apart) in place.
 void rope_apply(const RopeParams &rp, const float *cs, float *x, int n_heads, int64_t head_dim);
 
-// In place: a[i] = silu(a[i]) · b[i]   (SwiGLU)  /  gelu_tanh(a[i]) · b[i]  (GeGLU)
+// In place: a[i] = silu(a[i]) · b[i]   (SwiGLU, the active ISA's kernel: kernels/elementwise.h)
+//           /  gelu_tanh(a[i]) · b[i]  (GeGLU)
 void swiglu(float *a, const float *b, int64_t n);
 void geglu(float *a, const float *b, int64_t n);
 // In place: a[i] = relu(a[i])² · b[i]  (BitNet b1.58)
@@ -27,20 +37,12 @@ void relu2glu(float *a, const float *b, int64_t n);
 // Exact F16 → F32 through a 64 Ki-entry table (the core is compiled for baseline x86-64: no F16C).
 const float *fp16_table();
 
-// One query head against one sequence's cached keys/values [lo, hi), tile by tile with an online
-// softmax (running max and sum), so memory does not grow with the context length.
-//   q [head_dim_k] (already scaled), key j at k + j*k_stride, value j at v + j*v_stride (F16), out [head_dim_v],
-//   scores: scratch of kAttnTile floats.
-constexpr int kAttnTile = 64;
-void attend_one(const float *q, const uint16_t *k, size_t k_stride, const uint16_t *v, size_t v_stride,
-                int64_t lo, int64_t hi, int64_t head_dim_k, int64_t head_dim_v, float *out, float *scores);
-
 // n_q query heads that share one cached K/V sequence (a GQA group; MLA: all heads and the latent)
-// over keys [k0, k1): each tile of keys is converted from F16 once and used by every head. Leaves
+// over keys [k0, k1), in tiles of kAttnTile (kernels/attention.h): each tile of keys is converted from F16 once and used by every head. Leaves
 // the unnormalized softmax state per head so that the states of several key ranges merge
 // (attend_merge): m[g] the max score, l[g] = Σ exp(s - m), o_g [head_dim_v] = Σ exp(s - m)·v
 // (all heads: m = -inf, l = 0, o = 0 for an empty range).
-//   q_g = q + g·q_stride [head_dim_k] (already scaled), k/v as in attend_one (v == k with the same
+//   q_g = q + g·q_stride [head_dim_k] (already scaled), key j at k + j·k_stride, value j at v + j·v_stride, F16 (v == k with the same
 //   stride: the values are the first head_dim_v entries of each key row), o_g = o + g·o_stride,
 //   tmp: attend_group_tmp_floats(...) floats of scratch.
 size_t attend_group_tmp_floats(int n_q, int64_t head_dim_k, int64_t head_dim_v);

@@ -16,17 +16,32 @@ namespace ktd {
 
 namespace {
 
+// Below this many batch rows the per-row work stays on the calling thread (see for_each_row).
+constexpr int64_t kMinParallelRows = 32;
+
+// x [n][n_embd] += t [n][n_embd], row by row.
+void add_rows(ThreadPool &pool, float *x, const float *t, int64_t n, int64_t E) {
+    for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
+        float *xi = x + i * E;
+        const float *ti = t + i * E;
+        for (int64_t d = 0; d < E; ++d) xi[d] += ti[d];
+    });
+}
+
 // x += wo · attention(rope(q), rope(k), v) of rms_norm(x).
 void llama_attention(Context &ctx, const LayerWeights &w, int il, const Batch &b, int64_t r0, int64_t n) {
     const HParams &hp = ctx.model().hparams();
     ForwardScratch &s = ctx.scratch();
+    ThreadPool &pool = ctx.model().pool();
     const int64_t E = hp.n_embd, hd = hp.head_dim_k;
 
-    for (int64_t i = 0; i < n; ++i) rms_norm(&s.x[size_t(i * E)], w.attn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
+    for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
+        rms_norm(&s.x[size_t(i * E)], w.attn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
+    });
     ctx.linear(w.wq, s.xn.data(), n, s.q.data(), &w.bq);
     ctx.linear(w.wk, s.xn.data(), n, s.k.data(), &w.bk);
     ctx.linear(w.wv, s.xn.data(), n, s.v.data(), &w.bv);
-    for (int64_t i = 0; i < n; ++i) {
+    for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
         float *qi = &s.q[size_t(i * hp.n_embd_q())], *ki = &s.k[size_t(i * hp.n_embd_k_gqa())];
         if (!w.attn_q_norm.empty()) {  // qwen3: RMSNorm over each head before RoPE
             for (int h = 0; h < hp.n_head; ++h) rms_norm(qi + h * hd, w.attn_q_norm.data(), qi + h * hd, hd, hp.norm_eps);
@@ -36,27 +51,32 @@ void llama_attention(Context &ctx, const LayerWeights &w, int il, const Batch &b
         rope_apply(hp.rope, cs, qi, hp.n_head, hd);
         rope_apply(hp.rope, cs, ki, hp.n_head_kv, hd);
         for (int64_t d = 0; d < hp.n_embd_q(); ++d) qi[d] *= hp.attn_scale;
-    }
+    });
     ctx.attention(il, b.positions + r0, b.seq_ids + r0, n);
     ctx.linear(w.wo, s.attn.data(), n, s.tmp.data(), &w.bo);
-    for (int64_t j = 0; j < n * E; ++j) s.x[size_t(j)] += s.tmp[size_t(j)];
+    add_rows(pool, s.x.data(), s.tmp.data(), n, E);
 }
 
 // x += FFN(rms_norm(x)): the layer's experts when it has them, else SwiGLU.
 void llama_ffn(Context &ctx, const LayerWeights &w, int il, int64_t n) {
     const HParams &hp = ctx.model().hparams();
     ForwardScratch &s = ctx.scratch();
+    ThreadPool &pool = ctx.model().pool();
     const int64_t E = hp.n_embd;
-    for (int64_t i = 0; i < n; ++i) rms_norm(&s.x[size_t(i * E)], w.ffn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
+    for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
+        rms_norm(&s.x[size_t(i * E)], w.ffn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
+    });
     if (w.ffn_gate_inp) {
         moe_ffn(ctx, w, il, s.xn.data(), n, s.tmp.data());
     } else {
         ctx.linear(w.ffn_gate, s.xn.data(), n, s.gate.data());
         ctx.linear(w.ffn_up, s.xn.data(), n, s.up.data());
-        swiglu(s.gate.data(), s.up.data(), n * hp.n_ff);
+        for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
+            swiglu(&s.gate[size_t(i * hp.n_ff)], &s.up[size_t(i * hp.n_ff)], hp.n_ff);
+        });
         ctx.linear(w.ffn_down, s.gate.data(), n, s.tmp.data());
     }
-    for (int64_t j = 0; j < n * E; ++j) s.x[size_t(j)] += s.tmp[size_t(j)];
+    add_rows(pool, s.x.data(), s.tmp.data(), n, E);
 }
 
 void llama_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, int64_t r0, int64_t n) {

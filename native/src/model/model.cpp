@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/float16.h"
 #include "memory/arena.h"
+#include "kernels/attention.h"
 #include "model/blocks.h"
 
 namespace ktd {
@@ -207,6 +208,13 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     return m;
 }
 
+namespace {
+// Query rows per attention block: about 64 queries (rows × the GQA group's heads) share each K/V
+// tile, and the block's scratch (scores and accumulators, 64 queries × (64 + head_dim_v) floats)
+// stays in L2.
+int attn_rows_per_block(const HParams &hp) { return std::max(1, 64 / (hp.n_head / hp.n_head_kv)); }
+}  // namespace
+
 Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_batch)
     : model_(model), n_ctx_(n_ctx), n_seq_max_(n_seq_max), n_batch_(n_batch) {
     if (n_ctx < 1 || n_ctx > (int64_t(1) << 24)) throw std::invalid_argument("n_ctx must be in [1, 2^24]");
@@ -234,7 +242,12 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
     s_.up.resize(nb * size_t(hp.n_ff));
     s_.rope_cs.resize(nb * size_t(hp.rope.n_rot));
     s_.rope_cs_swa.resize(nb * size_t(hp.rope_swa.n_rot));
-    s_.attn_tmp.resize(size_t(model.pool().size()) * kAttnTile);
+    s_.attn_tmp_stride = attn_scratch_layout(attn_rows_per_block(hp), hp.n_head / hp.n_head_kv, hp.head_dim_k,
+                                             hp.head_dim_v).total;
+    s_.attn_tmp.resize(size_t(model.pool().size()) * s_.attn_tmp_stride);
+    s_.attn_lo.resize(nb);
+    s_.attn_hi.resize(nb);
+    s_.attn_jobs.reserve(nb * size_t(hp.n_head));
     if (hp.is_mla()) {
         const MlaParams &mla = hp.mla;
         s_.mla_q_a.resize(nb * size_t(mla.q_lora_rank));
@@ -368,8 +381,10 @@ void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const
     matmul(&model_.pool(), m.pw, x, n, y, s_.mm);
     if (bias && !bias->empty()) {
         const int64_t rows = m.pw.rows;
-        for (int64_t i = 0; i < n; ++i)
-            for (int64_t r = 0; r < rows; ++r) y[i * rows + r] += (*bias)[size_t(r)];
+        const float *bv = bias->data();
+        for_each_row(model_.pool(), n, 32, [&](int64_t i) {
+            for (int64_t r = 0; r < rows; ++r) y[i * rows + r] += bv[r];
+        });
     }
 }
 
@@ -391,21 +406,72 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
         attention_grouped(il, positions, seq_ids, n, kc, dk, vc, dv);
         return;
     }
-    // Every (row, head) pair is independent: attend over [lo, pos] of the row's sequence.
-    const int group = hp.n_head / hp.n_head_kv;
+    // Row i attends keys [lo, pos] of its sequence (lo > 0 only in a sliding-window layer).
     const bool swa = hp.layer_swa[size_t(il)];
-    const int64_t hd_k = hp.head_dim_k, hd_v = hp.head_dim_v;
-    model_.pool().parallel_for(size_t(n) * size_t(hp.n_head), [&](size_t begin, size_t end, int tid) {
-        float *scores = s_.attn_tmp.data() + size_t(tid) * kAttnTile;
-        for (size_t job = begin; job < end; ++job) {
-            const int64_t i = int64_t(job) / hp.n_head;
-            const int h = int(int64_t(job) % hp.n_head), hkv = h / group;
-            const int64_t pos = positions[i];
-            const int64_t lo = swa ? std::max<int64_t>(0, pos - hp.n_swa + 1) : 0;
-            const size_t base = size_t(seq_ids[i]) * size_t(n_ctx_);
-            attend_one(s_.q.data() + i * hp.n_embd_q() + h * hd_k, kc + base * size_t(dk) + size_t(hkv * hd_k),
-                       size_t(dk), vc + base * size_t(dv) + size_t(hkv * hd_v), size_t(dv), lo, pos + 1, hd_k, hd_v,
-                       s_.attn.data() + i * int64_t(hp.n_head) * hd_v + h * hd_v, scores);
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = positions[i];
+        s_.attn_lo[size_t(i)] = swa ? std::max<int64_t>(0, pos - hp.n_swa + 1) : 0;
+        s_.attn_hi[size_t(i)] = pos + 1;
+    }
+    // Jobs: blocks of up to R consecutive rows of one sequence (consecutive positions) × one KV
+    // head, so a block's K/V tiles are converted once for its R rows × the group's query heads.
+    // A query's result does not depend on the block or the heads it is computed with.
+    const int group = hp.n_head / hp.n_head_kv, rows_max = attn_rows_per_block(hp);
+    std::vector<ForwardScratch::AttnJob> &jobs = s_.attn_jobs;
+    jobs.clear();
+    int64_t n_blocks = 0;
+    for (int64_t i = 0; i < n; ++n_blocks) {
+        int64_t e = i + 1;
+        while (e < n && e - i < rows_max && seq_ids[e] == seq_ids[i]) ++e;
+        i = e;
+    }
+    // Fewer jobs than threads (decode, few KV heads): split each group's query heads into parts.
+    const int pool_size = model_.pool().size();
+    const int64_t n_kv_jobs = n_blocks * hp.n_head_kv;
+    const int head_parts = n_kv_jobs >= pool_size ? 1 : int(std::min<int64_t>(group, (pool_size + n_kv_jobs - 1) / n_kv_jobs));
+    for (int64_t i = 0; i < n;) {
+        int64_t e = i + 1;
+        while (e < n && e - i < rows_max && seq_ids[e] == seq_ids[i]) ++e;
+        int64_t cost = 0;
+        for (int64_t r = i; r < e; ++r) cost += s_.attn_hi[size_t(r)] - s_.attn_lo[size_t(r)];
+        for (int h = 0; h < hp.n_head_kv; ++h)
+            for (int part = 0; part < head_parts; ++part) {
+                const int g0 = group * part / head_parts, g1 = group * (part + 1) / head_parts;
+                jobs.push_back({i, cost * (g1 - g0), int(e - i), h, g0, g1 - g0});
+            }
+        i = e;
+    }
+    // Longest first, handed out one at a time: causal prefill blocks differ in cost by up to the
+    // context length, so fixed contiguous shares would leave threads idle. Each job's result does
+    // not depend on which thread runs it.
+    std::stable_sort(jobs.begin(), jobs.end(), [](const auto &a, const auto &b) { return a.cost > b.cost; });
+    const AttnKernel kernel = attention_kernel();
+    const int64_t hd_k = hp.head_dim_k, hd_v = hp.head_dim_v, n_embd_q = hp.n_embd_q();
+    const int64_t attn_row = int64_t(hp.n_head) * hd_v;
+    std::atomic<size_t> next{0};
+    model_.pool().run([&](int tid, int) {
+        float *scratch = s_.attn_tmp.data() + size_t(tid) * s_.attn_tmp_stride;
+        for (size_t j = next.fetch_add(1, std::memory_order_relaxed); j < jobs.size();
+             j = next.fetch_add(1, std::memory_order_relaxed)) {
+            const ForwardScratch::AttnJob &job = jobs[j];
+            const size_t base = size_t(seq_ids[job.row0]) * size_t(n_ctx_);
+            AttnBlock blk;
+            const int64_t head = int64_t(job.head_kv) * group + job.head0;  // first query head
+            blk.q = s_.q.data() + job.row0 * n_embd_q + head * hd_k;
+            blk.q_row_stride = size_t(n_embd_q);
+            blk.n_rows = job.n_rows;
+            blk.n_group = job.n_heads;
+            blk.lo = s_.attn_lo.data() + job.row0;
+            blk.hi = s_.attn_hi.data() + job.row0;
+            blk.k = kc + base * size_t(dk) + size_t(job.head_kv * hd_k);
+            blk.v = vc + base * size_t(dv) + size_t(job.head_kv * hd_v);
+            blk.k_stride = size_t(dk);
+            blk.v_stride = size_t(dv);
+            blk.head_dim_k = hd_k;
+            blk.head_dim_v = hd_v;
+            blk.out = s_.attn.data() + job.row0 * attn_row + head * hd_v;
+            blk.out_row_stride = size_t(attn_row);
+            kernel(blk, scratch);
         }
     });
 }

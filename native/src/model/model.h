@@ -128,7 +128,15 @@ struct ForwardScratch {
     std::vector<float> x, xn, q, k, v, attn, gate, up, tmp;  // [n_batch][...]
     std::vector<float> rope_cs;                // [n_batch][n_rot] cos/sin pairs
     std::vector<float> rope_cs_swa;            // same for sliding-window layers
-    std::vector<float> attn_tmp;               // [n_threads][kAttnTile]
+    std::vector<float> attn_tmp;               // [n_threads][attn_tmp_stride] attention kernel scratch
+    size_t attn_tmp_stride = 0;
+    std::vector<int64_t> attn_lo, attn_hi;     // [n_batch] each row's key range [lo, hi)
+    struct AttnJob {
+        int64_t row0, cost;  // first batch row; keys read by the job (for longest-first order)
+        int n_rows, head_kv;
+        int head0, n_heads;  // the group's query heads [head0, head0 + n_heads) of head_kv
+    };
+    std::vector<AttnJob> attn_jobs;            // [<= n_batch · n_head]
     MatmulScratch mm;
     MoeScratch moe;                            // routed experts (moe_ffn)
     // deepseek2 (MLA) only: q LoRA [n_batch][q_lora_rank], decompressed q [n_batch][n_head·(nope+rope)],

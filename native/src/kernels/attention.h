@@ -1,0 +1,68 @@
+// Attention kernels: a block of query rows × the query heads of one GQA group against one
+// sequence's F16 K/V cache, tile by tile with an online softmax (running max and sum per query),
+// so memory does not grow with the context length.
+//
+// All the query heads of a group read the same K/V head, and consecutive rows of one sequence
+// read overlapping key ranges: each K/V tile of kAttnTile keys is converted to F32 once per block
+// and used by all n_rows × n_group queries of the block.
+//
+// Every ISA's kernel is registered at load time (KTD_REGISTER_ATTENTION); the scalar reference
+// (Isa::Ref) is the specification, the others must agree with it within F32 rounding
+// (tests/test_attention.py). A kernel's result for one query depends only on that query and its
+// key range, never on the block it was computed in, the thread, or the other rows — so the
+// forward is independent of the thread count and the block split, bitwise, for a given ISA.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace ktd {
+
+// Keys per tile: the K/V tile converted to F32 (kAttnTile × head_dim floats each) stays in L1/L2.
+constexpr int kAttnTile = 64;
+
+struct AttnBlock {
+    // Queries, already scaled: row r, group head g at q + r * q_row_stride + g * head_dim_k.
+    const float *q = nullptr;
+    size_t q_row_stride = 0;  // floats
+    int n_rows = 0;           // R >= 1
+    int n_group = 0;          // G >= 1 query heads sharing the K/V head
+    // Row r attends keys [lo[r], hi[r]) of the sequence (lo[r] < hi[r]).
+    const int64_t *lo = nullptr, *hi = nullptr;
+    // Key j at k + j * k_stride, value j at v + j * v_stride (F16, elements).
+    const uint16_t *k = nullptr, *v = nullptr;
+    size_t k_stride = 0, v_stride = 0;
+    int64_t head_dim_k = 0, head_dim_v = 0;
+    // Output: row r, head g at out + r * out_row_stride + g * head_dim_v (head_dim_v floats).
+    float *out = nullptr;
+    size_t out_row_stride = 0;
+};
+
+// The per-thread scratch of a block of Q = n_rows × n_group queries, offsets in floats (multiples
+// of 8; the kernels use unaligned loads, so the scratch needs no particular alignment):
+//   kf [kAttnTile][head_dim_k]  the K tile in F32      vf [kAttnTile][head_dim_v]  the V tile
+//   s  [Q][kAttnTile]           scores / probabilities  m, l [Q]  running max and sum
+//   acc [Q][head_dim_v]         unnormalised output
+struct AttnScratchLayout {
+    size_t kf, vf, s, m, l, acc, total;
+};
+// Not inline: the ISA translation units call it too (no shared inline code, see kernels/avx2/avx2.h).
+AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_k, int64_t head_dim_v);
+
+// One block; scratch: attn_scratch_layout(n_rows, n_group, ...).total floats.
+using AttnKernel = void (*)(const AttnBlock &b, float *scratch);
+
+void register_attention_kernel(Isa isa, AttnKernel fn);
+// The kernel registered for isa, or nullptr.
+AttnKernel find_attention_kernel(Isa isa);
+// The kernel for the active ISA (AVX-512 falls back to AVX2, then to the reference).
+AttnKernel attention_kernel();
+
+}  // namespace ktd
+
+#define KTD_REGISTER_ATTENTION(isa, fn)                                     \
+    static const bool KTD_CONCAT(ktd_attn_registered_, __LINE__) = [] {     \
+        ::ktd::register_attention_kernel(isa, fn);                          \
+        return true;                                                        \
+    }()

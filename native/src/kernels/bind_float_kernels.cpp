@@ -1,0 +1,124 @@
+// Python bindings of the float kernels, for tests and benchmarks, each with a chosen ISA:
+// ktd._native.attention (one block of query rows × one GQA group against F16 keys/values) and
+// ktd._native.elementwise (activations).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+
+namespace py = pybind11;
+
+namespace ktd {
+
+namespace {
+
+Isa supported_isa(const std::string &name) {
+    const Isa i = parse_isa(name);
+    if (!isa_supported_by_cpu(i)) throw std::invalid_argument("this CPU does not support ISA " + name);
+    return i;
+}
+
+}  // namespace
+
+void bind_float_kernels(py::module_ &m) {
+    auto att = m.def_submodule("attention", "attention kernels (online softmax over an F16 KV cache) per ISA");
+    att.def("tile", [] { return kAttnTile; }, "keys per online-softmax tile");
+    att.def("kernel_isas", [] {
+        std::vector<std::string> out;
+        for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
+            if (find_attention_kernel(i)) out.emplace_back(isa_name(i));
+        return out;
+    }, "ISAs with their own attention kernel (others fall back as the matrix kernels do)");
+    att.def(
+        "attend",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+           py::array_t<uint16_t, py::array::c_style> k, py::array_t<uint16_t, py::array::c_style> v,
+           py::array_t<int64_t, py::array::c_style | py::array::forcecast> lo,
+           py::array_t<int64_t, py::array::c_style | py::array::forcecast> hi, int head_kv,
+           std::optional<std::string> isa) {
+            if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3)
+                throw std::invalid_argument("q, k and v must be 3-D: [n_rows, n_group, head_dim_k], "
+                                            "[n_keys, n_head_kv, head_dim_k], [n_keys, n_head_kv, head_dim_v]");
+            const int64_t n_rows = q.shape(0), n_group = q.shape(1), hdk = q.shape(2);
+            const int64_t n_keys = k.shape(0), n_kv = k.shape(1), hdv = v.shape(2);
+            if (n_rows < 1 || n_group < 1 || hdk < 1 || hdv < 1 || n_keys < 1)
+                throw std::invalid_argument("attend: empty q, k or v");
+            if (k.shape(2) != hdk || v.shape(0) != n_keys || v.shape(1) != n_kv)
+                throw std::invalid_argument("attend: k must be [n_keys, n_head_kv, head_dim_k] and v [n_keys, n_head_kv, "
+                                            "head_dim_v] with q's head_dim_k");
+            if (head_kv < 0 || head_kv >= n_kv) throw std::invalid_argument("attend: head_kv out of range");
+            if (lo.ndim() != 1 || hi.ndim() != 1 || lo.shape(0) != n_rows || hi.shape(0) != n_rows)
+                throw std::invalid_argument("attend: lo and hi must be 1-D with one entry per query row");
+            for (int64_t r = 0; r < n_rows; ++r)
+                if (lo.data()[r] < 0 || lo.data()[r] >= hi.data()[r] || hi.data()[r] > n_keys)
+                    throw std::invalid_argument("attend: row " + std::to_string(r) +
+                                                " needs 0 <= lo < hi <= n_keys");
+            AttnKernel fn = attention_kernel();
+            if (isa) {
+                fn = find_attention_kernel(supported_isa(*isa));
+                if (!fn) throw std::invalid_argument("no " + *isa + " attention kernel in this build");
+            }
+            py::array_t<float> out({n_rows, n_group, hdv});
+            AttnBlock b;
+            b.q = q.data();
+            b.q_row_stride = size_t(n_group * hdk);
+            b.n_rows = int(n_rows);
+            b.n_group = int(n_group);
+            b.lo = lo.data();
+            b.hi = hi.data();
+            b.k = k.data() + head_kv * hdk;
+            b.v = v.data() + head_kv * hdv;
+            b.k_stride = size_t(n_kv * hdk);
+            b.v_stride = size_t(n_kv * hdv);
+            b.head_dim_k = hdk;
+            b.head_dim_v = hdv;
+            b.out = out.mutable_data();
+            b.out_row_stride = size_t(n_group * hdv);
+            std::vector<float> scratch(attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv).total);
+            {
+                py::gil_scoped_release release;
+                fn(b, scratch.data());
+            }
+            return out;
+        },
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lo"), py::arg("hi"), py::arg("head_kv") = 0,
+        py::arg("isa") = py::none(),
+        "One block: q F32 [n_rows, n_group, head_dim_k] (already scaled), k/v F16 bits (uint16) "
+        "[n_keys, n_head_kv, head_dim], row r attends keys [lo[r], hi[r]) of KV head head_kv; "
+        "returns F32 [n_rows, n_group, head_dim_v]");
+
+    auto ew = m.def_submodule("elementwise", "element-wise activation kernels per ISA");
+    ew.def("kernel_isas", [] {
+        std::vector<std::string> out;
+        for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
+            if (find_swiglu_kernel(i)) out.emplace_back(isa_name(i));
+        return out;
+    }, "ISAs with their own element-wise kernels");
+    ew.def(
+        "swiglu",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> a,
+           py::array_t<float, py::array::c_style | py::array::forcecast> b, std::optional<std::string> isa) {
+            if (a.ndim() != 1 || b.ndim() != 1 || a.shape(0) != b.shape(0))
+                throw std::invalid_argument("swiglu: a and b must be 1-D of the same length");
+            SwigluKernel fn = swiglu_kernel();
+            if (isa) {
+                fn = find_swiglu_kernel(supported_isa(*isa));
+                if (!fn) throw std::invalid_argument("no " + *isa + " swiglu kernel in this build");
+            }
+            py::array_t<float> out(a.shape(0));
+            std::copy(a.data(), a.data() + a.shape(0), out.mutable_data());
+            fn(out.mutable_data(), b.data(), a.shape(0));
+            return out;
+        },
+        py::arg("a"), py::arg("b"), py::arg("isa") = py::none(), "silu(a) * b, F32 1-D");
+}
+
+}  // namespace ktd
