@@ -138,3 +138,53 @@ def build(kvs: list[bytes], infos: list[bytes], data: bytes = b"", *, version: i
     body = head + b"".join(kvs) + b"".join(infos)
     pad = (-len(body)) % alignment
     return body + b"\0" * pad + data
+
+
+def rewrite_gguf(src, dst, *, arch=None, set_kv=None, drop_kv=(), drop=(), reshape=None, retype=None, add=None):
+    """Copy GGUF `src` to `dst` with edits, for load-time error tests:
+    arch      rename the architecture (and its "{arch}." metadata keys);
+    set_kv    {key: (value, GGUFValueType)} metadata to set (replacing or adding);
+    drop_kv   metadata keys to leave out;
+    drop      tensor names to leave out;
+    reshape   (name, numpy shape): that tensor becomes F32 zeros of the wrong shape;
+    retype    a 2-D tensor name that becomes Q8_1 zeros (a type without kernels);
+    add       {name: F32 array} extra tensors appended."""
+    r = gguf.GGUFReader(str(src))
+    old_arch = r.fields["general.architecture"].contents()
+    new_arch = arch or old_arch
+    w = gguf.GGUFWriter(str(dst), new_arch)
+    set_kv = dict(set_kv or {})
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key in drop_kv:
+            continue
+        if key.startswith(old_arch + "."):
+            key = new_arch + key[len(old_arch):]
+        if key in set_kv:
+            w.add_key_value(key, *set_kv.pop(key))
+        elif f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(key, f.contents(), f.types[0])
+    for key, (value, vtype) in set_kv.items():
+        w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        if t.name in drop:
+            continue
+        data = np.array(t.data)
+        if reshape and t.name == reshape[0]:
+            data = np.zeros(reshape[1], np.float32)
+        if retype and t.name == retype:
+            rows, k = data.shape
+            w.add_tensor(t.name, np.zeros((rows, k // 32 * 40), np.uint8),  # Q8_1: 40-byte blocks of 32
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+            continue
+        w.add_tensor(t.name, data)
+    for name, data in (add or {}).items():
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

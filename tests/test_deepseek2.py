@@ -15,8 +15,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFValueType
 
+from gguf_samples import rewrite_gguf
 from ktd import _native
 from models import synthetic_moe as S
 from reference import numpy_moe as R
@@ -325,38 +326,7 @@ def test_kv_bytes_per_token_of_a_dense_model(tmp_path):
 
 # ---- (e) bad input ------------------------------------------------------------------------------
 
-def _rewrite(src, dst, *, drop=(), reshape=None, set_kv=None):
-    """Copy GGUF `src` to `dst`, dropping tensors, giving one tensor a wrong shape (name, numpy
-    shape) and/or setting metadata keys {key: (value, GGUFValueType)}."""
-    r = GGUFReader(str(src))
-    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    set_kv = dict(set_kv or {})
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        if key in set_kv:
-            value, vtype = set_kv.pop(key)
-            w.add_key_value(key, value, vtype)
-            continue
-        vtype = f.types[0]
-        if vtype == GGUFValueType.ARRAY:
-            w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1])
-        else:
-            w.add_key_value(key, f.contents(), vtype)
-    for key, (value, vtype) in set_kv.items():
-        w.add_key_value(key, value, vtype)
-    for t in r.tensors:
-        if t.name in drop:
-            continue
-        data = np.array(t.data)
-        if reshape and t.name == reshape[0]:
-            data = np.zeros(reshape[1], np.float32)
-        w.add_tensor(t.name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+_rewrite = rewrite_gguf
 
 
 def _load(path):
@@ -396,21 +366,8 @@ def test_bad_kv_lora_rank_is_named(tiny, tmp_path, value, match):
 
 def test_missing_kv_lora_rank_is_named(tiny, tmp_path):
     src = tiny("v2", dense=True)
-    r = GGUFReader(str(src))
-    assert "deepseek2.attention.kv_lora_rank" in r.fields
-    p = tmp_path / "x.gguf"
-    w = GGUFWriter(str(p), "deepseek2")
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "deepseek2.attention.kv_lora_rank"):
-            continue
-        vtype = f.types[0]
-        w.add_key_value(key, f.contents(), vtype, **({"sub_type": f.types[-1]} if vtype == GGUFValueType.ARRAY else {}))
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    assert "deepseek2.attention.kv_lora_rank" in GGUFReader(str(src)).fields
+    p = _rewrite(src, tmp_path / "x.gguf", drop_kv={"deepseek2.attention.kv_lora_rank"})
     with pytest.raises(_native.GGUFError, match=r"missing metadata key deepseek2\.attention\.kv_lora_rank"):
         _load(p)
 
@@ -436,21 +393,7 @@ def test_attention_temperature_tuning_is_refused(tiny, tmp_path):
 
 def test_legacy_unsplit_kv_b_is_refused(tiny, tmp_path):
     src = tiny("v2", dense=True)
-    p = tmp_path / "legacy.gguf"
-    r = GGUFReader(str(src))
-    w = GGUFWriter(str(p), "deepseek2")
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vtype = f.types[0]
-        w.add_key_value(key, f.contents(), vtype, **({"sub_type": f.types[-1]} if vtype == GGUFValueType.ARRAY else {}))
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    w.add_tensor("blk.0.attn_kv_b.weight", np.zeros((4 * 64, 64), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    p = _rewrite(src, tmp_path / "legacy.gguf", add={"blk.0.attn_kv_b.weight": np.zeros((4 * 64, 64), np.float32)})
     with pytest.raises(_native.GGUFError, match=r"attn_kv_b\.weight: unsplit MLA weights"):
         _load(p)
 

@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
+from gguf_samples import rewrite_gguf
 from ktd import _native
 from ktd.engine import Engine
 from ktd.errors import ContextOverflow
@@ -177,38 +177,7 @@ def test_bad_rows_are_rejected(tiny, rows, match):
 
 # ---- load-time errors on edited files ----
 
-def _rewrite(src, dst, *, arch=None, drop=(), reshape=None, retype=None):
-    """Copy GGUF `src` to `dst`, optionally renaming the architecture, dropping tensors, giving one
-    tensor a wrong shape (name, numpy shape) or a type without kernels (name, Q8_1 zeros)."""
-    r = GGUFReader(str(src))
-    old_arch = r.fields["general.architecture"].contents()
-    w = GGUFWriter(str(dst), arch or old_arch)
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        new_key = key.replace(old_arch + ".", (arch or old_arch) + ".", 1) if key.startswith(old_arch + ".") else key
-        vtype = f.types[0]
-        if vtype == GGUFValueType.ARRAY:
-            w.add_key_value(new_key, f.contents(), vtype, sub_type=f.types[-1])
-        else:
-            w.add_key_value(new_key, f.contents(), vtype)
-    for t in r.tensors:
-        if t.name in drop:
-            continue
-        data = np.array(t.data)
-        if reshape and t.name == reshape[0]:
-            data = np.zeros(reshape[1], np.float32)
-        if retype and t.name == retype:
-            rows, k = data.shape
-            data = np.zeros((rows, k // 32 * 40), np.uint8)  # Q8_1: 40-byte blocks of 32
-            w.add_tensor(t.name, data, raw_dtype=GGMLQuantizationType.Q8_1)
-            continue
-        w.add_tensor(t.name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+_rewrite = rewrite_gguf
 
 
 def test_unknown_architecture_lists_supported(tiny, tmp_path):

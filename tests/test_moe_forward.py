@@ -18,8 +18,9 @@ import inspect
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFValueType
 
+from gguf_samples import rewrite_gguf
 from ktd import _native
 from ktd.engine import Engine
 from models import synthetic_moe as S
@@ -166,7 +167,7 @@ def test_routing_keys_as_llama_cpp_reads_them(tiny, tmp_path):
     expert_weights_scale, expert_gating_func and expert_weights_norm (hard-coded softmax,
     renormalised): ktd and the numpy reference must do the same."""
     src = tiny("qwen3moe")
-    p = _rewrite(src, tmp_path / "keys.gguf", keys={
+    p = _rewrite(src, tmp_path / "keys.gguf", set_kv={
         "qwen3moe.expert_group_count": (4, U32), "qwen3moe.expert_group_used_count": (2, U32),
         "qwen3moe.expert_weights_scale": (3.0, GGUFValueType.FLOAT32), "qwen3moe.expert_gating_func": (2, U32),
         "qwen3moe.expert_weights_norm": (False, GGUFValueType.BOOL)})
@@ -456,36 +457,7 @@ def test_dense_model_has_no_expert_counts(tmp_path):
 
 # ---- load-time errors ---------------------------------------------------------------------------
 
-def _rewrite(src, dst, *, keys=None, drop=(), reshape=None):
-    """Copy GGUF `src` to `dst` with metadata `keys` {name: (value, GGUFValueType)} set, tensors in
-    `drop` left out and tensor reshape[0] replaced by zeros of numpy shape reshape[1]."""
-    r = GGUFReader(str(src))
-    arch = r.fields["general.architecture"].contents()
-    w = GGUFWriter(str(dst), arch)
-    keys = dict(keys or {})
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        if key in keys:
-            w.add_key_value(key, *keys.pop(key))
-        elif f.types[0] == GGUFValueType.ARRAY:
-            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
-        else:
-            w.add_key_value(key, f.contents(), f.types[0])
-    for key, (value, vtype) in keys.items():
-        w.add_key_value(key, value, vtype)
-    for t in r.tensors:
-        if t.name in drop:
-            continue
-        data = np.array(t.data)
-        if reshape and t.name == reshape[0]:
-            data = np.zeros(reshape[1], np.float32)
-        w.add_tensor(t.name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+_rewrite = rewrite_gguf
 
 
 def _load(path):
@@ -505,26 +477,26 @@ U32 = GGUFValueType.UINT32
 
 @pytest.mark.parametrize("used", [0, 9])
 def test_bad_expert_used_count_is_named(tiny, tmp_path, used):
-    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", keys={"qwen3moe.expert_used_count": (used, U32)})
+    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_used_count": (used, U32)})
     with pytest.raises(_native.GGUFError, match=rf"qwen3moe\.expert_used_count = {used} is out of range \[1, 8\]"):
         _load(p)
 
 
 def test_unsupported_gating_function_is_named(tiny, tmp_path):
-    p = _rewrite(tiny("qwen2moe"), tmp_path / "x.gguf", keys={"qwen2moe.expert_gating_func": (3, U32)})
+    p = _rewrite(tiny("qwen2moe"), tmp_path / "x.gguf", set_kv={"qwen2moe.expert_gating_func": (3, U32)})
     with pytest.raises(_native.GGUFError, match=r"unsupported qwen2moe\.expert_gating_func 3"):
         _load(p)
 
 
 def test_bad_expert_groups_are_named(tiny, tmp_path):
-    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", keys={"qwen3moe.expert_group_count": (3, U32),
+    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_group_count": (3, U32),
                                                                "qwen3moe.expert_group_used_count": (1, U32)})
     with pytest.raises(_native.GGUFError, match=r"qwen3moe\.expert_group_count = 3 must divide expert_count 8"):
         _load(p)
 
 
 def test_moe_arch_without_experts_is_named(tiny, tmp_path):
-    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", keys={"qwen3moe.expert_count": (0, U32)})
+    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_count": (0, U32)})
     with pytest.raises(_native.GGUFError, match=r"qwen3moe requires metadata key qwen3moe\.expert_count > 0"):
         _load(p)
 
@@ -546,24 +518,7 @@ def test_misshaped_expert_stack_is_named(tiny, tmp_path):
 
 
 def test_dense_ffn_in_a_moe_layer_is_rejected(tiny, tmp_path):
-    src = tiny("llama")
-    r = GGUFReader(str(src))
-    extra = tmp_path / "x.gguf"
-    w = GGUFWriter(str(extra), "llama")
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        if f.types[0] == GGUFValueType.ARRAY:
-            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
-        else:
-            w.add_key_value(key, f.contents(), f.types[0])
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    w.add_tensor("blk.1.ffn_up.weight", np.zeros((48, 64), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    extra = _rewrite(tiny("llama"), tmp_path / "x.gguf", add={"blk.1.ffn_up.weight": np.zeros((48, 64), np.float32)})
     with pytest.raises(_native.GGUFError, match=r"unexpected tensor blk\.1\.ffn_up\.weight"):
         _load(extra)
 
