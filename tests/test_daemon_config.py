@@ -45,6 +45,10 @@ def test_shipped_file_documents_every_key_with_its_default():
     ("server:\n  allowed_uids: 0\n", "server.allowed_uids: expected a list"),
     ("model:\n  smt: 1\n", "model.smt: expected true or false"),
     ("model: [1, 2]\n", "<config>:1: model: expected a mapping"),
+    ("numa:\n  experts: mirror\n", "<config>:2: numa.experts: expected one of shard, off"),
+    ("numa:\n  dense: replicate\n", "<config>:2: numa.dense: expected one of interleave"),
+    ("numa:\n  nodes: [0]\n", "<config>:2: unknown key numa.nodes"),
+    ("model:\n  hugepage_size: 4K\n", "model.hugepage_size: expected one of 2M, 1G"),
     ("model:\n  n_ctx: 1\n  n_ctx: 2\n", "<config>:3: model.n_ctx: duplicate key"),
     ("model:\n  n_ctx: [\n", "invalid YAML"),
     ("- 1\n", "top level: expected a mapping"),
@@ -119,3 +123,15 @@ def test_serve_without_engine_fails_with_one_line(tmp_path):
     r = _ktd("serve", "--socket", str(tmp_path / "s.sock"))
     assert r.returncode == 1
     assert r.stderr.strip() == "ktd: error: model execution is not available in this build yet"
+
+
+def test_numa_and_memory_keys_reach_the_engine_options():
+    from ktd.engine import placement_options
+
+    c = config.load(text="model:\n  numa_nodes: [1]\n  smt: true\n  hugepages: off\n  hugepage_size: 1G\n"
+                         "  mlock: true\nnuma:\n  experts: off\n", environ={"KTD_NUMA__DENSE": "interleave"})
+    assert placement_options(c) == {"nodes": [1], "smt": True, "hugepages": "off", "hugetlb_page_size": 1 << 30,
+                                    "mlock": True, "numa_experts": "off", "numa_dense": "interleave"}
+    assert placement_options(config.Config())["numa_experts"] == "shard"
+    with pytest.raises(config.ConfigError, match="environment KTD_NUMA__EXPERTS: numa.experts: expected one of"):
+        config.load(None, environ={"KTD_NUMA__EXPERTS": "yes"})

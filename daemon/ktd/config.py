@@ -50,11 +50,24 @@ class ModelConfig:
                                        kind="ints", min=0, max=1023)
     smt: bool = _key(False, "also use SMT sibling threads (rarely helps a bandwidth-bound decode)",
                      kind="bool")
-    hugepages: str = _key("auto", "weights/KV memory: auto (mmap + THP advice), hugetlb (reserved pool, "
-                          "falls back to THP with a log line), thp, off (4 KiB pages)",
+    hugepages: str = _key("auto", "prepared-weights memory: auto (reserved huge pages if the pool "
+                          "has enough, else THP, else 4 KiB pages; the choice and why is logged at load), "
+                          "hugetlb (reserved pool, required), thp, off (4 KiB pages)",
                           kind="choice", choices=("auto", "hugetlb", "thp", "off"))
-    hugepage_size: str = _key("2M", "page size for hugepages: hugetlb", kind="choice", choices=("2M", "1G"))
+    hugepage_size: str = _key("2M", "page size of reserved huge pages (hugepages: auto or hugetlb)",
+                              kind="choice", choices=("2M", "1G"))
     mlock: bool = _key(False, "lock non-hugetlb weights in RAM (needs LimitMEMLOCK)", kind="bool")
+
+
+@dataclass(frozen=True)
+class NumaConfig:
+    experts: str = _key("shard", "routed experts when the threads span several NUMA nodes: shard (each "
+                        "node holds a row slice of every expert in its own memory and computes only "
+                        "those rows; no copy), off (experts placed like the dense weights)",
+                        kind="choice", choices=("shard", "off"))
+    dense: str = _key("interleave", "dense (non-expert) weights when the threads span several NUMA "
+                      "nodes: interleave (pages spread round-robin over the nodes)",
+                      kind="choice", choices=("interleave",))
 
 
 @dataclass(frozen=True)
@@ -114,6 +127,7 @@ class LoggingConfig:
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    numa: NumaConfig = field(default_factory=NumaConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -6,6 +6,7 @@ lower-level constructor used by ``ktd run``, the tests and the benchmarks.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -16,6 +17,8 @@ from ktd import _native
 from ktd.engine_api import Progress
 from ktd.errors import ContextOverflow
 from ktd.tokenizer import Tokenizer
+
+log = logging.getLogger("ktd.engine")
 
 
 class Engine:
@@ -37,12 +40,17 @@ class Engine:
     @classmethod
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
              n_batch: int = 512, pin: bool = True, allow_repack: bool = True,
-             progress: Progress | None = None) -> "Engine":
-        """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file."""
+             progress: Progress | None = None, **placement: Any) -> "Engine":
+        """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file.
+
+        ``placement``: the native Model's placement options (nodes, smt, sysfs_root, affinity,
+        hugepages, hugetlb_page_size, mlock, numa_experts, numa_dense); see ``load`` for the
+        config keys they come from."""
         path = os.fspath(path)
         if progress:
             progress("loading weights", None)
-        model = _native.Model(path, n_threads=threads, pin=pin, allow_repack=allow_repack)
+        model = _native.Model(path, n_threads=threads, pin=pin, allow_repack=allow_repack, **placement)
+        log_memory(model, placement.get("hugepages", "auto"))
         if progress:
             progress("loading tokenizer", None)
         tokenizer = Tokenizer.from_gguf(path)
@@ -64,6 +72,10 @@ class Engine:
             "isa": m.isa,
             "threads": int(m.n_threads),
             "repacked_bytes": int(m.repacked_bytes),
+            "numa": numa_summary(m.memory),
+            "memory": {"hugepages": {"kind": m.memory["page_kind"] or None,
+                                     "page_size": int(m.memory["page_size"]),
+                                     "reason": m.memory["page_reason"]}},
             **({"experts": self._experts_summary()} if m.n_expert else {}),
         }
 
@@ -115,9 +127,68 @@ class Engine:
         return self.context.seq_len(seq_id)
 
 
+def placement_options(config: Any) -> dict[str, Any]:
+    """Engine.open's placement keywords from a ``ktd.config.Config``: model.numa_nodes, smt,
+    hugepages, hugepage_size, mlock and the numa section."""
+    mc, nc = config.model, config.numa
+    return {"nodes": list(mc.numa_nodes), "smt": mc.smt, "hugepages": mc.hugepages,
+            "hugetlb_page_size": HUGETLB_PAGE_SIZES[mc.hugepage_size], "mlock": mc.mlock,
+            "numa_experts": nc.experts, "numa_dense": nc.dense}
+
+
 def load(config: Any, progress: Progress) -> Engine:
-    """The daemon's factory: ``config.model`` gives path, n_ctx, n_seq_max and threads."""
+    """The daemon's factory: ``config.model`` gives path, n_ctx, n_seq_max, threads and the memory
+    placement (with ``config.numa``)."""
     mc = config.model
     if not mc.path:
         raise ValueError("model.path is not set")
-    return Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress)
+    return Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
+                       **placement_options(config))
+
+
+HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.4g} {unit}"
+    return f"{n} bytes"
+
+
+def numa_summary(mem: dict[str, Any]) -> dict[str, Any]:
+    """The node layout for status/inspect: per NUMA node its threads and routed-expert bytes."""
+    return {"nodes": [{"node": n["node"], "threads": n["threads"], "expert_bytes": int(n["expert_bytes"]),
+                       "bound": n["bound"], **({"note": n["note"]} if n["note"] else {})} for n in mem["nodes"]],
+            "experts": "shard" if mem["experts_sharded"] else "off",
+            "dense": mem["dense_policy"], **({"dense_note": mem["dense_note"]} if mem["dense_note"] else {})}
+
+
+_PAGE_KINDS = {
+    "hugetlb_2M": "reserved huge pages of 2 MiB",
+    "hugetlb_1G": "reserved huge pages of 1 GiB",
+    "thp": "4 KiB pages + transparent huge pages (MADV_HUGEPAGE, best effort)",
+    "normal": "4 KiB pages",
+}
+
+
+def log_memory(model: "_native.Model", hugepages: str = "auto") -> None:
+    """One log line for the pages the prepared weights got and why, one for the NUMA layout
+    (several nodes), and a warning for each placement the kernel refused."""
+    mem = model.memory
+    if mem["page_kind"]:
+        why = f"; not better because: {mem['page_reason']}" if mem["page_reason"] else ""
+        log.info("weights memory (hugepages: %s): %s%s", hugepages,
+                 _PAGE_KINDS.get(mem["page_kind"], mem["page_kind"]), why)
+    nodes = mem["nodes"]
+    if len(nodes) > 1:
+        layout = ", ".join(f"node {n['node']}: {n['threads']} threads, experts {_size(int(n['expert_bytes']))}"
+                           for n in nodes)
+        log.info("NUMA: %d nodes (%s); experts %s; dense weights %s (%s)", len(nodes), layout,
+                 "sharded by row slices" if mem["experts_sharded"] else "not sharded", mem["dense_policy"],
+                 _size(int(mem["dense_bytes"])))
+        for n in nodes:
+            if n["note"]:
+                log.warning("NUMA node %d expert slice: %s", n["node"], n["note"])
+        if mem["dense_note"]:
+            log.warning("NUMA dense weights: %s", mem["dense_note"])

@@ -192,7 +192,30 @@ def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8) -> dict[str, 
     report["memory_plan"] = memory_plan(f, arch, hparams, n_ctx, n_seq)
     # This machine: CPU features and the kernel ISA they select, topology, huge pages.
     report["machine"] = machine.describe()
+    report["numa_plan"] = numa_plan(f, sorted(set(report["machine"]["thread_pool"]["nodes"])))
     return report
+
+
+def numa_plan(f: GGUFFile, nodes: list[int]) -> dict[str, Any]:
+    """How loading on this machine's default pool (every usable node) would place the routed
+    experts with ``numa.experts: shard``: per node the bytes of its row slices (in the file's
+    format; repacking keeps the size within a few percent). One node: nothing is sharded."""
+    from ktd import _native
+
+    per_node = [0] * len(nodes)
+    for t in f.tensors.values():
+        if not t.name.endswith("_exps.weight") or len(t.shape) != 3:
+            continue
+        rows, n_mat = t.shape[1], t.shape[2]  # GGML order: ne = [k, rows, n_expert]
+        if rows * n_mat == 0:
+            continue
+        row_bytes = t.nbytes // (rows * n_mat)
+        for i in range(len(nodes)):
+            r0, r1 = _native.numa_slice_rows(rows, len(nodes), i)
+            per_node[i] += (r1 - r0) * row_bytes * n_mat
+    sharded = len(nodes) > 1 and any(per_node)
+    return {"nodes": [{"node": n, "expert_bytes": b if sharded else 0} for n, b in zip(nodes, per_node)],
+            "experts_sharded": sharded, "dense": "interleave" if len(nodes) > 1 else "local"}
 
 
 def _size(n: int) -> str:
@@ -251,6 +274,14 @@ def render(r: dict[str, Any]) -> str:
                          f"({_size(p['kv_bytes_per_token'])} per token)")
         if p["unsupported_types"]:
             lines.append(f"  unsupported types  {', '.join(p['unsupported_types'])} (the model cannot be loaded)")
+    if "numa_plan" in r:
+        n = r["numa_plan"]
+        if n["experts_sharded"]:
+            per = ", ".join(f"node {x['node']} {_size(x['expert_bytes'])}" for x in n["nodes"])
+            lines.append(f"numa plan   {len(n['nodes'])} nodes; experts sharded by row slices: {per}; "
+                         f"dense weights {n['dense']}")
+        else:
+            lines.append(f"numa plan   {len(n['nodes'])} node(s); nothing sharded, dense weights {n['dense']}")
     if "machine" in r:
         lines.append("machine")
         lines += [f"  {line}" for line in machine.summary_lines(r["machine"])]

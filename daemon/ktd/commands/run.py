@@ -20,6 +20,10 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed")
     p.add_argument("--threads", type=int, default=0, metavar="N", help="compute threads (0: one per physical core)")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="take the memory placement from a ktd.yaml (model.numa_nodes, smt, hugepages, "
+                        "hugepage_size, mlock and the numa section; KTD_* overrides apply); default: built-in "
+                        "defaults")
     p.set_defaults(func=run)
 
 
@@ -62,6 +66,13 @@ def run(args) -> int:
         params.validate()
     except ValueError as e:
         raise UserError(str(e)) from None
+    from ktd import config as ktd_config
+    from ktd.engine import placement_options
+
+    try:
+        placement = placement_options(ktd_config.load(args.config))
+    except ktd_config.ConfigError as e:
+        raise UserError(str(e)) from None
     path = _resolve(args.model)
 
     from ktd.tokenizer import Tokenizer
@@ -78,7 +89,7 @@ def run(args) -> int:
     if not prompt:
         raise UserError("the prompt encodes to no tokens")
     n_ctx = len(prompt) + args.max_tokens
-    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads)
+    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, **placement)
 
     gen = Generation(params, prompt=prompt, eos_ids=tok.eos_ids, stop=[], max_tokens=args.max_tokens,
                      decoder=tok.decode_stream())

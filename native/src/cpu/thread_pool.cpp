@@ -168,7 +168,8 @@ ThreadPool::ThreadPool(const ThreadPoolOptions &opts) : impl_(std::make_unique<I
     Impl &s = *impl_;
     s.pin = opts.pin;
     s.spin_us = std::max(0, opts.spin_us);
-    Topology topo = read_topology(opts.sysfs_root);
+    Topology topo = opts.affinity.empty() ? read_topology(opts.sysfs_root)
+                                          : read_topology(opts.sysfs_root, opts.affinity);
     std::vector<CpuSlot> slots;
     if (opts.pin) {
         slots = choose_cpus(topo, opts.n_threads, opts.nodes, opts.smt);

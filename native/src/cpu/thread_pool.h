@@ -36,6 +36,8 @@ struct ThreadPoolOptions {
     bool pin = true;            // pin each worker to its CPU; false: any n_threads >= 1 is
                                 // allowed (tests, oversubscription), nodes assigned round-robin
     std::string sysfs_root = "/sys";
+    std::vector<int> affinity;  // the allowed CPUs; empty = the process's mask (tests present fake
+                                // machines whose CPUs are not in it; use with pin=false)
     int spin_us = 50;           // bounded spin before sleeping on a futex, microseconds;
                                 // 0 when unpinned workers outnumber the usable CPUs
 };

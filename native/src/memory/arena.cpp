@@ -98,9 +98,10 @@ std::optional<Mapping> map_hugetlb(size_t capacity, const ArenaOptions &o, std::
                                    std::string("mmap(MAP_HUGETLB) failed: ") + std::strerror(e));
         return std::nullopt;
     }
-    if (o.node >= 0) {
+    if (o.node >= 0 || !o.interleave.empty()) {
         try {
-            bind_range_to_node(p, len, o.node);
+            if (o.node >= 0) bind_range_to_node(p, len, o.node);
+            else interleave_range(p, len, o.interleave);
         } catch (...) {
             munmap(p, len);
             throw;
@@ -197,6 +198,8 @@ Arena::Arena(size_t capacity, const ArenaOptions &opts) : node_(opts.node) {
         throw std::invalid_argument("hugetlb page size must be 2 MiB or 1 GiB, got " +
                                     std::to_string(opts.hugetlb_page_size) + " bytes");
     if (opts.node < -1) throw std::invalid_argument("node must be -1 (no binding) or a node id");
+    if (opts.node >= 0 && !opts.interleave.empty())
+        throw std::invalid_argument("an arena is bound to one node or interleaved, not both");
 
     const HugePages mode = opts.hugepages;
     std::optional<Mapping> m;
@@ -229,6 +232,7 @@ Arena::Arena(size_t capacity, const ArenaOptions &opts) : node_(opts.node) {
     capacity_ = m->len;
     try {
         if (opts.node >= 0 && !bound) bind_range_to_node(base_, capacity_, opts.node);
+        if (!opts.interleave.empty() && !bound) interleave_range(base_, capacity_, opts.interleave);
         if (opts.mlock && kind_ != ArenaKind::HugeTLB2M && kind_ != ArenaKind::HugeTLB1G) {
             if (::mlock(base_, capacity_) != 0)
                 throw SysError("mlock(" + human(capacity_) + "; raise RLIMIT_MEMLOCK, systemd LimitMEMLOCK=)", errno);

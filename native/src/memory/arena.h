@@ -10,7 +10,8 @@
 // saying how many pages are needed and how to reserve them; with auto the reason is kept in
 // fallback_reason() for the caller to log. What was obtained is read back with smaps().
 //
-// node >= 0: the range is mbind()-ed to that node before anything touches it. Prefaulting by
+// node >= 0: the range is mbind()-ed to that node before anything touches it; interleave (with
+// node = -1): mbind(MPOL_INTERLEAVE) over those nodes instead. Prefaulting by
 // that node's pinned workers (parallel first touch) is a later optimisation; today the pages of
 // thp/normal arenas are faulted by whoever writes them first, on the bound node.
 // mlock: locks thp/normal arenas (hugetlb pages are never swapped; not locked).
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace ktd {
 
@@ -38,6 +40,7 @@ struct ArenaOptions {
     size_t hugetlb_page_size = kPage2M;  // kPage2M or kPage1G
     bool mlock = false;
     int node = -1;                       // -1: no NUMA binding
+    std::vector<int> interleave;         // with node = -1: pages interleaved over these nodes
     std::string sysfs_root = "/sys";     // where huge page pools and THP mode are read
 };
 

@@ -23,9 +23,13 @@ constexpr size_t kBitsPerWord = 8 * sizeof(unsigned long);
 // maxnode - 1 bits, so pass the bit count + 1.
 struct NodeMask {
     std::vector<unsigned long> words;
-    unsigned long maxnode;
-    explicit NodeMask(int node) : words(size_t(node) / kBitsPerWord + 1, 0) {
-        words[size_t(node) / kBitsPerWord] = 1UL << (size_t(node) % kBitsPerWord);
+    unsigned long maxnode = 0;
+    explicit NodeMask(int node) : NodeMask(std::vector<int>{node}) {}
+    explicit NodeMask(const std::vector<int> &nodes) {
+        for (int node : nodes) {
+            if (words.size() <= size_t(node) / kBitsPerWord) words.resize(size_t(node) / kBitsPerWord + 1, 0);
+            words[size_t(node) / kBitsPerWord] |= 1UL << (size_t(node) % kBitsPerWord);
+        }
         maxnode = (unsigned long)(words.size() * kBitsPerWord + 1);
     }
 };
@@ -44,6 +48,18 @@ void bind_range_to_node(void *addr, size_t len, int node, bool move_existing) {
     unsigned flags = move_existing ? MPOL_MF_MOVE | MPOL_MF_STRICT : 0;
     if (syscall(SYS_mbind, addr, len, MPOL_BIND, mask.words.data(), mask.maxnode, flags) != 0)
         throw SysError("mbind(MPOL_BIND, node " + std::to_string(node) + ")", errno);
+}
+
+void interleave_range(void *addr, size_t len, const std::vector<int> &nodes) {
+    if (nodes.empty()) throw std::invalid_argument("interleave_range: no nodes");
+    std::string names;
+    for (int node : nodes) {
+        check_node(node);
+        names += (names.empty() ? "" : ",") + std::to_string(node);
+    }
+    NodeMask mask(nodes);
+    if (syscall(SYS_mbind, addr, len, MPOL_INTERLEAVE, mask.words.data(), mask.maxnode, 0U) != 0)
+        throw SysError("mbind(MPOL_INTERLEAVE, nodes " + names + ")", errno);
 }
 
 void bind_thread_memory(int node) {

@@ -13,6 +13,11 @@ namespace ktd {
 // Throws std::invalid_argument for node < 0 or above the limit, SysError from the kernel.
 void bind_range_to_node(void *addr, size_t len, int node, bool move_existing = false);
 
+// mbind(addr, len, MPOL_INTERLEAVE, nodes): pages of [addr, addr+len) are allocated round-robin
+// over nodes (page by page), so every node streams an equal share. Same rules as
+// bind_range_to_node; std::invalid_argument for an empty list.
+void interleave_range(void *addr, size_t len, const std::vector<int> &nodes);
+
 // set_mempolicy(MPOL_BIND, {node}) for the calling thread; node = -1 restores MPOL_DEFAULT.
 void bind_thread_memory(int node);
 

@@ -7,6 +7,7 @@
 
 #include "bindings.h"
 #include "kernels/kernels.h"
+#include "memory/arena.h"
 #include "model/model.h"
 #include "model/moe.h"
 
@@ -80,16 +81,47 @@ void bind_model(py::module_ &m) {
         py::arg("n_group_used") = 0,
         "Test hook: moe_route on router logits [n, n_expert] → (ids int32 [n, k] best first, weights float32 [n, k])");
 
+    m.def(
+        "numa_slice_rows",
+        [](int64_t rows, int n_slice, int s) {
+            if (rows < 0 || n_slice < 1 || s < 0 || s >= n_slice)
+                throw std::invalid_argument("need rows >= 0 and 0 <= s < n_slice");
+            return numa_slice_rows(rows, n_slice, s);
+        },
+        py::arg("rows"), py::arg("n_slice"), py::arg("s"),
+        "Rows [first, last) of a matrix that NUMA slice s of n_slice holds and computes (boundaries "
+        "on multiples of 16 rows, balanced)");
+
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A loaded GGUF model (weights checked and prepared)")
-        .def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack) {
+        .def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack, std::vector<int> nodes,
+                         bool smt, const std::string &sysfs_root, std::vector<int> affinity,
+                         const std::string &hugepages, size_t hugetlb_page_size, bool mlock,
+                         const std::string &numa_experts, const std::string &numa_dense) {
                  ModelOptions o;
                  o.n_threads = n_threads;
                  o.pin = pin;
                  o.allow_repack = allow_repack;
+                 o.nodes = std::move(nodes);
+                 o.smt = smt;
+                 o.sysfs_root = sysfs_root;
+                 o.affinity = std::move(affinity);
+                 o.hugepages = parse_hugepages(hugepages);
+                 o.hugetlb_page_size = hugetlb_page_size;
+                 o.mlock = mlock;
+                 if (numa_experts != "shard" && numa_experts != "off")
+                     throw std::invalid_argument("numa_experts must be 'shard' or 'off', got '" + numa_experts + "'");
+                 o.shard_experts = numa_experts == "shard";
+                 if (numa_dense != "interleave")
+                     throw std::invalid_argument("numa_dense must be 'interleave', got '" + numa_dense + "'");
+                 o.numa_dense = NumaDense::Interleave;
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
-             py::arg("path"), py::arg("n_threads") = 0, py::arg("pin") = true, py::arg("allow_repack") = true)
+             py::arg("path"), py::arg("n_threads") = 0, py::arg("pin") = true, py::arg("allow_repack") = true,
+             py::arg("nodes") = std::vector<int>{}, py::arg("smt") = false, py::arg("sysfs_root") = "/sys",
+             py::arg("affinity") = std::vector<int>{}, py::arg("hugepages") = "auto",
+             py::arg("hugetlb_page_size") = kPage2M, py::arg("mlock") = false, py::arg("numa_experts") = "shard",
+             py::arg("numa_dense") = "interleave")
         .def_static("supported_archs", &Model::supported_archs)
         .def_property_readonly("arch", [](const Model &x) { return x.hparams().arch; })
         .def_property_readonly("n_vocab", [](const Model &x) { return x.hparams().n_vocab; })
@@ -104,6 +136,59 @@ void bind_model(py::module_ &m) {
         .def_property_readonly("n_params", &Model::n_params)
         .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
         .def_property_readonly("n_threads", [](const Model &x) { return x.pool().size(); })
+        .def_property_readonly(
+            "memory",
+            [](const Model &x) {
+                const MemoryLayout &l = x.memory();
+                py::list nodes;
+                for (const NumaNodeMemory &n : l.nodes) {
+                    py::dict d;
+                    d["node"] = n.node;
+                    d["threads"] = n.n_threads;
+                    d["expert_bytes"] = n.expert_bytes;
+                    d["bound"] = n.bound;
+                    d["note"] = n.note;
+                    nodes.append(d);
+                }
+                py::dict d;
+                d["nodes"] = nodes;
+                d["experts_sharded"] = l.experts_sharded;
+                d["dense_policy"] = l.dense_policy;
+                d["dense_note"] = l.dense_note;
+                d["dense_bytes"] = l.dense_bytes;
+                d["page_kind"] = l.page_kind;
+                d["page_size"] = l.page_size;
+                d["page_reason"] = l.page_reason;
+                return d;
+            },
+            "Where the weights went: NUMA nodes (pool order) with their routed-expert bytes and "
+            "binding, the dense policy, the arenas' page kind and why better ones were not used")
+        .def("_expert_slice_ranges",
+             [](const Model &x, int il, const std::string &which) {
+                 if (il < 0 || il >= x.hparams().n_layer) throw std::invalid_argument("layer out of range");
+                 const LayerWeights &lw = x.weights().layers[size_t(il)];
+                 const MatrixStack *st = which == "gate"   ? &lw.ffn_gate_exps
+                                         : which == "up"   ? &lw.ffn_up_exps
+                                         : which == "down" ? &lw.ffn_down_exps
+                                                           : nullptr;
+                 if (!st) throw std::invalid_argument("which must be gate, up or down");
+                 if (!*st) throw std::invalid_argument("layer has no routed experts");
+                 // Per expert and part: (address, bytes, first row, rows) of the prepared data.
+                 py::list out;
+                 for (size_t e = 0; e < st->info->ne[2]; ++e) {
+                     py::list parts;
+                     for (int p = 0; p < st->n_parts(); ++p) {
+                         const PreparedWeights &pw = st->parts(e)[p];
+                         const size_t bytes = pw.repacked ? pw.repacked_bytes : size_t(pw.rows) * pw.row_bytes;
+                         parts.append(py::make_tuple(reinterpret_cast<uintptr_t>(pw.data), bytes,
+                                                     st->part_rows(p).first, pw.rows));
+                     }
+                     out.append(parts);
+                 }
+                 return out;
+             },
+             py::arg("layer"), py::arg("which"),
+             "Test hook: per expert the parts of a routed-expert stack as (address, bytes, first row, rows)")
         .def_property_readonly("isa", [](const Model &) { return std::string(isa_name(active_isa())); });
 
     py::class_<PyContext>(m, "Context", "KV cache with sequence slots + scratch; runs batches")

@@ -99,7 +99,61 @@ std::vector<float> load_vector(const GGUFFile &f, const GGUFTensorInfo &t) {
     return v;
 }
 
+// The routed experts' weights: ffn_{gate,up,down}_exps (sharded over NUMA nodes).
+bool is_expert_tensor(std::string_view name) {
+    constexpr std::string_view suffix = "_exps.weight";
+    return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+}
+
+// Arena bytes of a slice of `rows` rows: repacked, or (a type without repacking) the rows copied,
+// so that a slice always lives in its node's arena rather than in the file's page cache.
+size_t slice_prepared_bytes(const TypeKernels &tk, size_t row_bytes, int64_t rows, int64_t k, bool allow_repack) {
+    const size_t repacked = prepared_bytes(tk, rows, k, allow_repack);
+    if (repacked || rows == 0) return repacked;
+    return (size_t(rows) * row_bytes + kPreparedAlign - 1) / kPreparedAlign * kPreparedAlign;
+}
+
+// prepare_weights for one slice, into its node's arena (copied when the type does not repack).
+PreparedWeights prepare_slice(ThreadPool *pool, const TypeKernels &tk, const uint8_t *w, size_t row_bytes,
+                              int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena) {
+    if (rows == 0 || prepared_bytes(tk, rows, k, allow_repack))
+        return prepare_weights(pool, tk, w, row_bytes, rows, k, allow_repack, rows ? arena : nullptr);
+    PreparedWeights pw;
+    pw.tk = &tk;
+    pw.row_bytes = row_bytes;
+    pw.rows = rows;
+    pw.k = k;
+    void *out = arena->alloc(size_t(rows) * row_bytes, kPreparedAlign);
+    std::memcpy(out, w, size_t(rows) * row_bytes);
+    pw.data = out;
+    pw.storage = std::shared_ptr<const void>(arena, out);
+    return pw;
+}
+
+// An arena with the NUMA placement of `o` (a node, or interleaved over nodes). The kernel refuses
+// a node it does not have (a fake topology in tests, a node without memory): the arena is then
+// mapped without placement and `note` says why — the compute partition does not depend on it.
+std::shared_ptr<Arena> open_placed_arena(size_t bytes, ArenaOptions o, std::string &note) {
+    try {
+        return std::make_shared<Arena>(bytes, o);
+    } catch (const SysError &e) {
+        if (o.node < 0 && o.interleave.empty()) throw;
+        note = std::string("NUMA placement not applied (") + e.what() +
+               "; the kernel has no such memory node, e.g. a fake topology): pages go where first touched";
+    }
+    o.node = -1;
+    o.interleave.clear();
+    return std::make_shared<Arena>(bytes, o);
+}
+
 }  // namespace
+
+std::pair<int64_t, int64_t> numa_slice_rows(int64_t rows, int n_slice, int s) {
+    if (n_slice <= 1) return {0, rows};
+    const int64_t blocks = (rows + kNumaRowAlign - 1) / kNumaRowAlign;
+    auto bound = [&](int i) { return std::min(rows, blocks * i / n_slice * kNumaRowAlign); };
+    return {bound(s), bound(s + 1)};
+}
 
 std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
     GGUFFile f = GGUFFile::open(path);
@@ -117,21 +171,71 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     ThreadPoolOptions popts;
     popts.n_threads = opts.n_threads;
     popts.pin = opts.pin;
+    popts.nodes = opts.nodes;
+    popts.smt = opts.smt;
+    popts.sysfs_root = opts.sysfs_root;
+    popts.affinity = opts.affinity;
     m->pool_ = std::make_unique<ThreadPool>(popts);
+    const ThreadPool &pool = *m->pool_;
 
-    // One weights arena for every repacked matrix (huge pages when a hugetlb pool is reserved,
-    // THP otherwise), sized before repacking from the file's matrices: an upper bound (tensors
-    // the architecture does not use as matrices are counted too), bad shapes are left to the
-    // checks below.
-    size_t arena_bytes = 0;
+    // NUMA slices: one per node of the pool, in the pool's node order.
+    MemoryLayout &mem = m->mem_;
+    const std::vector<int> nodes = pool.nodes();
+    const int n_slice = int(nodes.size());
+    for (int node : nodes) mem.nodes.push_back({node, int(pool.workers_of_node(node).size()), 0, false, ""});
+    m->tid_slice_.resize(size_t(pool.size()));
+    for (int tid = 0; tid < pool.size(); ++tid)
+        m->tid_slice_[size_t(tid)] = int(std::find(nodes.begin(), nodes.end(), pool.node_of(tid)) - nodes.begin());
+    const bool shard = n_slice > 1 && opts.shard_experts;
+    mem.experts_sharded = shard;
+    mem.dense_policy = n_slice > 1 ? "interleave" : "local";
+
+    // Weights arenas for every prepared matrix (huge pages when a hugetlb pool is reserved, THP
+    // otherwise), sized before preparing from the file's matrices: an upper bound (tensors the
+    // architecture does not use as matrices are counted too), bad shapes are left to the checks
+    // below. One node: one arena. Several: the dense arena (interleaved) and, when the experts
+    // are sharded, one arena per node for its slices.
+    size_t dense_bytes = 0;
+    std::vector<size_t> slice_bytes(static_cast<size_t>(n_slice), 0);
     const bool has_output = file.find_tensor("output.weight") != nullptr;
     for (const GGUFTensorInfo &t : file.tensors()) {
         const TypeKernels *tk = kernels_for(t.type);
         if (!tk || t.n_dims < 2 || (has_output && std::string_view(t.name) == "token_embd.weight")) continue;
-        if (!ggml_row_size(tk->act_type, t.ne[0])) continue;
-        arena_bytes += prepared_bytes(*tk, int64_t(t.ne[1]), int64_t(t.ne[0]), opts.allow_repack) * size_t(t.ne[2]);
+        if (!ggml_row_size(tk->act_type, t.ne[0]) || !ggml_row_size(t.type, t.ne[0])) continue;
+        if (shard && is_expert_tensor(t.name)) {
+            for (int sl = 0; sl < n_slice; ++sl) {
+                const auto [r0, r1] = numa_slice_rows(int64_t(t.ne[1]), n_slice, sl);
+                slice_bytes[size_t(sl)] += slice_prepared_bytes(*tk, *ggml_row_size(t.type, t.ne[0]), r1 - r0,
+                                                                int64_t(t.ne[0]), opts.allow_repack) * size_t(t.ne[2]);
+            }
+            continue;
+        }
+        dense_bytes += prepared_bytes(*tk, int64_t(t.ne[1]), int64_t(t.ne[0]), opts.allow_repack) * size_t(t.ne[2]);
     }
-    const std::shared_ptr<Arena> arena = arena_bytes ? std::make_shared<Arena>(arena_bytes) : nullptr;
+    ArenaOptions aopts;
+    aopts.hugepages = opts.hugepages;
+    aopts.hugetlb_page_size = opts.hugetlb_page_size;
+    aopts.mlock = opts.mlock;
+    std::shared_ptr<Arena> arena;  // dense weights
+    if (dense_bytes) {
+        if (n_slice > 1) aopts.interleave = nodes;
+        arena = open_placed_arena(dense_bytes, aopts, mem.dense_note);
+        aopts.interleave.clear();
+    }
+    std::vector<std::shared_ptr<Arena>> slice_arenas(static_cast<size_t>(n_slice));
+    for (int sl = 0; sl < n_slice; ++sl) {
+        if (!slice_bytes[size_t(sl)]) continue;
+        aopts.node = nodes[size_t(sl)];
+        slice_arenas[size_t(sl)] = open_placed_arena(slice_bytes[size_t(sl)], aopts, mem.nodes[size_t(sl)].note);
+        mem.nodes[size_t(sl)].bound = slice_arenas[size_t(sl)]->node() >= 0;
+    }
+    for (const Arena *a : {arena.get(), slice_arenas.empty() ? nullptr : slice_arenas[0].get()})
+        if (a && mem.page_kind.empty()) {
+            mem.page_kind = arena_kind_name(a->kind());
+            mem.page_size = a->page_size();
+            mem.page_reason = a->fallback_reason();
+        }
+    mem.dense_bytes = dense_bytes;
 
     ModelWeights &w = m->w_;
     w.layers.resize(size_t(hp.n_layer));
@@ -170,6 +274,25 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                 if (spec.layer_stack) {
                     MatrixStack &st = lw->*spec.layer_stack;
                     st.info = t;
+                    st.rows = rows;
+                    if (shard && is_expert_tensor(t->name)) {
+                        const uint8_t *src = file.tensor_data(*t);
+                        st.n_slices = n_slice;
+                        st.slices.resize(size_t(e2) * size_t(n_slice));
+                        for (int64_t e = 0; e < e2; ++e)
+                            for (int sl = 0; sl < n_slice; ++sl) {
+                                const auto [r0, r1] = numa_slice_rows(rows, n_slice, sl);
+                                PreparedWeights &pw = st.slices[size_t(e) * size_t(n_slice) + size_t(sl)];
+                                pw = prepare_slice(m->pool_.get(), tk,
+                                                   src + (size_t(e) * size_t(rows) + size_t(r0)) * row_bytes,
+                                                   row_bytes, r1 - r0, k, opts.allow_repack,
+                                                   slice_arenas[size_t(sl)]);
+                                m->repacked_bytes_ += pw.repacked_bytes;
+                                mem.nodes[size_t(sl)].expert_bytes += pw.repacked ? pw.repacked_bytes
+                                                                                  : size_t(r1 - r0) * row_bytes;
+                            }
+                        continue;
+                    }
                     st.mats.resize(size_t(e2));
                     for (int64_t e = 0; e < e2; ++e) {
                         st.mats[size_t(e)] = prepare_weights(m->pool_.get(), tk,

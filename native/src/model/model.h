@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "cpu/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "kernels/kernels.h"
+#include "memory/arena.h"
 #include "model/hparams.h"
 #include "model/moe.h"
 
@@ -32,13 +34,36 @@ struct Matrix {
     explicit operator bool() const { return info != nullptr; }
 };
 
+// Rows [first, second) of a matrix of `rows` rows that NUMA slice s of n_slice computes (and, for
+// sharded experts, stores): contiguous, boundaries on multiples of kNumaRowAlign (a multiple of
+// every repacked row group, so a slice repacks on its own into the same groups), as equal as that
+// allows. n_slice = 1: all rows.
+constexpr int64_t kNumaRowAlign = 16;
+std::pair<int64_t, int64_t> numa_slice_rows(int64_t rows, int n_slice, int s);
+
 // A 3-D GGUF tensor ne = {k, rows, n_mat}: a stack of n_mat matrices [rows][k] (the experts of a
 // layer, or deepseek2's per-head attn_k_b/attn_v_b), each prepared on its own so one matrix is one
 // contiguous stream.
+//
+// Sharded (routed experts on a pool spanning several NUMA nodes): every matrix is cut into
+// n_slice row slices (numa_slice_rows), slice s prepared on its own in the memory of the pool's
+// s-th node, so the workers of that node stream only local memory. No duplication: `mats` is then
+// empty and `slices` holds [n_mat][n_slice].
 struct MatrixStack {
     const GGUFTensorInfo *info = nullptr;
-    std::vector<PreparedWeights> mats;  // [n_mat]
+    int64_t rows = 0;                     // of each matrix
+    std::vector<PreparedWeights> mats;    // [n_mat] whole matrices (not sharded)
+    int n_slices = 1;                     // > 1: sharded
+    std::vector<PreparedWeights> slices;  // [n_mat][n_slices] (sharded)
     explicit operator bool() const { return info != nullptr; }
+    bool sharded() const { return n_slices > 1; }
+    // The parts of matrix e: n_parts() consecutive PreparedWeights, part p holding rows
+    // part_rows(p) (its row 0 is row part_rows(p).first). One part = the whole matrix.
+    const PreparedWeights *parts(size_t e) const {
+        return sharded() ? &slices[e * size_t(n_slices)] : &mats[e];
+    }
+    int n_parts() const { return n_slices; }
+    std::pair<int64_t, int64_t> part_rows(int p) const { return numa_slice_rows(rows, n_slices, p); }
 };
 
 // Per-layer tensors; an optional one that is absent stays empty.
@@ -85,10 +110,49 @@ struct ModelWeights {
 struct ArchSpec;
 class Context;
 
+// How dense (non-expert) weights are placed when the pool spans several NUMA nodes.
+enum class NumaDense { Interleave };
+
 struct ModelOptions {
     int n_threads = 0;       // 0: one per physical core
     bool pin = true;
     bool allow_repack = true;
+    // Pool placement (ThreadPoolOptions): nodes ([] = all), SMT siblings, the sysfs tree the
+    // topology is read from and the allowed CPUs (empty = the process's; tests: fake machines).
+    std::vector<int> nodes;
+    bool smt = false;
+    std::string sysfs_root = "/sys";
+    std::vector<int> affinity;
+    // Weights arenas (ArenaOptions).
+    HugePages hugepages = HugePages::Auto;
+    size_t hugetlb_page_size = kPage2M;
+    bool mlock = false;
+    // Several nodes: routed experts sharded by row slices (false: they stay with the dense
+    // weights), dense weights placed per numa_dense.
+    bool shard_experts = true;
+    NumaDense numa_dense = NumaDense::Interleave;
+};
+
+// Where the weights went, for the load log and status. nodes: the pool's NUMA nodes, in slice
+// order; per node the routed-expert bytes it holds (0 everywhere when not sharded) and whether its
+// arena is bound to it (binding fails on a node the kernel does not have, e.g. a fake topology:
+// the slice then stays unbound, `note` says why; the compute partition is the same either way).
+struct NumaNodeMemory {
+    int node = 0;
+    int n_threads = 0;
+    uint64_t expert_bytes = 0;
+    bool bound = false;
+    std::string note;
+};
+struct MemoryLayout {
+    std::vector<NumaNodeMemory> nodes;
+    bool experts_sharded = false;
+    std::string dense_policy;     // "local" (one node), "interleave"
+    std::string dense_note;       // why the policy could not be applied ("" when it was)
+    uint64_t dense_bytes = 0;     // arena bytes of the dense (non-expert) prepared weights
+    std::string page_kind;        // arena_kind_name of the dense arena ("" when no arena)
+    size_t page_size = 0;         // its page size, bytes
+    std::string page_reason;      // why better page kinds were not used ("" when the first choice worked)
 };
 
 class Model {
@@ -105,6 +169,10 @@ public:
     const ArchSpec &arch() const { return *arch_; }
     uint64_t n_params() const { return n_params_; }
     uint64_t repacked_bytes() const { return repacked_bytes_; }
+    const MemoryLayout &memory() const { return mem_; }
+    // NUMA slice of worker tid: the index of its node in the pool's nodes (0 on one node).
+    int n_slices() const { return int(mem_.nodes.size()); }
+    int slice_of(int tid) const { return tid_slice_[size_t(tid)]; }
 
 private:
     Model(GGUFFile file) : file_(std::move(file)) {}
@@ -114,6 +182,8 @@ private:
     const ArchSpec *arch_ = nullptr;
     std::unique_ptr<ThreadPool> pool_;
     uint64_t n_params_ = 0, repacked_bytes_ = 0;
+    MemoryLayout mem_;
+    std::vector<int> tid_slice_;  // [n_threads]
 };
 
 // One batch row per token: (token, position, sequence id, wants logits).

@@ -36,9 +36,12 @@ T *grow(std::vector<T> &v, size_t n) {
     return v.data();
 }
 
-// y[c·ldy + (r - r0)] = W row r · activation row c for r in [r0, r1), c < nc; r0 % kRowAlign == 0.
-void tile(const PreparedWeights &pw, int64_t r0, int64_t r1, const uint8_t *xq, size_t x_stride, float *y,
+// y[c·ldy + (r - r0)] = W row r · activation row c for r in [r0, r1), c < nc; r0 % kRowAlign == 0;
+// rows of the item's part (r - item.part_r0 in parts[item.part]).
+void tile(const PreparedWeights *parts, const MoeScratch::Item &item, const uint8_t *xq, size_t x_stride, float *y,
           size_t ldy, int nc) {
+    const PreparedWeights &pw = parts[item.part];
+    const int64_t r0 = item.r0 - item.part_r0, r1 = item.r1 - item.part_r0;
     const TypeKernels &tk = *pw.tk;
     const char *wb = static_cast<const char *>(pw.data);
     if (pw.repacked) {
@@ -50,16 +53,19 @@ void tile(const PreparedWeights &pw, int64_t r0, int64_t r1, const uint8_t *xq, 
     }
 }
 
-// Cuts `rows` into blocks (multiples of kRowAlign) so that this job gets its share, by cost, of
-// n_target items.
-void add_items(std::vector<MoeScratch::Item> &items, int32_t job, int64_t rows, double cost, double total_cost,
-               int64_t n_target) {
-    const int64_t max_blocks = (rows + kRowAlign - 1) / kRowAlign;
+// Cuts the rows of NUMA slice `slice` of a matrix of `rows` rows (all of them on one node) into
+// blocks (multiples of kRowAlign) so that this job gets its share, by cost, of n_target items.
+void add_items(std::vector<MoeScratch::Item> &items, int32_t job, int64_t rows, bool sharded, int n_slice,
+               int slice, double cost, double total_cost, int64_t n_target) {
+    const auto [a, b] = numa_slice_rows(rows, n_slice, slice);
+    if (a >= b) return;
+    const int32_t part = sharded ? slice : 0, part_r0 = sharded ? int32_t(a) : 0;
+    const int64_t max_blocks = (b - a + kRowAlign - 1) / kRowAlign;
     const int64_t want = int64_t(std::ceil(double(n_target) * cost / total_cost));
     const int64_t n_blocks = std::clamp<int64_t>(want, 1, max_blocks);
-    const int64_t blk = (rows / n_blocks + kRowAlign - 1) / kRowAlign * kRowAlign;
-    for (int64_t r0 = 0; r0 < rows; r0 += blk)
-        items.push_back({job, int32_t(r0), int32_t(std::min(rows, r0 + blk))});
+    const int64_t blk = ((b - a) / n_blocks + kRowAlign - 1) / kRowAlign * kRowAlign;
+    for (int64_t r0 = a; r0 < b; r0 += blk)
+        items.push_back({job, int32_t(r0), int32_t(std::min(b, r0 + blk)), part, part_r0});
 }
 
 // One activation format: the quantizer of a weight type and its row size for k = n_embd.
@@ -161,8 +167,14 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
     const int nth = pool.size();
     const bool shared = bool(w.ffn_gate_shexp);
     const int64_t ff_sh = shared ? w.ffn_gate_shexp.pw.rows : 0;
-    const PreparedWeights &gate0 = w.ffn_gate_exps.mats[0], &up0 = w.ffn_up_exps.mats[0];
-    const PreparedWeights &down0 = w.ffn_down_exps.mats[0];
+    const PreparedWeights &gate0 = *w.ffn_gate_exps.parts(0), &up0 = *w.ffn_up_exps.parts(0);
+    const PreparedWeights &down0 = *w.ffn_down_exps.parts(0);
+    const int n_slice = model.n_slices();
+    if (s.n_next < 2 * n_slice) {
+        s.next_item.reset(new std::atomic<int64_t>[size_t(2 * n_slice)]);
+        s.n_next = 2 * n_slice;
+    }
+    for (int i = 0; i < 2 * n_slice; ++i) s.next_item[size_t(i)].store(0, std::memory_order_relaxed);
 
     // Router logits [n][n_expert] (a matmul of its own on all threads).
     float *logits = grow(s.logits, size_t(n * ne));
@@ -201,7 +213,6 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
     const float *probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
     const float *sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
     bool gather = false;
-    std::atomic<int64_t> next_up{0}, next_down{0};
 
     // Serial between two barriers: group the pairs by expert and lay out the jobs and items.
     auto plan = [&] {
@@ -227,6 +238,7 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
             j.gate = &w.ffn_gate_shexp.pw;
             j.up = &w.ffn_up_shexp.pw;
             j.down = &w.ffn_down_shexp.pw;
+            j.sharded = false;
             j.n_ff = ff_sh;
             j.ntok = int(n);
             j.x_gate = s.xq[size_t(f_sgate)].data();
@@ -245,9 +257,10 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
             const int32_t p0 = start[e], ntok = start[e + 1] - p0;
             if (ntok == 0) continue;
             MoeScratch::Job j{};
-            j.gate = &w.ffn_gate_exps.mats[size_t(e)];
-            j.up = &w.ffn_up_exps.mats[size_t(e)];
-            j.down = &w.ffn_down_exps.mats[size_t(e)];
+            j.gate = w.ffn_gate_exps.parts(size_t(e));
+            j.up = w.ffn_up_exps.parts(size_t(e));
+            j.down = w.ffn_down_exps.parts(size_t(e));
+            j.sharded = w.ffn_gate_exps.sharded();
             j.n_ff = ff;
             j.ntok = ntok;
             if (ntok == 1) {  // its token's row of xq directly
@@ -273,13 +286,22 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
             cost_up += double(j.n_ff) * (1 + j.ntok);
             cost_down += double(E) * (1 + j.ntok);
         }
-        const int64_t n_target = nth > 1 ? kItemsPerThread * nth : 1;
         s.up_items.clear();
         s.down_items.clear();
-        for (size_t ji = 0; ji < s.jobs.size(); ++ji) {
-            const MoeScratch::Job &j = s.jobs[ji];
-            add_items(s.up_items, int32_t(ji), j.n_ff, double(j.n_ff) * (1 + j.ntok), cost_up, n_target);
-            add_items(s.down_items, int32_t(ji), E, double(E) * (1 + j.ntok), cost_down, n_target);
+        s.up_start.assign(1, 0);
+        s.down_start.assign(1, 0);
+        for (int sl = 0; sl < n_slice; ++sl) {
+            const int nth_sl = model.memory().nodes[size_t(sl)].n_threads;
+            const int64_t n_target = nth > 1 ? kItemsPerThread * nth_sl : 1;
+            for (size_t ji = 0; ji < s.jobs.size(); ++ji) {
+                const MoeScratch::Job &j = s.jobs[ji];
+                add_items(s.up_items, int32_t(ji), j.n_ff, j.sharded, n_slice, sl, double(j.n_ff) * (1 + j.ntok),
+                          cost_up, n_target);
+                add_items(s.down_items, int32_t(ji), E, j.sharded, n_slice, sl, double(E) * (1 + j.ntok), cost_down,
+                          n_target);
+            }
+            s.up_start.push_back(int32_t(s.up_items.size()));
+            s.down_start.push_back(int32_t(s.down_items.size()));
         }
     };
 
@@ -319,12 +341,15 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
             }
             sync();
         }
-        // 3. gate and up of one row block of one expert, then swiglu on that block.
-        for (int64_t it; (it = next_up.fetch_add(1, std::memory_order_relaxed)) < int64_t(s.up_items.size());) {
+        // 3. gate and up of one row block of one expert, then swiglu on that block. A worker takes
+        // the items of its NUMA slice only.
+        const int sl = model.slice_of(tid);
+        for (int64_t it; (it = s.up_start[size_t(sl)] + s.next_item[size_t(2 * sl)].fetch_add(
+                              1, std::memory_order_relaxed)) < s.up_start[size_t(sl) + 1];) {
             const MoeScratch::Item &item = s.up_items[size_t(it)];
             const MoeScratch::Job &j = s.jobs[size_t(item.job)];
-            tile(*j.gate, item.r0, item.r1, j.x_gate, j.x_stride_gate, j.hg + item.r0, size_t(j.n_ff), j.ntok);
-            tile(*j.up, item.r0, item.r1, j.x_up, j.x_stride_up, j.hu + item.r0, size_t(j.n_ff), j.ntok);
+            tile(j.gate, item, j.x_gate, j.x_stride_gate, j.hg + item.r0, size_t(j.n_ff), j.ntok);
+            tile(j.up, item, j.x_up, j.x_stride_up, j.hu + item.r0, size_t(j.n_ff), j.ntok);
             for (int c = 0; c < j.ntok; ++c)
                 swiglu(j.hg + c * j.n_ff + item.r0, j.hu + c * j.n_ff + item.r0, item.r1 - item.r0);
         }
@@ -339,10 +364,11 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
         }
         sync();
         // 5. down of one row block of one expert.
-        for (int64_t it; (it = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(s.down_items.size());) {
+        for (int64_t it; (it = s.down_start[size_t(sl)] + s.next_item[size_t(2 * sl + 1)].fetch_add(
+                              1, std::memory_order_relaxed)) < s.down_start[size_t(sl) + 1];) {
             const MoeScratch::Item &item = s.down_items[size_t(it)];
             const MoeScratch::Job &j = s.jobs[size_t(item.job)];
-            tile(*j.down, item.r0, item.r1, j.hq, j.hq_stride, j.yd + item.r0, size_t(E), j.ntok);
+            tile(j.down, item, j.hq, j.hq_stride, j.yd + item.r0, size_t(E), j.ntok);
         }
         sync();
         // 6. y = Σ_j weight_j · expert_j (selection order) + gate · shared, split by elements.

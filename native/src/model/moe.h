@@ -22,7 +22,9 @@
 // prefill runs one GEMM per expert over its tokens; experts that receive no token cost nothing.
 // xn is quantized once per activation format, each expert's hidden rows once for its down matrix.
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/hparams.h"
@@ -58,7 +60,10 @@ struct MoeScratch {
     // One expert's work over its ntok tokens: gate/up GEMMs into hg/hu (row stride n_ff), swiglu,
     // then the down GEMM from the quantized rows hq into yd (row stride n_embd).
     struct Job {
+        // The matrices as parts (MatrixStack::parts): one for a whole matrix, one per NUMA slice
+        // when sharded (then part p holds the rows numa_slice_rows gives slice p).
         const PreparedWeights *gate, *up, *down;
+        bool sharded;
         int64_t n_ff;
         int ntok;
         const uint8_t *x_gate, *x_up;   // activation rows, x_stride_* bytes apart
@@ -71,9 +76,15 @@ struct MoeScratch {
     struct Item {
         int32_t job;
         int32_t r0, r1;  // rows [r0, r1) of the job's gate/up (up items) or down (down items)
+        int32_t part, part_r0;  // the part holding those rows, and its first row
     };
     std::vector<Job> jobs;
+    // Items grouped by NUMA slice: the workers of slice s take items [start[s], start[s + 1]),
+    // which read only rows of that slice (one slice: every item, every worker).
     std::vector<Item> up_items, down_items;
+    std::vector<int32_t> up_start, down_start;  // [n_slice + 1]
+    std::unique_ptr<std::atomic<int64_t>[]> next_item;  // [2·n_slice] next up/down item per slice
+    int n_next = 0;
 };
 
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into
