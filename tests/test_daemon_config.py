@@ -133,5 +133,8 @@ def test_numa_and_memory_keys_reach_the_engine_options():
     assert placement_options(c) == {"nodes": [1], "smt": True, "hugepages": "off", "hugetlb_page_size": 1 << 30,
                                     "mlock": True, "numa_experts": "off", "numa_dense": "interleave"}
     assert placement_options(config.Config())["numa_experts"] == "shard"
+    # Unquoted `off` is YAML 1.1 false; quoted it is the string: both mean the choice "off".
+    assert config.load(text='numa:\n  experts: "off"\n', environ={}).numa.experts == "off"
+    assert config.load(text="model:\n  hugepages: no\n", environ={}).model.hugepages == "off"
     with pytest.raises(config.ConfigError, match="environment KTD_NUMA__EXPERTS: numa.experts: expected one of"):
         config.load(None, environ={"KTD_NUMA__EXPERTS": "yes"})

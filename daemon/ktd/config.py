@@ -169,6 +169,9 @@ def _convert(name: str, meta: Mapping[str, Any], value: Any, where: str) -> Any:
             raise fail("a non-empty string or null")
         out = value
     elif kind == "choice":
+        # YAML 1.1 reads an unquoted off/no as false: `hugepages: off` means the choice "off".
+        if value is False and "off" in meta["choices"]:
+            value = "off"
         if value not in meta["choices"]:
             raise fail("one of " + ", ".join(meta["choices"]))
         out = value
