@@ -291,6 +291,35 @@ def test_bind_to_missing_node_is_an_oserror():
     _native.bind_thread_memory(-1)
 
 
+def test_interleave_over_the_real_nodes_places_pages_on_them():
+    online = Path("/sys/devices/system/node/online")
+    nodes = _native.parse_cpulist(online.read_text()) if online.exists() else [0]
+    arena = _native.Arena(4 * MiB, hugepages="off", interleave=nodes)
+    fill_and_check(arena)
+    on = _native.page_nodes(arena.address, arena.capacity)
+    assert set(on) == set(nodes)
+    if len(nodes) > 1:  # round-robin page by page (from the interleave start node)
+        assert all(on[i] != on[i + 1] for i in range(len(on) - 1))
+
+
+def test_interleave_keeps_only_the_nodes_the_kernel_has():
+    if Path("/sys/devices/system/node/node1").exists():
+        pytest.skip("this machine has a NUMA node 1; the test needs a one-node machine")
+    # The kernel intersects the list with its memory nodes: {0, 1} becomes {0}, silently (which
+    # is why the model reads the policy back), and {1} alone is EINVAL.
+    arena = _native.Arena(4 * MiB, hugepages="off", interleave=[0, 1])
+    assert _native.range_policy_nodes(arena.address) == [0]
+    with pytest.raises(OSError) as e:
+        _native.Arena(4 * MiB, hugepages="off", interleave=[1])
+    assert e.value.errno == errno.EINVAL and "MPOL_INTERLEAVE, nodes 1" in str(e.value)
+    arena = _native.Arena(4 * MiB, hugepages="off")
+    assert _native.range_policy_nodes(arena.address) == []
+    with pytest.raises(ValueError, match="no nodes"):
+        _native.interleave_range(arena.address, arena.capacity, [])
+    with pytest.raises(ValueError, match="bound to one node or interleaved"):
+        _native.Arena(4 * MiB, hugepages="off", node=0, interleave=[0])
+
+
 def test_untouched_pages_have_no_node():
     arena = _native.Arena(4 * MiB, hugepages="off")
     assert set(_native.page_nodes(arena.address, arena.capacity)) == {-errno.ENOENT}

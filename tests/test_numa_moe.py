@@ -142,16 +142,16 @@ def _expert_tensor_bytes(path) -> int:
 
 
 @pytest.mark.parametrize("n_nodes", [2, 4])
-@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
-def test_slices_are_contiguous_aligned_balanced_and_placed(tiny, fake_machine, arch, n_nodes):
-    path = tiny(arch, "F32")
+@pytest.mark.parametrize("arch, wtype", [("qwen3moe", "F32"), ("deepseek2", "F32"), ("qwen2moe", "Q8_0")])
+def test_slices_are_contiguous_aligned_balanced_and_placed(tiny, fake_machine, arch, wtype, n_nodes):
+    path = tiny(arch, wtype)
     m = _native.Model(path, n_threads=n_nodes, pin=False, **_placement(fake_machine(n_nodes), n_nodes))
     mem = m.memory
     assert [n["node"] for n in mem["nodes"]] == list(range(n_nodes))
     assert [n["threads"] for n in mem["nodes"]] == [1] * n_nodes
     assert mem["experts_sharded"] and mem["dense_policy"] == "interleave"
     # F32 does not repack: each slice is a copy of its rows, so the bytes per node add up to the
-    # expert tensors' bytes in the file, exactly once.
+    # expert tensors' bytes in the file, exactly once (Q8_0 repacked: the same bytes, interleaved).
     assert sum(n["expert_bytes"] for n in mem["nodes"]) == _expert_tensor_bytes(path)
 
     real = _real_nodes()
@@ -192,6 +192,13 @@ def test_slices_are_contiguous_aligned_balanced_and_placed(tiny, fake_machine, a
             assert "mbind" in n["note"] and "fake topology" in n["note"]
         else:
             assert n["note"] == ""
+    # Dense weights (those repacked into the arena; F32 stays in the file mapping): interleaved
+    # over the nodes the kernel has; the others named.
+    missing = [i for i in range(n_nodes) if i not in real]
+    if missing and mem["dense_bytes"]:
+        assert f"no memory on node(s) {','.join(map(str, missing))}" in mem["dense_note"]
+    else:
+        assert mem["dense_note"] == ""
 
 
 def test_one_node_keeps_one_arena_and_no_slices(tiny):
@@ -286,3 +293,31 @@ def test_hugepages_hugetlb_demanded_without_a_pool_fails_with_the_fix(tiny):
         pytest.skip("this machine has reserved huge pages: hugetlb succeeds")
     with pytest.raises(_native.ResourceError, match="Reserve at least"):
         _native.Model(tiny("qwen3moe", "Q8_0"), n_threads=1, pin=False, hugepages="hugetlb")
+
+
+# ---- ktd inspect: the plan for this machine's nodes ----------------------------------------------
+
+def test_inspect_numa_plan_splits_expert_bytes_by_row_slices(tiny):
+    from ktd.gguf import GGUFFile
+    from ktd.inspect import numa_plan, render, inspect_model
+
+    path = tiny("deepseek2", "Q8_0")
+    f = GGUFFile(path, willneed=False)
+    plan = numa_plan(f, [0, 1, 2])
+    assert plan["experts_sharded"] and plan["dense"] == "interleave"
+    # Independently: each expert tensor's rows cut into 16-row blocks, block i*blocks//3 onwards.
+    expected = [0, 0, 0]
+    for t in GGUFReader(path).tensors:
+        if not t.name.endswith("_exps.weight"):
+            continue
+        k, rows, n_mat = (int(d) for d in t.shape)
+        blocks = -(-rows // ROW_ALIGN)
+        cuts = [min(rows, blocks * i // 3 * ROW_ALIGN) for i in range(4)]
+        for i in range(3):
+            expected[i] += (cuts[i + 1] - cuts[i]) * (int(t.n_bytes) // (rows * n_mat)) * n_mat
+    assert [n["expert_bytes"] for n in plan["nodes"]] == expected
+    assert sum(expected) == _expert_tensor_bytes(path)
+    one = numa_plan(f, [0])
+    assert not one["experts_sharded"] and one["nodes"] == [{"node": 0, "expert_bytes": 0}]
+    text = render(inspect_model(path))
+    assert "numa plan" in text

@@ -1,5 +1,7 @@
 #include <pybind11/stl.h>
 
+#include <vector>
+
 #include "bindings.h"
 #include "memory/arena.h"
 #include "memory/numa_policy.h"
@@ -20,18 +22,20 @@ void bind_memory(py::module_ &m) {
                       "Weights arena: one mapping of `capacity` bytes, bump-allocated. The object "
                       "exposes the whole mapping as a writable uint8 buffer (numpy.frombuffer).")
         .def(py::init([](size_t capacity, const std::string &hugepages, size_t hugetlb_page_size,
-                         bool mlock, int node, const std::string &sysfs_root) {
+                         bool mlock, int node, const std::string &sysfs_root, std::vector<int> interleave) {
                  ArenaOptions o;
                  o.hugepages = parse_hugepages(hugepages);
                  o.hugetlb_page_size = hugetlb_page_size;
                  o.mlock = mlock;
                  o.node = node;
                  o.sysfs_root = sysfs_root;
+                 o.interleave = std::move(interleave);
                  py::gil_scoped_release release;  // prefaulting a large hugetlb arena takes a while
                  return std::make_unique<Arena>(capacity, o);
              }),
              py::arg("capacity"), py::arg("hugepages") = "auto", py::arg("hugetlb_page_size") = kPage2M,
-             py::arg("mlock") = false, py::arg("node") = -1, py::arg("sysfs_root") = "/sys")
+             py::arg("mlock") = false, py::arg("node") = -1, py::arg("sysfs_root") = "/sys",
+             py::arg("interleave") = std::vector<int>{})
         .def("alloc",
              [](Arena &a, size_t nbytes, size_t align) {
                  return size_t(static_cast<char *>(a.alloc(nbytes, align)) - static_cast<char *>(a.base()));
@@ -82,6 +86,14 @@ void bind_memory(py::module_ &m) {
               bind_range_to_node(as_ptr(address), length, node, move_existing);
           },
           py::arg("address"), py::arg("length"), py::arg("node"), py::arg("move_existing") = false);
+    m.def("interleave_range",
+          [](uintptr_t address, size_t length, const std::vector<int> &nodes) {
+              interleave_range(as_ptr(address), length, nodes);
+          },
+          py::arg("address"), py::arg("length"), py::arg("nodes"));
+    m.def("range_policy_nodes",
+          [](uintptr_t address) { return range_policy_nodes(reinterpret_cast<const void *>(address)); },
+          py::arg("address"), "Nodes of the NUMA policy governing the page at address ([] = default policy).");
     m.def("bind_thread_memory", &bind_thread_memory, py::arg("node"));
     m.def("page_nodes",
           [](uintptr_t address, size_t length, size_t page_size) {

@@ -55,11 +55,24 @@ void interleave_range(void *addr, size_t len, const std::vector<int> &nodes) {
     std::string names;
     for (int node : nodes) {
         check_node(node);
-        names += (names.empty() ? "" : ",") + std::to_string(node);
+        if (!names.empty()) names += ',';
+        names += std::to_string(node);
     }
     NodeMask mask(nodes);
     if (syscall(SYS_mbind, addr, len, MPOL_INTERLEAVE, mask.words.data(), mask.maxnode, 0U) != 0)
         throw SysError("mbind(MPOL_INTERLEAVE, nodes " + names + ")", errno);
+}
+
+std::vector<int> range_policy_nodes(const void *addr) {
+    std::vector<unsigned long> words(size_t(kMaxNode) / kBitsPerWord, 0);
+    int mode = 0;
+    if (syscall(SYS_get_mempolicy, &mode, words.data(), (unsigned long)(kMaxNode + 1), addr, MPOL_F_ADDR) != 0)
+        throw SysError("get_mempolicy(MPOL_F_ADDR)", errno);
+    std::vector<int> nodes;
+    if (mode == MPOL_DEFAULT) return nodes;
+    for (int node = 0; node < kMaxNode; ++node)
+        if (words[size_t(node) / kBitsPerWord] >> (size_t(node) % kBitsPerWord) & 1) nodes.push_back(node);
+    return nodes;
 }
 
 void bind_thread_memory(int node) {

@@ -15,8 +15,14 @@ void bind_range_to_node(void *addr, size_t len, int node, bool move_existing = f
 
 // mbind(addr, len, MPOL_INTERLEAVE, nodes): pages of [addr, addr+len) are allocated round-robin
 // over nodes (page by page), so every node streams an equal share. Same rules as
-// bind_range_to_node; std::invalid_argument for an empty list.
+// bind_range_to_node; std::invalid_argument for an empty list. The kernel keeps only the listed
+// nodes it has memory on (EINVAL when none): see range_policy_nodes.
 void interleave_range(void *addr, size_t len, const std::vector<int> &nodes);
+
+// The nodes of the policy that governs the page at addr (get_mempolicy(MPOL_F_ADDR)): the nodes
+// the kernel kept, which for MPOL_INTERLEAVE are the requested ones it has memory on (it drops
+// the others silently). Empty for the default policy (local allocation).
+std::vector<int> range_policy_nodes(const void *addr);
 
 // set_mempolicy(MPOL_BIND, {node}) for the calling thread; node = -1 restores MPOL_DEFAULT.
 void bind_thread_memory(int node);

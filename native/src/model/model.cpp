@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/float16.h"
 #include "memory/arena.h"
+#include "memory/numa_policy.h"
 #include "kernels/attention.h"
 #include "model/blocks.h"
 
@@ -135,7 +136,22 @@ PreparedWeights prepare_slice(ThreadPool *pool, const TypeKernels &tk, const uin
 // mapped without placement and `note` says why — the compute partition does not depend on it.
 std::shared_ptr<Arena> open_placed_arena(size_t bytes, ArenaOptions o, std::string &note) {
     try {
-        return std::make_shared<Arena>(bytes, o);
+        auto arena = std::make_shared<Arena>(bytes, o);
+        if (!o.interleave.empty()) {
+            // The kernel interleaves over the listed nodes it has memory on and drops the rest
+            // silently: say which ones were dropped.
+            const std::vector<int> kept = range_policy_nodes(arena->base());
+            std::string kept_s, dropped_s;
+            for (int node : o.interleave) {
+                std::string &list = std::find(kept.begin(), kept.end(), node) != kept.end() ? kept_s : dropped_s;
+                if (!list.empty()) list += ',';
+                list += std::to_string(node);
+            }
+            if (!dropped_s.empty())
+                note = "interleaved over node(s) " + kept_s + " only: the kernel has no memory on node(s) " +
+                       dropped_s + " (e.g. a fake topology)";
+        }
+        return arena;
     } catch (const SysError &e) {
         if (o.node < 0 && o.interleave.empty()) throw;
         note = std::string("NUMA placement not applied (") + e.what() +
