@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -321,3 +322,29 @@ def test_inspect_numa_plan_splits_expert_bytes_by_row_slices(tiny):
     assert not one["experts_sharded"] and one["nodes"] == [{"node": 0, "expert_bytes": 0}]
     text = render(inspect_model(path))
     assert "numa plan" in text
+
+
+# ---- ktd run --config: the same keys, the same path -----------------------------------------------
+
+def test_run_takes_placement_from_a_config_file(tiny, tmp_path, capsys, monkeypatch):
+    from ktd import cli
+
+    for k in [k for k in os.environ if k.startswith("KTD_")]:
+        monkeypatch.delenv(k)
+    path = tiny("qwen3moe", "Q8_0")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("numa:\n  experts: mirror\n")
+    assert cli.main(["run", path, "--prompt", "a", "--max-tokens", "1", "--threads", "1", "--config", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "numa.experts: expected one of shard, off" in err and "Traceback" not in err
+    if _meminfo("HugePages_Free") == 0:
+        # hugetlb demanded through the file reaches the arena: no pool here, a one-line error.
+        hugetlb = tmp_path / "hugetlb.yaml"
+        hugetlb.write_text("model:\n  hugepages: hugetlb\n")
+        rc = cli.main(["run", path, "--prompt", "a", "--max-tokens", "1", "--threads", "1", "--config", str(hugetlb)])
+        err = capsys.readouterr().err
+        assert rc == 1 and "Reserve at least" in err and "Traceback" not in err
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("model:\n  hugepages: off\nnuma:\n  experts: off\n")
+    assert cli.main(["run", path, "--prompt", "a", "--max-tokens", "2", "--threads", "1", "--config", str(ok)]) == 0
+    assert "decode:" in capsys.readouterr().err
