@@ -46,7 +46,7 @@ def test_shipped_file_documents_every_key_with_its_default():
     ("model:\n  smt: 1\n", "model.smt: expected true or false"),
     ("model: [1, 2]\n", "<config>:1: model: expected a mapping"),
     ("numa:\n  experts: mirror\n", "<config>:2: numa.experts: expected one of shard, off"),
-    ("numa:\n  dense: replicate\n", "<config>:2: numa.dense: expected one of interleave"),
+    ("numa:\n  dense: mirror\n", "<config>:2: numa.dense: expected one of interleave, replicate"),
     ("numa:\n  nodes: [0]\n", "<config>:2: unknown key numa.nodes"),
     ("model:\n  hugepage_size: 4K\n", "model.hugepage_size: expected one of 2M, 1G"),
     ("model:\n  n_ctx: 1\n  n_ctx: 2\n", "<config>:3: model.n_ctx: duplicate key"),
@@ -129,9 +129,9 @@ def test_numa_and_memory_keys_reach_the_engine_options():
     from ktd.engine import placement_options
 
     c = config.load(text="model:\n  numa_nodes: [1]\n  smt: true\n  hugepages: off\n  hugepage_size: 1G\n"
-                         "  mlock: true\nnuma:\n  experts: off\n", environ={"KTD_NUMA__DENSE": "interleave"})
+                         "  mlock: true\nnuma:\n  experts: off\n", environ={"KTD_NUMA__DENSE": "replicate"})
     assert placement_options(c) == {"nodes": [1], "smt": True, "hugepages": "off", "hugetlb_page_size": 1 << 30,
-                                    "mlock": True, "numa_experts": "off", "numa_dense": "interleave"}
+                                    "mlock": True, "numa_experts": "off", "numa_dense": "replicate"}
     assert placement_options(config.Config())["numa_experts"] == "shard"
     # Unquoted `off` is YAML 1.1 false; quoted it is the string: both mean the choice "off".
     assert config.load(text='numa:\n  experts: "off"\n', environ={}).numa.experts == "off"

@@ -85,15 +85,40 @@ def _logits(path, threads: int, **placement) -> np.ndarray:
     return np.concatenate(out)
 
 
+@pytest.mark.parametrize("dense", ["interleave", "replicate"])
 @pytest.mark.parametrize("n_nodes", [2, 4])
 @pytest.mark.parametrize("wtype", ["F32", "Q8_0"])
 @pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe", "llama", "deepseek2"])
-def test_logits_identical_to_one_node(tiny, fake_machine, arch, wtype, n_nodes):
+def test_logits_identical_to_one_node(tiny, fake_machine, arch, wtype, n_nodes, dense):
     path = tiny(arch, wtype)
     one = _logits(path, threads=n_nodes)
-    sharded = _logits(path, threads=n_nodes, **_placement(fake_machine(n_nodes), n_nodes))
+    sharded = _logits(path, threads=n_nodes, numa_dense=dense, **_placement(fake_machine(n_nodes), n_nodes))
     assert sharded.shape == one.shape
     np.testing.assert_array_equal(sharded, one)
+
+
+def _dense_matrix_bytes(path) -> int:
+    """Bytes of the matrices that are not routed experts (token_embd only when it is the output)."""
+    tensors = GGUFReader(path).tensors
+    has_output = any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors
+               if len(t.shape) >= 2 and not t.name.endswith("_exps.weight")
+               and not (has_output and t.name == "token_embd.weight"))
+
+
+@pytest.mark.parametrize("arch, wtype", [("qwen2moe", "F32"), ("deepseek2", "Q8_0")])
+def test_replicate_gives_every_node_a_full_copy(tiny, fake_machine, arch, wtype):
+    path = tiny(arch, wtype)
+    m = _native.Model(path, n_threads=2, pin=False, numa_dense="replicate", **_placement(fake_machine(2), 2))
+    mem = m.memory
+    assert mem["dense_policy"] == "replicate"
+    # Q8_0 repacks to the same bytes and F32 is copied: each copy is exactly the dense matrices.
+    assert [n["dense_copy_bytes"] for n in mem["nodes"]] == [_dense_matrix_bytes(path)] * 2
+    if 1 not in _real_nodes():
+        assert "copy on node 1: NUMA placement not applied" in mem["dense_note"]
+    # Interleave keeps one copy.
+    m1 = _native.Model(path, n_threads=2, pin=False, **_placement(fake_machine(2), 2))
+    assert all(n["dense_copy_bytes"] == 0 for n in m1.memory["nodes"])
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +260,7 @@ def test_bad_placement_options_are_named(tiny, fake_machine):
     path = tiny("qwen3moe")
     with pytest.raises(ValueError, match="numa_experts must be 'shard' or 'off'"):
         _native.Model(path, n_threads=1, pin=False, numa_experts="mirror")
-    with pytest.raises(ValueError, match="numa_dense must be 'interleave'"):
+    with pytest.raises(ValueError, match="numa_dense must be 'interleave' or 'replicate'"):
         _native.Model(path, n_threads=1, pin=False, numa_dense="scatter")
     with pytest.raises(ValueError, match="node 5"):
         _native.Model(path, n_threads=2, pin=False, nodes=[5], **_placement(fake_machine(2), 2))

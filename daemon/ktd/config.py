@@ -66,8 +66,9 @@ class NumaConfig:
                         "those rows; no copy), off (experts placed like the dense weights)",
                         kind="choice", choices=("shard", "off"))
     dense: str = _key("interleave", "dense (non-expert) weights when the threads span several NUMA "
-                      "nodes: interleave (pages spread round-robin over the nodes)",
-                      kind="choice", choices=("interleave",))
+                      "nodes: interleave (pages spread round-robin over the nodes), replicate (one copy "
+                      "per node, each node's threads read their own; memory x nodes)",
+                      kind="choice", choices=("interleave", "replicate"))
 
 
 @dataclass(frozen=True)

@@ -157,9 +157,11 @@ def _size(n: int) -> str:
 
 
 def numa_summary(mem: dict[str, Any]) -> dict[str, Any]:
-    """The node layout for status/inspect: per NUMA node its threads and routed-expert bytes."""
+    """The node layout for status: per NUMA node its threads, routed-expert bytes and (dense:
+    replicate) the bytes of its copy of the dense weights."""
     return {"nodes": [{"node": n["node"], "threads": n["threads"], "expert_bytes": int(n["expert_bytes"]),
-                       "bound": n["bound"], **({"note": n["note"]} if n["note"] else {})} for n in mem["nodes"]],
+                       "dense_copy_bytes": int(n["dense_copy_bytes"]), "bound": n["bound"],
+                       **({"note": n["note"]} if n["note"] else {})} for n in mem["nodes"]],
             "experts": "shard" if mem["experts_sharded"] else "off",
             "dense": mem["dense_policy"], **({"dense_note": mem["dense_note"]} if mem["dense_note"] else {})}
 

@@ -102,6 +102,8 @@ void repack_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size
 void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, int64_t rows, int64_t k,
                      const float *x, int64_t n, float *y, MatmulScratch &scratch);
 
+struct PreparedCopies;
+
 // A weight matrix ready for matmul: repacked into the active kernels' interleaved layout when
 // they have one (and it was allowed), otherwise the original rows (not copied: `w` must outlive
 // it). The forward prepares each weight once at load time and calls matmul(pool, pw, ...).
@@ -115,7 +117,19 @@ struct PreparedWeights {
     // Keeps the repacked bytes alive: their heap buffer, or the weights arena they were carved
     // from (shared by every matrix of a model). Null when not repacked.
     std::shared_ptr<const void> storage;
+    // NUMA replication (the model's numa.dense: replicate): one copy per node of the pool, and the
+    // copy worker tid reads (its node's). Null: this is the only copy. matmul honours it.
+    std::shared_ptr<const PreparedCopies> node_copies;
+    // The copy worker tid of the model's pool reads.
+    const PreparedWeights &for_worker(int tid) const;
 };
+struct PreparedCopies {
+    std::vector<PreparedWeights> copies;  // [n_node], identical bytes
+    std::vector<int> copy_of_tid;         // [n_threads] index into copies
+};
+inline const PreparedWeights &PreparedWeights::for_worker(int tid) const {
+    return node_copies ? node_copies->copies[size_t(node_copies->copy_of_tid[size_t(tid)])] : *this;
+}
 // Alignment of the repacked bytes in an arena, and the arena bytes prepare_weights will take for
 // a matrix (0 when it stays as it is): sum this over a model's matrices to size its arena.
 constexpr size_t kPreparedAlign = 64;

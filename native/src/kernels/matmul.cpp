@@ -43,7 +43,7 @@ void run_matmul(ThreadPool *pool, const TypeKernels &tk, int64_t rows, int64_t k
         if (nth > 1) pool->barrier(tid);
         int64_t r0, r1;
         row_range(rows, tid, nth, r0, r1);
-        if (r0 < r1) tile(r0, r1, xq, arow);
+        if (r0 < r1) tile(r0, r1, xq, arow, tid);
     };
     // std::ref: the std::function wraps a reference, so no allocation per call.
     run_on(pool, std::ref(body));
@@ -58,7 +58,7 @@ void check_repack(const TypeKernels &tk) {
 void matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
             int64_t k, const float *x, int64_t n, float *y, MatmulScratch &scratch) {
     const char *wb = static_cast<const char *>(w);
-    run_matmul(pool, tk, rows, k, x, n, scratch, [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow) {
+    run_matmul(pool, tk, rows, k, x, n, scratch, [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int) {
         tk.gemm(k, wb + r0 * w_row_bytes, w_row_bytes, xq, arow, y + r0, size_t(rows), int(r1 - r0), int(n));
     });
 }
@@ -85,7 +85,7 @@ void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, in
     check_repack(tk);
     const size_t group_bytes = tk.repacked_group_bytes(k);
     const char *wb = static_cast<const char *>(wp);
-    run_matmul(pool, tk, rows, k, x, n, scratch, [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow) {
+    run_matmul(pool, tk, rows, k, x, n, scratch, [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int) {
         // kRowAlign is a multiple of repack_rows, so r0 starts a group.
         tk.gemm_repacked(k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq, arow, y + r0,
                          size_t(rows), int(r1 - r0), int(n));
@@ -135,6 +135,24 @@ PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const v
 }
 
 void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch) {
+    if (pw.node_copies && pool && pool->size() > 1) {
+        // Replicated weights: each worker streams its rows from its own node's copy.
+        const TypeKernels &tk = *pw.tk;
+        run_matmul(pool, tk, pw.rows, pw.k, x, n, scratch,
+                   [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int tid) {
+                       const PreparedWeights &c = pw.for_worker(tid);
+                       const char *wb = static_cast<const char *>(c.data);
+                       if (c.repacked) {
+                           const size_t group_bytes = tk.repacked_group_bytes(c.k);
+                           tk.gemm_repacked(c.k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq,
+                                            arow, y + r0, size_t(c.rows), int(r1 - r0), int(n));
+                       } else {
+                           tk.gemm(c.k, wb + size_t(r0) * c.row_bytes, c.row_bytes, xq, arow, y + r0,
+                                   size_t(c.rows), int(r1 - r0), int(n));
+                       }
+                   });
+        return;
+    }
     if (pw.repacked)
         matmul_repacked(pool, *pw.tk, pw.data, pw.rows, pw.k, x, n, y, scratch);
     else

@@ -111,9 +111,10 @@ void bind_model(py::module_ &m) {
                  if (numa_experts != "shard" && numa_experts != "off")
                      throw std::invalid_argument("numa_experts must be 'shard' or 'off', got '" + numa_experts + "'");
                  o.shard_experts = numa_experts == "shard";
-                 if (numa_dense != "interleave")
-                     throw std::invalid_argument("numa_dense must be 'interleave', got '" + numa_dense + "'");
-                 o.numa_dense = NumaDense::Interleave;
+                 if (numa_dense != "interleave" && numa_dense != "replicate")
+                     throw std::invalid_argument("numa_dense must be 'interleave' or 'replicate', got '" + numa_dense +
+                                                 "'");
+                 o.numa_dense = numa_dense == "replicate" ? NumaDense::Replicate : NumaDense::Interleave;
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
@@ -146,6 +147,7 @@ void bind_model(py::module_ &m) {
                     d["node"] = n.node;
                     d["threads"] = n.n_threads;
                     d["expert_bytes"] = n.expert_bytes;
+                    d["dense_copy_bytes"] = n.dense_copy_bytes;
                     d["bound"] = n.bound;
                     d["note"] = n.note;
                     nodes.append(d);

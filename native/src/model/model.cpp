@@ -198,20 +198,27 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     MemoryLayout &mem = m->mem_;
     const std::vector<int> nodes = pool.nodes();
     const int n_slice = int(nodes.size());
-    for (int node : nodes) mem.nodes.push_back({node, int(pool.workers_of_node(node).size()), 0, false, ""});
+    for (int node : nodes) {
+        NumaNodeMemory nm;
+        nm.node = node;
+        nm.n_threads = int(pool.workers_of_node(node).size());
+        mem.nodes.push_back(nm);
+    }
     m->tid_slice_.resize(size_t(pool.size()));
     for (int tid = 0; tid < pool.size(); ++tid)
         m->tid_slice_[size_t(tid)] = int(std::find(nodes.begin(), nodes.end(), pool.node_of(tid)) - nodes.begin());
     const bool shard = n_slice > 1 && opts.shard_experts;
     mem.experts_sharded = shard;
-    mem.dense_policy = n_slice > 1 ? "interleave" : "local";
+    const bool replicate = n_slice > 1 && opts.numa_dense == NumaDense::Replicate;
+    mem.dense_policy = n_slice == 1 ? "local" : replicate ? "replicate" : "interleave";
 
     // Weights arenas for every prepared matrix (huge pages when a hugetlb pool is reserved, THP
     // otherwise), sized before preparing from the file's matrices: an upper bound (tensors the
     // architecture does not use as matrices are counted too), bad shapes are left to the checks
-    // below. One node: one arena. Several: the dense arena (interleaved) and, when the experts
+    // below. One node: one arena. Several: the dense arena (interleaved) or one per node (a copy
+    // of the dense weights each, replicate; non-repacked ones copied too), and, when the experts
     // are sharded, one arena per node for its slices.
-    size_t dense_bytes = 0;
+    size_t dense_bytes = 0, dense_copy_bytes = 0;
     std::vector<size_t> slice_bytes(static_cast<size_t>(n_slice), 0);
     const bool has_output = file.find_tensor("output.weight") != nullptr;
     for (const GGUFTensorInfo &t : file.tensors()) {
@@ -227,13 +234,25 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
             continue;
         }
         dense_bytes += prepared_bytes(*tk, int64_t(t.ne[1]), int64_t(t.ne[0]), opts.allow_repack) * size_t(t.ne[2]);
+        dense_copy_bytes += slice_prepared_bytes(*tk, *ggml_row_size(t.type, t.ne[0]), int64_t(t.ne[1]),
+                                                 int64_t(t.ne[0]), opts.allow_repack) * size_t(t.ne[2]);
     }
     ArenaOptions aopts;
     aopts.hugepages = opts.hugepages;
     aopts.hugetlb_page_size = opts.hugetlb_page_size;
     aopts.mlock = opts.mlock;
-    std::shared_ptr<Arena> arena;  // dense weights
-    if (dense_bytes) {
+    std::shared_ptr<Arena> arena;  // dense weights (not replicated)
+    std::vector<std::shared_ptr<Arena>> copy_arenas(static_cast<size_t>(replicate ? n_slice : 0));
+    for (size_t sl = 0; sl < copy_arenas.size() && dense_copy_bytes; ++sl) {
+        aopts.node = nodes[sl];
+        std::string note;
+        copy_arenas[sl] = open_placed_arena(dense_copy_bytes, aopts, note);
+        if (note.empty()) continue;
+        if (!mem.dense_note.empty()) mem.dense_note += "; ";
+        mem.dense_note += "copy on node " + std::to_string(nodes[sl]) + ": " + note;
+    }
+    aopts.node = -1;
+    if (dense_bytes && !replicate) {
         if (n_slice > 1) aopts.interleave = nodes;
         arena = open_placed_arena(dense_bytes, aopts, mem.dense_note);
         aopts.interleave.clear();
@@ -245,13 +264,35 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         slice_arenas[size_t(sl)] = open_placed_arena(slice_bytes[size_t(sl)], aopts, mem.nodes[size_t(sl)].note);
         mem.nodes[size_t(sl)].bound = slice_arenas[size_t(sl)]->node() >= 0;
     }
-    for (const Arena *a : {arena.get(), slice_arenas.empty() ? nullptr : slice_arenas[0].get()})
+    for (const Arena *a : {arena.get(), copy_arenas.empty() ? nullptr : copy_arenas[0].get(),
+                           slice_arenas.empty() ? nullptr : slice_arenas[0].get()})
         if (a && mem.page_kind.empty()) {
             mem.page_kind = arena_kind_name(a->kind());
             mem.page_size = a->page_size();
             mem.page_reason = a->fallback_reason();
         }
-    mem.dense_bytes = dense_bytes;
+    mem.dense_bytes = replicate ? dense_copy_bytes : dense_bytes;
+    // A dense matrix: into the dense arena, or (replicate) one copy per node with node_copies
+    // telling matmul which copy each worker reads.
+    auto prepare_dense = [&](const TypeKernels &tk, const uint8_t *src, size_t row_bytes, int64_t rows, int64_t k) {
+        if (!replicate) {
+            PreparedWeights pw = prepare_weights(m->pool_.get(), tk, src, row_bytes, rows, k, opts.allow_repack, arena);
+            m->repacked_bytes_ += pw.repacked_bytes;
+            return pw;
+        }
+        auto copies = std::make_shared<PreparedCopies>();
+        copies->copy_of_tid = m->tid_slice_;
+        for (int sl = 0; sl < n_slice; ++sl) {
+            copies->copies.push_back(prepare_slice(m->pool_.get(), tk, src, row_bytes, rows, k, opts.allow_repack,
+                                                   copy_arenas[size_t(sl)]));
+            const PreparedWeights &c = copies->copies.back();
+            mem.nodes[size_t(sl)].dense_copy_bytes += c.repacked ? c.repacked_bytes : size_t(rows) * row_bytes;
+        }
+        PreparedWeights pw = copies->copies[0];
+        pw.node_copies = copies;
+        m->repacked_bytes_ += pw.repacked_bytes;
+        return pw;
+    };
 
     ModelWeights &w = m->w_;
     w.layers.resize(size_t(hp.n_layer));
@@ -310,19 +351,14 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                         continue;
                     }
                     st.mats.resize(size_t(e2));
-                    for (int64_t e = 0; e < e2; ++e) {
-                        st.mats[size_t(e)] = prepare_weights(m->pool_.get(), tk,
-                                                             file.tensor_data(*t) + size_t(e) * size_t(rows) * row_bytes,
-                                                             row_bytes, rows, k, opts.allow_repack, arena);
-                        m->repacked_bytes_ += st.mats[size_t(e)].repacked_bytes;
-                    }
+                    for (int64_t e = 0; e < e2; ++e)
+                        st.mats[size_t(e)] = prepare_dense(tk, file.tensor_data(*t) + size_t(e) * size_t(rows) * row_bytes,
+                                                           row_bytes, rows, k);
                     continue;
                 }
                 Matrix &mat = spec.layer_mat ? lw->*spec.layer_mat : w.*spec.model_mat;
                 mat.info = t;
-                mat.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*t), row_bytes, rows, k, opts.allow_repack,
-                                         arena);
-                m->repacked_bytes_ += mat.pw.repacked_bytes;
+                mat.pw = prepare_dense(tk, file.tensor_data(*t), row_bytes, rows, k);
             }
         }
     }
@@ -339,10 +375,9 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
             throw GGUFError("tensor token_embd.weight (tied output) has type " +
                             std::string(ggml_type_name(w.token_embd->type)) + ", which has no matmul kernel");
         w.output.info = w.token_embd;
-        w.output.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*w.token_embd),
-                                      size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0])), hp.n_vocab,
-                                      hp.n_embd, opts.allow_repack, arena);
-        m->repacked_bytes_ += w.output.pw.repacked_bytes;
+        w.output.pw = prepare_dense(tk, file.tensor_data(*w.token_embd),
+                                    size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0])), hp.n_vocab,
+                                    hp.n_embd);
     }
     return m;
 }

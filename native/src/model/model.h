@@ -110,8 +110,10 @@ struct ModelWeights {
 struct ArchSpec;
 class Context;
 
-// How dense (non-expert) weights are placed when the pool spans several NUMA nodes.
-enum class NumaDense { Interleave };
+// How dense (non-expert) weights are placed when the pool spans several NUMA nodes: pages
+// interleaved over the nodes, or one copy per node (each worker reads its node's; n_node times
+// the memory).
+enum class NumaDense { Interleave, Replicate };
 
 struct ModelOptions {
     int n_threads = 0;       // 0: one per physical core
@@ -141,15 +143,16 @@ struct NumaNodeMemory {
     int node = 0;
     int n_threads = 0;
     uint64_t expert_bytes = 0;
+    uint64_t dense_copy_bytes = 0;  // numa.dense: replicate: this node's copy of the dense weights
     bool bound = false;
     std::string note;
 };
 struct MemoryLayout {
     std::vector<NumaNodeMemory> nodes;
     bool experts_sharded = false;
-    std::string dense_policy;     // "local" (one node), "interleave"
+    std::string dense_policy;     // "local" (one node), "interleave", "replicate"
     std::string dense_note;       // why the policy could not be applied ("" when it was)
-    uint64_t dense_bytes = 0;     // arena bytes of the dense (non-expert) prepared weights
+    uint64_t dense_bytes = 0;     // arena bytes of the dense (non-expert) prepared weights (replicate: per copy)
     std::string page_kind;        // arena_kind_name of the dense arena ("" when no arena)
     size_t page_size = 0;         // its page size, bytes
     std::string page_reason;      // why better page kinds were not used ("" when the first choice worked)

@@ -37,10 +37,10 @@ T *grow(std::vector<T> &v, size_t n) {
 }
 
 // y[c·ldy + (r - r0)] = W row r · activation row c for r in [r0, r1), c < nc; r0 % kRowAlign == 0;
-// rows of the item's part (r - item.part_r0 in parts[item.part]).
+// rows of the item's part (r - item.part_r0 in parts[item.part]), in worker tid's copy of it.
 void tile(const PreparedWeights *parts, const MoeScratch::Item &item, const uint8_t *xq, size_t x_stride, float *y,
-          size_t ldy, int nc) {
-    const PreparedWeights &pw = parts[item.part];
+          size_t ldy, int nc, int tid) {
+    const PreparedWeights &pw = parts[item.part].for_worker(tid);
     const int64_t r0 = item.r0 - item.part_r0, r1 = item.r1 - item.part_r0;
     const TypeKernels &tk = *pw.tk;
     const char *wb = static_cast<const char *>(pw.data);
@@ -348,8 +348,8 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
                               1, std::memory_order_relaxed)) < s.up_start[size_t(sl) + 1];) {
             const MoeScratch::Item &item = s.up_items[size_t(it)];
             const MoeScratch::Job &j = s.jobs[size_t(item.job)];
-            tile(j.gate, item, j.x_gate, j.x_stride_gate, j.hg + item.r0, size_t(j.n_ff), j.ntok);
-            tile(j.up, item, j.x_up, j.x_stride_up, j.hu + item.r0, size_t(j.n_ff), j.ntok);
+            tile(j.gate, item, j.x_gate, j.x_stride_gate, j.hg + item.r0, size_t(j.n_ff), j.ntok, tid);
+            tile(j.up, item, j.x_up, j.x_stride_up, j.hu + item.r0, size_t(j.n_ff), j.ntok, tid);
             for (int c = 0; c < j.ntok; ++c)
                 swiglu(j.hg + c * j.n_ff + item.r0, j.hu + c * j.n_ff + item.r0, item.r1 - item.r0);
         }
@@ -368,7 +368,7 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
                               1, std::memory_order_relaxed)) < s.down_start[size_t(sl) + 1];) {
             const MoeScratch::Item &item = s.down_items[size_t(it)];
             const MoeScratch::Job &j = s.jobs[size_t(item.job)];
-            tile(j.down, item, j.hq, j.hq_stride, j.yd + item.r0, size_t(E), j.ntok);
+            tile(j.down, item, j.hq, j.hq_stride, j.yd + item.r0, size_t(E), j.ntok, tid);
         }
         sync();
         // 6. y = Σ_j weight_j · expert_j (selection order) + gate · shared, split by elements.
