@@ -120,16 +120,15 @@ struct PreparedWeights {
     // NUMA replication (the model's numa.dense: replicate): one copy per node of the pool, and the
     // copy worker tid reads (its node's). Null: this is the only copy. matmul honours it.
     std::shared_ptr<const PreparedCopies> node_copies;
-    // The copy worker tid of the model's pool reads.
+    // The copy worker tid of the model's pool reads (defined in matmul.cpp, baseline ISA: not
+    // inline, so no ISA-flagged translation unit can provide it).
     const PreparedWeights &for_worker(int tid) const;
 };
 struct PreparedCopies {
     std::vector<PreparedWeights> copies;  // [n_node], identical bytes
     std::vector<int> copy_of_tid;         // [n_threads] index into copies
 };
-inline const PreparedWeights &PreparedWeights::for_worker(int tid) const {
-    return node_copies ? node_copies->copies[size_t(node_copies->copy_of_tid[size_t(tid)])] : *this;
-}
+
 // Alignment of the repacked bytes in an arena, and the arena bytes prepare_weights will take for
 // a matrix (0 when it stays as it is): sum this over a model's matrices to size its arena.
 constexpr size_t kPreparedAlign = 64;

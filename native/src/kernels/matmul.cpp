@@ -134,6 +134,10 @@ PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const v
     return pw;
 }
 
+const PreparedWeights &PreparedWeights::for_worker(int tid) const {
+    return node_copies ? node_copies->copies[size_t(node_copies->copy_of_tid[size_t(tid)])] : *this;
+}
+
 void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch) {
     if (pw.node_copies && pool && pool->size() > 1) {
         // Replicated weights: each worker streams its rows from its own node's copy.

@@ -38,7 +38,7 @@ void per_head_matmul(Context &ctx, const MatrixStack &st, const float *x, int64_
     if (n_head >= size_t(pool.size())) {
         pool.parallel_for(n_head, [&](size_t h0, size_t h1, int tid) {
             for (size_t h = h0; h < h1; ++h)
-                matmul(nullptr, st.mats[h], x + int64_t(h) * n * k, n, y + int64_t(h) * n * rows,
+                matmul(nullptr, st.mats[h].for_worker(tid), x + int64_t(h) * n * k, n, y + int64_t(h) * n * rows,
                        s.mm_thread[size_t(tid)]);
         });
         return;
