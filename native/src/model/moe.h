@@ -21,6 +21,9 @@
 // dynamically by all threads. Decode (n = 1) thus spreads the selected experts over every thread;
 // prefill runs one GEMM per expert over its tokens; experts that receive no token cost nothing.
 // xn is quantized once per activation format, each expert's hidden rows once for its down matrix.
+// Several NUMA nodes: the row blocks are cut within each node's row slice (numa_slice_rows, the
+// slices the sharded experts are stored in) and a worker takes only its node's items, so it
+// streams only its node's memory; the items cover the same rows, so the result is unchanged.
 #pragma once
 #include <atomic>
 #include <cstdint>
