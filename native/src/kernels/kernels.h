@@ -135,9 +135,9 @@ void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t
 // Several matrices applied to the same input in one pool region (e.g. a layer's Q, K and V):
 // Y_j [n][rows_j] = W_j · X (+ bias_j [rows_j] on every row when bias_j is non-null). All W_j have
 // the same k. The activations are quantized once per distinct activation format, and the row
-// groups of all matrices form one work list split over the workers by weight bytes, so a worker
-// streams one contiguous range across the matrices and there is one hand-over instead of one per
-// matrix. Each output element is still computed by one worker with the same kernel call as in
+// groups of all matrices form one work list that the workers take in contiguous ranges of weight
+// bytes, so there is one hand-over instead of one per matrix and no worker idles at the end of a
+// small matrix. Each output element is still computed by one worker with the same kernel call as in
 // matmul, so the results equal matmul's (then the bias add) bit for bit, for any thread count.
 struct MatmulJob {
     const PreparedWeights *pw = nullptr;

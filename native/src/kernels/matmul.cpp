@@ -1,9 +1,12 @@
 // The matmul driver: quantize the activations (once, shared by all workers behind a barrier; for a
-// few rows, by every worker into its own buffer, with no barrier), then every worker streams its
-// own contiguous range of weight rows (of one or several matrices: matmul_multi). Each output
-// element is computed by exactly one worker, so results do not depend on the thread count.
+// few rows, by every worker into its own buffer, with no barrier), then the workers stream the
+// weight rows (of one or several matrices: matmul_multi) in contiguous ranges of row groups,
+// claimed dynamically on one NUMA node. Each output element is computed by exactly one worker
+// with a tile starting on a kRowAlign boundary, so results do not depend on the thread count or
+// on which worker claimed which range.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -24,6 +27,9 @@ constexpr int kMaxJobs = 8;
 // decode row costs each worker well under a microsecond, less than waiting at a barrier for one
 // worker to quantize it for all.
 constexpr int64_t kPrivateActRows = 4;
+// Smallest dynamically claimed piece of a work list, weight bytes: a few microseconds of streaming,
+// so one claim (an atomic on a shared line) costs well under a percent of it.
+constexpr size_t kMinChunkBytes = 64 * 1024;
 
 void run_on(ThreadPool *pool, const std::function<void(int, int)> &fn) {
     if (pool && pool->size() > 1)
@@ -118,6 +124,13 @@ void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const flo
     } else if (scratch.act.size() < act_bytes) {
         scratch.act.resize(act_bytes);
     }
+    // Byte ranges are claimed dynamically when all workers share one NUMA node (tids of a node are
+    // contiguous, so the first and last tell); across nodes each worker keeps its fixed share, the
+    // rows whose pages it first touched when the weights were repacked.
+    const bool dynamic = nth > 1 && pool->node_of(0) == pool->node_of(nth - 1);
+    struct alignas(64) Cursor {
+        std::atomic<size_t> next{0};
+    } cursor;
     auto body = [&](int tid, int nth_run) {
         uint8_t *xq;
         if (private_act) {
@@ -135,19 +148,37 @@ void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const flo
                     fmts[size_t(f)].quantize(x + c * k, xq + fmts[size_t(f)].offset + size_t(c) * fmts[size_t(f)].row_bytes, k);
             if (nth_run > 1) pool->barrier(tid);
         }
-        // This worker's share of the work list: the row groups that start in bytes [b0, b1).
-        const size_t b0 = total_bytes * size_t(tid) / size_t(nth_run);
-        const size_t b1 = total_bytes * size_t(tid + 1) / size_t(nth_run);
-        for (int j = 0; j < n_jobs; ++j) {
-            const JobPlan &p = plan[size_t(j)];
-            auto first_group_from = [&](size_t b) {
-                if (b <= p.first_byte) return int64_t(0);
-                return std::min(p.groups, int64_t((b - p.first_byte + p.span_bytes - 1) / p.span_bytes));
-            };
-            const int64_t g0 = first_group_from(b0), g1 = first_group_from(b1);
-            if (g0 >= g1) continue;
-            const ActFormat &fm = fmts[size_t(p.fmt)];
-            run_tile(p, g0 * kRowAlign, std::min(p.pw->rows, g1 * kRowAlign), xq + fm.offset, fm.row_bytes, n);
+        // Runs the row groups of the work list that start in bytes [b0, b1): any partition of
+        // [0, total_bytes) into ranges computes every group exactly once.
+        auto run_bytes = [&](size_t b0, size_t b1) {
+            for (int j = 0; j < n_jobs; ++j) {
+                const JobPlan &p = plan[size_t(j)];
+                auto first_group_from = [&](size_t b) {
+                    if (b <= p.first_byte) return int64_t(0);
+                    return std::min(p.groups, int64_t((b - p.first_byte + p.span_bytes - 1) / p.span_bytes));
+                };
+                const int64_t g0 = first_group_from(b0), g1 = first_group_from(b1);
+                if (g0 >= g1) continue;
+                const ActFormat &fm = fmts[size_t(p.fmt)];
+                run_tile(p, g0 * kRowAlign, std::min(p.pw->rows, g1 * kRowAlign), xq + fm.offset, fm.row_bytes, n);
+            }
+        };
+        if (!dynamic) {
+            // This worker's fixed share of the work list.
+            run_bytes(total_bytes * size_t(tid) / size_t(nth_run), total_bytes * size_t(tid + 1) / size_t(nth_run));
+            return;
+        }
+        // Guided self-scheduling: claim half of this worker's fair share of what is left (at least
+        // kMinChunkBytes), so the claims shrink towards the end and a worker that was slowed down
+        // (by the OS, or by a slower share of the memory bus) leaves a short tail.
+        size_t start = cursor.next.load(std::memory_order_relaxed);
+        while (start < total_bytes) {
+            const size_t size = std::max(kMinChunkBytes, (total_bytes - start) / (2 * size_t(nth_run)));
+            const size_t end = std::min(total_bytes, start + size);
+            if (cursor.next.compare_exchange_weak(start, end, std::memory_order_relaxed)) {
+                run_bytes(start, end);
+                start = cursor.next.load(std::memory_order_relaxed);
+            }
         }
     };
     // std::ref: the std::function wraps a reference, so no allocation per call.
