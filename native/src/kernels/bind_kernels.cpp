@@ -66,6 +66,8 @@ size_t checked_row_bytes(const TypeKernels &tk, const u8array &w, int64_t rows, 
     return size_t(*row);
 }
 
+const float *bias_ptr(const f32array &b) { return b.size() > 0 ? b.data() : nullptr; }
+
 int64_t check_x(const f32array &x, int64_t k) {
     if (x.ndim() != 2 || x.shape(1) != k) throw py::value_error("x must be [n, k]");
     return x.shape(0);
@@ -157,6 +159,39 @@ void bind_kernels(py::module_ &m) {
        py::arg("offset"), py::arg("isa") = py::none(), py::arg("threads") = 1, py::arg("repacked") = false,
        "matmul writing Y[n, rows] into out[offset : offset + n*rows] (for guard-byte tests); "
        "repacked: w comes from repack()");
+
+    k.def("matmul_multi", [](py::list mats, int64_t k_, f32array x, int threads, bool repack) {
+        // mats: (type, w uint8 [rows * row_bytes], rows, bias float32 [rows] or None) per matrix.
+        const int64_t n = check_x(x, k_);
+        ThreadPool *pool = pool_for(threads);
+        std::vector<PreparedWeights> pws;
+        std::vector<f32array> biases, ys;
+        std::vector<u8array> ws;  // keep the weight arrays alive while the kernels read them
+        for (py::handle h : mats) {
+            auto t = h.cast<py::tuple>();
+            if (t.size() != 4) throw py::value_error("each matrix is (type, w, rows, bias or None)");
+            const TypeKernels &tk = lookup(t[0].cast<std::string>(), std::nullopt);
+            ws.push_back(t[1].cast<u8array>());
+            const int64_t rows = t[2].cast<int64_t>();
+            const size_t row = checked_row_bytes(tk, ws.back(), rows, k_);
+            pws.push_back(prepare_weights(pool, tk, ws.back().data(), row, rows, k_, repack));
+            biases.push_back(t[3].is_none() ? f32array() : t[3].cast<f32array>());
+            if (!t[3].is_none() && (biases.back().ndim() != 1 || biases.back().shape(0) != rows))
+                throw py::value_error("bias must be float32 [rows]");
+            ys.push_back(f32array({n, rows}));
+        }
+        std::vector<MatmulJob> jobs;
+        for (size_t j = 0; j < pws.size(); ++j)
+            jobs.push_back({&pws[j], ys[j].mutable_data(), bias_ptr(biases[j])});
+        MatmulScratch scratch;
+        {
+            py::gil_scoped_release nogil;
+            matmul_multi(pool, jobs.data(), int(jobs.size()), x.data(), n, scratch);
+        }
+        return ys;
+    }, py::arg("mats"), py::arg("k"), py::arg("x"), py::arg("threads") = 1, py::arg("repack") = false,
+       "matmul_multi over [(type, w, rows, bias or None), ...] on x [n, k] -> [Y_j [n, rows_j]] "
+       "(repack: the weights are prepared in the active ISA's interleaved layout where it has one)");
 
     k.def("repack_rows", [](const std::string &type, std::optional<std::string> isa) {
         return lookup(type, isa).repack_rows;

@@ -88,7 +88,11 @@ size_t act_row_size(const TypeKernels &tk, int64_t k);
 // the hot path once warm).
 struct MatmulScratch {
     std::vector<uint8_t> act;
+    // Small batches (decode): every worker quantizes the few activation rows itself into its own
+    // 64-byte aligned slice of this buffer instead of sharing `act` behind a barrier.
+    std::vector<uint8_t> act_private;
 };
+
 void matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
             int64_t k, const float *x, int64_t n, float *y, MatmulScratch &scratch);
 
@@ -140,6 +144,21 @@ PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const v
                                 int64_t rows, int64_t k, bool allow_repack = true,
                                 const std::shared_ptr<Arena> &arena = nullptr);
 void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch);
+
+// Several matrices applied to the same input in one pool region (e.g. a layer's Q, K and V):
+// Y_j [n][rows_j] = W_j · X (+ bias_j [rows_j] on every row when bias_j is non-null). All W_j have
+// the same k. The activations are quantized once per distinct activation format, and the row
+// groups of all matrices form one work list that the workers take in contiguous ranges of weight
+// bytes, so there is one hand-over instead of one per matrix and no worker idles at the end of a
+// small matrix. Each output element is still computed by one worker with the same kernel call as in
+// matmul, so the results equal matmul's (then the bias add) bit for bit, for any thread count.
+struct MatmulJob {
+    const PreparedWeights *pw = nullptr;
+    float *y = nullptr;
+    const float *bias = nullptr;  // [rows] or null
+};
+void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
+                  MatmulScratch &scratch);
 
 }  // namespace ktd
 

@@ -1,7 +1,13 @@
-// The matmul driver: quantize the activations once (shared by all workers), then every worker
-// streams its own contiguous range of weight rows. Each output element is computed by exactly
-// one worker, so results do not depend on the thread count.
+// The matmul driver: quantize the activations (once, shared by all workers behind a barrier; for a
+// few rows, by every worker into its own buffer, with no barrier), then the workers stream the
+// weight rows (of one or several matrices: matmul_multi) in contiguous ranges of row groups,
+// claimed dynamically on one NUMA node. Each output element is computed by exactly one worker
+// with a tile starting on a kRowAlign boundary, so results do not depend on the thread count or
+// on which worker claimed which range.
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -15,13 +21,15 @@ namespace ktd {
 namespace {
 // Row ranges are multiples of this so interleaved (repacked) row groups never straddle workers.
 constexpr int64_t kRowAlign = 16;
-
-void row_range(int64_t rows, int tid, int nth, int64_t &r0, int64_t &r1) {
-    int64_t groups = (rows + kRowAlign - 1) / kRowAlign;
-    int64_t g0 = groups * tid / nth, g1 = groups * (tid + 1) / nth;
-    r0 = std::min(rows, g0 * kRowAlign);
-    r1 = std::min(rows, g1 * kRowAlign);
-}
+// Matrices one matmul_multi call takes (a layer's Q, K, V is the most the forward asks for).
+constexpr int kMaxJobs = 8;
+// Up to this many activation rows, every worker quantizes all of them into its own buffer: a
+// decode row costs each worker well under a microsecond, less than waiting at a barrier for one
+// worker to quantize it for all.
+constexpr int64_t kPrivateActRows = 4;
+// Smallest dynamically claimed piece of a work list, weight bytes: a few microseconds of streaming,
+// so one claim (an atomic on a shared line) costs well under a percent of it.
+constexpr size_t kMinChunkBytes = 64 * 1024;
 
 void run_on(ThreadPool *pool, const std::function<void(int, int)> &fn) {
     if (pool && pool->size() > 1)
@@ -30,37 +38,165 @@ void run_on(ThreadPool *pool, const std::function<void(int, int)> &fn) {
         fn(0, 1);
 }
 
-// Quantizes X [n][k] into scratch (columns split over the workers), then a barrier, then `tile`
-// on this worker's rows.
-template <typename Tile>
-void run_matmul(ThreadPool *pool, const TypeKernels &tk, int64_t rows, int64_t k, const float *x, int64_t n,
-                MatmulScratch &scratch, const Tile &tile) {
-    const size_t arow = act_row_size(tk, k);
-    if (scratch.act.size() < arow * size_t(n)) scratch.act.resize(arow * size_t(n));
-    uint8_t *xq = scratch.act.data();
-    auto body = [&](int tid, int nth) {
-        for (int64_t c = tid; c < n; c += nth) tk.quantize_act_row(x + c * k, xq + size_t(c) * arow, k);
-        if (nth > 1) pool->barrier(tid);
-        int64_t r0, r1;
-        row_range(rows, tid, nth, r0, r1);
-        if (r0 < r1) tile(r0, r1, xq, arow, tid);
+void check_repack(const TypeKernels &tk) {
+    if (tk.repack_rows <= 0 || !tk.repack || !tk.gemm_repacked || !tk.repacked_group_bytes)
+        throw std::invalid_argument("type " + std::string(ggml_type_name(tk.type)) + " has no repacked layout");
+}
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// One matrix of a matmul_multi call, with its place in the combined work list.
+struct JobPlan {
+    const PreparedWeights *pw;
+    float *y;
+    const float *bias;
+    size_t span_bytes;    // weight bytes of kRowAlign rows (the unit of work)
+    int64_t groups;       // units: ceil(rows / kRowAlign)
+    size_t first_byte;    // offset of the matrix in the combined work list
+    int fmt;              // index of its activation format
+};
+
+// An activation format shared by the matrices whose kernels quantize the same way.
+struct ActFormat {
+    void (*quantize)(const float *, void *, int64_t);
+    size_t row_bytes;   // one activation row
+    size_t offset;      // of its n rows in a worker's (or the shared) activation buffer
+};
+
+// Rows [r0, r1) of one matrix (r0 a multiple of kRowAlign) on activations xq.
+// Replicated weights (numa.dense: replicate): worker tid streams its own node's copy.
+void run_tile(const JobPlan &j, int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int64_t n, int tid) {
+    const PreparedWeights &pw = j.pw->for_worker(tid);
+    const TypeKernels &tk = *pw.tk;
+    const char *wb = static_cast<const char *>(pw.data);
+    if (pw.repacked) {
+        // kRowAlign is a multiple of repack_rows, so r0 starts a group.
+        const size_t group_bytes = tk.repacked_group_bytes(pw.k);
+        tk.gemm_repacked(pw.k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq, arow, j.y + r0,
+                         size_t(pw.rows), int(r1 - r0), int(n));
+    } else {
+        tk.gemm(pw.k, wb + size_t(r0) * pw.row_bytes, pw.row_bytes, xq, arow, j.y + r0, size_t(pw.rows),
+                int(r1 - r0), int(n));
+    }
+    if (j.bias)
+        for (int64_t c = 0; c < n; ++c) {
+            float *yc = j.y + c * pw.rows;
+            for (int64_t r = r0; r < r1; ++r) yc[r] += j.bias[r];
+        }
+}
+}  // namespace
+
+void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
+                  MatmulScratch &scratch) {
+    if (n_jobs < 1 || n_jobs > kMaxJobs)
+        throw std::invalid_argument("matmul_multi: " + std::to_string(n_jobs) + " matrices, expected 1.." +
+                                    std::to_string(kMaxJobs));
+    if (n < 0) throw std::invalid_argument("matmul_multi: negative batch size");
+    const int64_t k = jobs[0].pw->k;
+    std::array<JobPlan, kMaxJobs> plan;
+    std::array<ActFormat, kMaxJobs> fmts;
+    int n_fmts = 0;
+    size_t total_bytes = 0, act_bytes = 0;
+    for (int j = 0; j < n_jobs; ++j) {
+        const PreparedWeights &pw = *jobs[j].pw;
+        const TypeKernels &tk = *pw.tk;
+        if (pw.k != k)
+            throw std::invalid_argument("matmul_multi: matrices of different widths (" + std::to_string(pw.k) +
+                                        " and " + std::to_string(k) + ")");
+        const size_t arow = act_row_size(tk, k);  // validates k for this type
+        int f = 0;
+        while (f < n_fmts && fmts[size_t(f)].quantize != tk.quantize_act_row) ++f;
+        if (f == n_fmts) {
+            fmts[size_t(f)] = {tk.quantize_act_row, arow, act_bytes};
+            act_bytes += align_up(arow * size_t(n), 64);
+            ++n_fmts;
+        }
+        const size_t span = pw.repacked ? tk.repacked_group_bytes(k) * size_t(kRowAlign / tk.repack_rows)
+                                        : pw.row_bytes * size_t(kRowAlign);
+        const int64_t groups = (pw.rows + kRowAlign - 1) / kRowAlign;
+        plan[size_t(j)] = {&pw, jobs[j].y, jobs[j].bias, span, groups, total_bytes, f};
+        total_bytes += span * size_t(groups);
+    }
+    const int nth = pool ? pool->size() : 1;
+    const bool private_act = nth > 1 && n <= kPrivateActRows;
+    if (private_act) {
+        if (scratch.act_private.size() < act_bytes * size_t(nth) + 64)
+            scratch.act_private.resize(act_bytes * size_t(nth) + 64);
+    } else if (scratch.act.size() < act_bytes) {
+        scratch.act.resize(act_bytes);
+    }
+    // Byte ranges are claimed dynamically when all workers share one NUMA node (tids of a node are
+    // contiguous, so the first and last tell); across nodes each worker keeps its fixed share, the
+    // rows whose pages it first touched when the weights were repacked.
+    const bool dynamic = nth > 1 && pool->node_of(0) == pool->node_of(nth - 1);
+    struct alignas(64) Cursor {
+        std::atomic<size_t> next{0};
+    } cursor;
+    auto body = [&](int tid, int nth_run) {
+        uint8_t *xq;
+        if (private_act) {
+            // Each worker's slice starts on its own cache line.
+            const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.act_private.data());
+            xq = reinterpret_cast<uint8_t *>(align_up(base, 64)) + size_t(tid) * act_bytes;
+            for (int f = 0; f < n_fmts; ++f)
+                for (int64_t c = 0; c < n; ++c)
+                    fmts[size_t(f)].quantize(x + c * k, xq + fmts[size_t(f)].offset + size_t(c) * fmts[size_t(f)].row_bytes, k);
+        } else {
+            // Rows split over the workers, then a barrier: every worker reads all of them.
+            xq = scratch.act.data();
+            for (int f = 0; f < n_fmts; ++f)
+                for (int64_t c = tid; c < n; c += nth_run)
+                    fmts[size_t(f)].quantize(x + c * k, xq + fmts[size_t(f)].offset + size_t(c) * fmts[size_t(f)].row_bytes, k);
+            if (nth_run > 1) pool->barrier(tid);
+        }
+        // Runs the row groups of the work list that start in bytes [b0, b1): any partition of
+        // [0, total_bytes) into ranges computes every group exactly once.
+        auto run_bytes = [&](size_t b0, size_t b1) {
+            for (int j = 0; j < n_jobs; ++j) {
+                const JobPlan &p = plan[size_t(j)];
+                auto first_group_from = [&](size_t b) {
+                    if (b <= p.first_byte) return int64_t(0);
+                    return std::min(p.groups, int64_t((b - p.first_byte + p.span_bytes - 1) / p.span_bytes));
+                };
+                const int64_t g0 = first_group_from(b0), g1 = first_group_from(b1);
+                if (g0 >= g1) continue;
+                const ActFormat &fm = fmts[size_t(p.fmt)];
+                run_tile(p, g0 * kRowAlign, std::min(p.pw->rows, g1 * kRowAlign), xq + fm.offset, fm.row_bytes, n,
+                         tid);
+            }
+        };
+        if (!dynamic) {
+            // This worker's fixed share of the work list.
+            run_bytes(total_bytes * size_t(tid) / size_t(nth_run), total_bytes * size_t(tid + 1) / size_t(nth_run));
+            return;
+        }
+        // Guided self-scheduling: claim half of this worker's fair share of what is left (at least
+        // kMinChunkBytes), so the claims shrink towards the end and a worker that was slowed down
+        // (by the OS, or by a slower share of the memory bus) leaves a short tail.
+        size_t start = cursor.next.load(std::memory_order_relaxed);
+        while (start < total_bytes) {
+            const size_t size = std::max(kMinChunkBytes, (total_bytes - start) / (2 * size_t(nth_run)));
+            const size_t end = std::min(total_bytes, start + size);
+            if (cursor.next.compare_exchange_weak(start, end, std::memory_order_relaxed)) {
+                run_bytes(start, end);
+                start = cursor.next.load(std::memory_order_relaxed);
+            }
+        }
     };
     // std::ref: the std::function wraps a reference, so no allocation per call.
     run_on(pool, std::ref(body));
 }
 
-void check_repack(const TypeKernels &tk) {
-    if (tk.repack_rows <= 0 || !tk.repack || !tk.gemm_repacked || !tk.repacked_group_bytes)
-        throw std::invalid_argument("type " + std::string(ggml_type_name(tk.type)) + " has no repacked layout");
-}
-}  // namespace
-
 void matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,
             int64_t k, const float *x, int64_t n, float *y, MatmulScratch &scratch) {
-    const char *wb = static_cast<const char *>(w);
-    run_matmul(pool, tk, rows, k, x, n, scratch, [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int) {
-        tk.gemm(k, wb + r0 * w_row_bytes, w_row_bytes, xq, arow, y + r0, size_t(rows), int(r1 - r0), int(n));
-    });
+    PreparedWeights pw;
+    pw.tk = &tk;
+    pw.data = w;
+    pw.row_bytes = w_row_bytes;
+    pw.rows = rows;
+    pw.k = k;
+    const MatmulJob job{&pw, y, nullptr};
+    matmul_multi(pool, &job, 1, x, n, scratch);
 }
 
 size_t repacked_size(const TypeKernels &tk, int64_t rows, int64_t k) {
@@ -83,13 +219,14 @@ void repack_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size
 void matmul_repacked(ThreadPool *pool, const TypeKernels &tk, const void *wp, int64_t rows, int64_t k,
                      const float *x, int64_t n, float *y, MatmulScratch &scratch) {
     check_repack(tk);
-    const size_t group_bytes = tk.repacked_group_bytes(k);
-    const char *wb = static_cast<const char *>(wp);
-    run_matmul(pool, tk, rows, k, x, n, scratch, [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int) {
-        // kRowAlign is a multiple of repack_rows, so r0 starts a group.
-        tk.gemm_repacked(k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq, arow, y + r0,
-                         size_t(rows), int(r1 - r0), int(n));
-    });
+    PreparedWeights pw;
+    pw.tk = &tk;
+    pw.data = wp;
+    pw.rows = rows;
+    pw.k = k;
+    pw.repacked = true;
+    const MatmulJob job{&pw, y, nullptr};
+    matmul_multi(pool, &job, 1, x, n, scratch);
 }
 
 namespace {
@@ -139,28 +276,8 @@ const PreparedWeights &PreparedWeights::for_worker(int tid) const {
 }
 
 void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch) {
-    if (pw.node_copies && pool && pool->size() > 1) {
-        // Replicated weights: each worker streams its rows from its own node's copy.
-        const TypeKernels &tk = *pw.tk;
-        run_matmul(pool, tk, pw.rows, pw.k, x, n, scratch,
-                   [&](int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int tid) {
-                       const PreparedWeights &c = pw.for_worker(tid);
-                       const char *wb = static_cast<const char *>(c.data);
-                       if (c.repacked) {
-                           const size_t group_bytes = tk.repacked_group_bytes(c.k);
-                           tk.gemm_repacked(c.k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq,
-                                            arow, y + r0, size_t(c.rows), int(r1 - r0), int(n));
-                       } else {
-                           tk.gemm(c.k, wb + size_t(r0) * c.row_bytes, c.row_bytes, xq, arow, y + r0,
-                                   size_t(c.rows), int(r1 - r0), int(n));
-                       }
-                   });
-        return;
-    }
-    if (pw.repacked)
-        matmul_repacked(pool, *pw.tk, pw.data, pw.rows, pw.k, x, n, y, scratch);
-    else
-        matmul(pool, *pw.tk, pw.data, pw.row_bytes, pw.rows, pw.k, x, n, y, scratch);
+    const MatmulJob job{&pw, y, nullptr};
+    matmul_multi(pool, &job, 1, x, n, scratch);
 }
 
 }  // namespace ktd

@@ -4,6 +4,7 @@
 //   x [n][n_embd] → attn [n][n_head·hd] → sub-norm → x += wo·attn
 //   → gate/up [n][n_ff] → act(gate) ⊙ up → sub-norm → x += w_down·(...)
 #include "gguf/gguf_file.h"
+#include "kernels/kernels.h"
 #include "common/error.h"
 #include "model/blocks.h"
 #include "model/model.h"
@@ -23,9 +24,9 @@ void bitnet_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, i
     const int64_t E = hp.n_embd, hd = hp.head_dim_k, n_attn = int64_t(hp.n_head) * hp.head_dim_v;
 
     for (int64_t i = 0; i < n; ++i) rms_norm(&s.x[size_t(i * E)], w.attn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
-    ctx.linear(w.wq, s.xn.data(), n, s.q.data());
-    ctx.linear(w.wk, s.xn.data(), n, s.k.data());
-    ctx.linear(w.wv, s.xn.data(), n, s.v.data());
+    // Q, K and V read the same input: one pool region (matmul_multi) instead of three.
+    const MatmulJob qkv[] = {{&w.wq.pw, s.q.data(), nullptr}, {&w.wk.pw, s.k.data(), nullptr}, {&w.wv.pw, s.v.data(), nullptr}};
+    matmul_multi(&ctx.model().pool(), qkv, 3, s.xn.data(), n, s.mm);
     scale(s.q.data(), n * hp.n_embd_q(), w.wq_scale);
     scale(s.k.data(), n * hp.n_embd_k_gqa(), w.wk_scale);
     scale(s.v.data(), n * hp.n_embd_v_gqa(), w.wv_scale);
@@ -44,8 +45,8 @@ void bitnet_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, i
     for (int64_t j = 0; j < n * E; ++j) s.x[size_t(j)] += s.tmp[size_t(j)];
 
     for (int64_t i = 0; i < n; ++i) rms_norm(&s.x[size_t(i * E)], w.ffn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
-    ctx.linear(w.ffn_gate, s.xn.data(), n, s.gate.data());
-    ctx.linear(w.ffn_up, s.xn.data(), n, s.up.data());
+    const MatmulJob gate_up[] = {{&w.ffn_gate.pw, s.gate.data(), nullptr}, {&w.ffn_up.pw, s.up.data(), nullptr}};
+    matmul_multi(&ctx.model().pool(), gate_up, 2, s.xn.data(), n, s.mm);
     scale(s.gate.data(), n * hp.n_ff, w.gate_scale);
     scale(s.up.data(), n * hp.n_ff, w.up_scale);
     if (hp.ffn_relu2)

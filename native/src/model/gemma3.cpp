@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "gguf/gguf_file.h"
+#include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/model.h"
 
@@ -24,9 +25,9 @@ void gemma3_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, i
     const std::vector<float> &cs_all = swa ? s.rope_cs_swa : s.rope_cs;
 
     for (int64_t i = 0; i < n; ++i) rms_norm(&s.x[size_t(i * E)], w.attn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
-    ctx.linear(w.wq, s.xn.data(), n, s.q.data());
-    ctx.linear(w.wk, s.xn.data(), n, s.k.data());
-    ctx.linear(w.wv, s.xn.data(), n, s.v.data());
+    // Q, K and V read the same input: one pool region (matmul_multi) instead of three.
+    const MatmulJob qkv[] = {{&w.wq.pw, s.q.data(), nullptr}, {&w.wk.pw, s.k.data(), nullptr}, {&w.wv.pw, s.v.data(), nullptr}};
+    matmul_multi(&ctx.model().pool(), qkv, 3, s.xn.data(), n, s.mm);
     for (int64_t i = 0; i < n; ++i) {
         float *qi = &s.q[size_t(i * hp.n_embd_q())], *ki = &s.k[size_t(i * hp.n_embd_k_gqa())];
         for (int h = 0; h < hp.n_head; ++h) rms_norm(qi + h * hd, w.attn_q_norm.data(), qi + h * hd, hd, hp.norm_eps);
@@ -44,8 +45,8 @@ void gemma3_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, i
     }
 
     for (int64_t i = 0; i < n; ++i) rms_norm(&s.x[size_t(i * E)], w.ffn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
-    ctx.linear(w.ffn_gate, s.xn.data(), n, s.gate.data());
-    ctx.linear(w.ffn_up, s.xn.data(), n, s.up.data());
+    const MatmulJob gate_up[] = {{&w.ffn_gate.pw, s.gate.data(), nullptr}, {&w.ffn_up.pw, s.up.data(), nullptr}};
+    matmul_multi(&ctx.model().pool(), gate_up, 2, s.xn.data(), n, s.mm);
     geglu(s.gate.data(), s.up.data(), n * hp.n_ff);
     ctx.linear(w.ffn_down, s.gate.data(), n, s.tmp.data());
     for (int64_t i = 0; i < n; ++i) {

@@ -8,6 +8,7 @@
 //                 or x += moe_ffn(xn)
 #include "common/error.h"
 #include "gguf/gguf_file.h"
+#include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -18,6 +19,8 @@ namespace {
 
 // Below this many batch rows the per-row work stays on the calling thread (see for_each_row).
 constexpr int64_t kMinParallelRows = 32;
+
+const float *bias_or_null(const std::vector<float> &b) { return b.empty() ? nullptr : b.data(); }
 
 // x [n][n_embd] += t [n][n_embd], row by row.
 void add_rows(ThreadPool &pool, float *x, const float *t, int64_t n, int64_t E) {
@@ -38,9 +41,11 @@ void llama_attention(Context &ctx, const LayerWeights &w, int il, const Batch &b
     for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
         rms_norm(&s.x[size_t(i * E)], w.attn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
     });
-    ctx.linear(w.wq, s.xn.data(), n, s.q.data(), &w.bq);
-    ctx.linear(w.wk, s.xn.data(), n, s.k.data(), &w.bk);
-    ctx.linear(w.wv, s.xn.data(), n, s.v.data(), &w.bv);
+    // Q, K and V read the same input: one pool region (matmul_multi) instead of three.
+    const MatmulJob qkv[] = {{&w.wq.pw, s.q.data(), bias_or_null(w.bq)},
+                             {&w.wk.pw, s.k.data(), bias_or_null(w.bk)},
+                             {&w.wv.pw, s.v.data(), bias_or_null(w.bv)}};
+    matmul_multi(&pool, qkv, 3, s.xn.data(), n, s.mm);
     for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
         float *qi = &s.q[size_t(i * hp.n_embd_q())], *ki = &s.k[size_t(i * hp.n_embd_k_gqa())];
         if (!w.attn_q_norm.empty()) {  // qwen3: RMSNorm over each head before RoPE
@@ -69,8 +74,8 @@ void llama_ffn(Context &ctx, const LayerWeights &w, int il, int64_t n) {
     if (w.ffn_gate_inp) {
         moe_ffn(ctx, w, il, s.xn.data(), n, s.tmp.data());
     } else {
-        ctx.linear(w.ffn_gate, s.xn.data(), n, s.gate.data());
-        ctx.linear(w.ffn_up, s.xn.data(), n, s.up.data());
+        const MatmulJob gate_up[] = {{&w.ffn_gate.pw, s.gate.data(), nullptr}, {&w.ffn_up.pw, s.up.data(), nullptr}};
+        matmul_multi(&pool, gate_up, 2, s.xn.data(), n, s.mm);
         for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
             swiglu(&s.gate[size_t(i * hp.n_ff)], &s.up[size_t(i * hp.n_ff)], hp.n_ff);
         });
