@@ -227,6 +227,10 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     const char *xb = static_cast<const char *>(xq);
     const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
     const int chunk = group_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / group_stride);
+    // The first kPrefetchBytes of the tile, which the prefetch inside gemm_group_k8 runs ahead
+    // of: decode reads many small matrices in turn (MoE experts), each starting cold.
+    const size_t head = std::min(kPrefetchBytes, size_t(n_groups) * group_stride);
+    for (size_t off = 0; off < head; off += 64) _mm_prefetch(wb + off, _MM_HINT_T0);
     for (int g0 = 0; g0 < n_groups; g0 += chunk) {
         const int g1 = std::min(n_groups, g0 + chunk);
         for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
