@@ -13,6 +13,8 @@ repack + gemm_repacked of every ISA this machine runs, against
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -121,7 +123,10 @@ def test_repack_same_bytes_on_every_isa_and_thread_count(qt, isa):
 
 
 SHAPES = [(1, 256, 1), (3, 512, 2), (7, 256, 5), (17, 1280, 3), (33, 768, 9), (129, 512, 1), (16, 256, 64),
-          (9, 2304, 4), (24, 512, 7), (40, 256, 8), (5, 256, 6)]
+          (9, 2304, 4), (24, 512, 7), (40, 256, 8), (5, 256, 6),
+          # MoE expert shapes: Qwen3-30B-A3B gate/up (768 x 2048) and down (2048 x 768, here one
+          # group short of 8-aligned), DeepSeek-V2-Lite gate/up (1408 x 2048); decode and a few streams.
+          (768, 2048, 1), (2044, 768, 2), (1403, 2048, 8)]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -193,6 +198,30 @@ def test_prepared_weights_repack(qt, isa):
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
 
 
+def test_default_dispatch_prefers_avx512():
+    """Without KTD_ISA the default (AVX2) ISA hands Q4_K/Q6_K to their AVX-512 kernels where the
+    CPU has them. The plain (unrepacked) kernels of the two ISAs sum floats in different orders,
+    so the default's result is compared bitwise with each ISA's."""
+    if os.environ.get("KTD_ISA"):
+        pytest.skip("KTD_ISA fixes the ISA for every type")
+    if K.active_isa() != "avx2":
+        pytest.skip(f"the active ISA is {K.active_isa()}, not the AVX2 default")
+    if not (K.isa_compiled("avx512") and K.isa_supported("avx512")):
+        pytest.skip("no AVX-512 in this build or on this CPU: the AVX2 kernels stay the default")
+    rng = np.random.default_rng(11)
+    rows, k = 40, 1024
+    for qt in TYPES:
+        w = random_weights(qt, rows, k, rng)
+        x = rng.standard_normal((3, k)).astype(np.float32)
+        y = K.matmul(qt, w, rows, k, x)
+        np.testing.assert_array_equal(y.view(np.uint32), K.matmul(qt, w, rows, k, x, isa="avx512").view(np.uint32))
+    # Other types keep the active ISA's kernels.
+    w = random_weights("Q5_K", rows, k, rng)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    np.testing.assert_array_equal(K.matmul("Q5_K", w, rows, k, x).view(np.uint32),
+                                  K.matmul("Q5_K", w, rows, k, x, isa="avx2").view(np.uint32))
+
+
 def test_repacked_bad_sizes_rejected():
     rng = np.random.default_rng(1)
     w = random_weights("Q4_K", 3, 512, rng)
@@ -208,6 +237,8 @@ def test_repacked_bad_sizes_rejected():
 # Qwen2.5 FFN matrices (rows, k) whose k is a whole number of 256-blocks: 0.5B ffn_down, 1.5B
 # ffn_down and ffn_up (the 0.5B model's k = 896 matrices cannot be K-quants).
 REAL_SHAPES = [(896, 4864), (1536, 8960), (8960, 1536)]
+# MoE experts: Qwen3-30B-A3B down (2048 x 768), DeepSeek-V2-Lite gate/up (1408 x 2048).
+REAL_SHAPES += [(2048, 768), (1408, 2048)]
 
 
 @pytest.mark.slow

@@ -184,6 +184,10 @@ struct Q6_Kx8 {
     }
 };
 
+// Prefetch distance of the weight stream in bytes (measured here, 1 and 2 threads: 4-16 KiB
+// stream 1.4-1.8x faster than none, 2 KiB less so; _MM_HINT_NTA is slower than none).
+constexpr size_t kPrefetchBytes = 8192;
+
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks.
 template <typename Traits, int NC>
 inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_K *const *a, float *y,
@@ -192,6 +196,12 @@ inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, cons
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
     const block_q8_K *p[NC];
     for (int64_t b = 0; b < nb; ++b) {
+        // Software prefetch kPrefetchBytes ahead of the weight stream (groups are contiguous,
+        // so this runs on into the next group): one core's hardware prefetchers alone keep
+        // too few lines in flight to reach DRAM bandwidth. The lines of block b + distance
+        // are requested once each (the + 63 covers a block that does not start a line).
+        const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
+        for (size_t off = 0; off < sizeof(typename Traits::GroupBlock) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
         for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
         Traits::template dot_group<NC>(g[b], p, acc);
     }
@@ -217,6 +227,10 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     const char *xb = static_cast<const char *>(xq);
     const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
     const int chunk = group_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / group_stride);
+    // The first kPrefetchBytes of the tile, which the prefetch inside gemm_group_k8 runs ahead
+    // of: decode reads many small matrices in turn (MoE experts), each starting cold.
+    const size_t head = std::min(kPrefetchBytes, size_t(n_groups) * group_stride);
+    for (size_t off = 0; off < head; off += 64) _mm_prefetch(wb + off, _MM_HINT_T0);
     for (int g0 = 0; g0 < n_groups; g0 += chunk) {
         const int g1 = std::min(n_groups, g0 + chunk);
         for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
