@@ -58,17 +58,21 @@ template <typename Traits, int NC>
 inline void gemm_group16(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_0 *const *a,
                          const int32_t *const *asum_off, float *y, size_t ldy, int rows_valid) {
     __m512 acc[NC];
+#pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         _mm_prefetch(reinterpret_cast<const char *>(g + b) + kPrefetchBytes, _MM_HINT_T0);
         __m512i v[8];
         Traits::load(g[b], v);
         const __m512 dw = _mm512_cvtph_ps(Traits::scales(g[b]));
+        // Fully unrolled (columns and j) so the accumulators stay in registers.
+#pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) {
             const block_q8_0 &ab = a[c][b];
             // Two chains of four so the vpdpbusd latency overlaps; the first starts at -offset·Σa.
             __m512i s0 = _mm512_set1_epi32(-asum_off[c][b]);
             __m512i s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
             for (int j = 0; j < 4; ++j) {
                 s0 = _mm512_dpbusd_epi32(s0, v[j], act_quad16(ab, j));
                 s1 = _mm512_dpbusd_epi32(s1, v[j + 4], act_quad16(ab, j + 4));
@@ -78,6 +82,7 @@ inline void gemm_group16(int64_t nb, const typename Traits::GroupBlock *g, const
         }
     }
     const __mmask16 m = rows_valid >= kRepackRows16 ? __mmask16(0xFFFF) : __mmask16((1u << rows_valid) - 1);
+#pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) _mm512_mask_storeu_ps(y + size_t(c) * ldy, m, acc[c]);
 }
 

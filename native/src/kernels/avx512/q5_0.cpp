@@ -61,12 +61,12 @@ void gemm_q5_0(int64_t k, const void *w, size_t w_stride, const void *xq, size_t
 
 // Repacked layout (avx512 version 1): block b of 16 rows, q unsigned (0..31).
 //   qs[64i + 4r + t] (i < 4): low nibble = row r element 4i + t, high nibble = element 16 + 4i + t
-//   qh[4r + t] bit j = fifth bit of row r element 4j + t
+//   qh[j] (little-endian u64) bit 4r + t = fifth bit of row r element 4j + t
 // so register j of q32_vnni.h is the low nibbles of qs row i = j (j < 4) or the high ones of
-// i = j - 4, with bit j of qh moved to bit 4.
+// i = j - 4, and qh[j] is its byte mask for the fifth bit (one kmovq, one masked add).
 struct block_q5_0x16 {
     uint16_t d[kRepackRows16];
-    uint8_t qh[4 * kRepackRows16];
+    uint64_t qh[8];
     uint8_t qs[16 * kRepackRows16];
 };
 static_assert(sizeof(block_q5_0x16) == kRepackRows16 * sizeof(block_q5_0));
@@ -88,7 +88,8 @@ void repack_q5_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_
                 for (int i = 0; i < 4; ++i) std::memcpy(dst.qs + 64 * i + 4 * r, src.qs + 4 * i, 4);
                 uint32_t bits;
                 std::memcpy(&bits, src.qh, 4);
-                for (int t = 0; t < 4; ++t) dst.qh[4 * r + t] = uint8_t(_pext_u32(bits, 0x11111111u << t));
+                for (int e = 0; e < QK5_0; ++e)
+                    dst.qh[e / 4] |= uint64_t((bits >> e) & 1u) << (4 * r + e % 4);
             });
         }
 }
@@ -101,16 +102,12 @@ struct Q5_0x16 {
     }
     static inline void load(const GroupBlock &g, __m512i v[8]) {
         const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
-        const __m512i h = _mm512_loadu_si512(g.qh);
-        // Bit j of each qh byte → bit 4 (16-bit shifts: the 0x10 mask drops what crosses bytes);
-        // vpternlogd 0xF8 = A | (B & C).
-        const __m512i hs[8] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 3), _mm512_slli_epi16(h, 2),
-                               _mm512_slli_epi16(h, 1), h,                       _mm512_srli_epi16(h, 1),
-                               _mm512_srli_epi16(h, 2), _mm512_srli_epi16(h, 3)};
+#pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
             const __m512i q = _mm512_loadu_si512(g.qs + 64 * i);
-            v[i] = _mm512_ternarylogic_epi32(_mm512_and_si512(q, m4), hs[i], b4, 0xF8);
-            v[i + 4] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), hs[i + 4], b4, 0xF8);
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            v[i] = _mm512_mask_add_epi8(lo, _cvtu64_mask64(g.qh[i]), lo, b4);
+            v[i + 4] = _mm512_mask_add_epi8(hi, _cvtu64_mask64(g.qh[i + 4]), hi, b4);
         }
     }
 };

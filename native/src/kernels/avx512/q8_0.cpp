@@ -81,6 +81,7 @@ struct Q8_0x16 {
         return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.d));
     }
     static inline void load(const GroupBlock &g, __m512i v[8]) {
+#pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) v[j] = _mm512_loadu_si512(g.qs + 64 * j);
     }
 };
