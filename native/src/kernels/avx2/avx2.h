@@ -161,9 +161,10 @@ void gemm_q8_0_act(int64_t k, const void *w, size_t w_stride, const void *xq, si
 //                                             const int32_t *asum_off, __m256 *acc);
 //   };
 constexpr int kRepackRows = 8;
-// Distance of the software prefetch ahead of the repacked weight stream, bytes (one core is
-// latency-bound below DRAM bandwidth with only the hardware prefetcher's misses in flight).
-constexpr int kPrefetchBytes = 1024;
+// Distance of the software prefetch ahead of the repacked weight stream, bytes: one core is
+// latency-bound below DRAM bandwidth with only the hardware prefetcher's misses in flight.
+// Measured on the 0.5B decode shapes (Xeon, 1 thread): 1 KiB < 2 KiB < 4 KiB ≈ 8 KiB.
+constexpr int kPrefetchBytes = 4096;
 
 // Broadcast of activation bytes 4j..4j+3.
 inline __m256i act_quad(const block_q8_0 &a, int j) {

@@ -59,7 +59,7 @@ void gemm_q5_0(int64_t k, const void *w, size_t w_stride, const void *xq, size_t
     }
 }
 
-// Repacked layout (avx512 version 1): block b of 16 rows, q unsigned (0..31).
+// Repacked layout (version 2, the AVX-512 one): block b of 16 rows, q unsigned (0..31).
 //   qs[64i + 4r + t] (i < 4): low nibble = row r element 4i + t, high nibble = element 16 + 4i + t
 //   qh[j] (little-endian u64) bit 4r + t = fifth bit of row r element 4j + t
 // so register j of q32_vnni.h is the low nibbles of qs row i = j (j < 4) or the high ones of
@@ -70,7 +70,8 @@ struct block_q5_0x16 {
     uint8_t qs[16 * kRepackRows16];
 };
 static_assert(sizeof(block_q5_0x16) == kRepackRows16 * sizeof(block_q5_0));
-constexpr uint32_t kLayoutQ5_0x16 = 1;
+// Distinct from the AVX2 8-row layout (version 1) so anything keyed on (type, layout) never mixes them.
+constexpr uint32_t kLayoutQ5_0x16 = 2;
 
 size_t group_bytes_q5_0(int64_t k) { return size_t(k / QK5_0) * sizeof(block_q5_0x16); }
 

@@ -47,7 +47,7 @@ void gemm_q8_0(int64_t k, const void *w, size_t w_stride, const void *xq, size_t
     }
 }
 
-// Repacked layout (avx512 version 1): block b of 16 rows; qs[64j + 4r + t] = row r element
+// Repacked layout (version 2, the AVX-512 one): block b of 16 rows; qs[64j + 4r + t] = row r element
 // 4j + t as unsigned u = q + 128 (q XOR 0x80), so vpdpbusd takes the weights as its unsigned
 // operand and the activations as they are.
 struct block_q8_0x16 {
@@ -55,7 +55,8 @@ struct block_q8_0x16 {
     uint8_t qs[kRepackRows16 * QK8_0];
 };
 static_assert(sizeof(block_q8_0x16) == kRepackRows16 * sizeof(block_q8_0));
-constexpr uint32_t kLayoutQ8_0x16 = 1;
+// Distinct from the AVX2 8-row layout (version 1) so anything keyed on (type, layout) never mixes them.
+constexpr uint32_t kLayoutQ8_0x16 = 2;
 
 size_t group_bytes_q8_0(int64_t k) { return size_t(k / QK8_0) * sizeof(block_q8_0x16); }
 
