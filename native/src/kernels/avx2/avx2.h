@@ -104,12 +104,15 @@ inline void gemm_row(int64_t nb, const typename Traits::Block *w, const block_q8
         y[0] = hsum(_mm256_add_ps(acc[0], acc[1]));
     } else {
         __m256 acc[NC];
+#pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
         const block_q8_0 *p[NC];
         for (int64_t b = 0; b < nb; ++b) {
+#pragma GCC unroll 8
             for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
             Traits::template dot_block<NC>(w[b], p, acc);
         }
+#pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) y[size_t(c) * ldy] = hsum(acc[c]);
     }
 }
@@ -158,6 +161,10 @@ void gemm_q8_0_act(int64_t k, const void *w, size_t w_stride, const void *xq, si
 //                                             const int32_t *asum_off, __m256 *acc);
 //   };
 constexpr int kRepackRows = 8;
+// Distance of the software prefetch ahead of the repacked weight stream, bytes: one core is
+// latency-bound below DRAM bandwidth with only the hardware prefetcher's misses in flight.
+// Measured on the 0.5B decode shapes (Xeon, 1 thread): 1 KiB < 2 KiB < 4 KiB ≈ 8 KiB.
+constexpr int kPrefetchBytes = 4096;
 
 // Broadcast of activation bytes 4j..4j+3.
 inline __m256i act_quad(const block_q8_0 &a, int j) {
@@ -184,6 +191,7 @@ inline void put_nibbles(uint8_t *qs, int r, const uint8_t *src_qs) {
 }
 inline void load_nibbles(const uint8_t *qs, __m256i v[8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 32 * i));
         v[i] = _mm256_and_si256(q, m4);
@@ -216,6 +224,7 @@ inline void add_bit4(const uint8_t *qh, __m256i v[8]) {
 inline __m256i dot_group_u5(const __m256i v[8], const block_q8_0 &a) {
     __m256i s0 = _mm256_maddubs_epi16(v[0], act_quad(a, 0));
     __m256i s1 = _mm256_maddubs_epi16(v[4], act_quad(a, 4));
+#pragma GCC unroll 4
     for (int j = 1; j < 4; ++j) {
         s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(v[j], act_quad(a, j)));
         s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(v[j + 4], act_quad(a, j + 4)));
@@ -226,6 +235,7 @@ inline __m256i dot_group_u5(const __m256i v[8], const block_q8_0 &a) {
 // The same for v ≤ 15: all eight registers in one int16 sum (8·2·15·127 = 30480).
 inline __m256i dot_group_u4(const __m256i v[8], const block_q8_0 &a) {
     __m256i s = _mm256_maddubs_epi16(v[0], act_quad(a, 0));
+#pragma GCC unroll 8
     for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], act_quad(a, j)));
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
@@ -244,16 +254,21 @@ template <typename Traits, int NC>
 inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_0 *const *a,
                        const int32_t *asum_off, float *y, size_t ldy, int rows_valid) {
     __m256 acc[NC];
+#pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
     const block_q8_0 *p[NC];
     int32_t off[NC] = {};
     for (int64_t b = 0; b < nb; ++b) {
+        for (size_t o = 0; o < sizeof(typename Traits::GroupBlock); o += 64)
+            _mm_prefetch(reinterpret_cast<const char *>(g + b) + kPrefetchBytes + o, _MM_HINT_T0);
+#pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) {
             p[c] = a[c] + b;
             if constexpr (Traits::kActSumScale != 0) off[c] = asum_off[size_t(c) * size_t(nb) + size_t(b)];
         }
         Traits::template dot_group<NC>(g[b], p, off, acc);
     }
+#pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) {
         if (rows_valid == kRepackRows) {
             _mm256_storeu_ps(y + size_t(c) * ldy, acc[c]);

@@ -72,6 +72,7 @@ struct Q5_0x8 {
         __m256i v[8];
         load_nibbles(g.qs, v);
         add_bit4(g.qh, v);
+#pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) {
             const __m256i isum = _mm256_sub_epi32(dot_group_u5(v, *a[c]), _mm256_set1_epi32(off[c]));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(f16(a[c]->d))), acc[c]);

@@ -101,9 +101,12 @@ struct Q8_0x8 {
     static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *, __m256 *acc) {
         const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.d)));
         __m256i w[8];
+#pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qs + 32 * j));
+#pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) {
             __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
             for (int j = 0; j < 8; ++j)
                 isum = _mm256_add_epi32(isum, dot_s8s8(w[j], act_quad(*a[c], j)));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(f16(a[c]->d))), acc[c]);

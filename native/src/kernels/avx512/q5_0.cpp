@@ -1,0 +1,128 @@
+// Q5_0 weights (w = d·(q - 16)), AVX-512 BW/VL + VNNI; activations Q8_0. Definition in
+// kernels/ref/q5_0.cpp; the 16-row repacked layout and its GEMM in kernels/avx512/q32_vnni.h.
+// GCC 12's AVX-512 headers raise false -W(maybe-)uninitialized warnings from their own
+// _mm512_undefined_* placeholders (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/avx512/q32_vnni.h"
+#include "kernels/blocks.h"
+#include "kernels/kernels.h"
+
+namespace ktd::avx512 {
+
+namespace {
+// The 32 q of a block as signed bytes q - 16 (-16..15), element order: low nibbles of qs are
+// elements 0..15, high nibbles 16..31; qh bit e (little-endian u32) is element e's fifth bit,
+// applied as a byte mask.
+inline __m256i q5_signed(const block_q5_0 &x) {
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i *>(x.qs));
+    const __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+    uint32_t bits;
+    std::memcpy(&bits, x.qh, 4);
+    // Bit 4 set where the fifth bit is: q - 16 = lo - 16 + 16·bit = lo - 16 where the bit is clear.
+    return _mm256_mask_sub_epi8(lo, __mmask32(~bits), lo, _mm256_set1_epi8(16));
+}
+
+void dequantize_row_q5_0(const void *vx, float *y, int64_t k) {
+    const auto *x = static_cast<const block_q5_0 *>(vx);
+    for (int64_t b = 0; b < k / QK5_0; ++b, y += QK5_0) {
+        const __m512 d = _mm512_set1_ps(f16(x[b].d));
+        const __m256i q = q5_signed(x[b]);
+        _mm512_storeu_ps(y, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)))));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)))));
+    }
+}
+
+// The plain-layout tile (used when weights are not repacked): one row at a time, all columns of
+// the tile per block. Signed × signed through vpdpbusd with the sign trick (|w| unsigned, a with
+// w's sign).
+void gemm_q5_0(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y, size_t ldy,
+               int nr, int nc) {
+    const int64_t nb = k / QK5_0;
+    for (int r = 0; r < nr; ++r) {
+        const auto *wr = reinterpret_cast<const block_q5_0 *>(static_cast<const char *>(w) + size_t(r) * w_stride);
+        for (int c = 0; c < nc; ++c) {
+            const auto *a = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + size_t(c) * x_stride);
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; ++b) {
+                const __m256i q = q5_signed(wr[b]);
+                const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[b].qs));
+                const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(q), _mm256_sign_epi8(av, q));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(f16(wr[b].d) * f16(a[b].d)), acc);
+            }
+            y[size_t(c) * ldy + size_t(r)] = _mm512_reduce_add_ps(_mm512_castps256_ps512(acc));
+        }
+    }
+}
+
+// Repacked layout (version 2, the AVX-512 one): block b of 16 rows, q unsigned (0..31).
+//   qs[64i + 4r + t] (i < 4): low nibble = row r element 4i + t, high nibble = element 16 + 4i + t
+//   qh[j] (little-endian u64) bit 4r + t = fifth bit of row r element 4j + t
+// so register j of q32_vnni.h is the low nibbles of qs row i = j (j < 4) or the high ones of
+// i = j - 4, and qh[j] is its byte mask for the fifth bit (one kmovq, one masked add).
+struct block_q5_0x16 {
+    uint16_t d[kRepackRows16];
+    uint64_t qh[8];
+    uint8_t qs[16 * kRepackRows16];
+};
+static_assert(sizeof(block_q5_0x16) == kRepackRows16 * sizeof(block_q5_0));
+// Distinct from the AVX2 8-row layout (version 1) so anything keyed on (type, layout) never mixes them.
+constexpr uint32_t kLayoutQ5_0x16 = 2;
+
+size_t group_bytes_q5_0(int64_t k) { return size_t(k / QK5_0) * sizeof(block_q5_0x16); }
+
+void repack_q5_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
+    const int64_t nb = k / QK5_0;
+    auto *o = static_cast<block_q5_0x16 *>(out);
+    for (int64_t g = g0; g < g1; ++g)
+        for (int64_t b = 0; b < nb; ++b) {
+            block_q5_0x16 &dst = o[g * nb + b];
+            std::memset(&dst, 0, sizeof dst);  // rows past the end: d = 0
+            for_group_rows16<block_q5_0>(w, w_stride, rows, g, b, [&](int r, const block_q5_0 &src) {
+                dst.d[r] = src.d;
+                // Each 4-byte word of the source qs already pairs element 4i + t (low) with
+                // 16 + 4i + t (high).
+                for (int i = 0; i < 4; ++i) std::memcpy(dst.qs + 64 * i + 4 * r, src.qs + 4 * i, 4);
+                uint32_t bits;
+                std::memcpy(&bits, src.qh, 4);
+                for (int e = 0; e < QK5_0; ++e)
+                    dst.qh[e / 4] |= uint64_t((bits >> e) & 1u) << (4 * r + e % 4);
+            });
+        }
+}
+
+struct Q5_0x16 {
+    using GroupBlock = block_q5_0x16;
+    static constexpr int kActOffset = 16;
+    static inline __m256i scales(const GroupBlock &g) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.d));
+    }
+    static inline void load(const GroupBlock &g, __m512i v[8]) {
+        const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+            const __m512i q = _mm512_loadu_si512(g.qs + 64 * i);
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            v[i] = _mm512_mask_add_epi8(lo, _cvtu64_mask64(g.qh[i]), lo, b4);
+            v[i + 4] = _mm512_mask_add_epi8(hi, _cvtu64_mask64(g.qh[i + 4]), hi, b4);
+        }
+    }
+};
+}  // namespace
+
+KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q5_0,
+                                              .act_type = GGMLType::Q8_0,
+                                              .dequantize_row = dequantize_row_q5_0,
+                                              .quantize_act_row = avx2::quantize_row_q8_0,
+                                              .gemm = gemm_q5_0,
+                                              .repack_rows = kRepackRows16,
+                                              .repack_layout = kLayoutQ5_0x16,
+                                              .repacked_group_bytes = group_bytes_q5_0,
+                                              .repack = repack_q5_0,
+                                              .gemm_repacked = gemm_repacked_r16<Q5_0x16>});
+
+}  // namespace ktd::avx512

@@ -1,0 +1,102 @@
+// Q8_0 weights, AVX-512 BW/VL + VNNI; activations Q8_0. Definition in kernels/ref/q8_0.cpp; the
+// 16-row repacked layout and its GEMM in kernels/avx512/q32_vnni.h.
+// GCC 12's AVX-512 headers raise false -W(maybe-)uninitialized warnings from their own
+// _mm512_undefined_* placeholders (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/avx512/q32_vnni.h"
+#include "kernels/blocks.h"
+#include "kernels/kernels.h"
+
+namespace ktd::avx512 {
+
+namespace {
+void dequantize_row_q8_0(const void *vx, float *y, int64_t k) {
+    const auto *x = static_cast<const block_q8_0 *>(vx);
+    for (int64_t b = 0; b < k / QK8_0; ++b, y += QK8_0) {
+        const __m512 d = _mm512_set1_ps(f16(x[b].d));
+        for (int h = 0; h < 2; ++h) {
+            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i *>(x[b].qs + 16 * h));
+            _mm512_storeu_ps(y + 16 * h, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+        }
+    }
+}
+
+// The plain-layout tile (used when weights are not repacked): one row at a time, signed × signed
+// through vpdpbusd with the sign trick (|w| unsigned, a with w's sign).
+void gemm_q8_0(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y, size_t ldy,
+               int nr, int nc) {
+    const int64_t nb = k / QK8_0;
+    for (int r = 0; r < nr; ++r) {
+        const auto *wr = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(w) + size_t(r) * w_stride);
+        for (int c = 0; c < nc; ++c) {
+            const auto *a = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + size_t(c) * x_stride);
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; ++b) {
+                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[b].qs));
+                const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[b].qs));
+                const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(q), _mm256_sign_epi8(av, q));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(f16(wr[b].d) * f16(a[b].d)), acc);
+            }
+            y[size_t(c) * ldy + size_t(r)] = _mm512_reduce_add_ps(_mm512_castps256_ps512(acc));
+        }
+    }
+}
+
+// Repacked layout (version 2, the AVX-512 one): block b of 16 rows; qs[64j + 4r + t] = row r element
+// 4j + t as unsigned u = q + 128 (q XOR 0x80), so vpdpbusd takes the weights as its unsigned
+// operand and the activations as they are.
+struct block_q8_0x16 {
+    uint16_t d[kRepackRows16];
+    uint8_t qs[kRepackRows16 * QK8_0];
+};
+static_assert(sizeof(block_q8_0x16) == kRepackRows16 * sizeof(block_q8_0));
+// Distinct from the AVX2 8-row layout (version 1) so anything keyed on (type, layout) never mixes them.
+constexpr uint32_t kLayoutQ8_0x16 = 2;
+
+size_t group_bytes_q8_0(int64_t k) { return size_t(k / QK8_0) * sizeof(block_q8_0x16); }
+
+void repack_q8_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
+    const int64_t nb = k / QK8_0;
+    auto *o = static_cast<block_q8_0x16 *>(out);
+    for (int64_t g = g0; g < g1; ++g)
+        for (int64_t b = 0; b < nb; ++b) {
+            block_q8_0x16 &dst = o[g * nb + b];
+            std::memset(&dst, 0, sizeof dst);  // rows past the end: d = 0
+            for_group_rows16<block_q8_0>(w, w_stride, rows, g, b, [&](int r, const block_q8_0 &src) {
+                dst.d[r] = src.d;
+                for (int j = 0; j < QK8_0 / 4; ++j)
+                    for (int t = 0; t < 4; ++t) dst.qs[64 * j + 4 * r + t] = uint8_t(src.qs[4 * j + t]) ^ 0x80u;
+            });
+        }
+}
+
+struct Q8_0x16 {
+    using GroupBlock = block_q8_0x16;
+    static constexpr int kActOffset = 128;
+    static inline __m256i scales(const GroupBlock &g) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.d));
+    }
+    static inline void load(const GroupBlock &g, __m512i v[8]) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) v[j] = _mm512_loadu_si512(g.qs + 64 * j);
+    }
+};
+}  // namespace
+
+KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q8_0,
+                                              .act_type = GGMLType::Q8_0,
+                                              .dequantize_row = dequantize_row_q8_0,
+                                              .quantize_act_row = avx2::quantize_row_q8_0,
+                                              .gemm = gemm_q8_0,
+                                              .repack_rows = kRepackRows16,
+                                              .repack_layout = kLayoutQ8_0x16,
+                                              .repacked_group_bytes = group_bytes_q8_0,
+                                              .repack = repack_q8_0,
+                                              .gemm_repacked = gemm_repacked_r16<Q8_0x16>});
+
+}  // namespace ktd::avx512
