@@ -177,6 +177,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                                                              row_bytes, rows, k, opts.allow_repack, arena);
                         m->repacked_bytes_ += st.mats[size_t(e)].repacked_bytes;
                     }
+                    if (!st.mats.empty() && st.mats[0].repacked) file.release_pages(*t);  // all or none repack
                     continue;
                 }
                 Matrix &mat = spec.layer_mat ? lw->*spec.layer_mat : w.*spec.model_mat;
@@ -184,6 +185,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                 mat.pw = prepare_weights(m->pool_.get(), tk, file.tensor_data(*t), row_bytes, rows, k, opts.allow_repack,
                                          arena);
                 m->repacked_bytes_ += mat.pw.repacked_bytes;
+                if (mat.pw.repacked) file.release_pages(*t);  // token_embd (read at run time) never gets here
             }
         }
     }
