@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
+.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
 
 build: native
 
@@ -79,6 +79,10 @@ bench: build oracle
 
 bench-kernels: build
 	$(PY) -m ktd.bench.kernels
+
+# Sampling cost per mode as a share of a qwen2.5-coder-0.5b decode step (2 threads).
+bench-sampling: build
+	$(PY) -m ktd.bench.sampling $(BENCH_SAMPLING_ARGS)
 
 # The daemon: decode through the socket vs in-process, aggregate tokens/s with 1/2/4/8 streams
 # (ktctl bench), native forward with n rows: bench/results/daemon.json.

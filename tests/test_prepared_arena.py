@@ -87,3 +87,33 @@ def test_real_model_repacked_matches_plain(real_model):
     assert (lp.argmax(-1) == lr.argmax(-1)).all()
     assert np.max(np.abs(lp - lr)) < 1.0
     assert np.corrcoef(lp.ravel(), lr.ravel())[0, 1] > 0.999
+
+
+def _mapped_rss(path: str) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps)."""
+    rss, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
+                inside = line.rstrip("\n").endswith(path)
+            elif inside and line.startswith("Rss:"):
+                rss += int(head[1]) * 1024
+    return rss
+
+
+def test_repacked_source_pages_are_released(real_model):
+    """After the load, the GGUF pages of the repacked matrices are no longer mapped into the
+    process (GGUFFile::release_pages): what stays resident of the file is at most what was not
+    copied (token_embd, read at run time and here also the tied output head, the norms, the
+    header), not the whole file, and the model still computes (test_real_model_repacked_matches_plain
+    and the forward tests cover the values)."""
+    from ktd.gguf import GGUFFile
+    path = str(real_model("qwen2.5-coder-0.5b"))
+    header = GGUFFile(path, willneed=False)
+    size, kept = header.file_size, header.tensors["token_embd.weight"].nbytes
+    del header
+    model = _native.Model(path, n_threads=2, allow_repack=True)
+    rss = _mapped_rss(path)
+    assert model.repacked_bytes > size // 2
+    assert rss <= size - model.repacked_bytes + kept + 16 * MiB, (rss, size, model.repacked_bytes, kept)

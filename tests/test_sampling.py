@@ -349,3 +349,118 @@ def test_penalties_leave_the_callers_logits_unchanged():
     read_only = before.copy()
     read_only.flags.writeable = False
     assert Sampler(p).sample(read_only, history) == in_place  # the copying path agrees
+
+
+def sorted_prefix_candidates(logits, p: SamplingParams):
+    """candidates() as the previous implementation defined it, on the whole vocabulary: the same
+    float32 weights, then one stable sort of (weight desc, id asc) pairs, the float64 running sum
+    in that order, the first position where it reaches top_p of the total, min-p; ids ascending.
+    The running sum is the same sequence of additions as in any exact implementation, so the
+    result must be identical, not merely close."""
+    n = logits.shape[0]
+    if 0 < p.top_k < n:
+        idx = top_k_indices(logits, p.top_k)
+        xs = logits[idx].astype(np.float64) / p.temperature
+        w = np.exp(xs - xs.max()).astype(np.float32)
+    else:
+        idx = np.arange(n)
+        w = np.multiply(logits, np.float32(1.0 / p.temperature), dtype=np.float32)
+        np.subtract(w, w.max(), out=w)
+        np.exp(w, out=w)
+    if p.top_p < 1.0:
+        total = float(w.sum(dtype=np.float64))
+        order = np.lexsort((idx, -w.astype(np.float64)))
+        cum = np.cumsum(w[order], dtype=np.float64)
+        keep = min(int(np.searchsorted(cum, p.top_p * total, side="left")) + 1, n)
+        chosen = np.sort(order[:keep])
+        idx, w = idx[chosen], w[chosen]
+    if p.min_p > 0.0:
+        m = w >= p.min_p * float(w.max())
+        idx, w = idx[m], w[m]
+    return idx, w
+
+
+def _many_distributions(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    for sigma in (0.05, 0.3, 0.7, 1.0, 1.5, 2.0, 3.0):
+        x = rng.standard_normal(n) * sigma
+        yield f"normal{sigma}", x
+        yield f"normal{sigma}-sorted", np.sort(x)  # the likely tokens all at high ids
+    yield "peaked", -2.0 * np.log(rng.permutation(n) + 1.0) + rng.standard_normal(n) * 0.5
+    yield "ties", np.repeat(np.round(rng.standard_normal(n // 16 + 1) * 0.5, 1), 16)[:n]
+    yield "coarse", np.round(rng.standard_normal(n), 2)  # a few hundred distinct values
+    yield "uniform", np.zeros(n)
+    yield "two-level", np.where(rng.random(n) < 0.5, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("n_vocab", [151936, 40000])
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.99, 0.999])
+def test_top_p_identical_to_the_sorted_prefix(n_vocab, top_p):
+    """Exact equality (ids and float32 weights) with the full sort on flat, peaked, tied and
+    structured distributions; the band shortcut must actually be taken on the flat ones."""
+    import ktd.sampling as sampling
+    taken = 0
+    real = sampling._nucleus_by_band
+
+    def counting(*args):
+        nonlocal taken
+        out = real(*args)
+        taken += out is not None
+        return out
+
+    sampling._nucleus_by_band = counting
+    try:
+        for k, (name, x) in enumerate(_many_distributions(n_vocab, seed=int(top_p * 1000) + n_vocab)):
+            logits = x.astype(np.float32)
+            for p in (SamplingParams(temperature=0.8, top_k=0, top_p=top_p, min_p=0.0),
+                      SamplingParams(temperature=1.7, top_k=0, top_p=top_p, min_p=0.02),
+                      SamplingParams(temperature=1.0, top_k=5000, top_p=top_p, min_p=0.0)):
+                idx, w = candidates(logits, p)
+                if idx is None:
+                    idx = np.arange(n_vocab)
+                ref_idx, ref_w = sorted_prefix_candidates(logits, p)
+                assert np.array_equal(idx, ref_idx), (name, p)
+                assert np.array_equal(w, ref_w), (name, p)
+    finally:
+        sampling._nucleus_by_band = real
+    if top_p >= 0.5:
+        assert taken >= 8  # the flat normals: the test covers the band path, not only the fallback
+
+
+def test_top_p_band_falls_back_when_the_target_sits_on_a_boundary():
+    # 150000 equal weights, top_p 0.5: the running sum hits the target exactly at token 74999,
+    # within rounding of a boundary, so the band must decline and the exact path decide
+    from ktd.sampling import _nucleus_by_band, _sorted_sample
+    w = np.ones(150000, np.float32)
+    assert _nucleus_by_band(w, _sorted_sample(w), 0.5, 150000.0) is None
+    idx, wk = candidates(np.zeros(150000, np.float32), SamplingParams(top_k=0, top_p=0.5, min_p=0.0))
+    assert np.array_equal(idx, np.arange(75000)) and np.all(wk == 1.0)  # ties go to the lower ids
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 3.0])
+def test_sampled_tokens_identical_to_the_sorted_prefix_sampler(sigma):
+    """Seeded token streams: the sampler against sorted_prefix_candidates + the same draw, fed
+    the same random stream, token for token (penalties included)."""
+    rng = np.random.default_rng(int(sigma * 10))
+    for p in (SamplingParams(seed=21, top_k=0, min_p=0.0),
+              SamplingParams(seed=22, top_k=0, top_p=0.7, min_p=0.01, temperature=1.2),
+              SamplingParams(seed=23, top_k=0, min_p=0.0, repeat_penalty=1.2, presence_penalty=0.3,
+                             frequency_penalty=0.1, penalty_last_n=32)):
+        s = Sampler(p)
+        u = np.random.default_rng(p.seed)
+        history = [1, 2, 3]
+        for _ in range(6):
+            row = (rng.standard_normal(151936) * sigma).astype(np.float32)
+            got = s.sample(row, history)
+            idx, w = sorted_prefix_candidates(apply_penalties(row, history[-p.penalty_last_n:], p), p)
+            assert got == int(idx[draw(w, u.random())])
+            history.append(got)
+
+
+def test_sampling_bench_runs_every_mode_and_shape(capsys):
+    # the bench's plumbing only (no model, two calls per mode); no timing is asserted
+    from ktd.bench import sampling as bench
+    rows = bench.run(None, threads=1, reps=2)
+    assert {(r["mode"], r["shape"]) for r in rows} == {(m, s) for m in bench.MODES for s in bench.SHAPES}
+    assert all(r["ms"] >= 0 and r["share_of_step"] is None for r in rows)
+    assert "top-p 0.95" in capsys.readouterr().out

@@ -13,9 +13,11 @@ the lower id. So any exact implementation gives the same tokens for the same see
 
 Cost matters: at n_vocab = 152k a decode step is tens of milliseconds and sampling must stay
 under 2 % of it, so nothing sorts the whole vocabulary in the common cases: top-k uses a
-sampled threshold and a small partition; top-p sorts only a candidate set {w >= tau} whose mass
-is checked to hold the nucleus; the draw uses a two-level cumulative sum. ``bench/sampling.py``
-measures it.
+sampled threshold and a small partition; top-p on a flat distribution sorts only a band of
+weights around the cut (a strided sample brackets it), on a peaked one a candidate set
+{w >= tau} whose mass is checked to hold the nucleus, and in both only the weights, not
+(weight, id) pairs; the draw uses a two-level cumulative sum. ``python -m ktd.bench.sampling``
+measures every mode as a share of a real decode step.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ _NUCLEUS_PROBE = 1024  # first top-p guess: the nucleus lies in the 1024 most li
 _DRAW_BLOCK = 1024     # block size of the two-level draw
 _TOPK_SAMPLE_MIN_N = 16384  # top-k by a sampled threshold from this vocabulary size on
 _TOPK_STRIDE = 37      # prime sample stride, so it does not align with structure in token ids
+_BAND_MIN_N = 16384    # top-p over the whole vocabulary by a bracketed band from this size on
+_BAND_MIN_RANK = 256   # ... when the nucleus reaches this rank of the strided sample (~9.5k tokens)
 
 
 @dataclass(frozen=True)
@@ -129,20 +133,90 @@ def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
     return _top_k_of(x, np.arange(n), k)
 
 
-def _sort_desc(w: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, weights) in decreasing weight, equal weights by increasing id. ``w`` float32 >= 0.
+def _nucleus_of(ids: np.ndarray, w: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray]:
+    """The top-p nucleus of a set that holds it: (ids, weights) of the shortest prefix of the
+    (decreasing weight, then increasing id) order whose float64 running sum reaches ``target``
+    (all of them if none does), in increasing id order. ``ids`` ascending, ``w`` float32 >= 0.
 
-    One sort of 64-bit keys (the weight's bits, complemented, above the id): non-negative
-    float32 bit patterns order like the values, and numpy sorts integers with SIMD.
+    Only the weights are sorted: equal weights are interchangeable in the running sum, so the
+    sorted values give the cut's weight v and how many of the tokens weighing exactly v it takes;
+    those are the lowest ids among them.
     """
-    bits = w.view(np.uint32).astype(np.uint64)
-    keys = np.sort(((np.uint64(0xFFFFFFFF) - bits) << np.uint64(32)) | ids.astype(np.uint64))
-    ids_sorted = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    w_sorted = (np.uint64(0xFFFFFFFF) - (keys >> np.uint64(32))).astype(np.uint32).view(np.float32)
-    return ids_sorted, w_sorted
+    vals = np.sort(w)[::-1]
+    cum = np.cumsum(vals, dtype=np.float64)
+    keep = min(int(np.searchsorted(cum, target, side="left")) + 1, vals.shape[0])
+    v = vals[keep - 1]
+    n_tied = keep - int(np.count_nonzero(vals[:keep] > v))
+    return _take_above(ids, w, v, n_tied)
 
 
-def _nucleus_candidates(w: np.ndarray, top_p: float, total: float) -> np.ndarray:
+def _take_above(ids: np.ndarray | None, w: np.ndarray, v: np.float32,
+                n_tied: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, weights) of the entries of ``w`` above ``v`` and the first ``n_tied`` equal to it,
+    in the given (ascending id) order; ``ids`` None: the positions are the ids."""
+    mask = w > v
+    if n_tied:
+        mask[np.flatnonzero(w == v)[:n_tied]] = True
+    kept = np.flatnonzero(mask)  # then take(): faster than boolean indexing at any density
+    return (kept if ids is None else ids.take(kept)), w.take(kept)
+
+
+def _nucleus_by_band(w: np.ndarray, sample: np.ndarray, top_p: float,
+                     total: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """The top-p nucleus of the whole vocabulary ``w`` [n] (as ``_nucleus_of(arange(n), w,
+    top_p * total)`` gives it) without sorting it, or None when this shortcut does not apply.
+
+    For a flat distribution (the nucleus is tens of thousands of tokens) the sorted strided
+    ``sample`` (decreasing) brackets the cut's weight between two sample values t_lo <= t_hi;
+    everything above t_hi is certainly kept, and only the band [t_lo, t_hi] is sorted. The
+    running sum then starts from the mass above t_hi, summed in another order than the full
+    sort's running sum: both are within n·2^-53·total of the exact sums (sums of non-negative
+    terms), so wherever the target is further than twice that from the band's running sums at
+    the cut, the cut is the same token; otherwise (or when the bracket misses) None, and the
+    caller takes the exact path. Ties at t_hi stay in the band, so the tie rule is applied
+    there with all the tied ids.
+    """
+    n, m = w.shape[0], sample.shape[0]
+    target = top_p * total
+    margin = 4.0 * n * 2.0 ** -53 * total
+    cum_s = np.cumsum(sample, dtype=np.float64)
+    j = int(np.searchsorted(cum_s, top_p * float(cum_s[-1]), side="left"))
+    if j < _BAND_MIN_RANK:
+        return None  # a nucleus of a few thousand tokens: the candidate set is small to sort
+    # The estimate's relative rank error stays under ~1/sqrt(n_eff) for flat distributions
+    # (n_eff: the sample's effective size, (sum s)^2 / sum s^2), a few times that for heavy tails.
+    n_eff = float(cum_s[-1]) ** 2 / float(np.dot(sample, sample))
+    d = int(j * min(0.25, 3.0 / np.sqrt(n_eff))) + 8
+    t_hi, t_lo = sample[max(0, j - d)], sample[min(m - 1, j + d)]
+    above = w > t_hi
+    # multiply by the mask rather than index with it: a mask of random density makes boolean
+    # indexing branch-bound (several times slower)
+    s_hi = float(np.multiply(w, above, dtype=np.float32).sum(dtype=np.float64))
+    if not s_hi + margin < target:
+        return None
+    asc = np.sort(w.take(np.flatnonzero((w >= t_lo) & ~above)))
+    cum = np.cumsum(asc[::-1], dtype=np.float64)  # the band in decreasing order
+    cum += s_hi
+    i = int(np.searchsorted(cum, target, side="left"))
+    if i >= asc.shape[0] or cum[i] < target + margin or (cum[i - 1] if i else s_hi) > target - margin:
+        return None
+    v = asc[asc.shape[0] - 1 - i]
+    n_gt = asc.shape[0] - int(np.searchsorted(asc, v, side="right"))  # band entries above v
+    return _take_above(None, w, v, i + 1 - n_gt)
+
+
+def _sorted_sample(w: np.ndarray) -> np.ndarray:
+    """Every ``_TOPK_STRIDE``-th weight, in decreasing order."""
+    return np.sort(w[::_TOPK_STRIDE])[::-1]
+
+
+def _is_flat(sample: np.ndarray, n: int, total: float) -> bool:
+    """The strided sample carries at least half its share of the mass: many plausible tokens."""
+    return float(sample.sum(dtype=np.float64)) * n / sample.shape[0] >= 0.5 * total
+
+
+def _nucleus_candidates(w: np.ndarray, top_p: float, total: float,
+                        sample: np.ndarray | None = None) -> np.ndarray:
     """Ascending ids of a set that holds the top-p nucleus of ``w`` [n] (float32, max 1): every
     token of the (decreasing weight, then id) order up to where the mass reaches
     ``top_p * total`` (``total`` = the sum of ``w``).
@@ -153,19 +227,20 @@ def _nucleus_candidates(w: np.ndarray, top_p: float, total: float) -> np.ndarray
     estimate of the nucleus is used, with a margin, then a 4x wider one. Otherwise a few
     tokens the sample missed hold the mass (peaked): first about the ``_NUCLEUS_PROBE`` most
     likely tokens. If every guess falls short, all positive weights are candidates (exact,
-    slower).
+    slower). ``sample``: ``_sorted_sample(w)`` when the caller has it.
     """
     n = w.shape[0]
     target = top_p * total
     if n > 4 * _NUCLEUS_PROBE:
-        sample = np.sort(w[::_TOPK_STRIDE])[::-1]
+        if sample is None:
+            sample = _sorted_sample(w)
         m = sample.shape[0]
         cum = np.cumsum(sample, dtype=np.float64)
         # the sample's estimate of where the mass reaches a bit more than top_p, plus 25 % ranks
         j = int(np.searchsorted(cum, (top_p + 0.25 * (1.0 - top_p)) * float(cum[-1]), side="left"))
         j_mass = min(m - 1, j + j // 4 + 4)
         guesses = [j_mass, min(m - 1, 4 * j_mass)]
-        if float(cum[-1]) * n / m < 0.5 * total:  # peaked
+        if float(cum[-1]) * n / m < 0.5 * total:  # peaked (not _is_flat)
             guesses.insert(0, min(m - 1, _NUCLEUS_PROBE * m // n))
         for j in guesses:
             cand = np.flatnonzero(w >= sample[j])
@@ -200,15 +275,18 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None
     if p.top_p < 1.0:
         total = float(w.sum(dtype=np.float64))
         target = p.top_p * total
-        if idx is None:
-            cand = _nucleus_candidates(w, p.top_p, total)
-            ids, ws = _sort_desc(w[cand], cand)
+        if idx is not None:
+            idx, w = _nucleus_of(idx, w, target)
         else:
-            ids, ws = _sort_desc(w, idx)
-        cum = np.cumsum(ws, dtype=np.float64)
-        keep = min(int(np.searchsorted(cum, target, side="left")) + 1, ids.shape[0])
-        order = np.argsort(ids[:keep])
-        idx, w = ids[:keep][order], ws[:keep][order]
+            kept, sample = None, None
+            if n > _BAND_MIN_N:
+                sample = _sorted_sample(w)
+                if _is_flat(sample, n, total):
+                    kept = _nucleus_by_band(w, sample, p.top_p, total)
+            if kept is None:
+                cand = _nucleus_candidates(w, p.top_p, total, sample)
+                kept = _nucleus_of(cand, w[cand], target)
+            idx, w = kept
     if p.min_p > 0.0:
         threshold = p.min_p * float(w.max())
         if idx is None:

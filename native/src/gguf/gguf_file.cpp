@@ -297,6 +297,13 @@ GGUFFile &GGUFFile::operator=(GGUFFile &&o) noexcept {
 
 GGUFFile::~GGUFFile() { release(); }
 
+void GGUFFile::release_pages(const GGUFTensorInfo &t) const {
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = uintptr_t(tensor_data(t)), end = begin + t.nbytes;
+    const uintptr_t first = (begin + page - 1) & ~(page - 1), last = end & ~(page - 1);
+    if (last > first) (void)::madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+}
+
 void GGUFFile::release() noexcept {
     if (base_) ::munmap(const_cast<uint8_t *>(base_), size_);
     base_ = nullptr;

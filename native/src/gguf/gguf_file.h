@@ -118,6 +118,12 @@ public:
     const std::vector<GGUFTensorInfo> &tensors() const { return tensors_; }
     const GGUFTensorInfo *find_tensor(std::string_view name) const;  // nullptr if absent
     const uint8_t *tensor_data(const GGUFTensorInfo &t) const { return base_ + t.offset; }
+    // Advice, for a tensor whose bytes the loader has copied (repacked) and will not read again:
+    // unmaps its whole pages from this process (MADV_DONTNEED; a partial page shared with a
+    // neighbour stays). The page cache keeps them and a later read faults them back in, so
+    // tensor_data() stays valid; meanwhile the process's RSS no longer counts them and the kernel
+    // reclaims them like any unmapped cache page. Failure changes nothing: ignored.
+    void release_pages(const GGUFTensorInfo &t) const;
 
 private:
     GGUFFile() = default;

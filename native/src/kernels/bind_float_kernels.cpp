@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bindings.h"
@@ -95,30 +96,39 @@ void bind_float_kernels(py::module_ &m) {
         "[n_keys, n_head_kv, head_dim], row r attends keys [lo[r], hi[r]) of KV head head_kv; "
         "returns F32 [n_rows, n_group, head_dim_v]");
 
-    auto ew = m.def_submodule("elementwise", "element-wise activation kernels per ISA");
+    auto ew = m.def_submodule("elementwise", "element-wise gated activation kernels per ISA");
     ew.def("kernel_isas", [] {
         std::vector<std::string> out;
         for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
-            if (find_swiglu_kernel(i)) out.emplace_back(isa_name(i));
+            if (find_glu_kernel(Glu::SwiGLU, i) || find_glu_kernel(Glu::GeGLU, i) || find_glu_kernel(Glu::ReLU2, i))
+                out.emplace_back(isa_name(i));
         return out;
     }, "ISAs with their own element-wise kernels");
-    ew.def(
-        "swiglu",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> a,
-           py::array_t<float, py::array::c_style | py::array::forcecast> b, std::optional<std::string> isa) {
-            if (a.ndim() != 1 || b.ndim() != 1 || a.shape(0) != b.shape(0))
-                throw std::invalid_argument("swiglu: a and b must be 1-D of the same length");
-            SwigluKernel fn = swiglu_kernel();
-            if (isa) {
-                fn = find_swiglu_kernel(supported_isa(*isa));
-                if (!fn) throw std::invalid_argument("no " + *isa + " swiglu kernel in this build");
-            }
-            py::array_t<float> out(a.shape(0));
-            std::copy(a.data(), a.data() + a.shape(0), out.mutable_data());
-            fn(out.mutable_data(), b.data(), a.shape(0));
-            return out;
-        },
-        py::arg("a"), py::arg("b"), py::arg("isa") = py::none(), "silu(a) * b, F32 1-D");
+    const std::pair<Glu, const char *> glus[] = {
+        {Glu::SwiGLU, "silu(a) * b, F32 1-D"},
+        {Glu::GeGLU, "gelu_tanh(a) * b (Gemma's gelu_pytorch_tanh), F32 1-D"},
+        {Glu::ReLU2, "max(a, 0)^2 * b, F32 1-D"},
+    };
+    for (const auto &[glu, doc] : glus) {
+        const std::string name = glu_name(glu);
+        ew.def(
+            name.c_str(),
+            [glu, name](py::array_t<float, py::array::c_style | py::array::forcecast> a,
+                        py::array_t<float, py::array::c_style | py::array::forcecast> b, std::optional<std::string> isa) {
+                if (a.ndim() != 1 || b.ndim() != 1 || a.shape(0) != b.shape(0))
+                    throw std::invalid_argument(name + ": a and b must be 1-D of the same length");
+                GluKernel fn = glu_kernel(glu);
+                if (isa) {
+                    fn = find_glu_kernel(glu, supported_isa(*isa));
+                    if (!fn) throw std::invalid_argument("no " + *isa + " " + name + " kernel in this build");
+                }
+                py::array_t<float> out(a.shape(0));
+                std::copy(a.data(), a.data() + a.shape(0), out.mutable_data());
+                fn(out.mutable_data(), b.data(), a.shape(0));
+                return out;
+            },
+            py::arg("a"), py::arg("b"), py::arg("isa") = py::none(), doc);
+    }
 }
 
 }  // namespace ktd

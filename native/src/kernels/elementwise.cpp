@@ -6,20 +6,29 @@
 namespace ktd {
 
 namespace {
-// Indexed by Isa; written once per ISA at module load (static initialisers), read afterwards.
-std::array<std::atomic<SwigluKernel>, 3> g_swiglu{};
+// Indexed by [Glu][Isa]; written once per pair at module load (static initialisers), read afterwards.
+std::array<std::array<std::atomic<GluKernel>, 3>, kNumGlu> g_glu{};
 }  // namespace
 
-void register_swiglu_kernel(Isa isa, SwigluKernel fn) { g_swiglu[size_t(isa)].store(fn); }
+const char *glu_name(Glu g) {
+    switch (g) {
+        case Glu::SwiGLU: return "swiglu";
+        case Glu::GeGLU: return "geglu";
+        case Glu::ReLU2: return "relu2glu";
+    }
+    return "?";
+}
 
-SwigluKernel find_swiglu_kernel(Isa isa) { return g_swiglu[size_t(isa)].load(); }
+void register_glu_kernel(Glu glu, Isa isa, GluKernel fn) { g_glu[size_t(glu)][size_t(isa)].store(fn); }
 
-SwigluKernel swiglu_kernel() {
+GluKernel find_glu_kernel(Glu glu, Isa isa) { return g_glu[size_t(glu)][size_t(isa)].load(); }
+
+GluKernel glu_kernel(Glu glu) {
     const Isa isa = active_isa();
-    if (SwigluKernel fn = find_swiglu_kernel(isa)) return fn;
+    if (GluKernel fn = find_glu_kernel(glu, isa)) return fn;
     if (isa == Isa::AVX512 && isa_supported_by_cpu(Isa::AVX2))
-        if (SwigluKernel fn = find_swiglu_kernel(Isa::AVX2)) return fn;
-    return find_swiglu_kernel(Isa::Ref);
+        if (GluKernel fn = find_glu_kernel(glu, Isa::AVX2)) return fn;
+    return find_glu_kernel(glu, Isa::Ref);
 }
 
 }  // namespace ktd

@@ -91,20 +91,9 @@ void for_each_row(ThreadPool &pool, int64_t n, int64_t min_rows, const std::func
 
 void swiglu(float *a, const float *b, int64_t n) { swiglu_kernel()(a, b, n); }
 
-void geglu(float *a, const float *b, int64_t n) {
-    constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-    for (int64_t i = 0; i < n; ++i) {
-        const float x = a[i];
-        a[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) * b[i];
-    }
-}
+void geglu(float *a, const float *b, int64_t n) { glu_kernel(Glu::GeGLU)(a, b, n); }
 
-void relu2glu(float *a, const float *b, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const float r = std::max(a[i], 0.0f);
-        a[i] = r * r * b[i];
-    }
-}
+void relu2glu(float *a, const float *b, int64_t n) { glu_kernel(Glu::ReLU2)(a, b, n); }
 
 const float *fp16_table() {
     static const std::vector<float> table = [] {

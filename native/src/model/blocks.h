@@ -27,11 +27,12 @@ void rope_cos_sin(const RopeParams &rp, const float *freq_factors, int64_t pos, 
 // Rotates the first n_rot dims of each of n_heads head vectors (head_dim apart) in place.
 void rope_apply(const RopeParams &rp, const float *cs, float *x, int n_heads, int64_t head_dim);
 
-// In place: a[i] = silu(a[i]) · b[i]   (SwiGLU, the active ISA's kernel: kernels/elementwise.h)
-//           /  gelu_tanh(a[i]) · b[i]  (GeGLU)
+// In place, the active ISA's kernels (definitions: kernels/elementwise.h):
+//   a[i] = silu(a[i]) · b[i]       (SwiGLU)
+//   a[i] = gelu_tanh(a[i]) · b[i]  (GeGLU)
+//   a[i] = relu(a[i])² · b[i]      (BitNet b1.58)
 void swiglu(float *a, const float *b, int64_t n);
 void geglu(float *a, const float *b, int64_t n);
-// In place: a[i] = relu(a[i])² · b[i]  (BitNet b1.58)
 void relu2glu(float *a, const float *b, int64_t n);
 
 // Exact F16 → F32 through a 64 Ki-entry table (the core is compiled for baseline x86-64: no F16C).

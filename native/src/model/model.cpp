@@ -348,17 +348,20 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                                 mem.nodes[size_t(sl)].expert_bytes += pw.repacked ? pw.repacked_bytes
                                                                                   : size_t(r1 - r0) * row_bytes;
                             }
+                        if (st.slices[0].repacked) file.release_pages(*t);  // all or none repack
                         continue;
                     }
                     st.mats.resize(size_t(e2));
                     for (int64_t e = 0; e < e2; ++e)
                         st.mats[size_t(e)] = prepare_dense(tk, file.tensor_data(*t) + size_t(e) * size_t(rows) * row_bytes,
                                                            row_bytes, rows, k);
+                    if (!st.mats.empty() && st.mats[0].repacked) file.release_pages(*t);  // all or none repack
                     continue;
                 }
                 Matrix &mat = spec.layer_mat ? lw->*spec.layer_mat : w.*spec.model_mat;
                 mat.info = t;
                 mat.pw = prepare_dense(tk, file.tensor_data(*t), row_bytes, rows, k);
+                if (mat.pw.repacked) file.release_pages(*t);  // token_embd (read at run time) never gets here
             }
         }
     }
