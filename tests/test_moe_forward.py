@@ -223,6 +223,24 @@ def test_thread_count_does_not_change_logits(tiny, arch):
         np.testing.assert_array_equal(_prefill(_open(path, threads=threads, n_ctx=32), toks), one)
 
 
+def _decode(e: Engine, toks) -> np.ndarray:
+    """Token by token: every step takes the one-row (decode) path of the MoE."""
+    return np.concatenate([e.forward(np.array([t]), np.array([i]), np.array([0]), np.array([True]))
+                           for i, t in enumerate(toks)])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_thread_count_does_not_change_decode(tiny, tiny_k, arch):
+    """The decode path cuts the experts' rows into blocks by thread count; each output element is
+    still computed by one item and summed in selection order, so 1, 2 and 3 threads agree bitwise,
+    with one activation format (Q8_0) and with Q4_K_M's mix of formats."""
+    for path in (tiny(arch, "Q8_0"), tiny_k(arch)):
+        toks = _tokens(320, n=12, seed=3)
+        one = _decode(_open(path, threads=1, n_ctx=32), toks)
+        for threads in (2, 3):
+            np.testing.assert_array_equal(_decode(_open(path, threads=threads, n_ctx=32), toks), one)
+
+
 def test_chunked_prefill_equals_one_chunk(tiny):
     path = tiny("qwen2moe")
     toks = _tokens(320, n=30)
