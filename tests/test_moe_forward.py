@@ -447,6 +447,35 @@ def test_expert_counts_match_reference_routing(tiny, reference, arch):
     assert (e.context.expert_counts().sum(axis=1) == n_used).all()
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recorded_states_match_reference(tiny, reference, arch):
+    """Context._record_states (the next-layer prediction bench's hook): the last row's residual
+    before and after each MoE layer's FFN, against the numpy reference forward."""
+    path = tiny(arch)
+    m = reference(path)
+    e = _open(path)
+    toks = _tokens(e.n_vocab, n=6, seed=2)
+    with pytest.raises(ValueError, match="recording is off"):
+        e.context._states()
+    e.context._record_states(True)
+    _prefill(e, toks)
+    got = e.context._states()
+    eps = float(m.hp("attention.layer_norm_rms_epsilon"))
+    pos = np.arange(len(toks))
+    x = m.w["token_embd.weight"][np.asarray(toks)]
+    assert got.shape == (int(m.hp("block_count")), 2, x.shape[1])
+    for il in range(got.shape[0]):
+        b = f"blk.{il}."
+        x = x + R._attention_gqa(m, il, R.rms_norm(x, m.w[b + "attn_norm.weight"], eps), pos)
+        before = x[-1].copy()
+        x = x + R._ffn(m, il, R.rms_norm(x, m.w[b + "ffn_norm.weight"], eps))
+        for which, want in ((0, before), (1, x[-1])):
+            assert _rel_err(got[il, which], want) < TOL_F32, (il, which)
+    e.context._record_states(False)
+    with pytest.raises(ValueError, match="recording is off"):
+        e.context._states()
+
+
 def test_engine_status_summarises_expert_counts(tiny):
     e = _open(tiny("qwen3moe"))
     assert e.info()["experts"] == {"n_expert": 8, "n_expert_used": 3, "layers": []}

@@ -176,6 +176,13 @@ void moe_route(const MoeParams &mp, float *logits, const float *exp_probs_b, int
 // The sums are in the same order as moe_ffn's general path, so both give the same bits.
 void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y);
 
+void moe_record_state(Context &ctx, int il, int after, const float *x_row) {
+    std::vector<float> &st = ctx.scratch().moe_states;
+    if (st.empty()) return;
+    const int64_t E = ctx.model().hparams().n_embd;
+    std::copy(x_row, x_row + E, st.data() + (size_t(il) * 2 + size_t(after)) * size_t(E));
+}
+
 void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y) {
     if (n <= 0) return;
     if (n == 1) return moe_ffn_decode(ctx, w, il, xn, y);

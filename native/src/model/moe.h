@@ -107,6 +107,10 @@ struct MoeScratch {
     size_t dec_done_size = 0;
 };
 
+// Bench/test hook: copies x_row [n_embd] into the context's recorded states (ForwardScratch::
+// moe_states) of layer il, slot `after` (0: residual before the FFN, 1: after), when recording is on.
+void moe_record_state(Context &ctx, int il, int after, const float *x_row);
+
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into
 // the context's expert statistics. n <= the context's n_batch.
 void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y);
