@@ -174,7 +174,9 @@ void moe_route(const MoeParams &mp, float *logits, const float *exp_probs_b, int
 //   4. down as one list of output-row blocks, each over all jobs in selection order (shared last),
 //      summing weight · down rows as it goes: no per-expert outputs, no serial weighted sum.
 // The sums are in the same order as moe_ffn's general path, so both give the same bits.
+namespace {
 void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y);
+}  // namespace
 
 void moe_record_state(Context &ctx, int il, int after, const float *x_row) {
     std::vector<float> &st = ctx.scratch().moe_states;
@@ -439,8 +441,6 @@ int64_t decode_jobs(const LayerWeights &w, const MoeParams &mp, MoeScratch &s, M
     return item;
 }
 
-}  // namespace
-
 void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y) {
     const Model &model = ctx.model();
     const HParams &hp = model.hparams();
@@ -566,5 +566,7 @@ void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn
     else
         body(0, 1);
 }
+
+}  // namespace
 
 }  // namespace ktd
