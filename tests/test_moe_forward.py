@@ -223,6 +223,24 @@ def test_thread_count_does_not_change_logits(tiny, arch):
         np.testing.assert_array_equal(_prefill(_open(path, threads=threads, n_ctx=32), toks), one)
 
 
+def _decode(e: Engine, toks) -> np.ndarray:
+    """Token by token: every step takes the one-row (decode) path of the MoE."""
+    return np.concatenate([e.forward(np.array([t]), np.array([i]), np.array([0]), np.array([True]))
+                           for i, t in enumerate(toks)])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_thread_count_does_not_change_decode(tiny, tiny_k, arch):
+    """The decode path cuts the experts' rows into blocks by thread count; each output element is
+    still computed by one item and summed in selection order, so 1, 2 and 3 threads agree bitwise,
+    with one activation format (Q8_0) and with Q4_K_M's mix of formats."""
+    for path in (tiny(arch, "Q8_0"), tiny_k(arch)):
+        toks = _tokens(320, n=12, seed=3)
+        one = _decode(_open(path, threads=1, n_ctx=32), toks)
+        for threads in (2, 3):
+            np.testing.assert_array_equal(_decode(_open(path, threads=threads, n_ctx=32), toks), one)
+
+
 def test_chunked_prefill_equals_one_chunk(tiny):
     path = tiny("qwen2moe")
     toks = _tokens(320, n=30)
@@ -427,6 +445,35 @@ def test_expert_counts_match_reference_routing(tiny, reference, arch):
     assert not e.context.expert_counts().any()
     _prefill(e, toks[:1], start=len(toks))
     assert (e.context.expert_counts().sum(axis=1) == n_used).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recorded_states_match_reference(tiny, reference, arch):
+    """Context._record_states (the next-layer prediction bench's hook): the last row's residual
+    before and after each MoE layer's FFN, against the numpy reference forward."""
+    path = tiny(arch)
+    m = reference(path)
+    e = _open(path)
+    toks = _tokens(e.n_vocab, n=6, seed=2)
+    with pytest.raises(ValueError, match="recording is off"):
+        e.context._states()
+    e.context._record_states(True)
+    _prefill(e, toks)
+    got = e.context._states()
+    eps = float(m.hp("attention.layer_norm_rms_epsilon"))
+    pos = np.arange(len(toks))
+    x = m.w["token_embd.weight"][np.asarray(toks)]
+    assert got.shape == (int(m.hp("block_count")), 2, x.shape[1])
+    for il in range(got.shape[0]):
+        b = f"blk.{il}."
+        x = x + R._attention_gqa(m, il, R.rms_norm(x, m.w[b + "attn_norm.weight"], eps), pos)
+        before = x[-1].copy()
+        x = x + R._ffn(m, il, R.rms_norm(x, m.w[b + "ffn_norm.weight"], eps))
+        for which, want in ((0, before), (1, x[-1])):
+            assert _rel_err(got[il, which], want) < TOL_F32, (il, which)
+    e.context._record_states(False)
+    with pytest.raises(ValueError, match="recording is off"):
+        e.context._states()
 
 
 def test_engine_status_summarises_expert_counts(tiny):

@@ -279,7 +279,34 @@ void bind_model(py::module_ &m) {
                 return y;
             },
             py::arg("il"), py::arg("xn"),
-            "Test hook: the MoE FFN of layer il on normed rows xn [n, n_embd] → [n, n_embd] (counts the routing)");
+            "Test hook: the MoE FFN of layer il on normed rows xn [n, n_embd] → [n, n_embd] (counts the routing)")
+        .def(
+            "_record_states",
+            [](PyContext &c, bool on) {
+                const HParams &hp = c.model->hparams();
+                std::lock_guard<std::mutex> l(c.mu);
+                std::vector<float> &st = c.ctx->scratch().moe_states;
+                if (on)
+                    st.assign(size_t(hp.n_layer) * 2 * size_t(hp.n_embd), 0.0f);
+                else
+                    std::vector<float>().swap(st);
+            },
+            py::arg("on"),
+            "Bench hook: from now on (on) or no longer, record the residual of each batch's last row before "
+            "and after every MoE layer's FFN (see _states)")
+        .def(
+            "_states",
+            [](PyContext &c) {
+                const HParams &hp = c.model->hparams();
+                std::lock_guard<std::mutex> l(c.mu);
+                const std::vector<float> &st = c.ctx->scratch().moe_states;
+                if (st.empty()) throw std::invalid_argument("state recording is off (call _record_states(True))");
+                py::array_t<float> out({int64_t(hp.n_layer), int64_t(2), hp.n_embd});
+                std::copy(st.begin(), st.end(), out.mutable_data());
+                return out;
+            },
+            "float32 [n_layer, 2, n_embd]: the last recorded residuals before ([:, 0]) and after ([:, 1]) each "
+            "MoE layer's FFN (dense layers: zeros)");
 }
 
 }  // namespace ktd

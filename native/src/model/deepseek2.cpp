@@ -108,6 +108,7 @@ void deepseek2_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b
 
     for (int64_t i = 0; i < n; ++i) rms_norm(x + i * E, w.ffn_norm.data(), xn + i * E, E, hp.norm_eps);
     if (w.ffn_gate_inp) {  // routed + shared experts
+        moe_record_state(ctx, il, 0, x + (n - 1) * E);
         moe_ffn(ctx, w, il, xn, n, s.tmp.data());
     } else {  // a leading dense layer
         ctx.linear(w.ffn_gate, xn, n, s.gate.data());
@@ -116,6 +117,7 @@ void deepseek2_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b
         ctx.linear(w.ffn_down, s.gate.data(), n, s.tmp.data());
     }
     for (int64_t j = 0; j < n * E; ++j) x[j] += s.tmp[size_t(j)];
+    if (w.ffn_gate_inp) moe_record_state(ctx, il, 1, x + (n - 1) * E);
 }
 
 int64_t mla_key(const GGUFFile &f, const std::string &key, int64_t max) {

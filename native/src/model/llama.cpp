@@ -72,6 +72,7 @@ void llama_ffn(Context &ctx, const LayerWeights &w, int il, int64_t n) {
         rms_norm(&s.x[size_t(i * E)], w.ffn_norm.data(), &s.xn[size_t(i * E)], E, hp.norm_eps);
     });
     if (w.ffn_gate_inp) {
+        moe_record_state(ctx, il, 0, &s.x[size_t((n - 1) * E)]);
         moe_ffn(ctx, w, il, s.xn.data(), n, s.tmp.data());
     } else {
         const MatmulJob gate_up[] = {{&w.ffn_gate.pw, s.gate.data(), nullptr}, {&w.ffn_up.pw, s.up.data(), nullptr}};
@@ -82,6 +83,7 @@ void llama_ffn(Context &ctx, const LayerWeights &w, int il, int64_t n) {
         ctx.linear(w.ffn_down, s.gate.data(), n, s.tmp.data());
     }
     add_rows(pool, s.x.data(), s.tmp.data(), n, E);
+    if (w.ffn_gate_inp) moe_record_state(ctx, il, 1, &s.x[size_t((n - 1) * E)]);
 }
 
 void llama_layer(Context &ctx, const LayerWeights &w, int il, const Batch &b, int64_t r0, int64_t n) {

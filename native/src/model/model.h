@@ -212,6 +212,9 @@ struct ForwardScratch {
     std::vector<AttnJob> attn_jobs;            // [<= n_batch · n_head]
     MatmulScratch mm;
     MoeScratch moe;                            // routed experts (moe_ffn)
+    // Bench/test hook (Context._record_states): when non-empty, [n_layer][2][n_embd] residual of
+    // the last row of the latest batch before and after each MoE layer's FFN (moe_record_state).
+    std::vector<float> moe_states;
     // deepseek2 (MLA) only: q LoRA [n_batch][q_lora_rank], decompressed q [n_batch][n_head·(nope+rope)],
     // a head-major [n_head][n_batch][max(nope, v_head_dim)] buffer for the per-head matmuls, the
     // decompressed attention output [n_batch][n_head·v_head_dim], one matmul scratch per thread.

@@ -26,6 +26,9 @@ namespace {
 constexpr int64_t kRowAlign = 16;
 // Work items per thread and phase: enough to even out experts of different token counts.
 constexpr int64_t kItemsPerThread = 4;
+// Decode: work items per thread and phase. Small items keep the wait at the two barriers short
+// (the last item of the slowest worker); each is still tens of KiB of contiguous weights.
+constexpr int64_t kDecodeItemsPerThread = 32;
 // llama.cpp clamps the renormalisation sum to F16's smallest normal number.
 constexpr float kWeightsSumMin = 6.103515625e-5f;
 constexpr int kMaxExpertWords = 4096 / 64;  // hparams.cpp caps n_expert at 4096
@@ -37,11 +40,10 @@ T *grow(std::vector<T> &v, size_t n) {
 }
 
 // y[c·ldy + (r - r0)] = W row r · activation row c for r in [r0, r1), c < nc; r0 % kRowAlign == 0;
-// rows of the item's part (r - item.part_r0 in parts[item.part]), in worker tid's copy of it.
-void tile(const PreparedWeights *parts, const MoeScratch::Item &item, const uint8_t *xq, size_t x_stride, float *y,
+// worker tid reads its own node's copy of replicated weights.
+void tile(const PreparedWeights &w, int64_t r0, int64_t r1, const uint8_t *xq, size_t x_stride, float *y,
           size_t ldy, int nc, int tid) {
-    const PreparedWeights &pw = parts[item.part].for_worker(tid);
-    const int64_t r0 = item.r0 - item.part_r0, r1 = item.r1 - item.part_r0;
+    const PreparedWeights &pw = w.for_worker(tid);
     const TypeKernels &tk = *pw.tk;
     const char *wb = static_cast<const char *>(pw.data);
     if (pw.repacked) {
@@ -51,6 +53,12 @@ void tile(const PreparedWeights *parts, const MoeScratch::Item &item, const uint
     } else {
         tk.gemm(pw.k, wb + size_t(r0) * pw.row_bytes, pw.row_bytes, xq, x_stride, y, ldy, int(r1 - r0), nc);
     }
+}
+
+// The same for an item: its rows lie in parts[item.part], which starts at row item.part_r0.
+void tile(const PreparedWeights *parts, const MoeScratch::Item &item, const uint8_t *xq, size_t x_stride, float *y,
+          size_t ldy, int nc, int tid) {
+    tile(parts[item.part], item.r0 - item.part_r0, item.r1 - item.part_r0, xq, x_stride, y, ldy, nc, tid);
 }
 
 // Cuts the rows of NUMA slice `slice` of a matrix of `rows` rows (all of them on one node) into
@@ -73,6 +81,20 @@ struct ActFormat {
     const TypeKernels *tk = nullptr;
     size_t row = 0;
 };
+
+// Rows [r0, r1) of `rows` that worker tid of nth takes in a static split (kRowAlign blocks), as
+// matmul() splits them.
+void row_range(int64_t rows, int tid, int nth, int64_t &r0, int64_t &r1) {
+    const int64_t groups = (rows + kRowAlign - 1) / kRowAlign;
+    r0 = std::min(rows, groups * tid / nth * kRowAlign);
+    r1 = std::min(rows, groups * (tid + 1) / nth * kRowAlign);
+}
+
+// Rows per work item so that `rows` make about n_items items: a multiple of kRowAlign, >= kRowAlign.
+int64_t block_rows(int64_t rows, int64_t n_items) {
+    const int64_t per = (rows + n_items - 1) / std::max<int64_t>(n_items, 1);
+    return std::max(kRowAlign, (per + kRowAlign - 1) / kRowAlign * kRowAlign);
+}
 
 int format_index(ActFormat *fmts, int &n_fmt, const TypeKernels &tk, int64_t k) {
     for (int i = 0; i < n_fmt; ++i)
@@ -153,8 +175,32 @@ void moe_route(const MoeParams &mp, float *logits, const float *exp_probs_b, int
     }
 }
 
+// One token (decode). One parallel region:
+//   1. the router rows split statically over the workers (as matmul splits them); barrier;
+//   2. every worker routes the token and quantizes xn itself (a few microseconds, cheaper than a
+//      barrier) and lays out the same job list (decode_jobs);
+//   3. gate+up of all selected experts and the shared expert as one list of row blocks taken
+//      dynamically, swiglu per block; the worker that finishes a job's last block quantizes its
+//      hidden row for down; barrier;
+//   4. down as one list of output-row blocks, each over all jobs in selection order (shared last),
+//      summing weight · down rows as it goes: no per-expert outputs, no serial weighted sum.
+// The sums are in the same order as moe_ffn's general path, so both give the same bits.
+namespace {
+void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y);
+}  // namespace
+
+void moe_record_state(Context &ctx, int il, int after, const float *x_row) {
+    std::vector<float> &st = ctx.scratch().moe_states;
+    if (st.empty()) return;
+    const int64_t E = ctx.model().hparams().n_embd;
+    std::copy(x_row, x_row + E, st.data() + (size_t(il) * 2 + size_t(after)) * size_t(E));
+}
+
 void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y) {
     if (n <= 0) return;
+    // Sharded experts (several NUMA nodes) take the general path, whose work items follow the
+    // node slices; the decode path's job list assumes one matrix per expert.
+    if (n == 1 && !w.ffn_gate_exps.sharded()) return moe_ffn_decode(ctx, w, il, xn, y);
     const Model &model = ctx.model();
     const HParams &hp = model.hparams();
     const MoeParams &mp = hp.moe;
@@ -397,5 +443,163 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
     else
         body(0, 1);
 }
+
+namespace {
+
+// The decode job list of one worker: the selected experts in selection order, then the shared
+// expert; gate/up items numbered consecutively over the jobs (up_block rows each, a job's last
+// one shorter). Returns the number of gate/up items.
+int64_t decode_jobs(const LayerWeights &w, const MoeParams &mp, MoeScratch &s, MoeScratch::DecodeWorker &dw,
+                    int64_t ff_sh, float shexp_gate, int32_t f_gate, int32_t f_up, int32_t f_sgate,
+                    int32_t f_sup, size_t hq_row, size_t sq_row, int64_t up_block) {
+    const int64_t ff = mp.n_ff_exp;
+    dw.jobs.clear();
+    int64_t item = 0;
+    auto add = [&](const PreparedWeights *gate, const PreparedWeights *up, const PreparedWeights *down,
+                   int64_t n_ff, float weight, float *hg, float *hu, uint8_t *hq, size_t hq_row_bytes, int32_t fg,
+                   int32_t fu) {
+        dw.jobs.push_back({gate, up, down, n_ff, weight, item, hg, hu, hq, hq_row_bytes, fg, fu});
+        item += (n_ff + up_block - 1) / up_block;
+    };
+    for (int j = 0; j < mp.n_expert_used; ++j) {
+        const size_t e = size_t(dw.ids[size_t(j)]);
+        add(&w.ffn_gate_exps.mats[e], &w.ffn_up_exps.mats[e], &w.ffn_down_exps.mats[e], ff, dw.weights[size_t(j)],
+            s.hg.data() + size_t(j) * size_t(ff), s.hu.data() + size_t(j) * size_t(ff),
+            s.hq.data() + size_t(j) * hq_row, hq_row, f_gate, f_up);
+    }
+    if (ff_sh > 0) {
+        add(&w.ffn_gate_shexp.pw, &w.ffn_up_shexp.pw, &w.ffn_down_shexp.pw, ff_sh, shexp_gate, s.sg.data(),
+            s.su.data(), s.sq.data(), sq_row, f_sgate, f_sup);
+    }
+    return item;
+}
+
+void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y) {
+    const Model &model = ctx.model();
+    const HParams &hp = model.hparams();
+    const MoeParams &mp = hp.moe;
+    ThreadPool &pool = model.pool();
+    MoeScratch &s = ctx.scratch().moe;
+    const int64_t E = hp.n_embd, ff = mp.n_ff_exp;
+    const int ne = mp.n_expert, k = mp.n_expert_used;
+    const int nth = pool.size();
+    const bool shared = bool(w.ffn_gate_shexp);
+    const int64_t ff_sh = shared ? w.ffn_gate_shexp.pw.rows : 0;
+    const PreparedWeights &router = w.ffn_gate_inp.pw;
+    const PreparedWeights &gate0 = w.ffn_gate_exps.mats[0], &up0 = w.ffn_up_exps.mats[0];
+    const PreparedWeights &down0 = w.ffn_down_exps.mats[0];
+
+    // Activation formats of xn (router, routed gate/up, shared gate/up) back to back in each
+    // worker's xq.
+    ActFormat fmts[5];
+    int n_fmt = 0;
+    const int f_router = format_index(fmts, n_fmt, *router.tk, E);
+    const int f_gate = format_index(fmts, n_fmt, *gate0.tk, E), f_up = format_index(fmts, n_fmt, *up0.tk, E);
+    const int f_sgate = shared ? format_index(fmts, n_fmt, *w.ffn_gate_shexp.pw.tk, E) : -1;
+    const int f_sup = shared ? format_index(fmts, n_fmt, *w.ffn_up_shexp.pw.tk, E) : -1;
+    size_t fmt_off[5], xq_bytes = 0;
+    for (int f = 0; f < n_fmt; ++f) {
+        fmt_off[f] = xq_bytes;
+        xq_bytes += fmts[f].row;
+    }
+    const size_t hq_row = act_row_size(*down0.tk, ff);
+    const size_t sq_row = shared ? act_row_size(*w.ffn_down_shexp.pw.tk, ff_sh) : 0;
+    const int n_jobs = k + (shared ? 1 : 0);
+
+    // Item sizes: gate/up rows of all jobs, down rows of E, each cut into about
+    // kDecodeItemsPerThread · nth blocks (one block per job / one in all on a single thread).
+    const int64_t up_rows = int64_t(k) * ff + ff_sh;
+    const int64_t up_block = nth > 1 ? block_rows(up_rows, kDecodeItemsPerThread * nth) : std::max(ff, ff_sh);
+    const int64_t down_block = nth > 1 ? block_rows(E, kDecodeItemsPerThread * nth) : E;
+    const int64_t n_down_items = (E + down_block - 1) / down_block;
+
+    if (s.dec.size() < size_t(nth)) s.dec.resize(size_t(nth));
+    for (MoeScratch::DecodeWorker &dw : s.dec) {
+        grow(dw.logits, size_t(ne));
+        grow(dw.select, size_t(ne));
+        grow(dw.ids, size_t(k));
+        grow(dw.weights, size_t(k));
+        grow(dw.xq, xq_bytes);
+        grow(dw.tmp, size_t(down_block));
+        dw.jobs.reserve(size_t(n_jobs));
+    }
+    grow(s.logits, size_t(ne));
+    grow(s.hg, size_t(k) * size_t(ff));
+    grow(s.hu, size_t(k) * size_t(ff));
+    grow(s.hq, size_t(k) * hq_row);
+    if (shared) {
+        grow(s.sg, size_t(ff_sh));
+        grow(s.su, size_t(ff_sh));
+        grow(s.sq, sq_row);
+    }
+    if (s.dec_done_size < size_t(n_jobs)) {
+        s.dec_done = std::make_unique<std::atomic<int64_t>[]>(size_t(n_jobs));
+        s.dec_done_size = size_t(n_jobs);
+    }
+    for (int j = 0; j < n_jobs; ++j) s.dec_done[size_t(j)].store(0, std::memory_order_relaxed);
+    uint64_t *counts = ctx.layer_expert_counts(il);
+    const float *probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
+    const float *sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
+    std::atomic<int64_t> next_up{0}, next_down{0};
+
+    auto body = [&](int tid, int nt) {
+        MoeScratch::DecodeWorker &dw = s.dec[size_t(tid)];
+        uint8_t *xq = dw.xq.data();
+        for (int f = 0; f < n_fmt; ++f) fmts[f].tk->quantize_act_row(xn, xq + fmt_off[f], E);
+        // 1. This worker's rows of the router logits.
+        int64_t r0, r1;
+        row_range(router.rows, tid, nt, r0, r1);
+        if (r0 < r1) tile(router, r0, r1, xq + fmt_off[f_router], fmts[f_router].row, s.logits.data() + r0, 1, 1, tid);
+        if (nt > 1) pool.barrier(tid);
+        // 2. Routing, shared-expert gate and job list, the same on every worker.
+        std::copy(s.logits.data(), s.logits.data() + ne, dw.logits.data());
+        moe_route(mp, dw.logits.data(), probs_b, 1, dw.ids.data(), dw.weights.data(), dw.select.data());
+        if (tid == 0)
+            for (int j = 0; j < k; ++j) ++counts[dw.ids[size_t(j)]];
+        float shexp_gate = 1.0f;
+        if (sh_gate_w) {
+            float dot = 0.0f;
+            for (int64_t d = 0; d < E; ++d) dot += sh_gate_w[d] * xn[d];
+            shexp_gate = 1.0f / (1.0f + std::exp(-dot));
+        }
+        const int64_t n_up_items = decode_jobs(w, mp, s, dw, ff_sh, shexp_gate, f_gate, f_up, f_sgate, f_sup,
+                                               hq_row, sq_row, up_block);
+        // 3. gate/up blocks of all jobs; the last block of a job quantizes its hidden row.
+        size_t ji = 0;
+        for (int64_t it; (it = next_up.fetch_add(1, std::memory_order_relaxed)) < n_up_items;) {
+            // A worker gets increasing item numbers, so it finds an item's job by walking forward.
+            while (ji + 1 < dw.jobs.size() && dw.jobs[ji + 1].up_item0 <= it) ++ji;
+            const MoeScratch::DecodeJob &j = dw.jobs[ji];
+            const int64_t b0 = (it - j.up_item0) * up_block, b1 = std::min(j.n_ff, b0 + up_block);
+            tile(*j.gate, b0, b1, xq + fmt_off[j.fmt_gate], fmts[j.fmt_gate].row, j.hg + b0, 1, 1, tid);
+            tile(*j.up, b0, b1, xq + fmt_off[j.fmt_up], fmts[j.fmt_up].row, j.hu + b0, 1, 1, tid);
+            swiglu(j.hg + b0, j.hu + b0, b1 - b0);
+            if (s.dec_done[ji].fetch_add(b1 - b0, std::memory_order_acq_rel) + (b1 - b0) == j.n_ff)
+                j.down->tk->quantize_act_row(j.hg, j.hq, j.n_ff);
+        }
+        if (nt > 1) pool.barrier(tid);
+        // 4. Output rows [d0, d1) over all jobs: y = Σ_j weight_j · down_j (selection order),
+        //    + gate · shared.
+        float *t = dw.tmp.data();
+        for (int64_t it; (it = next_down.fetch_add(1, std::memory_order_relaxed)) < n_down_items;) {
+            const int64_t d0 = it * down_block, d1 = std::min(E, d0 + down_block);
+            for (size_t jj = 0; jj < dw.jobs.size(); ++jj) {
+                const MoeScratch::DecodeJob &j = dw.jobs[jj];
+                tile(*j.down, d0, d1, j.hq, j.hq_row, t, 1, 1, tid);
+                const float wt = j.weight;
+                if (jj == 0)
+                    for (int64_t d = d0; d < d1; ++d) y[d] = wt * t[d - d0];
+                else
+                    for (int64_t d = d0; d < d1; ++d) y[d] += wt * t[d - d0];
+            }
+        }
+    };
+    if (nth > 1)
+        pool.run(std::ref(body));
+    else
+        body(0, 1);
+}
+
+}  // namespace
 
 }  // namespace ktd

@@ -24,6 +24,10 @@
 // Several NUMA nodes: the row blocks are cut within each node's row slice (numa_slice_rows, the
 // slices the sharded experts are stored in) and a worker takes only its node's items, so it
 // streams only its node's memory; the items cover the same rows, so the result is unchanged.
+// One token (decode, moe_ffn_decode in moe.cpp) takes a leaner plan: the router joins the same
+// parallel region, gate+up of all selected experts and the shared expert is one list of small row
+// blocks, and down is one list of output-row blocks over all experts that sums the weighted rows
+// itself (two barriers per layer instead of six and a second region).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -88,7 +92,36 @@ struct MoeScratch {
     std::vector<int32_t> up_start, down_start;  // [n_slice + 1]
     std::unique_ptr<std::atomic<int64_t>[]> next_item;  // [2·n_slice] next up/down item per slice
     int n_next = 0;
+
+    // Decode (n = 1, moe_ffn_decode): every worker routes the token itself and keeps its own copy
+    // of the quantized xn and of the job list (identical on all workers), so the only barriers
+    // are after the router and before the down projection.
+    struct DecodeJob {
+        const PreparedWeights *gate, *up, *down;
+        int64_t n_ff;
+        float weight;        // routing weight (the shared expert's sigmoid gate, or 1)
+        int64_t up_item0;    // first gate/up item of this job in the combined list
+        float *hg, *hu;      // [n_ff] gate/up rows → swiglu in hg
+        uint8_t *hq;         // hg quantized for down (written by the worker finishing the job)
+        size_t hq_row;       // its bytes
+        int32_t fmt_gate, fmt_up;  // activation formats of xn for gate and up
+    };
+    struct DecodeWorker {
+        std::vector<float> logits, select;  // [n_expert]
+        std::vector<int32_t> ids;           // [n_expert_used]
+        std::vector<float> weights;         // [n_expert_used]
+        std::vector<uint8_t> xq;            // xn in each activation format, back to back
+        std::vector<DecodeJob> jobs;        // selection order, then the shared expert
+        std::vector<float> tmp;             // [down rows of one item] one expert's down outputs
+    };
+    std::vector<DecodeWorker> dec;                    // [n_threads]
+    std::unique_ptr<std::atomic<int64_t>[]> dec_done; // [jobs] gate/up rows finished per job
+    size_t dec_done_size = 0;
 };
+
+// Bench/test hook: copies x_row [n_embd] into the context's recorded states (ForwardScratch::
+// moe_states) of layer il, slot `after` (0: residual before the FFN, 1: after), when recording is on.
+void moe_record_state(Context &ctx, int il, int after, const float *x_row);
 
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into
 // the context's expert statistics. n <= the context's n_batch.
