@@ -127,3 +127,20 @@ def test_extreme_values(t):
     for y in (K.matmul(t, w, rows, k, x, isa="avx512"),
               K.matmul_repacked(t, K.repack(t, w, rows, k, isa="avx512"), rows, k, x, isa="avx512")):
         assert (np.abs(y.astype(np.float64) - y_ref) <= bound).all()
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_default_dispatch_uses_avx512(t):
+    """Without KTD_ISA the default (AVX2) ISA hands Q5_0/Q8_0 to their AVX-512 kernels (measured
+    faster at n = 1..512, plain and repacked). The two ISAs' plain tiles sum in different orders,
+    so bitwise equality with the AVX-512 result (and not the AVX2 one) tells which ran."""
+    import os
+
+    if os.environ.get("KTD_ISA"):
+        pytest.skip("KTD_ISA fixes the ISA for every type")
+    if K.active_isa() != "avx2":
+        pytest.skip(f"the active ISA is {K.active_isa()}, not the AVX2 default")
+    w, x = inputs(t, 40, 896, 5, seed=17)
+    got = K.matmul(t, w, 40, 896, x)
+    np.testing.assert_array_equal(got.view(np.uint32), K.matmul(t, w, 40, 896, x, isa="avx512").view(np.uint32))
+    assert not np.array_equal(got.view(np.uint32), K.matmul(t, w, 40, 896, x, isa="avx2").view(np.uint32))

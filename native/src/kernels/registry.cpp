@@ -23,10 +23,13 @@ Isa g_active = Isa::Ref;
 std::once_flag g_active_once;
 bool g_isa_chosen = false;  // KTD_ISA or set_active_isa picked the ISA (no per-type preference then)
 
-// Types whose AVX-512 (VNNI) kernels were measured at least as fast as their AVX2 ones
-// (repacked GEMV, n = 1..8, 1 and 2 threads): while AVX-512 is not the default ISA, these
-// still use it where the CPU has it.
-bool avx512_preferred(GGMLType type) { return type == GGMLType::Q4_K || type == GGMLType::Q6_K; }
+// Types whose AVX-512 (VNNI) kernels were measured at least as fast as their AVX2 ones (repacked
+// GEMV and GEMM at n = 1..512, and the plain-layout tile used by tied output heads): while
+// AVX-512 is not the default ISA, these still use it where the CPU has it. The other AVX-512
+// kernels (Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0) have not been compared yet.
+bool avx512_preferred(GGMLType type) {
+    return type == GGMLType::Q4_K || type == GGMLType::Q6_K || type == GGMLType::Q5_0 || type == GGMLType::Q8_0;
+}
 
 Isa default_isa() {
     if (const char *env = std::getenv("KTD_ISA"); env && *env) {

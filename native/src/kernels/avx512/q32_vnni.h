@@ -152,6 +152,51 @@ void gemm_repacked_r16(int64_t k, const void *wp, size_t group_stride, const voi
 }
 
 // Visits block b of every row of group g (rows past `rows` are skipped: the caller zeroes them).
+// The plain-layout tile (weights not repacked): one weight row at a time; each block's 32 q are
+// unpacked once as signed bytes (signed_q(block)) and multiplied into up to 4 activation columns,
+// signed × signed through vpdpbusd with the sign trick (|w| unsigned, a with w's sign). Each
+// column's sum runs over the blocks in order, whatever the column grouping.
+template <int CN, typename Block, typename SignedQ>
+inline void gemm_plain_cols(int64_t nb, const Block *wr, const block_q8_0 *const *a, float *y, size_t ldy,
+                            const SignedQ &signed_q) {
+    __m256 acc[CN];
+    for (int c = 0; c < CN; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i q = signed_q(wr[b]);
+        const __m256i aq = _mm256_abs_epi8(q);
+        const float dw = f16(wr[b].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < CN; ++c) {
+            const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[c][b].qs));
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, _mm256_sign_epi8(av, q));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * f16(a[c][b].d)), acc[c]);
+        }
+    }
+    for (int c = 0; c < CN; ++c) y[size_t(c) * ldy] = _mm512_reduce_add_ps(_mm512_castps256_ps512(acc[c]));
+}
+
+template <typename Block, typename SignedQ>
+inline void gemm_plain(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
+                       size_t ldy, int nr, int nc, const SignedQ &signed_q) {
+    const int64_t nb = k / 32;
+    for (int r = 0; r < nr; ++r) {
+        const auto *wr = reinterpret_cast<const Block *>(static_cast<const char *>(w) + size_t(r) * w_stride);
+        for (int c0 = 0; c0 < nc; c0 += 4) {
+            const block_q8_0 *a[4];
+            const int cn = std::min(4, nc - c0);
+            for (int c = 0; c < cn; ++c)
+                a[c] = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + size_t(c0 + c) * x_stride);
+            float *yc = y + size_t(c0) * ldy + size_t(r);
+            switch (cn) {
+                case 1: gemm_plain_cols<1>(nb, wr, a, yc, ldy, signed_q); break;
+                case 2: gemm_plain_cols<2>(nb, wr, a, yc, ldy, signed_q); break;
+                case 3: gemm_plain_cols<3>(nb, wr, a, yc, ldy, signed_q); break;
+                default: gemm_plain_cols<4>(nb, wr, a, yc, ldy, signed_q); break;
+            }
+        }
+    }
+}
+
 template <typename Block, typename Fn>
 inline void for_group_rows16(const void *w, size_t w_stride, int64_t rows, int64_t g, int64_t b, const Fn &fn) {
     for (int r = 0; r < kRepackRows16 && g * kRepackRows16 + r < rows; ++r)

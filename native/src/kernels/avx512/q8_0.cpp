@@ -26,25 +26,12 @@ void dequantize_row_q8_0(const void *vx, float *y, int64_t k) {
     }
 }
 
-// The plain-layout tile (used when weights are not repacked): one row at a time, signed × signed
-// through vpdpbusd with the sign trick (|w| unsigned, a with w's sign).
+// The plain-layout tile (used when weights are not repacked).
 void gemm_q8_0(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y, size_t ldy,
                int nr, int nc) {
-    const int64_t nb = k / QK8_0;
-    for (int r = 0; r < nr; ++r) {
-        const auto *wr = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(w) + size_t(r) * w_stride);
-        for (int c = 0; c < nc; ++c) {
-            const auto *a = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + size_t(c) * x_stride);
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t b = 0; b < nb; ++b) {
-                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(wr[b].qs));
-                const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[b].qs));
-                const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(q), _mm256_sign_epi8(av, q));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(f16(wr[b].d) * f16(a[b].d)), acc);
-            }
-            y[size_t(c) * ldy + size_t(r)] = _mm512_reduce_add_ps(_mm512_castps256_ps512(acc));
-        }
-    }
+    gemm_plain<block_q8_0>(k, w, w_stride, xq, x_stride, y, ldy, nr, nc, [](const block_q8_0 &x) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x.qs));
+    });
 }
 
 // Repacked layout (version 2, the AVX-512 one): block b of 16 rows; qs[64j + 4r + t] = row r element
