@@ -128,14 +128,14 @@ def test_long_context_spans_many_attention_tiles(tiny):
 
 
 def test_decode_over_long_context_merges_key_ranges(tiny):
-    """One-row decode steps at positions 130-149 with 3 threads: too few rows to keep the workers
-    busy, so each row's keys are split into ranges (64-key chunks) whose softmax states are merged."""
+    """One-row decode steps at positions 530-549 with 3 threads: too few rows to keep the workers
+    busy, so each row's keys are split into 256-key ranges whose softmax states are merged."""
     path = tiny("v2", dense=True)
-    _, ctx = _ctx(path, threads=3, n_ctx=160)
-    toks = _tokens(320, n=150, seed=3)
-    _run(ctx, toks[:130])
-    steps = np.concatenate([_run(ctx, [t], start=130 + i) for i, t in enumerate(toks[130:])])
-    err = _rel_err(steps, R.forward(path, toks)[130:])
+    _, ctx = _ctx(path, threads=3, n_ctx=560)
+    toks = _tokens(320, n=550, seed=3)
+    _run(ctx, toks[:530])
+    steps = np.concatenate([_run(ctx, [t], start=530 + i) for i, t in enumerate(toks[530:])])
+    err = _rel_err(steps, R.forward(path, toks)[530:])
     assert err < TOL_F32, f"rel err {err:.2e}"
 
 
