@@ -184,6 +184,25 @@ def test_logits_match_llama_cpp(tiny, variant, dense, wtype):
     assert err.max() <= b["max_abs"] and np.median(err) <= b["median_abs"] and top1 >= b["top1"], stats
 
 
+@pytest.mark.parametrize("value", [None, 0], ids=["absent", "none"])
+def test_absent_gating_func_is_softmax_as_in_llama_cpp(tiny, tmp_path, value):
+    """A deepseek2 file without expert_gating_func (or with llama.cpp's 0, "none"; GLM-4.7-Flash
+    style) on a V3-style router (selection bias, expert groups): llama.cpp routes it by softmax,
+    so must ktd. Control: the same file routed by sigmoid is far from llama.cpp."""
+    src = tiny("v3")
+    key = "deepseek2.expert_gating_func"
+    edit = dict(drop_kv=(key,)) if value is None else dict(set_kv={key: (value, GGUFValueType.UINT32)})
+    path = _rewrite(src, tmp_path / "gating.gguf", **edit)
+    toks = _tokens(320)
+    ref = _llama_logits(path, toks)
+    got = _run(_ctx(path)[1], toks)
+    b = LLAMA_BOUNDS["F32"]
+    err = np.abs(got - ref)
+    assert err.max() <= b["max_abs"] and np.median(err) <= b["median_abs"], f"max_abs {err.max():.3g}"
+    sigmoid = _rewrite(src, tmp_path / "sigmoid.gguf", set_kv={key: (2, GGUFValueType.UINT32)})
+    assert np.abs(_run(_ctx(sigmoid)[1], toks) - ref).max() > 10 * b["max_abs"]
+
+
 def _with_yarn(src, dst, *, factor: float, log_mul: float | None, n_ctx_orig: int = 16):
     """`src` with YaRN rope scaling metadata (DeepSeek-V2's: factor 40, mscale_all_dim 0.707 ->
     yarn_log_multiplier 0.0707) over a short original context so the scaling matters at 24 tokens."""
