@@ -515,8 +515,10 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
         }
     });
     if (splits.empty()) return;
+    // Merged per (row, KV head, query head), in part order; a decode step's few merges stay on
+    // this thread (a pool hand-over would cost more).
     const size_t ml = size_t(group) * size_t(hd_v);  // offset of m in a part
-    for_each_row(model_.pool(), int64_t(splits.size()) * group, 2, [&](int64_t job) {
+    for_each_row(model_.pool(), int64_t(splits.size()) * group, 64, [&](int64_t job) {
         const ForwardScratch::AttnSplit &sp = splits[size_t(job / group)];
         const int g = int(job % group);
         const float *p = s_.attn_part.data() + size_t(sp.first_part) * part_stride;
