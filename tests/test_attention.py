@@ -82,6 +82,74 @@ def test_attention_matches_numpy_and_reference(isa, shape):
             assert _rel(out, A.attend(q, k, v, lo, hi, head_kv=head_kv, isa="ref")) < TOL, f"{isa} vs ref"
 
 
+def _numpy_latent_attention(q, k16, lo, hi, latent_v):
+    """MLA: one latent head; the values are the first latent_v entries of each key row."""
+    return _numpy_attention(q, k16, k16[:, :, :latent_v], lo, hi, 0)
+
+
+LATENT_SHAPES = [  # (n_rows, n_head, kv_lora_rank + rope, kv_lora_rank, n_keys)
+    (4, 16, 576, 512, 300),  # DeepSeek-V2/V3: 4 rows × 16 heads per block
+    (1, 16, 576, 512, 1),
+    (3, 5, 80, 64, 130),
+    (2, 3, 20, 12, 70),      # not multiples of 8: the SIMD kernels hand over to the reference
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("shape", LATENT_SHAPES, ids=lambda s: "r{}h{}k{}v{}n{}".format(*s))
+def test_latent_values_match_numpy_and_reference(isa, shape):
+    """MLA's latent cache: v is None, the kernel reads the values from the key rows (the SIMD
+    kernels from the converted K tile)."""
+    n_rows, n_head, hdk, hdv, n_keys = shape
+    q, k, _, lo, hi = _case(n_rows, n_head, hdk, 8, n_keys, n_kv=1, seed=n_keys + 1)
+    out = A.attend(q, k, None, lo, hi, latent_v=hdv, isa=isa)
+    assert out.shape == (n_rows, n_head, hdv)
+    assert _rel(out, _numpy_latent_attention(q, k, lo, hi, hdv)) < TOL, f"{isa} vs numpy"
+    # the same values passed as a separate V cache give the same bits
+    v = np.ascontiguousarray(k[:, :, :hdv])
+    np.testing.assert_array_equal(A.attend(q, k, v, lo, hi, isa=isa), out)
+
+
+SPLIT_SHAPES = [  # (n_rows, n_group, hd_k, hd_v, n_keys, window, split_keys)
+    (1, 7, 64, 64, 4000, 0, 256),  # Qwen2.5-0.5B's group over a 4k context
+    (2, 8, 128, 128, 1500, 0, 256),
+    (3, 4, 64, 64, 1000, 300, 256),  # a window whose start is not on a range boundary
+    (1, 16, 576, 512, 700, 0, 64),   # MLA shape (latent values), ranges of one tile
+    (1, 2, 64, 64, 300, 0, 1),       # one key per range
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "r{}g{}k{}v{}n{}w{}s{}".format(*s))
+def test_split_keys_merge_matches_numpy_and_unsplit(isa, shape):
+    """Decode over a long context: a row's keys in ranges computed apart, merged (attn_merge).
+    Not bitwise equal to one range (the merge reassociates the sums): bound TOL against both
+    numpy and the unsplit kernel; measured <= 1.1e-6 vs numpy (closer than one range: shorter
+    running sums) and <= 2.1e-6 vs unsplit."""
+    n_rows, n_group, hdk, hdv, n_keys, window, split = shape
+    latent = hdk == 576
+    q, k, v, lo, hi = _case(n_rows, n_group, hdk, hdv, n_keys, n_kv=1 if latent else 2, window=window,
+                            seed=n_keys + 2)
+    if latent:
+        out = A.attend(q, k, None, lo, hi, latent_v=hdv, isa=isa, split_keys=split)
+        whole = A.attend(q, k, None, lo, hi, latent_v=hdv, isa=isa)
+        ref_np = _numpy_latent_attention(q, k, lo, hi, hdv)
+    else:
+        out = A.attend(q, k, v, lo, hi, isa=isa, split_keys=split)
+        whole = A.attend(q, k, v, lo, hi, isa=isa)
+        ref_np = _numpy_attention(q, k, v, lo, hi, 0)
+    assert _rel(out, ref_np) < TOL, f"{isa} split vs numpy"
+    assert _rel(out, whole) < TOL, f"{isa} split vs unsplit"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_split_keys_with_peaked_scores(isa):
+    """Ranges whose maxima differ by ~100: the merge rescales by exp(m_c - M) without overflow."""
+    q, k, v, lo, hi = _case(1, 7, 64, 64, 900, seed=4, scale=60.0)
+    out = A.attend(q, k, v, lo, hi, isa=isa, split_keys=128)
+    assert _rel(out, _numpy_attention(q, k, v, lo, hi, 0)) < TOL
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_large_scores_stay_finite(isa):
     """Peaked softmax (scores ~ ±100): the running-max rescaling must keep exp in range."""
@@ -115,6 +183,8 @@ def test_simd_kernel_registered(isa):
     (dict(lo=np.array([0]), hi=np.array([4])), "one entry per query row"),
     (dict(head_kv=2), "head_kv out of range"),
     (dict(isa="sse9"), "unknown ISA"),
+    (dict(split_keys=-1), "split_keys"),
+    (dict(latent_v=8), "either v or latent_v"),
 ])
 def test_bad_arguments_are_rejected(kw, match):
     q, k, v, lo, hi = _case(2, 3, 16, 16, 10)
@@ -138,6 +208,20 @@ def tiny_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("attn_fwd")
     return [make_model(arch, root / model_filename(arch, "F32", 0, variant), wtype="F32", seed=0, variant=variant)
             for arch, variant in (("llama", "mistral"), ("gemma3", None))]
+
+
+def test_decode_over_long_context_splits_keys(tiny_models):
+    """Decode steps at positions 600-609 (one row: its keys are split into 256-key ranges and
+    merged) against the same rows computed in one prefill (one range each)."""
+    for path in tiny_models:
+        e = Engine.open(path, n_ctx=640, threads=2, pin=False, n_batch=512)
+        toks = np.random.default_rng(1).integers(3, e.n_vocab, size=610)
+        full = e.forward(toks, np.arange(610), np.zeros(610), np.ones(610, bool))[600:]
+        e.free_seq(0)
+        e.forward(toks[:600], np.arange(600), np.zeros(600), np.zeros(600, bool))
+        steps = np.concatenate([e.forward(toks[p:p + 1], np.array([p]), np.zeros(1), np.ones(1, bool))
+                                for p in range(600, 610)])
+        assert np.max(np.abs(steps - full)) / np.max(np.abs(full)) < 1e-4
 
 
 @pytest.mark.parametrize("n_batch", [512, 37])

@@ -128,14 +128,14 @@ def test_long_context_spans_many_attention_tiles(tiny):
 
 
 def test_decode_over_long_context_merges_key_ranges(tiny):
-    """One-row decode steps at positions 130-149 with 3 threads: too few rows to keep the workers
-    busy, so each row's keys are split into ranges (64-key chunks) whose softmax states are merged."""
+    """One-row decode steps at positions 530-549 with 3 threads: too few rows to keep the workers
+    busy, so each row's keys are split into 256-key ranges whose softmax states are merged."""
     path = tiny("v2", dense=True)
-    _, ctx = _ctx(path, threads=3, n_ctx=160)
-    toks = _tokens(320, n=150, seed=3)
-    _run(ctx, toks[:130])
-    steps = np.concatenate([_run(ctx, [t], start=130 + i) for i, t in enumerate(toks[130:])])
-    err = _rel_err(steps, R.forward(path, toks)[130:])
+    _, ctx = _ctx(path, threads=3, n_ctx=560)
+    toks = _tokens(320, n=550, seed=3)
+    _run(ctx, toks[:530])
+    steps = np.concatenate([_run(ctx, [t], start=530 + i) for i, t in enumerate(toks[530:])])
+    err = _rel_err(steps, R.forward(path, toks)[530:])
     assert err < TOL_F32, f"rel err {err:.2e}"
 
 
@@ -182,6 +182,25 @@ def test_logits_match_llama_cpp(tiny, variant, dense, wtype):
     b = LLAMA_BOUNDS[wtype]
     stats = f"max_abs {err.max():.3g} median_abs {np.median(err):.3g} top1 {top1:.3f}"
     assert err.max() <= b["max_abs"] and np.median(err) <= b["median_abs"] and top1 >= b["top1"], stats
+
+
+@pytest.mark.parametrize("value", [None, 0], ids=["absent", "none"])
+def test_absent_gating_func_is_softmax_as_in_llama_cpp(tiny, tmp_path, value):
+    """A deepseek2 file without expert_gating_func (or with llama.cpp's 0, "none"; GLM-4.7-Flash
+    style) on a V3-style router (selection bias, expert groups): llama.cpp routes it by softmax,
+    so must ktd. Control: the same file routed by sigmoid is far from llama.cpp."""
+    src = tiny("v3")
+    key = "deepseek2.expert_gating_func"
+    edit = dict(drop_kv=(key,)) if value is None else dict(set_kv={key: (value, GGUFValueType.UINT32)})
+    path = _rewrite(src, tmp_path / "gating.gguf", **edit)
+    toks = _tokens(320)
+    ref = _llama_logits(path, toks)
+    got = _run(_ctx(path)[1], toks)
+    b = LLAMA_BOUNDS["F32"]
+    err = np.abs(got - ref)
+    assert err.max() <= b["max_abs"] and np.median(err) <= b["median_abs"], f"max_abs {err.max():.3g}"
+    sigmoid = _rewrite(src, tmp_path / "sigmoid.gguf", set_kv={key: (2, GGUFValueType.UINT32)})
+    assert np.abs(_run(_ctx(sigmoid)[1], toks) - ref).max() > 10 * b["max_abs"]
 
 
 def _with_yarn(src, dst, *, factor: float, log_mul: float | None, n_ctx_orig: int = 16):

@@ -1,7 +1,9 @@
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 
 namespace ktd {
 
@@ -23,6 +25,24 @@ AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_
     l.acc = l.l + round8(q);
     l.total = l.acc + round8(q * size_t(head_dim_v));
     return l;
+}
+
+void attn_merge(int n_parts, const float *m, const float *l, size_t ml_stride, const float *o, size_t o_stride,
+                int64_t head_dim_v, float *out) {
+    float m_max = -INFINITY;
+    for (int c = 0; c < n_parts; ++c) m_max = std::max(m_max, m[size_t(c) * ml_stride]);
+    std::fill(out, out + head_dim_v, 0.0f);
+    float sum = 0.0f;
+    for (int c = 0; c < n_parts; ++c) {
+        const float lc = l[size_t(c) * ml_stride];
+        if (!(lc > 0.0f)) continue;  // an empty range
+        const float w = lc * std::exp(m[size_t(c) * ml_stride] - m_max);
+        sum += w;
+        const float *oc = o + size_t(c) * o_stride;
+        for (int64_t d = 0; d < head_dim_v; ++d) out[d] += w * oc[d];
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t d = 0; d < head_dim_v; ++d) out[d] *= inv;
 }
 
 void register_attention_kernel(Isa isa, AttnKernel fn) { g_attention_kernels[size_t(isa)].store(fn); }

@@ -37,6 +37,10 @@ struct AttnBlock {
     // Output: row r, head g at out + r * out_row_stride + g * head_dim_v (head_dim_v floats).
     float *out = nullptr;
     size_t out_row_stride = 0;
+    // Optional, for a row whose keys are split into ranges computed apart (attn_merge): query
+    // (r, g)'s max score and Σ exp(score - max) over its range at m_out[r·n_group + g],
+    // l_out[r·n_group + g]. out is normalised either way.
+    float *m_out = nullptr, *l_out = nullptr;
 };
 
 // The per-thread scratch of a block of Q = n_rows × n_group queries, offsets in floats (multiples
@@ -52,6 +56,14 @@ AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_
 
 // One block; scratch: attn_scratch_layout(n_rows, n_group, ...).total floats.
 using AttnKernel = void (*)(const AttnBlock &b, float *scratch);
+
+// One query head's output from the results of n_parts disjoint key ranges of its row: part c's
+// normalised output o + c·o_stride [head_dim_v], max score m[c·ml_stride], sum l[c·ml_stride]
+// (AttnBlock::m_out/l_out). out [head_dim_v] = Σ_c w_c·o_c / Σ_c w_c with w_c = l_c·exp(m_c - M),
+// M = max_c m_c, summed in part order: the result depends on the split, never on the thread that
+// computed a part. Versus one unsplit range it differs by F32 rounding only (a few ulp per part).
+void attn_merge(int n_parts, const float *m, const float *l, size_t ml_stride, const float *o, size_t o_stride,
+                int64_t head_dim_v, float *out);
 
 void register_attention_kernel(Isa isa, AttnKernel fn);
 // The kernel registered for isa, or nullptr.

@@ -27,6 +27,34 @@ Isa supported_isa(const std::string &name) {
     return i;
 }
 
+// As Context::attention splits a decode row: each row's keys in ranges at multiples of
+// split_keys, one kernel call each (normalised o, m, l per head), merged by attn_merge.
+void attend_split(AttnKernel fn, const AttnBlock &b, int64_t split_keys, float *scratch) {
+    const int64_t n_group = b.n_group, hdv = b.head_dim_v;
+    for (int64_t r = 0; r < b.n_rows; ++r) {
+        const int64_t c0 = b.lo[r] / split_keys, c1 = (b.hi[r] + split_keys - 1) / split_keys;
+        const size_t n_parts = size_t(c1 - c0), stride = size_t(n_group * hdv);
+        std::vector<float> o(n_parts * stride), ml(2 * n_parts * size_t(n_group));
+        std::vector<int64_t> part_lo(n_parts), part_hi(n_parts);
+        for (size_t c = 0; c < n_parts; ++c) {
+            part_lo[c] = std::max(b.lo[r], (c0 + int64_t(c)) * split_keys);
+            part_hi[c] = std::min(b.hi[r], (c0 + int64_t(c) + 1) * split_keys);
+            AttnBlock pb = b;
+            pb.q = b.q + size_t(r) * b.q_row_stride;
+            pb.n_rows = 1;
+            pb.lo = &part_lo[c];
+            pb.hi = &part_hi[c];
+            pb.out = o.data() + c * stride;
+            pb.m_out = ml.data() + c * size_t(n_group);
+            pb.l_out = ml.data() + (n_parts + c) * size_t(n_group);
+            fn(pb, scratch);
+        }
+        for (int64_t g = 0; g < n_group; ++g)
+            attn_merge(int(n_parts), ml.data() + g, ml.data() + n_parts * size_t(n_group) + g, size_t(n_group),
+                       o.data() + g * hdv, stride, hdv, b.out + size_t(r) * b.out_row_stride + size_t(g * hdv));
+    }
+}
+
 }  // namespace
 
 void bind_float_kernels(py::module_ &m) {
@@ -41,18 +69,22 @@ void bind_float_kernels(py::module_ &m) {
     att.def(
         "attend",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
-           py::array_t<uint16_t, py::array::c_style> k, py::array_t<uint16_t, py::array::c_style> v,
+           py::array_t<uint16_t, py::array::c_style> k, std::optional<py::array_t<uint16_t, py::array::c_style>> v_opt,
            py::array_t<int64_t, py::array::c_style | py::array::forcecast> lo,
            py::array_t<int64_t, py::array::c_style | py::array::forcecast> hi, int head_kv,
-           std::optional<std::string> isa) {
-            if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3)
+           std::optional<std::string> isa, int64_t latent_v, int64_t split_keys) {
+            if (q.ndim() != 3 || k.ndim() != 3 || (v_opt && v_opt->ndim() != 3))
                 throw std::invalid_argument("q, k and v must be 3-D: [n_rows, n_group, head_dim_k], "
                                             "[n_keys, n_head_kv, head_dim_k], [n_keys, n_head_kv, head_dim_v]");
             const int64_t n_rows = q.shape(0), n_group = q.shape(1), hdk = q.shape(2);
-            const int64_t n_keys = k.shape(0), n_kv = k.shape(1), hdv = v.shape(2);
+            const int64_t n_keys = k.shape(0), n_kv = k.shape(1);
+            if (v_opt.has_value() == (latent_v > 0))
+                throw std::invalid_argument("attend: pass either v or latent_v (values = the leading entries of the keys)");
+            if (latent_v > hdk) throw std::invalid_argument("attend: latent_v must be <= head_dim_k");
+            const int64_t hdv = v_opt ? v_opt->shape(2) : latent_v;
             if (n_rows < 1 || n_group < 1 || hdk < 1 || hdv < 1 || n_keys < 1)
                 throw std::invalid_argument("attend: empty q, k or v");
-            if (k.shape(2) != hdk || v.shape(0) != n_keys || v.shape(1) != n_kv)
+            if (k.shape(2) != hdk || (v_opt && (v_opt->shape(0) != n_keys || v_opt->shape(1) != n_kv)))
                 throw std::invalid_argument("attend: k must be [n_keys, n_head_kv, head_dim_k] and v [n_keys, n_head_kv, "
                                             "head_dim_v] with q's head_dim_k");
             if (head_kv < 0 || head_kv >= n_kv) throw std::invalid_argument("attend: head_kv out of range");
@@ -62,6 +94,7 @@ void bind_float_kernels(py::module_ &m) {
                 if (lo.data()[r] < 0 || lo.data()[r] >= hi.data()[r] || hi.data()[r] > n_keys)
                     throw std::invalid_argument("attend: row " + std::to_string(r) +
                                                 " needs 0 <= lo < hi <= n_keys");
+            if (split_keys < 0) throw std::invalid_argument("attend: split_keys must be >= 0");
             AttnKernel fn = attention_kernel();
             if (isa) {
                 fn = find_attention_kernel(supported_isa(*isa));
@@ -76,25 +109,30 @@ void bind_float_kernels(py::module_ &m) {
             b.lo = lo.data();
             b.hi = hi.data();
             b.k = k.data() + head_kv * hdk;
-            b.v = v.data() + head_kv * hdv;
             b.k_stride = size_t(n_kv * hdk);
-            b.v_stride = size_t(n_kv * hdv);
+            b.v = v_opt ? v_opt->data() + head_kv * hdv : b.k;
+            b.v_stride = v_opt ? size_t(n_kv * hdv) : b.k_stride;
             b.head_dim_k = hdk;
             b.head_dim_v = hdv;
             b.out = out.mutable_data();
             b.out_row_stride = size_t(n_group * hdv);
             std::vector<float> scratch(attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv).total);
-            {
-                py::gil_scoped_release release;
+        {
+            py::gil_scoped_release release;
+            if (split_keys == 0)
                 fn(b, scratch.data());
-            }
+            else
+                attend_split(fn, b, split_keys, scratch.data());
+        }
             return out;
         },
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lo"), py::arg("hi"), py::arg("head_kv") = 0,
-        py::arg("isa") = py::none(),
+        py::arg("isa") = py::none(), py::arg("latent_v") = 0, py::arg("split_keys") = 0,
         "One block: q F32 [n_rows, n_group, head_dim_k] (already scaled), k/v F16 bits (uint16) "
         "[n_keys, n_head_kv, head_dim], row r attends keys [lo[r], hi[r]) of KV head head_kv; "
-        "returns F32 [n_rows, n_group, head_dim_v]");
+        "returns F32 [n_rows, n_group, head_dim_v]. v=None, latent_v=d: the values are the first d "
+        "entries of each key row (MLA's latent). split_keys > 0: each row's keys in ranges at multiples "
+        "of split_keys, computed apart and merged (the forward's decode over long contexts).");
 
     auto ew = m.def_submodule("elementwise", "element-wise gated activation kernels per ISA");
     ew.def("kernel_isas", [] {

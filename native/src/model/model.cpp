@@ -390,6 +390,11 @@ namespace {
 // tile, and the block's scratch (scores and accumulators, 64 queries × (64 + head_dim_v) floats)
 // stays in L2.
 int attn_rows_per_block(const HParams &hp) { return std::max(1, 64 / (hp.n_head / hp.n_head_kv)); }
+// Decode over a long context: a row's keys are split into ranges of kAttnSplitKeys (at multiples of
+// it) when the batch has fewer than kAttnSplitMinJobs rows × KV heads, so that threads share one
+// head group's keys (Context::attention).
+constexpr int64_t kAttnSplitKeys = 4 * kAttnTile;
+constexpr int64_t kAttnSplitMinJobs = 32;
 }  // namespace
 
 Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_batch)
@@ -432,9 +437,6 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
         s_.mla_heads.resize(nb * size_t(hp.n_head) * size_t(std::max(mla.qk_nope_head_dim, mla.v_head_dim)));
         s_.mla_v.resize(nb * size_t(hp.n_head) * size_t(mla.v_head_dim));
         s_.mm_thread.resize(size_t(model.pool().size()));
-        const int group = hp.n_head / hp.n_head_kv;
-        s_.attn_group_tmp.resize(size_t(model.pool().size()) *
-                                 (attend_group_tmp_floats(group, hp.head_dim_k, hp.head_dim_v) + 2 * size_t(group)));
     }
 }
 
@@ -579,10 +581,6 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
         for (int64_t d = 0; d < dv_cache; ++d)
             vc[slot * size_t(dv) + size_t(d)] = fp32_to_fp16(s_.v[size_t(i * dv_cache + d)]);
     }
-    if (hp.is_mla()) {
-        attention_grouped(il, positions, seq_ids, n, kc, dk, vc, dv);
-        return;
-    }
     // Row i attends keys [lo, pos] of its sequence (lo > 0 only in a sliding-window layer).
     const bool swa = hp.layer_swa[size_t(il)];
     for (int64_t i = 0; i < n; ++i) {
@@ -591,33 +589,65 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
         s_.attn_hi[size_t(i)] = pos + 1;
     }
     // Jobs: blocks of up to R consecutive rows of one sequence (consecutive positions) × one KV
-    // head, so a block's K/V tiles are converted once for its R rows × the group's query heads.
-    // A query's result does not depend on the block or the heads it is computed with.
-    const int group = hp.n_head / hp.n_head_kv, rows_max = attn_rows_per_block(hp);
+    // head, so a block's K/V tiles are converted once for its R rows × the group's query heads
+    // (MLA: one latent head, all query heads). A query's result does not depend on the block or
+    // the heads it is computed with.
+    const int group = hp.n_head / hp.n_head_kv;
+    // Too few rows to share out (decode; few KV heads): every row on its own, its keys split into
+    // ranges of kAttnSplitKeys at fixed positions, computed apart and merged (attn_merge). The
+    // split depends on the batch only, never on the thread count.
+    const bool split_keys = n * hp.n_head_kv < kAttnSplitMinJobs;
+    const int rows_max = split_keys ? 1 : attn_rows_per_block(hp);
     std::vector<ForwardScratch::AttnJob> &jobs = s_.attn_jobs;
+    std::vector<ForwardScratch::AttnRange> &ranges = s_.attn_ranges;
+    std::vector<ForwardScratch::AttnSplit> &splits = s_.attn_splits;
     jobs.clear();
-    int64_t n_blocks = 0;
-    for (int64_t i = 0; i < n; ++n_blocks) {
-        int64_t e = i + 1;
-        while (e < n && e - i < rows_max && seq_ids[e] == seq_ids[i]) ++e;
-        i = e;
-    }
-    // Fewer jobs than threads (decode, few KV heads): split each group's query heads into parts.
-    const int pool_size = model_.pool().size();
-    const int64_t n_kv_jobs = n_blocks * hp.n_head_kv;
-    const int head_parts = n_kv_jobs >= pool_size ? 1 : int(std::min<int64_t>(group, (pool_size + n_kv_jobs - 1) / n_kv_jobs));
+    ranges.clear();
+    splits.clear();
+    s_.attn_part_lo.clear();
+    s_.attn_part_hi.clear();
     for (int64_t i = 0; i < n;) {
         int64_t e = i + 1;
         while (e < n && e - i < rows_max && seq_ids[e] == seq_ids[i]) ++e;
-        int64_t cost = 0;
-        for (int64_t r = i; r < e; ++r) cost += s_.attn_hi[size_t(r)] - s_.attn_lo[size_t(r)];
-        for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int part = 0; part < head_parts; ++part) {
-                const int g0 = group * part / head_parts, g1 = group * (part + 1) / head_parts;
-                jobs.push_back({i, cost * (g1 - g0), int(e - i), h, g0, g1 - g0});
+        const int64_t lo = s_.attn_lo[size_t(i)], hi = s_.attn_hi[size_t(i)];
+        const int64_t c0 = lo / kAttnSplitKeys, c1 = (hi + kAttnSplitKeys - 1) / kAttnSplitKeys;
+        if (!split_keys || c1 - c0 < 2) {
+            ranges.push_back({i, e, -1, 1});
+        } else {  // part (kv head h, range c) at first_part + h·n_chunks + c
+            const int64_t first = int64_t(s_.attn_part_lo.size());
+            ranges.push_back({i, e, first, c1 - c0});
+            for (int h = 0; h < hp.n_head_kv; ++h) {
+                splits.push_back({i, first + h * (c1 - c0), c1 - c0, h});
+                for (int64_t c = c0; c < c1; ++c) {
+                    s_.attn_part_lo.push_back(std::max(lo, c * kAttnSplitKeys));
+                    s_.attn_part_hi.push_back(std::min(hi, (c + 1) * kAttnSplitKeys));
+                }
             }
+        }
         i = e;
     }
+    // Fewer jobs than threads (few KV heads, short rows): split each group's query heads into parts.
+    const int pool_size = model_.pool().size();
+    int64_t n_kv_jobs = 0;
+    for (const ForwardScratch::AttnRange &rg : ranges) n_kv_jobs += rg.n_chunks * hp.n_head_kv;
+    const int head_parts = n_kv_jobs >= pool_size ? 1 : int(std::min<int64_t>(group, (pool_size + n_kv_jobs - 1) / n_kv_jobs));
+    const size_t part_stride = size_t(group) * size_t(hp.head_dim_v + 2);  // o [group][hd_v], m [group], l [group]
+    for (const ForwardScratch::AttnRange &rg : ranges)
+        for (int h = 0; h < hp.n_head_kv; ++h)
+            for (int64_t c = 0; c < rg.n_chunks; ++c) {
+                const int64_t pi = rg.first_part < 0 ? -1 : rg.first_part + h * rg.n_chunks + c;
+                int64_t cost = 0;
+                if (pi < 0) {
+                    for (int64_t r = rg.i; r < rg.e; ++r) cost += s_.attn_hi[size_t(r)] - s_.attn_lo[size_t(r)];
+                } else {
+                    cost = s_.attn_part_hi[size_t(pi)] - s_.attn_part_lo[size_t(pi)];
+                }
+                for (int hpart = 0; hpart < head_parts; ++hpart) {
+                    const int g0 = group * hpart / head_parts, g1 = group * (hpart + 1) / head_parts;
+                    jobs.push_back({rg.i, cost * (g1 - g0), int(rg.e - rg.i), h, g0, g1 - g0, pi});
+                }
+            }
+    if (s_.attn_part.size() < s_.attn_part_lo.size() * part_stride) s_.attn_part.resize(s_.attn_part_lo.size() * part_stride);
     // Longest first, handed out one at a time: causal prefill blocks differ in cost by up to the
     // context length, so fixed contiguous shares would leave threads idle. Each job's result does
     // not depend on which thread runs it.
@@ -638,96 +668,39 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
             blk.q_row_stride = size_t(n_embd_q);
             blk.n_rows = job.n_rows;
             blk.n_group = job.n_heads;
-            blk.lo = s_.attn_lo.data() + job.row0;
-            blk.hi = s_.attn_hi.data() + job.row0;
             blk.k = kc + base * size_t(dk) + size_t(job.head_kv * hd_k);
             blk.v = vc + base * size_t(dv) + size_t(job.head_kv * hd_v);
             blk.k_stride = size_t(dk);
             blk.v_stride = size_t(dv);
             blk.head_dim_k = hd_k;
             blk.head_dim_v = hd_v;
-            blk.out = s_.attn.data() + job.row0 * attn_row + head * hd_v;
-            blk.out_row_stride = size_t(attn_row);
+            if (job.part < 0) {
+                blk.lo = s_.attn_lo.data() + job.row0;
+                blk.hi = s_.attn_hi.data() + job.row0;
+                blk.out = s_.attn.data() + job.row0 * attn_row + head * hd_v;
+                blk.out_row_stride = size_t(attn_row);
+            } else {
+                float *p = s_.attn_part.data() + size_t(job.part) * part_stride;
+                blk.lo = s_.attn_part_lo.data() + job.part;
+                blk.hi = s_.attn_part_hi.data() + job.part;
+                blk.out = p + size_t(job.head0) * size_t(hd_v);
+                blk.out_row_stride = 0;  // one row
+                blk.m_out = p + size_t(group) * size_t(hd_v) + job.head0;
+                blk.l_out = blk.m_out + group;
+            }
             kernel(blk, scratch);
         }
     });
-}
-
-// The query heads of a kv head read the same cached rows, so they are computed together: each key
-// tile is converted from F16 once for all of them (MLA: 16-128 heads on one latent row). Work
-// items are (row, kv head, key range); a row's keys are split into several ranges only when the
-// rows alone cannot keep the workers busy (decode over a long context), and the ranges' partial
-// softmax states are merged afterwards. Items are taken dynamically (their sizes differ by row).
-void Context::attention_grouped(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n,
-                                const uint16_t *kc, int64_t dk, const uint16_t *vc, int64_t dv) {
-    const HParams &hp = model_.hparams();
-    ThreadPool &pool = model_.pool();
-    const int group = hp.n_head / hp.n_head_kv;
-    const int64_t hd_k = hp.head_dim_k, hd_v = hp.head_dim_v;
-    const bool swa = hp.layer_swa[size_t(il)];
-    auto key_lo = [&](int64_t pos) { return swa ? std::max<int64_t>(0, pos - hp.n_swa + 1) : int64_t(0); };
-    int64_t total = 0;
-    for (int64_t i = 0; i < n; ++i) total += positions[i] + 1 - key_lo(positions[i]);
-    total *= hp.n_head_kv;
-    const int64_t target = 4 * int64_t(pool.size());  // items per worker, for balance
-    int64_t chunk = std::max<int64_t>(kAttnTile, (total + target - 1) / target);
-    chunk = (chunk + kAttnTile - 1) / kAttnTile * kAttnTile;
-    std::vector<ForwardScratch::AttnItem> &items = s_.attn_items;
-    std::vector<ForwardScratch::AttnSplit> &splits = s_.attn_splits;
-    items.clear();
-    splits.clear();
-    int64_t n_part = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        const int64_t lo = key_lo(positions[i]), hi = int64_t(positions[i]) + 1;
-        const int64_t n_chunks = (hi - lo + chunk - 1) / chunk;
-        for (int hkv = 0; hkv < hp.n_head_kv; ++hkv) {
-            if (n_chunks <= 1) {
-                items.push_back({i, lo, hi, -1, hkv});
-                continue;
-            }
-            splits.push_back({i, n_part, n_chunks, hkv});
-            for (int64_t c = 0; c < n_chunks; ++c)
-                items.push_back({i, lo + c * chunk, std::min(hi, lo + (c + 1) * chunk), n_part++, hkv});
-        }
-    }
-    const size_t part_stride = size_t(group) * size_t(2 + hd_v);  // m [group], l [group], o [group][hd_v]
-    if (s_.attn_part.size() < size_t(n_part) * part_stride) s_.attn_part.resize(size_t(n_part) * part_stride);
-    const size_t tmp_floats = attend_group_tmp_floats(group, hd_k, hd_v) + 2 * size_t(group);
-    const int64_t n_embd_attn = int64_t(hp.n_head) * hd_v;
-    std::atomic<size_t> next{0};
-    pool.run([&](int tid, int) {
-        float *tmp = s_.attn_group_tmp.data() + size_t(tid) * tmp_floats;
-        float *m = tmp + (tmp_floats - 2 * size_t(group)), *l = m + group;
-        for (size_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < items.size();) {
-            const ForwardScratch::AttnItem &it = items[j];
-            const size_t base = size_t(seq_ids[it.row]) * size_t(n_ctx_);
-            const float *q = s_.q.data() + it.row * hp.n_embd_q() + int64_t(it.hkv) * group * hd_k;
-            const uint16_t *k = kc + base * size_t(dk) + size_t(it.hkv * hd_k);
-            const uint16_t *v = vc + base * size_t(dv) + size_t(it.hkv * hd_v);
-            if (it.part >= 0) {
-                float *p = s_.attn_part.data() + size_t(it.part) * part_stride;
-                attend_group(q, size_t(hd_k), group, k, size_t(dk), v, size_t(dv), it.k0, it.k1, hd_k, hd_v, p,
-                             p + group, p + 2 * group, size_t(hd_v), tmp);
-                continue;
-            }
-            float *o = s_.attn.data() + it.row * n_embd_attn + int64_t(it.hkv) * group * hd_v;
-            attend_group(q, size_t(hd_k), group, k, size_t(dk), v, size_t(dv), it.k0, it.k1, hd_k, hd_v, m, l, o,
-                         size_t(hd_v), tmp);
-            for (int g = 0; g < group; ++g) {
-                const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-                for (int64_t d = 0; d < hd_v; ++d) o[g * hd_v + d] *= inv;
-            }
-        }
-    });
     if (splits.empty()) return;
-    pool.parallel_for(splits.size() * size_t(group), [&](size_t begin, size_t end, int) {
-        for (size_t job = begin; job < end; ++job) {
-            const ForwardScratch::AttnSplit &sp = splits[job / size_t(group)];
-            const int g = int(job % size_t(group));
-            const float *p = s_.attn_part.data() + size_t(sp.first_part) * part_stride;
-            attend_merge(int(sp.n_parts), p + g, p + group + g, p + 2 * group + g * hd_v, part_stride, hd_v,
-                         s_.attn.data() + sp.row * n_embd_attn + (int64_t(sp.hkv) * group + g) * hd_v);
-        }
+    // Merged per (row, KV head, query head), in part order; a decode step's few merges stay on
+    // this thread (a pool hand-over would cost more).
+    const size_t ml = size_t(group) * size_t(hd_v);  // offset of m in a part
+    for_each_row(model_.pool(), int64_t(splits.size()) * group, 64, [&](int64_t job) {
+        const ForwardScratch::AttnSplit &sp = splits[size_t(job / group)];
+        const int g = int(job % group);
+        const float *p = s_.attn_part.data() + size_t(sp.first_part) * part_stride;
+        attn_merge(int(sp.n_parts), p + ml + g, p + ml + group + g, part_stride, p + size_t(g) * size_t(hd_v), part_stride,
+                   hd_v, s_.attn.data() + sp.row * attn_row + (int64_t(sp.hkv) * group + g) * hd_v);
     });
 }
 

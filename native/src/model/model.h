@@ -208,6 +208,7 @@ struct ForwardScratch {
         int64_t row0, cost;  // first batch row; keys read by the job (for longest-first order)
         int n_rows, head_kv;
         int head0, n_heads;  // the group's query heads [head0, head0 + n_heads) of head_kv
+        int64_t part;        // -1: the rows' whole key ranges; else one row's key range attn_part_lo/hi[part]
     };
     std::vector<AttnJob> attn_jobs;            // [<= n_batch · n_head]
     MatmulScratch mm;
@@ -220,21 +221,20 @@ struct ForwardScratch {
     // decompressed attention output [n_batch][n_head·v_head_dim], one matmul scratch per thread.
     std::vector<float> mla_q_a, mla_q, mla_heads, mla_v;
     std::vector<MatmulScratch> mm_thread;
-    // Grouped attention (all query heads of a kv head at once; used for MLA): work items (a row's
-    // kv head over a key range), the rows split over several ranges, their partial softmax states,
-    // per-thread tiles and states.
-    struct AttnItem {
-        int64_t row, k0, k1, part;  // part: slot in attn_part, -1: the range is the whole row
-        int hkv;
-    };
+    // Decode over long contexts (Context::attention): rows whose keys are split into ranges, the
+    // ranges [lo, hi) and their partial results [n_part][group·(head_dim_v + 2)]: o, m, l per head.
     struct AttnSplit {
         int64_t row, first_part, n_parts;
         int hkv;
     };
-    std::vector<AttnItem> attn_items;
+    struct AttnRange {
+        int64_t i, e;                  // the block's rows [i, e)
+        int64_t first_part, n_chunks;  // -1, 1: whole rows; else one row's parts (all KV heads)
+    };
     std::vector<AttnSplit> attn_splits;
-    std::vector<float> attn_part;       // [n_part][group·(2 + head_dim_v)]: m, l, o per head
-    std::vector<float> attn_group_tmp;  // [n_threads][attend_group_tmp_floats + 2·group]
+    std::vector<AttnRange> attn_ranges;
+    std::vector<int64_t> attn_part_lo, attn_part_hi;
+    std::vector<float> attn_part;
 };
 
 class Context {
@@ -278,8 +278,6 @@ public:
 
 private:
     void forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits);
-    void attention_grouped(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n, const uint16_t *kc,
-                           int64_t dk, const uint16_t *vc, int64_t dv);
     void check_seq(int seq_id, const char *what) const;
 
     const Model &model_;

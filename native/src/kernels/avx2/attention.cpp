@@ -69,12 +69,11 @@ void pv_chunk(float *acc, float correction, const float *p, const float *vf, siz
     for (int i = 0; i < NV; ++i) _mm256_storeu_ps(acc + 8 * i, o[i]);
 }
 
-void pv(float *acc, int64_t hdv, float correction, const float *p, const float *vf, int a, int e) {
+void pv(float *acc, int64_t hdv, float correction, const float *p, const float *vf, size_t ldv, int a, int e) {
     for (int64_t d0 = 0; d0 < hdv; d0 += 64) {
         const int nv = int(min64(64, hdv - d0) / 8);
         float *ac = acc + d0;
         const float *vc = vf + d0;
-        const size_t ldv = size_t(hdv);
         switch (nv) {
             case 1: pv_chunk<1>(ac, correction, p, vc, ldv, a, e); break;
             case 2: pv_chunk<2>(ac, correction, p, vc, ldv, a, e); break;
@@ -105,7 +104,10 @@ void attend_block(const AttnBlock &b, float *scratch) {
         return;
     }
     const AttnScratchLayout lay = attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv);
-    float *kf = scratch + lay.kf, *vf = scratch + lay.vf, *sc = scratch + lay.s;
+    // Values that are the leading entries of the key rows (MLA's latent) are read from the K tile.
+    const bool v_in_k = b.v == b.k && b.v_stride == b.k_stride && hdv <= hdk;
+    float *kf = scratch + lay.kf, *vf = v_in_k ? kf : scratch + lay.vf, *sc = scratch + lay.s;
+    const size_t ldv = size_t(v_in_k ? hdk : hdv);
     float *mx = scratch + lay.m, *sum = scratch + lay.l, *acc = scratch + lay.acc;
     const int nq = b.n_rows * b.n_group;
     int64_t lo_min = b.lo[0], hi_max = b.hi[0];
@@ -127,7 +129,7 @@ void attend_block(const AttnBlock &b, float *scratch) {
         std::memset(kf + za * hdk, 0, sizeof(float) * size_t((ta - t0 - za) * hdk));
         std::memset(kf + (tb - t0) * hdk, 0, sizeof(float) * size_t((zb - (tb - t0)) * hdk));
         convert_rows(b.k, b.k_stride, ta, tb, hdk, kf + (ta - t0) * hdk);
-        convert_rows(b.v, b.v_stride, ta, tb, hdv, vf + (ta - t0) * hdv);
+        if (!v_in_k) convert_rows(b.v, b.v_stride, ta, tb, hdv, vf + (ta - t0) * hdv);
         for (int r = 0; r < b.n_rows; ++r) {
             const int64_t a64 = max64(t0, b.lo[r]), e64 = min64(t0 + kAttnTile, b.hi[r]);
             if (a64 >= e64) continue;
@@ -162,7 +164,7 @@ void attend_block(const AttnBlock &b, float *scratch) {
                 }
                 sum[qi] = sum[qi] * correction + hsum(psum);
                 mx[qi] = m_new;
-                pv(acc + size_t(qi) * size_t(hdv), hdv, correction, s, vf, a, e);
+                pv(acc + size_t(qi) * size_t(hdv), hdv, correction, s, vf, ldv, a, e);
             }
         }
     }
@@ -173,6 +175,8 @@ void attend_block(const AttnBlock &b, float *scratch) {
             const float *a = acc + size_t(qi) * size_t(hdv);
             float *o = b.out + size_t(r) * b.out_row_stride + size_t(g) * size_t(hdv);
             for (int64_t d = 0; d < hdv; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), inv));
+            if (b.m_out) b.m_out[qi] = mx[qi];
+            if (b.l_out) b.l_out[qi] = sum[qi];
         }
 }
 

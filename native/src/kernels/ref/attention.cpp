@@ -11,7 +11,9 @@ namespace ktd::ref {
 
 namespace {
 
-void attend_query(const float *q, const AttnBlock &b, int64_t lo, int64_t hi, float *out, float *scores) {
+// Returns the query's max score and sum of exp(score - max) in *m_out, *l_out.
+void attend_query(const float *q, const AttnBlock &b, int64_t lo, int64_t hi, float *out, float *scores, float *m_out,
+                  float *l_out) {
     const int64_t hdk = b.head_dim_k, hdv = b.head_dim_v;
     float m = -INFINITY, sum = 0.0f;
     std::fill(out, out + hdv, 0.0f);
@@ -39,14 +41,21 @@ void attend_query(const float *q, const AttnBlock &b, int64_t lo, int64_t hi, fl
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int64_t d = 0; d < hdv; ++d) out[d] *= inv;
+    *m_out = m;
+    *l_out = sum;
 }
 
 void attend_block(const AttnBlock &b, float *scratch) {
     float *scores = scratch + attn_scratch_layout(b.n_rows, b.n_group, b.head_dim_k, b.head_dim_v).s;
     for (int r = 0; r < b.n_rows; ++r)
-        for (int g = 0; g < b.n_group; ++g)
+        for (int g = 0; g < b.n_group; ++g) {
+            const int qi = r * b.n_group + g;
+            float m, l;
             attend_query(b.q + size_t(r) * b.q_row_stride + size_t(g) * size_t(b.head_dim_k), b, b.lo[r], b.hi[r],
-                         b.out + size_t(r) * b.out_row_stride + size_t(g) * size_t(b.head_dim_v), scores);
+                         b.out + size_t(r) * b.out_row_stride + size_t(g) * size_t(b.head_dim_v), scores, &m, &l);
+            if (b.m_out) b.m_out[qi] = m;
+            if (b.l_out) b.l_out[qi] = l;
+        }
 }
 
 }  // namespace
