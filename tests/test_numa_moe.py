@@ -98,12 +98,19 @@ def test_logits_identical_to_one_node(tiny, fake_machine, arch, wtype, n_nodes, 
 
 
 def _dense_matrix_bytes(path) -> int:
-    """Bytes of the matrices that are not routed experts (token_embd only when it is the output)."""
+    """Bytes of the matrices that are not routed experts (token_embd only when it is the output),
+    as prepared: a repacked type's rows padded to whole row groups of the active kernels (a Q8_0
+    group is R rows of the same bytes; the AVX-512 layout has R = 16, AVX2 R = 8)."""
     tensors = GGUFReader(path).tensors
     has_output = any(t.name == "output.weight" for t in tensors)
-    return sum(int(t.n_bytes) for t in tensors
-               if len(t.shape) >= 2 and not t.name.endswith("_exps.weight")
-               and not (has_output and t.name == "token_embd.weight"))
+    total = 0
+    for t in tensors:
+        if len(t.shape) < 2 or t.name.endswith("_exps.weight") or (has_output and t.name == "token_embd.weight"):
+            continue
+        rows = int(np.prod(t.shape[1:]))
+        r = _native.kernels.repack_rows(t.tensor_type.name) if t.tensor_type.name == "Q8_0" else 0
+        total += int(t.n_bytes) if r == 0 else -(-rows // r) * r * (int(t.n_bytes) // rows)
+    return total
 
 
 @pytest.mark.parametrize("arch, wtype", [("qwen2moe", "F32"), ("deepseek2", "Q8_0")])
@@ -112,7 +119,7 @@ def test_replicate_gives_every_node_a_full_copy(tiny, fake_machine, arch, wtype)
     m = _native.Model(path, n_threads=2, pin=False, numa_dense="replicate", **_placement(fake_machine(2), 2))
     mem = m.memory
     assert mem["dense_policy"] == "replicate"
-    # Q8_0 repacks to the same bytes and F32 is copied: each copy is exactly the dense matrices.
+    # Q8_0 repacks to the same bytes per row and F32 is copied: each copy is exactly the dense matrices.
     assert [n["dense_copy_bytes"] for n in mem["nodes"]] == [_dense_matrix_bytes(path)] * 2
     if 1 not in _real_nodes():
         assert "copy on node 1: NUMA placement not applied" in mem["dense_note"]
