@@ -17,7 +17,6 @@ follows the fake topology all the same, which is what makes the identity test me
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -29,6 +28,7 @@ from gguf import GGUFReader
 from ktd import _native
 from ktd.engine import Engine
 from models import synthetic_moe as S
+from test_moe_forward import tiny_k  # noqa: F401  (fixture: tiny Q4_K_M MoE files)
 from test_topology import make_sysfs
 
 N_TOKENS = 20
@@ -128,29 +128,10 @@ def test_replicate_gives_every_node_a_full_copy(tiny, fake_machine, arch, wtype)
     assert all(n["dense_copy_bytes"] == 0 for n in m1.memory["nodes"])
 
 
-@pytest.fixture(scope="module")
-def tiny_k(tmp_path_factory):
-    """Tiny models widened to 256 and quantized to Q4_K_M by llama.cpp (Q4_K, Q5_K, Q6_K, Q8_0, F16
-    mixed: experts repacked in K-quant layouts, several activation formats)."""
-    pytest.importorskip("llama_cpp", reason="Q4_K_M needs llama.cpp's quantizer (tools/oracle.sh installs it)")
-    root = tmp_path_factory.mktemp("numa_k")
-    cache: dict = {}
-
-    def get(arch: str):
-        if arch not in cache:
-            cfg = dataclasses.replace(S.config(arch), n_embd=256, n_head=4, n_embd_head=64, n_ff=256,
-                                      n_ff_exp=256 if arch != "llama" else 0,
-                                      n_ff_shexp=256 if arch == "qwen2moe" else 0)
-            cache[arch] = str(S.make_model(arch, root / f"{arch}-q4_k_m.gguf", wtype="Q4_K_M", cfg=cfg))
-        return cache[arch]
-
-    return get
-
-
 @pytest.mark.parametrize("n_nodes", [2, 4])
 @pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe", "llama"])
 def test_k_quant_logits_identical_to_one_node(tiny_k, fake_machine, arch, n_nodes):
-    path = tiny_k(arch)
+    path = str(tiny_k(arch))
     one = _logits(path, threads=n_nodes)
     sharded = _logits(path, threads=n_nodes, **_placement(fake_machine(n_nodes), n_nodes))
     np.testing.assert_array_equal(sharded, one)
