@@ -1,4 +1,5 @@
-"""ktd.sampling against an independent, straightforward implementation of the same definitions."""
+"""ktd.sampling (the native sampler, ktd._native.sampling) against independent, straightforward
+implementations of the same definitions: plain Python, full sorts in float64, float64 e^x."""
 
 from __future__ import annotations
 
@@ -8,16 +9,52 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ktd.sampling import (Generation, Sampler, SamplingParams, StopMatcher, apply_penalties, candidates,
-                          draw, top_k_indices)
+from ktd import _native
+from ktd.sampling import Generation, Sampler, SamplingParams, StopMatcher, candidates, draw
 
 
 def as_dist(idx, w) -> dict[int, float]:
     """candidates() output as {token: probability}."""
-    if idx is None:
-        idx = np.arange(w.shape[0])
     total = float(np.sum(w, dtype=np.float64))
     return {int(t): float(v) / total for t, v in zip(idx, w)}
+
+
+def apply_penalties(logits: np.ndarray, window, p: SamplingParams) -> np.ndarray:
+    """The penalties in numpy (llama.cpp semantics), rounded as documented: the repeat penalty in
+    float32, the presence/frequency terms in float64, the result in float32."""
+    out = logits.copy()
+    if not len(window):
+        return out
+    ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+    ok = (ids >= 0) & (ids < logits.shape[0])
+    ids, counts = ids[ok], counts[ok]
+    v = logits[ids]
+    if p.repeat_penalty != 1.0:
+        rp = np.float32(p.repeat_penalty)
+        v = np.where(v > 0, v / rp, v * rp).astype(np.float32)
+    out[ids] = (v.astype(np.float64) - counts * p.frequency_penalty - p.presence_penalty).astype(np.float32)
+    return out
+
+
+def native_args(p: SamplingParams) -> tuple:
+    return (p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
+
+
+def native_candidates(logits, p: SamplingParams, isa: str | None = None):
+    """(ids, weights, top_p_path) of the native sampler, no penalties."""
+    return _native.sampling.candidates(logits, np.zeros(0, np.int64), *native_args(p), isa=isa)
+
+
+def native_weights(logits, p: SamplingParams):
+    """The native weights before top-p/min-p (ids ascending, w > 0): what the filters cut from."""
+    ids, w, _ = native_candidates(logits, SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=1.0,
+                                                         min_p=0.0))
+    return ids, w
+
+
+def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """The native top-k (ids ascending) through candidates(); a huge temperature keeps every weight > 0."""
+    return candidates(x, [], SamplingParams(temperature=100.0, top_k=k, top_p=1.0, min_p=0.0))[0]
 
 
 def reference_distribution(logits, history, p: SamplingParams) -> dict[int, float]:
@@ -78,8 +115,7 @@ def test_candidates_match_reference(p, n_vocab):
     if p.temperature == 0:
         assert Sampler(p).sample(logits, history) == next(iter(ref))
         return
-    window = history[-p.penalty_last_n:]
-    got = as_dist(*candidates(apply_penalties(logits, window, p), p))
+    got = as_dist(*candidates(logits, history, p))
     assert set(got) == set(ref)
     for t, v in ref.items():
         assert got[t] == pytest.approx(v, rel=1e-5, abs=1e-9)
@@ -105,7 +141,7 @@ def test_large_vocab_probe_path_matches_reference():
         logits = (rng.standard_normal(5000) * scale).astype(np.float32)
         p = SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0)
         ref = reference_distribution(logits, [], p)
-        got = as_dist(*candidates(logits, p))
+        got = as_dist(*candidates(logits, [], p))
         assert set(got) == set(ref)
         assert max(abs(got[t] - ref[t]) for t in ref) < 1e-6
 
@@ -323,21 +359,6 @@ def test_sampled_tokens_identical_to_reference(kind, p, n_vocab):
     assert rounding <= 1
 
 
-@pytest.mark.parametrize("kind", ["flat", "peaked", "ties", "stride"])
-@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
-def test_nucleus_candidates_hold_the_nucleus(kind, top_p):
-    # whichever guess (or the fallback) is taken, the candidates contain the exact nucleus
-    from ktd.sampling import _nucleus_candidates
-    for row in _logit_rows(kind, 151936, 3, seed=int(top_p * 100)):
-        w = np.exp(row - row.max()).astype(np.float32)
-        total = float(w.sum(dtype=np.float64))
-        order = np.lexsort((np.arange(w.shape[0]), -w.astype(np.float64)))
-        cut = int(np.searchsorted(np.cumsum(w[order], dtype=np.float64), top_p * total, side="left")) + 1
-        cand = _nucleus_candidates(w, top_p, total)
-        assert (np.diff(cand) > 0).all()
-        assert set(order[:cut].tolist()) <= set(cand.tolist())
-
-
 def test_penalties_leave_the_callers_logits_unchanged():
     rng = np.random.default_rng(3)
     logits = (rng.standard_normal(50000) * 3).astype(np.float32)
@@ -352,30 +373,21 @@ def test_penalties_leave_the_callers_logits_unchanged():
 
 
 def sorted_prefix_candidates(logits, p: SamplingParams):
-    """candidates() as the previous implementation defined it, on the whole vocabulary: the same
-    float32 weights, then one stable sort of (weight desc, id asc) pairs, the float64 running sum
-    in that order, the first position where it reaches top_p of the total, min-p; ids ascending.
-    The running sum is the same sequence of additions as in any exact implementation, so the
-    result must be identical, not merely close."""
-    n = logits.shape[0]
-    if 0 < p.top_k < n:
-        idx = top_k_indices(logits, p.top_k)
-        xs = logits[idx].astype(np.float64) / p.temperature
-        w = np.exp(xs - xs.max()).astype(np.float32)
-    else:
-        idx = np.arange(n)
-        w = np.multiply(logits, np.float32(1.0 / p.temperature), dtype=np.float32)
-        np.subtract(w, w.max(), out=w)
-        np.exp(w, out=w)
+    """candidates() by the definition, on the native weights: one stable sort of (weight desc, id
+    asc) pairs, the float64 running sum in that order, the first position where it reaches top_p of
+    the total, then min-p; ids ascending. The running sum is the same sequence of additions as in
+    any exact implementation, so the result must be identical, not merely close. (The weights
+    themselves are checked against float64 e^x in test_weights_are_exp_to_a_few_ulp.)"""
+    idx, w = native_weights(logits, p)
     if p.top_p < 1.0:
         total = float(w.sum(dtype=np.float64))
         order = np.lexsort((idx, -w.astype(np.float64)))
         cum = np.cumsum(w[order], dtype=np.float64)
-        keep = min(int(np.searchsorted(cum, p.top_p * total, side="left")) + 1, n)
+        keep = min(int(np.searchsorted(cum, p.top_p * total, side="left")) + 1, w.shape[0])
         chosen = np.sort(order[:keep])
         idx, w = idx[chosen], w[chosen]
     if p.min_p > 0.0:
-        m = w >= p.min_p * float(w.max())
+        m = w >= np.float32(p.min_p * float(w.max()))
         idx, w = idx[m], w[m]
     return idx, w
 
@@ -397,44 +409,33 @@ def _many_distributions(n: int, seed: int):
 @pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.99, 0.999])
 def test_top_p_identical_to_the_sorted_prefix(n_vocab, top_p):
     """Exact equality (ids and float32 weights) with the full sort on flat, peaked, tied and
-    structured distributions; the band shortcut must actually be taken on the flat ones."""
-    import ktd.sampling as sampling
-    taken = 0
-    real = sampling._nucleus_by_band
-
-    def counting(*args):
-        nonlocal taken
-        out = real(*args)
-        taken += out is not None
-        return out
-
-    sampling._nucleus_by_band = counting
-    try:
-        for k, (name, x) in enumerate(_many_distributions(n_vocab, seed=int(top_p * 1000) + n_vocab)):
-            logits = x.astype(np.float32)
-            for p in (SamplingParams(temperature=0.8, top_k=0, top_p=top_p, min_p=0.0),
-                      SamplingParams(temperature=1.7, top_k=0, top_p=top_p, min_p=0.02),
-                      SamplingParams(temperature=1.0, top_k=5000, top_p=top_p, min_p=0.0)):
-                idx, w = candidates(logits, p)
-                if idx is None:
-                    idx = np.arange(n_vocab)
-                ref_idx, ref_w = sorted_prefix_candidates(logits, p)
-                assert np.array_equal(idx, ref_idx), (name, p)
-                assert np.array_equal(w, ref_w), (name, p)
-    finally:
-        sampling._nucleus_by_band = real
-    if top_p >= 0.5:
-        assert taken >= 8  # the flat normals: the test covers the band path, not only the fallback
+    structured distributions; both searches (among the heavy weights and in the tail) must
+    actually be taken, not only the full-sort fallback."""
+    paths = []
+    for name, x in _many_distributions(n_vocab, seed=int(top_p * 1000) + n_vocab):
+        logits = x.astype(np.float32)
+        for p in (SamplingParams(temperature=0.8, top_k=0, top_p=top_p, min_p=0.0),
+                  SamplingParams(temperature=1.7, top_k=0, top_p=top_p, min_p=0.02),
+                  SamplingParams(temperature=1.0, top_k=5000, top_p=top_p, min_p=0.0)):
+            idx, w, path = native_candidates(logits, p)
+            paths.append(path)
+            ref_idx, ref_w = sorted_prefix_candidates(logits, p)
+            assert np.array_equal(idx, ref_idx), (name, p)
+            assert np.array_equal(w, ref_w), (name, p)
+    assert "heavy" in paths
+    if top_p >= 0.9:
+        assert "tail" in paths
+    assert paths.count("sort") <= 6  # only exact boundary hits (the uniform and two-level rows)
 
 
-def test_top_p_band_falls_back_when_the_target_sits_on_a_boundary():
+def test_top_p_falls_back_to_the_sort_when_the_target_sits_on_a_boundary():
     # 150000 equal weights, top_p 0.5: the running sum hits the target exactly at token 74999,
-    # within rounding of a boundary, so the band must decline and the exact path decide
-    from ktd.sampling import _nucleus_by_band, _sorted_sample
-    w = np.ones(150000, np.float32)
-    assert _nucleus_by_band(w, _sorted_sample(w), 0.5, 150000.0) is None
-    idx, wk = candidates(np.zeros(150000, np.float32), SamplingParams(top_k=0, top_p=0.5, min_p=0.0))
-    assert np.array_equal(idx, np.arange(75000)) and np.all(wk == 1.0)  # ties go to the lower ids
+    # within rounding of a boundary, so the search must decline and the exact sort decide;
+    # ties go to the lower ids
+    idx, w, path = native_candidates(np.zeros(150000, np.float32),
+                                     SamplingParams(top_k=0, top_p=0.5, min_p=0.0))
+    assert path == "sort"
+    assert np.array_equal(idx, np.arange(75000)) and np.all(w == 1.0)
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 3.0])
@@ -464,3 +465,125 @@ def test_sampling_bench_runs_every_mode_and_shape(capsys):
     assert {(r["mode"], r["shape"]) for r in rows} == {(m, s) for m in bench.MODES for s in bench.SHAPES}
     assert all(r["ms"] >= 0 and r["share_of_step"] is None for r in rows)
     assert "top-p 0.95" in capsys.readouterr().out
+
+
+def test_weights_are_exp_to_a_few_ulp():
+    # the documented weights: w = e^d with d = float32(float32(x · float32(1/T)) − max), to a few
+    # ulp of float64 e^d (the Cephes polynomial); exactly 0 below e^-87.34; the best token's is 1
+    rng = np.random.default_rng(11)
+    for scale, t in ((3.0, 0.8), (30.0, 0.37), (0.5, 1.9)):
+        x = (rng.standard_normal(151936) * scale).astype(np.float32)
+        ids, w = native_weights(x, SamplingParams(temperature=t, top_k=0))
+        y = x * np.float32(1.0 / t)
+        d = (y - y.max()).astype(np.float32)
+        want = np.where(d < np.float32(-87.33654), 0.0, np.exp(d.astype(np.float64)))
+        assert np.array_equal(ids, np.flatnonzero(want > 0))
+        assert np.max(np.abs(w / want[ids] - 1.0)) < 4 * 2.0 ** -23
+        assert w.max() == 1.0 and w[np.argmax(y[ids])] == 1.0
+    # over the top-k tokens: float32 of the float64 e^(x/T − max)
+    x = (rng.standard_normal(151936) * 3).astype(np.float32)
+    ids, w = native_weights(x, SamplingParams(temperature=0.7, top_k=500))
+    xs = x[ids].astype(np.float64) / 0.7
+    assert np.array_equal(ids, np.sort(np.argsort(-x, kind="stable")[:500]))
+    assert np.allclose(w, np.exp(xs - xs.max()).astype(np.float32), rtol=2.0 ** -23, atol=0)
+
+
+def _supported_sampling_isas() -> list[str]:
+    K = _native.kernels
+    return [i for i in _native.sampling.kernel_isas() if K.isa_supported(i)]
+
+
+@pytest.mark.parametrize("n_vocab", [7, 1001, 151935])
+def test_every_isa_gives_the_same_bits(n_vocab):
+    """Seeded token streams do not depend on the machine: the reference and every SIMD ISA give
+    the same candidates (ids, float32 weights, and the same search path) and the same draws."""
+    isas = _supported_sampling_isas()
+    if len(isas) < 2:
+        pytest.skip(f"only {isas} sampling kernels run on this CPU: nothing to compare")
+    rng = np.random.default_rng(n_vocab)
+    rows = [(rng.standard_normal(n_vocab) * s).astype(np.float32) for s in (0.3, 1.0, 3.0)]
+    rows.append((-2.0 * np.log(rng.permutation(n_vocab) + 1.0)).astype(np.float32))
+    rows.append(np.repeat(np.round(rng.standard_normal(n_vocab // 8 + 1), 1), 8)[:n_vocab].astype(np.float32))
+    window = np.asarray(rng.integers(0, n_vocab, 32), np.int64)
+    params = [SamplingParams(top_k=0, top_p=1.0, min_p=0.0), SamplingParams(top_k=0, min_p=0.0),
+              SamplingParams(top_k=0, top_p=0.5, min_p=0.05, temperature=1.3), SamplingParams(),
+              SamplingParams(top_k=0, top_p=0.9, min_p=0.0, repeat_penalty=1.2, presence_penalty=0.3)]
+    us = rng.random(16)
+    for x in rows:
+        for p in params:
+            results = []
+            for isa in isas:
+                c = _native.sampling.candidates(x, window, *native_args(p), isa=isa)
+                tokens = [_native.sampling.sample(x, window, *native_args(p), float(u), isa=isa) for u in us]
+                results.append((c[0].tobytes(), c[1].tobytes(), c[2], tokens))
+            assert all(r == results[0] for r in results[1:]), (isas, p)
+    w = rng.random(n_vocab).astype(np.float32)
+    assert len({tuple(_native.sampling.draw(w, float(u), isa=i) for u in us) for i in isas}) == 1
+
+
+@pytest.mark.parametrize("isa", [None, "ref"])
+def test_logits_without_a_distribution_are_a_clear_error(isa):
+    if isa and isa not in _supported_sampling_isas():
+        pytest.skip(f"no {isa} sampling kernels")
+    s = _native.sampling
+    x = np.zeros(100, np.float32)
+    none = np.zeros(0, np.int64)
+    for bad, msg in ((np.nan, "NaN"), (np.inf, r"\+inf")):
+        y = x.copy()
+        y[37] = bad
+        for t in (0.0, 1.0):
+            with pytest.raises(ValueError, match=msg):
+                s.sample(y, none, t, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, isa=isa)
+    with pytest.raises(ValueError, match="no logit is finite"):
+        s.sample(np.full(100, -np.inf, np.float32), none, 1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, isa=isa)
+    # -inf logits (masked tokens) are fine and never drawn
+    y = np.full(100, -np.inf, np.float32)
+    y[[3, 50, 99]] = [1.0, 2.0, 1.5]
+    drawn = {s.sample(y, none, 1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, float(u), isa=isa) for u in np.linspace(0, 0.999, 50)}
+    assert drawn == {3, 50, 99}
+
+
+def test_native_arguments_are_checked():
+    s = _native.sampling
+    x = np.zeros(10, np.float32)
+    none = np.zeros(0, np.int64)
+    for args, msg in (((1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0), "u must be"),
+                      ((1.0, 0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.5), "top_p"),
+                      ((1.0, -1, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5), "top_k"),
+                      ((-1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5), "temperature"),
+                      ((1.0, 0, 1.0, 1.5, 1.0, 0.0, 0.0, 0.5), "min_p"),
+                      ((1.0, 0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.5), "repeat_penalty")):
+        with pytest.raises(ValueError, match=msg):
+            s.sample(x, none, *args)
+    with pytest.raises(ValueError, match="1-D"):
+        s.sample(np.zeros((2, 5), np.float32), none, 1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5)
+    with pytest.raises(ValueError, match="n_vocab"):
+        s.sample(np.zeros(0, np.float32), none, 1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5)
+    with pytest.raises(ValueError, match="all weights are 0"):
+        s.draw(np.zeros(5, np.float32), 0.5)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        s.draw(np.array([1.0, -1.0], np.float32), 0.5)
+
+
+def test_tiny_temperature_is_the_greedy_limit():
+    # 1/T overflows float32: the argmax (first of equals), the limit of the distribution
+    p = SamplingParams(temperature=1e-40, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    s = Sampler(p)
+    assert {s.sample(np.array([0.5, 3.0, -1.0, 3.0], np.float32), []) for _ in range(5)} == {1}
+    # over the top-k tokens the weights are computed in float64, where x/T is still finite
+    p = SamplingParams(temperature=1e-40, top_k=2, top_p=1.0, min_p=0.0, seed=1)
+    s = Sampler(p)
+    assert {s.sample(np.array([0.5, 3.0, -1.0, 2.9], np.float32), []) for _ in range(5)} == {1}
+
+
+def test_window_ids_outside_the_vocabulary_are_ignored():
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(5000) * 2).astype(np.float32)
+    p = SamplingParams(top_k=0, top_p=0.9, min_p=0.0, repeat_penalty=1.5, presence_penalty=1.0,
+                       frequency_penalty=0.5)
+    window = [-1, 5000, 10 ** 12, 7, 7, 9]
+    ids, w = candidates(x, window, p)
+    ref = reference_distribution(x, [7, 7, 9], SamplingParams(**{**p.__dict__, "penalty_last_n": 3}))
+    got = as_dist(ids, w)
+    assert set(got) == set(ref)
+    assert max(abs(got[t] - ref[t]) for t in ref) < 1e-6

@@ -1,23 +1,25 @@
 """Token sampling and the per-sequence stop logic (eos, stop strings, max tokens).
 
-Pure numpy, no engine dependency. Shapes: ``logits`` is float32 ``[n_vocab]`` (one row of an
-engine forward). The filter order is fixed and documented (docs/PROTOCOL.md, generate):
+Shapes: ``logits`` is float32 ``[n_vocab]`` (one row of an engine forward). The filter order is
+fixed and documented (docs/PROTOCOL.md, generate):
 
     penalties (window of the last ``penalty_last_n`` tokens of prompt + output)
-    → temperature (0 = greedy: argmax of the penalised logits)
+    → temperature (0 = greedy: argmax of the penalised logits, the lowest id of equals)
     → top-k → softmax → top-p (nucleus) → min-p → seeded draw
 
-The draw is defined independently of how the candidates are found: the kept tokens in
-increasing id order, inverse CDF at one ``rng.random()`` per token; ties in the filters go to
-the lower id. So any exact implementation gives the same tokens for the same seed.
+Definitions (ktd._native.sampling implements them, native/src/sampling/sampler.h): the order of
+every filter is decreasing logit (weight), equal ones by increasing id. Top-k keeps the first k
+of that order of the penalised logits. The weights are w = e^(x·(1/T) − max) in float32 over
+the whole vocabulary (e^x to ~2 ulp, 0 below e^-87.3), or over the top-k tokens float32 of
+e^(x/T − max) computed in float64; the best token has w = 1. Top-p keeps the shortest prefix of
+the order whose float64 running sum reaches top_p of the total; min-p keeps w >= float32(min_p).
+The draw takes the kept tokens in increasing id order and the first whose cumulative weight
+exceeds u · (their total), for one ``rng.random()`` u per token. So the same seed gives the same
+tokens, on any ISA (the native passes are bit-identical across ISAs).
 
-Cost matters: at n_vocab = 152k a decode step is tens of milliseconds and sampling must stay
-under 2 % of it, so nothing sorts the whole vocabulary in the common cases: top-k uses a
-sampled threshold and a small partition; top-p on a flat distribution sorts only a band of
-weights around the cut (a strided sample brackets it), on a peaked one a candidate set
-{w >= tau} whose mass is checked to hold the nucleus, and in both only the weights, not
-(weight, id) pairs; the draw uses a two-level cumulative sum. ``python -m ktd.bench.sampling``
-measures every mode as a share of a real decode step.
+Cost matters: at n_vocab = 152k a decode step is ~20 ms and sampling must stay under 2 % of it.
+The native sampler makes a few vector passes over the vocabulary and sorts nothing in the common
+cases; ``python -m ktd.bench.sampling`` measures every mode as a share of a real decode step.
 """
 
 from __future__ import annotations
@@ -28,12 +30,9 @@ from typing import Protocol
 
 import numpy as np
 
-_NUCLEUS_PROBE = 1024  # first top-p guess: the nucleus lies in the 1024 most likely tokens
-_DRAW_BLOCK = 1024     # block size of the two-level draw
-_TOPK_SAMPLE_MIN_N = 16384  # top-k by a sampled threshold from this vocabulary size on
-_TOPK_STRIDE = 37      # prime sample stride, so it does not align with structure in token ids
-_BAND_MIN_N = 16384    # top-p over the whole vocabulary by a bracketed band from this size on
-_BAND_MIN_RANK = 256   # ... when the nucleus reaches this rank of the strided sample (~9.5k tokens)
+from ktd import _native
+
+_EMPTY_WINDOW = np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True)
@@ -70,259 +69,31 @@ class SamplingParams:
                 raise ValueError(f"{name} must be finite")
 
 
-def penalised_values(logits: np.ndarray, window: Sequence[int],
-                     p: SamplingParams) -> tuple[np.ndarray, np.ndarray] | None:
-    """(ids, new logits of those ids) for the tokens the penalties change, or None when no
-    penalty applies. ``window``: recent token ids (out-of-vocabulary ids are ignored)."""
-    if not window or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
-                      and p.frequency_penalty == 0.0):
-        return None
-    ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
-    ok = (ids >= 0) & (ids < logits.shape[0])
-    ids, counts = ids[ok], counts[ok]
-    v = logits[ids]
-    if p.repeat_penalty != 1.0:
-        v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
-    return ids, (v - counts * p.frequency_penalty - p.presence_penalty).astype(logits.dtype)
+def _args(p: SamplingParams) -> tuple:
+    return (p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.presence_penalty,
+            p.frequency_penalty)
 
 
-def apply_penalties(logits: np.ndarray, window: Sequence[int], p: SamplingParams) -> np.ndarray:
-    """Return penalised logits (a copy when anything changes). ``window``: recent token ids."""
-    change = penalised_values(logits, window, p)
-    if change is None:
-        return logits
-    out = logits.copy()
-    out[change[0]] = change[1]
-    return out
+def _window(history: Sequence[int], p: SamplingParams) -> np.ndarray:
+    """The penalty window as int64 (ids outside the vocabulary are ignored by the sampler)."""
+    if p.penalty_last_n == 0 or not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
+                                                and p.frequency_penalty == 0.0):
+        return _EMPTY_WINDOW
+    return np.asarray(history[-p.penalty_last_n:], dtype=np.int64)
 
 
-def _top_k_of(x: np.ndarray, cand: np.ndarray, k: int) -> np.ndarray:
-    """The k largest of ``x[cand]`` (``cand``: ascending ids, len >= k), ties at the k-th value
-    resolved to the lowest ids; ascending ids."""
-    vals = x[cand]
-    m = vals.shape[0]
-    if m == k:
-        return cand
-    kth = np.partition(vals, m - k)[m - k]
-    above = vals > kth
-    n_tied = k - int(np.count_nonzero(above))
-    tied = np.flatnonzero(vals == kth)[:n_tied]
-    keep = above
-    keep[tied] = True
-    return cand[keep]
-
-
-def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the k largest entries of x [n], ascending; among equal values the lower ids first
-    (the order of ``sorted(range(n), key=lambda i: -x[i])``).
-
-    A full partition of 152k logits costs about a millisecond; instead a strided sample gives a
-    threshold that about 4k entries reach, one comparison pass collects them, and the small set
-    is partitioned. Exact: when at least k entries reach the threshold, the k largest are among
-    them; otherwise (an unlucky sample) the whole vocabulary is partitioned.
-    """
-    n = x.shape[0]
-    if n >= _TOPK_SAMPLE_MIN_N and k * 64 < n:
-        sample = x[::_TOPK_STRIDE]
-        m = sample.shape[0]
-        j = min(m - 1, 4 * k * m // n + 4)  # rank from the top of the sample
-        tau = np.partition(sample, m - 1 - j)[m - 1 - j]
-        cand = np.flatnonzero(x >= tau)
-        if k <= cand.shape[0] <= 64 * k:
-            return _top_k_of(x, cand, k)
-    return _top_k_of(x, np.arange(n), k)
-
-
-def _nucleus_of(ids: np.ndarray, w: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray]:
-    """The top-p nucleus of a set that holds it: (ids, weights) of the shortest prefix of the
-    (decreasing weight, then increasing id) order whose float64 running sum reaches ``target``
-    (all of them if none does), in increasing id order. ``ids`` ascending, ``w`` float32 >= 0.
-
-    Only the weights are sorted: equal weights are interchangeable in the running sum, so the
-    sorted values give the cut's weight v and how many of the tokens weighing exactly v it takes;
-    those are the lowest ids among them.
-    """
-    vals = np.sort(w)[::-1]
-    cum = np.cumsum(vals, dtype=np.float64)
-    keep = min(int(np.searchsorted(cum, target, side="left")) + 1, vals.shape[0])
-    v = vals[keep - 1]
-    n_tied = keep - int(np.count_nonzero(vals[:keep] > v))
-    return _take_above(ids, w, v, n_tied)
-
-
-def _take_above(ids: np.ndarray | None, w: np.ndarray, v: np.float32,
-                n_tied: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, weights) of the entries of ``w`` above ``v`` and the first ``n_tied`` equal to it,
-    in the given (ascending id) order; ``ids`` None: the positions are the ids."""
-    mask = w > v
-    if n_tied:
-        mask[np.flatnonzero(w == v)[:n_tied]] = True
-    kept = np.flatnonzero(mask)  # then take(): faster than boolean indexing at any density
-    return (kept if ids is None else ids.take(kept)), w.take(kept)
-
-
-def _nucleus_by_band(w: np.ndarray, sample: np.ndarray, top_p: float,
-                     total: float) -> tuple[np.ndarray, np.ndarray] | None:
-    """The top-p nucleus of the whole vocabulary ``w`` [n] (as ``_nucleus_of(arange(n), w,
-    top_p * total)`` gives it) without sorting it, or None when this shortcut does not apply.
-
-    For a flat distribution (the nucleus is tens of thousands of tokens) the sorted strided
-    ``sample`` (decreasing) brackets the cut's weight between two sample values t_lo <= t_hi;
-    everything above t_hi is certainly kept, and only the band [t_lo, t_hi] is sorted. The
-    running sum then starts from the mass above t_hi, summed in another order than the full
-    sort's running sum: both are within n·2^-53·total of the exact sums (sums of non-negative
-    terms), so wherever the target is further than twice that from the band's running sums at
-    the cut, the cut is the same token; otherwise (or when the bracket misses) None, and the
-    caller takes the exact path. Ties at t_hi stay in the band, so the tie rule is applied
-    there with all the tied ids.
-    """
-    n, m = w.shape[0], sample.shape[0]
-    target = top_p * total
-    margin = 4.0 * n * 2.0 ** -53 * total
-    cum_s = np.cumsum(sample, dtype=np.float64)
-    j = int(np.searchsorted(cum_s, top_p * float(cum_s[-1]), side="left"))
-    if j < _BAND_MIN_RANK:
-        return None  # a nucleus of a few thousand tokens: the candidate set is small to sort
-    # The estimate's relative rank error stays under ~1/sqrt(n_eff) for flat distributions
-    # (n_eff: the sample's effective size, (sum s)^2 / sum s^2), a few times that for heavy tails.
-    n_eff = float(cum_s[-1]) ** 2 / float(np.dot(sample, sample))
-    d = int(j * min(0.25, 3.0 / np.sqrt(n_eff))) + 8
-    t_hi, t_lo = sample[max(0, j - d)], sample[min(m - 1, j + d)]
-    above = w > t_hi
-    # multiply by the mask rather than index with it: a mask of random density makes boolean
-    # indexing branch-bound (several times slower)
-    s_hi = float(np.multiply(w, above, dtype=np.float32).sum(dtype=np.float64))
-    if not s_hi + margin < target:
-        return None
-    asc = np.sort(w.take(np.flatnonzero((w >= t_lo) & ~above)))
-    cum = np.cumsum(asc[::-1], dtype=np.float64)  # the band in decreasing order
-    cum += s_hi
-    i = int(np.searchsorted(cum, target, side="left"))
-    if i >= asc.shape[0] or cum[i] < target + margin or (cum[i - 1] if i else s_hi) > target - margin:
-        return None
-    v = asc[asc.shape[0] - 1 - i]
-    n_gt = asc.shape[0] - int(np.searchsorted(asc, v, side="right"))  # band entries above v
-    return _take_above(None, w, v, i + 1 - n_gt)
-
-
-def _sorted_sample(w: np.ndarray) -> np.ndarray:
-    """Every ``_TOPK_STRIDE``-th weight, in decreasing order."""
-    return np.sort(w[::_TOPK_STRIDE])[::-1]
-
-
-def _is_flat(sample: np.ndarray, n: int, total: float) -> bool:
-    """The strided sample carries at least half its share of the mass: many plausible tokens."""
-    return float(sample.sum(dtype=np.float64)) * n / sample.shape[0] >= 0.5 * total
-
-
-def _nucleus_candidates(w: np.ndarray, top_p: float, total: float,
-                        sample: np.ndarray | None = None) -> np.ndarray:
-    """Ascending ids of a set that holds the top-p nucleus of ``w`` [n] (float32, max 1): every
-    token of the (decreasing weight, then id) order up to where the mass reaches
-    ``top_p * total`` (``total`` = the sum of ``w``).
-
-    Any set {w >= tau} whose mass reaches the target holds it; each guess at tau costs one
-    checked pass. A sorted strided sample gives the guesses. If the sample carries its share of
-    the mass, the distribution is flat (thousands of plausible tokens) and the sample's own
-    estimate of the nucleus is used, with a margin, then a 4x wider one. Otherwise a few
-    tokens the sample missed hold the mass (peaked): first about the ``_NUCLEUS_PROBE`` most
-    likely tokens. If every guess falls short, all positive weights are candidates (exact,
-    slower). ``sample``: ``_sorted_sample(w)`` when the caller has it.
-    """
-    n = w.shape[0]
-    target = top_p * total
-    if n > 4 * _NUCLEUS_PROBE:
-        if sample is None:
-            sample = _sorted_sample(w)
-        m = sample.shape[0]
-        cum = np.cumsum(sample, dtype=np.float64)
-        # the sample's estimate of where the mass reaches a bit more than top_p, plus 25 % ranks
-        j = int(np.searchsorted(cum, (top_p + 0.25 * (1.0 - top_p)) * float(cum[-1]), side="left"))
-        j_mass = min(m - 1, j + j // 4 + 4)
-        guesses = [j_mass, min(m - 1, 4 * j_mass)]
-        if float(cum[-1]) * n / m < 0.5 * total:  # peaked (not _is_flat)
-            guesses.insert(0, min(m - 1, _NUCLEUS_PROBE * m // n))
-        for j in guesses:
-            cand = np.flatnonzero(w >= sample[j])
-            if float(w[cand].sum(dtype=np.float64)) >= target:
-                return cand
-    return np.flatnonzero(w)
-
-
-def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
-    """The tokens that may be drawn and their weights (probabilities up to a common factor).
-
-    ``logits`` float32 [n_vocab], already penalised; temperature > 0. Returns ``(idx, w)``:
-    token ids in ascending order and their weights; ``idx`` None means ``w`` is [n_vocab] (no
-    filter cut anything). Definitions (the order of every filter is decreasing logit, equal
-    logits by increasing id): top-k keeps the first k of that order of the penalised logits
-    (temperature does not change it); softmax of logit / temperature over those; top-p keeps
-    the shortest prefix whose mass reaches top_p of the total; min-p keeps weights >= min_p
-    times the largest. Without top-k the whole vocabulary is handled in place in float32
-    (scale, subtract the max, exp); nothing sorts the whole vocabulary.
-    """
-    n = logits.shape[0]
-    idx: np.ndarray | None
-    if 0 < p.top_k < n:
-        idx = top_k_indices(logits, p.top_k)
-        xs = logits[idx].astype(np.float64) / p.temperature
-        w = np.exp(xs - xs.max()).astype(np.float32)
-    else:
-        idx = None
-        w = np.multiply(logits, np.float32(1.0 / p.temperature), dtype=np.float32)
-        np.subtract(w, w.max(), out=w)
-        np.exp(w, out=w)  # max 1; far-below-max tokens underflow to exactly 0
-    if p.top_p < 1.0:
-        total = float(w.sum(dtype=np.float64))
-        target = p.top_p * total
-        if idx is not None:
-            idx, w = _nucleus_of(idx, w, target)
-        else:
-            kept, sample = None, None
-            if n > _BAND_MIN_N:
-                sample = _sorted_sample(w)
-                if _is_flat(sample, n, total):
-                    kept = _nucleus_by_band(w, sample, p.top_p, total)
-            if kept is None:
-                cand = _nucleus_candidates(w, p.top_p, total, sample)
-                kept = _nucleus_of(cand, w[cand], target)
-            idx, w = kept
-    if p.min_p > 0.0:
-        threshold = p.min_p * float(w.max())
-        if idx is None:
-            idx = np.flatnonzero(w >= threshold)
-            w = w[idx]
-        else:
-            keep_mask = w >= threshold
-            idx, w = idx[keep_mask], w[keep_mask]
-    return idx, w
+def candidates(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens a draw may return (weight > 0) and their weights (probabilities up to a common
+    factor): ``(ids int32 ascending, w float32)``; temperature > 0. ``history``: prompt + output
+    so far (the penalties look at its last ``penalty_last_n`` tokens)."""
+    ids, w, _ = _native.sampling.candidates(logits, _window(history, p), *_args(p))
+    return ids, w
 
 
 def draw(w: np.ndarray, u: float) -> int:
-    """Position j drawn with probability w[j] / sum(w), for u uniform in [0, 1): the first j
-    whose cumulative weight exceeds u * sum(w) (inverse CDF in the given order).
-
-    Two levels (sums of ``_DRAW_BLOCK`` weights, then one block) so a draw over the whole
-    vocabulary costs one reduction pass instead of a full cumulative sum.
-    """
-    n = w.shape[0]
-    if n <= 4 * _DRAW_BLOCK:
-        cum = np.cumsum(w, dtype=np.float64)
-        start, target = 0, u * cum[-1]
-        inner = cum
-    else:
-        nb = n // _DRAW_BLOCK
-        sums = w[: nb * _DRAW_BLOCK].reshape(nb, _DRAW_BLOCK).sum(axis=1, dtype=np.float64)
-        cum = np.cumsum(np.append(sums, w[nb * _DRAW_BLOCK:].sum(dtype=np.float64)))
-        target = u * cum[-1]
-        b = min(int(np.searchsorted(cum, target, side="right")), cum.shape[0] - 1)
-        start = b * _DRAW_BLOCK
-        target -= cum[b - 1] if b else 0.0
-        inner = np.cumsum(w[start:start + _DRAW_BLOCK], dtype=np.float64)
-    j = int(np.searchsorted(inner, target, side="right"))
-    if j >= inner.shape[0] or w[start + j] == 0:  # rounding at a block edge: last positive weight
-        j = int(np.flatnonzero(w[start:start + inner.shape[0]])[-1])
-    return start + j
+    """Position j drawn with probability w[j] / sum(w) (w >= 0 float32), for u uniform in [0, 1):
+    the first j whose cumulative weight exceeds u * sum(w) (inverse CDF in the given order)."""
+    return _native.sampling.draw(w, u)
 
 
 class Sampler:
@@ -334,31 +105,11 @@ class Sampler:
         self._rng = np.random.default_rng(params.seed)
 
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """One token id from float32 ``logits [n_vocab]``; ``history`` = prompt + output so far."""
+        """One token id from float32 ``logits [n_vocab]``; ``history`` = prompt + output so far.
+        ValueError if the logits hold NaN or +inf, or no finite value."""
         p = self.params
-        window = history[-p.penalty_last_n:] if p.penalty_last_n > 0 else ()
-        change = penalised_values(logits, window, p)
-        if change is None:
-            return self._sample(logits)
-        if not logits.flags.writeable:
-            return self._sample(apply_penalties(logits, window, p))
-        # penalise the few window entries in place and put them back after: no copy of the
-        # [n_vocab] row per token
-        ids, values = change
-        saved = logits[ids]
-        logits[ids] = values
-        try:
-            return self._sample(logits)
-        finally:
-            logits[ids] = saved
-
-    def _sample(self, x: np.ndarray) -> int:
-        p = self.params
-        if p.temperature == 0.0:
-            return int(np.argmax(x))
-        idx, w = candidates(x, p)
-        j = draw(w, self._rng.random())
-        return j if idx is None else int(idx[j])
+        u = self._rng.random() if p.temperature > 0.0 else 0.0
+        return _native.sampling.sample(logits, _window(history, p), *_args(p), u)
 
 
 class StopMatcher:

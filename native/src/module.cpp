@@ -2,7 +2,7 @@
 #include "bindings.h"
 
 PYBIND11_MODULE(_native, m) {
-    m.doc() = "ktd native core (GGUF reader, weights arena, CPU topology and thread pool, kernels, forward)";
+    m.doc() = "ktd native core (GGUF reader, weights arena, CPU topology and thread pool, kernels, forward, sampling)";
     ktd::bind_common(m);
     ktd::bind_gguf(m);
     ktd::bind_memory(m);
@@ -10,4 +10,5 @@ PYBIND11_MODULE(_native, m) {
     ktd::bind_kernels(m);
     ktd::bind_float_kernels(m);
     ktd::bind_model(m);
+    ktd::bind_sampling(m);
 }

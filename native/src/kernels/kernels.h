@@ -77,6 +77,8 @@ std::vector<GGMLType> supported_types(Isa isa);
 bool isa_supported_by_cpu(Isa isa);
 bool isa_compiled(Isa isa);
 Isa active_isa();
+// True when KTD_ISA or set_active_isa fixed the ISA: then no kernel family prefers another ISA.
+bool isa_chosen_explicitly();
 void set_active_isa(Isa isa);  // throws std::invalid_argument if not compiled or not supported
 Isa parse_isa(std::string_view name);  // throws std::invalid_argument
 

@@ -93,6 +93,11 @@ Isa active_isa() {
     return g_active;
 }
 
+bool isa_chosen_explicitly() {
+    active_isa();  // KTD_ISA is read on first use
+    return g_isa_chosen;
+}
+
 void set_active_isa(Isa isa) {
     if (!isa_compiled(isa)) throw std::invalid_argument("ISA " + std::string(isa_name(isa)) + " is not compiled into this build");
     if (!isa_supported_by_cpu(isa)) throw std::invalid_argument("this CPU does not support ISA " + std::string(isa_name(isa)));

@@ -1,0 +1,116 @@
+// ktd._native.sampling: the token sampler (sampling/sampler.h). ktd.sampling.Sampler calls sample()
+// once per token; candidates() and draw() expose its parts to the tests.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "bindings.h"
+#include "kernels/sampling.h"
+#include "sampling/sampler.h"
+
+namespace py = pybind11;
+
+namespace ktd {
+
+namespace {
+
+using Floats = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using Ids = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+sampling::Params params(double temperature, int64_t top_k, double top_p, double min_p, double repeat_penalty,
+                        double presence_penalty, double frequency_penalty) {
+    sampling::Params p;
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    p.repeat_penalty = repeat_penalty;
+    p.presence_penalty = presence_penalty;
+    p.frequency_penalty = frequency_penalty;
+    return p;
+}
+
+// The kernels of a named ISA (for the tests' cross-ISA comparisons), or null: the default.
+const SamplingKernels *kernels_of(const std::optional<std::string> &isa) {
+    if (!isa) return nullptr;
+    const Isa i = parse_isa(*isa);
+    if (!isa_supported_by_cpu(i)) throw std::invalid_argument("this CPU does not support ISA " + *isa);
+    const SamplingKernels *k = find_sampling_kernels(i);
+    if (!k) throw std::invalid_argument("no sampling kernels for ISA " + *isa);
+    return k;
+}
+
+void check_1d(const py::array &a, const char *what) {
+    if (a.ndim() != 1) throw std::invalid_argument(std::string(what) + " must be 1-D");
+}
+
+}  // namespace
+
+void bind_sampling(py::module_ &m) {
+    auto s = m.def_submodule("sampling", "token sampling (penalties, temperature, top-k, top-p, min-p, draw)");
+    s.def("kernel_isas", [] {
+        std::vector<std::string> out;
+        for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
+            if (find_sampling_kernels(i)) out.emplace_back(isa_name(i));
+        return out;
+    }, "ISAs with their own sampling kernels (isa= of sample/candidates/draw; the CPU must support it)");
+    s.def(
+        "sample",
+        [](Floats logits, Ids window, double temperature, int64_t top_k, double top_p, double min_p,
+           double repeat_penalty, double presence_penalty, double frequency_penalty, double u,
+           std::optional<std::string> isa) {
+            check_1d(logits, "logits");
+            check_1d(window, "window");
+            const sampling::Params p =
+                params(temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty);
+            const SamplingKernels *k = kernels_of(isa);
+            py::gil_scoped_release release;
+            return sampling::sample(logits.data(), logits.shape(0), window.data(), window.shape(0), p, u, k);
+        },
+        py::arg("logits"), py::arg("window"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+        py::arg("min_p"), py::arg("repeat_penalty"), py::arg("presence_penalty"), py::arg("frequency_penalty"),
+        py::arg("u"), py::arg("isa") = py::none(),
+        "One token id from float32 logits [n_vocab]; window: recent token ids for the penalties; u in [0, 1) "
+        "(the draw's uniform; ignored when temperature is 0). ValueError on NaN/+inf logits or bad parameters.");
+    s.def(
+        "candidates",
+        [](Floats logits, Ids window, double temperature, int64_t top_k, double top_p, double min_p,
+           double repeat_penalty, double presence_penalty, double frequency_penalty, std::optional<std::string> isa) {
+            check_1d(logits, "logits");
+            check_1d(window, "window");
+            const sampling::Params p =
+                params(temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty);
+            const SamplingKernels *k = kernels_of(isa);
+            sampling::Candidates c;
+            {
+                py::gil_scoped_release release;
+                c = sampling::candidates(logits.data(), logits.shape(0), window.data(), window.shape(0), p, k);
+            }
+            py::array_t<int32_t> ids(py::ssize_t(c.ids.size()));
+            py::array_t<float> w(py::ssize_t(c.weights.size()));
+            std::copy(c.ids.begin(), c.ids.end(), ids.mutable_data());
+            std::copy(c.weights.begin(), c.weights.end(), w.mutable_data());
+            return py::make_tuple(ids, w, std::string(c.top_p_path));
+        },
+        py::arg("logits"), py::arg("window"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+        py::arg("min_p"), py::arg("repeat_penalty"), py::arg("presence_penalty"), py::arg("frequency_penalty"),
+        py::arg("isa") = py::none(),
+        "(ids int32 ascending, weights float32, top_p_path): the tokens sample() draws from (weight > 0) and "
+        "how the top-p cut was found ('', 'heavy', 'tail' or 'sort': see sampling/sampler.h).");
+    s.def(
+        "draw",
+        [](Floats w, double u, std::optional<std::string> isa) {
+            check_1d(w, "w");
+            const SamplingKernels *k = kernels_of(isa);
+            py::gil_scoped_release release;
+            return sampling::draw(w.data(), w.shape(0), u, k);
+        },
+        py::arg("w"), py::arg("u"), py::arg("isa") = py::none(),
+        "Position drawn from weights w (>= 0) at u in [0, 1): the first whose cumulative weight exceeds u·Σw.");
+}
+
+}  // namespace ktd
