@@ -196,6 +196,12 @@ class Scheduler:
     # --- engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        pin = getattr(self.engine, "pin_forward_thread", None)
+        if pin:  # this thread runs every forward: the pool's tid 0, on the pool's first CPU
+            try:
+                pin()
+            except OSError as e:
+                log.warning("could not pin the engine thread (it stays unpinned): %s", e)
         try:
             while True:
                 with self._lock:
