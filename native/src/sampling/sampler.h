@@ -15,8 +15,9 @@
 // Nothing sorts the vocabulary in the common cases. The kept set of the top-p and min-p filters is
 // always a threshold set over the weights: {w > v} plus the ties w == v below an id (the lowest
 // ids of a tie go first). v is found by a radix select on the float bits with bucket masses
-// (three histogram levels: 13, 12 and 7 bits), and the draw sums the kept weights per block of
-// 1024 tokens, then scans one block. The sums differ from the sorted running sum only by rounding;
+// (three histogram levels: 13, 12 and 7 bits) over a band of the weights that vector passes
+// locate (sampler.cpp, top_p_cut), and the draw sums the kept weights per block of 1024 tokens,
+// then scans one block. The sums differ from the sorted running sum only by rounding;
 // where the target lies within that rounding of a boundary the cut is recomputed exactly by a full
 // sort (rare: a target within ~1e-10 of the mass of a boundary).
 #pragma once
