@@ -121,10 +121,11 @@ struct Q4_Kx8 {
 
 #if defined(KTD_ISA_AVX512)
 // Decode (one activation column) of the Q4_K layout on 512-bit vectors, with about half the
-// instructions of Q4_Kx8::dot_group<1>. At one thread the weight stream is limited by how far
-// ahead of the oldest waiting load the core can keep prefetches queued, so fewer instructions
-// (and loads) per block keep more of the stream in flight: 86% -> 94% of the read bandwidth on
-// the 1.5B model's ffn_up shape here, though dot_group<1> is far faster than DRAM already.
+// instructions and loads of Q4_Kx8::dot_group<1>. Measured here at one thread on the 1.5B
+// model's ffn_up shape streaming from DRAM: 86% -> 94% of the read bandwidth, although
+// dot_group<1> alone is ~2x faster than DRAM (from L2). Cutting only ALU work (the same loads)
+// or only weight loads (the same instructions) did not help; the likely limit is how many
+// prefetches the out-of-order window keeps queued behind the oldest waiting one.
 //
 // A 64-byte load of chunk j holds its registers 2t and 2t+1 (lanes 0-7 and 8-15, the same 8
 // rows); it is dotted with a vector prepared once per call (expand_act_q4_Kx8_x1: the two 4-byte
@@ -133,7 +134,7 @@ struct Q4_Kx8 {
 // chunk and lane, |sum| ≤ 2·4·15·128 = 15360 for either half, so each fits the low int16 of its
 // lane and vpdpwssd applies the scale (whose high int16 is 0). The integer total of each row is
 // the one dot_group<1> computes, so the results are bit-identical.
-constexpr int kX1VecsPerBlock = 32;  // 8 chunks × (2 low-nibble + 2 high-nibble registers pairs)
+constexpr int kX1VecsPerBlock = 32;  // 8 chunks × 4 register pairs (2 low-nibble, 2 high-nibble)
 
 // xp[32b + 4j + u], u < 2: activation bytes 8u..8u+3 | 8u+4..8u+7 of chunk j of block b, each
 // broadcast to 8 lanes; u ≥ 2: the same at 16 + 8(u − 2).
