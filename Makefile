@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
+.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
 
 build: native
 
@@ -79,6 +79,12 @@ bench: build oracle
 
 bench-kernels: build
 	$(PY) -m ktd.bench.kernels
+
+# Decode as % of the DRAM ceiling, each step interleaved with a bandwidth pass (medians of both):
+# make bench-decode MODEL=qwen2.5-coder-1.5b BENCH_DECODE_ARGS="--threads 1 --tokens 64".
+BENCH_DECODE_ARGS ?=
+bench-decode: build
+	$(PY) -m ktd.bench.decode $(MODEL) $(BENCH_DECODE_ARGS)
 
 # Sampling cost per mode as a share of a qwen2.5-coder-0.5b decode step (2 threads).
 bench-sampling: build
