@@ -424,8 +424,22 @@ def test_top_p_identical_to_the_sorted_prefix(n_vocab, top_p):
             assert np.array_equal(w, ref_w), (name, p)
     assert "heavy" in paths
     if top_p >= 0.9:
-        assert "tail" in paths
+        assert "middle" in paths
     assert paths.count("sort") <= 6  # only exact boundary hits (the uniform and two-level rows)
+
+
+def test_top_p_search_reaches_into_the_tail():
+    # one likely token and a long tail of weights below 2^-16 of it (e^-12 each) that together
+    # carry about half the mass: the nucleus reaches past the first pass's two lists
+    rng = np.random.default_rng(12)
+    x = (-12.0 + rng.standard_normal(151936) * 0.5).astype(np.float32)
+    x[rng.integers(151936)] = 0.0
+    for top_p in (0.6, 0.95):
+        p = SamplingParams(temperature=1.0, top_k=0, top_p=top_p, min_p=0.0)
+        idx, w, path = native_candidates(x, p)
+        assert path == "tail"
+        ref_idx, ref_w = sorted_prefix_candidates(x, p)
+        assert np.array_equal(idx, ref_idx) and np.array_equal(w, ref_w)
 
 
 def test_top_p_falls_back_to_the_sort_when_the_target_sits_on_a_boundary():

@@ -36,6 +36,12 @@ struct SamplingKernels {
     // order (room for n + 16: a vector store may write 16 elements past the last); returns how many.
     int64_t (*band_pass)(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *below, double *above,
                          uint32_t *out) = nullptr;
+    // The first pass of the top-p search, over weights w >= 0 (bits compared), in three ranges:
+    // bits < lo, lo <= bits < mid, bits >= mid. mass[r] = Σ w[i] of range r (float64, any order);
+    // the bits of the w[i] of the two upper ranges written to out_lo and out_hi, each in index
+    // order (room for n + 16 each), their counts in *n_lo and *n_hi.
+    void (*split_pass)(const float *w, int64_t n, uint32_t lo, uint32_t mid, double mass[3], uint32_t *out_lo,
+                       int64_t *n_lo, uint32_t *out_hi, int64_t *n_hi) = nullptr;
 };
 
 void register_sampling_kernels(Isa isa, const SamplingKernels &k);

@@ -100,7 +100,7 @@ void bind_sampling(py::module_ &m) {
         py::arg("min_p"), py::arg("repeat_penalty"), py::arg("presence_penalty"), py::arg("frequency_penalty"),
         py::arg("isa") = py::none(),
         "(ids int32 ascending, weights float32, top_p_path): the tokens sample() draws from (weight > 0) and "
-        "how the top-p cut was found ('', 'heavy', 'tail' or 'sort': see sampling/sampler.h).");
+        "how the top-p cut was found ('', 'heavy', 'middle', 'tail' or 'sort': see sampling/sampler.h).");
     s.def(
         "draw",
         [](Floats w, double u, std::optional<std::string> isa) {

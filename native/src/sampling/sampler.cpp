@@ -32,7 +32,7 @@ struct Workspace {
     std::vector<int32_t> ids;    // top-k ids; argmax candidates
     std::vector<float> sample;   // the strided sample of top-k
     std::vector<int64_t> window; // the penalty window, sorted
-    std::vector<uint32_t> band[4];  // top-p: the weights (as bits) of each band level
+    std::vector<uint32_t> band[5];  // top-p: the first pass's two lists, then the bands of find_cut
     std::vector<double> sums;    // block sums of the draw
     std::vector<int32_t> order;  // the exact top-p cut's sort
 };
@@ -253,9 +253,9 @@ double sum_of(const uint32_t *bits, int64_t n) {
 // only taken when the target lies inside its mass (with the margin); failing that, or for a few
 // thousand weights, the radix select runs on all of vals.
 bool find_cut(const SamplingKernels &K, const float *vals, int64_t n, double above, double est_start, int top_key,
-              double target, double margin, Workspace &ws, int depth, Cut &cut) {
-    uint32_t *out = grow(ws.band[depth], size_t(n) + 16);
-    if (n > 4096 && depth < 3) {
+              double target, double margin, Workspace &ws, int level, Cut &cut) {
+    uint32_t *out = grow(ws.band[2 + level], size_t(n) + 16);
+    if (n > 4096 && level < 2) {
         double hs[kBuckets1] = {}, s1 = 0.0, s2 = 0.0;
         const int64_t stride = std::max<int64_t>(1, n / 2048), ms = n / stride;
         for (int64_t j = 0; j < ms; ++j) {
@@ -282,7 +282,7 @@ bool find_cut(const SamplingKernels &K, const float *vals, int64_t n, double abo
             const int64_t nb = K.band_pass(vals, n, uint32_t(lo) << kShift1, uint32_t(hi) << kShift1, nullptr, &a, out);
             a += above;
             if (a < target - margin && a + sum_of(out, nb) >= target + margin)
-                return find_cut(K, reinterpret_cast<const float *>(out), nb, a, a, hi, target, margin, ws, depth + 1, cut);
+                return find_cut(K, reinterpret_cast<const float *>(out), nb, a, a, hi, target, margin, ws, level + 1, cut);
         }
     }
     std::memcpy(out, vals, size_t(n) * sizeof(float));
@@ -296,29 +296,37 @@ bool find_cut(const SamplingKernels &K, const float *vals, int64_t n, double abo
 // non-negative terms is within n·2^-53 of the sum). So where the target is further than a margin
 // from the running sums at the cut, the cut is the same token; otherwise the exact sort decides.
 //
-// Where to look: the first vector pass sums all weights and collects those >= 2^-8 (the largest
-// is 1). A language model's distribution is usually peaked, and then the nucleus is among these
-// few. Otherwise the search goes on by bands (find_cut) among them, or in the flat tail below
-// 2^-8, whose bounded weights a strided sample estimates well.
+// Where to look: the first vector pass sums the weights below 2^-16 of the largest (which is 1) and
+// collects those >= 2^-8 and those in [2^-16, 2^-8). A language model's distribution is usually
+// peaked, and then the nucleus is among the first few ("heavy"); in a flat one it reaches into the
+// second list ("middle"), rarely below it ("tail"). The search goes on by bands (find_cut) there.
 void top_p_cut(const SamplingKernels &K, Kept &kept, double top_p, Workspace &ws) {
     const float *w = kept.w;
     const int64_t n = kept.n;
     const int heavy = int(std::bit_cast<uint32_t>(0x1p-8f) >> kShift1);
-    uint32_t *h = grow(ws.band[0], size_t(n) + 16);
-    double below = 0.0, above = 0.0;
-    const int64_t nh = K.band_pass(w, n, uint32_t(heavy) << kShift1, uint32_t(kBuckets1) << kShift1, &below, &above, h);
-    const double heavy_mass = sum_of(h, nh);
-    const double total = below + heavy_mass;  // above is 0: no weight exceeds 1
+    const int light = int(std::bit_cast<uint32_t>(0x1p-16f) >> kShift1);
+    uint32_t *hi = grow(ws.band[0], size_t(n) + 16), *mid = grow(ws.band[1], size_t(n) + 16);
+    double mass[3];
+    int64_t n_hi = 0, n_mid = 0;
+    K.split_pass(w, n, uint32_t(light) << kShift1, uint32_t(heavy) << kShift1, mass, mid, &n_mid, hi, &n_hi);
+    const double mass_mid = mass[1], mass_hi = mass[2];
+    const double total = mass[0] + mass_mid + mass_hi;
     const double target = top_p * total;
     const double margin = 8.0 * double(n) * 0x1p-53 * total;
     Cut cut;
     bool found;
-    if (heavy_mass >= target + margin) {
+    if (mass_hi >= target + margin) {
         kept.top_p_path = "heavy";
-        found = find_cut(K, reinterpret_cast<const float *>(h), nh, 0.0, 0.0, kBuckets1, target, margin, ws, 1, cut);
-    } else {
+        found = find_cut(K, reinterpret_cast<const float *>(hi), n_hi, 0.0, 0.0, kBuckets1, target, margin, ws, 0, cut);
+    } else if (mass_hi < target - margin && mass_hi + mass_mid >= target + margin) {
+        kept.top_p_path = "middle";
+        found = find_cut(K, reinterpret_cast<const float *>(mid), n_mid, mass_hi, mass_hi, heavy, target, margin, ws, 0,
+                         cut);
+    } else {  // below 2^-16, or the target within rounding of a list's edge: all weights
         kept.top_p_path = "tail";
-        found = find_cut(K, w, n, 0.0, heavy_mass, heavy, target, margin, ws, 1, cut);
+        const bool tail = mass_hi + mass_mid < target - margin;
+        found = find_cut(K, w, n, 0.0, tail ? mass_hi + mass_mid : 0.0, tail ? light : kBuckets1, target, margin, ws,
+                         0, cut);
     }
     if (!found) return top_p_exact(kept, target, ws);
     // the ties at v, in position order, one at a time

@@ -43,8 +43,9 @@ struct Candidates {
     std::vector<int32_t> ids;
     std::vector<float> weights;
     // How the top-p cut was found (sampler.cpp, top_p_cut): "" (no top-p), "heavy" (among the
-    // weights >= 2^-8 of the largest), "tail" (below them), "sort" (the full sort: the target sat
-    // within rounding of a boundary).
+    // weights >= 2^-8 of the largest), "middle" (among those in [2^-16, 2^-8)), "tail" (below, or
+    // the target sat on a list's edge: all weights), "sort" (the full sort: the target sat within
+    // rounding of a boundary).
     const char *top_p_path = "";
 };
 

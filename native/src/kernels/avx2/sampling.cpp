@@ -182,7 +182,40 @@ int64_t band_pass(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *b
                  : band_pass_t<false>(w, n, lo, hi, below, above, out);
 }
 
-constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, band_pass};
+void split_pass(const float *w, int64_t n, uint32_t lo, uint32_t mid, double mass[3], uint32_t *out_lo,
+                int64_t *n_lo, uint32_t *out_hi, int64_t *n_hi) {
+    const __m256i lo_1 = _mm256_set1_epi32(int(lo) - 1), mid_1 = _mm256_set1_epi32(int(mid) - 1);
+    __m256d acc[3][2];  // [range][lanes 0-3, 4-7]
+    for (auto &r : acc) r[0] = r[1] = _mm256_setzero_pd();
+    int64_t cl = 0, ch = 0;
+    auto add = [&](int r, __m256i m, __m256i bits) {
+        const __m256 x = _mm256_castsi256_ps(_mm256_and_si256(m, bits));
+        acc[r][0] = _mm256_add_pd(acc[r][0], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        acc[r][1] = _mm256_add_pd(acc[r][1], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+    };
+    auto step = [&](__m256i bits, __m256i in_range) {
+        const __m256i ge_mid = _mm256_and_si256(_mm256_cmpgt_epi32(bits, mid_1), in_range);
+        const __m256i ge_lo = _mm256_and_si256(_mm256_cmpgt_epi32(bits, lo_1), in_range);
+        const __m256i band = _mm256_andnot_si256(ge_mid, ge_lo);
+        add(0, _mm256_andnot_si256(ge_lo, in_range), bits);
+        add(1, band, bits);
+        add(2, ge_mid, bits);
+        ch += pack_store(out_hi + ch, bits, unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(ge_mid))));
+        cl += pack_store(out_lo + cl, bits, unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(band))));
+    };
+    int64_t i = 0;
+    const __m256i all = _mm256_set1_epi32(-1);
+    for (; i + 8 <= n; i += 8) step(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i)), all);
+    if (i < n) {
+        const __m256i in_range = head_mask(n - i);
+        step(_mm256_maskload_epi32(reinterpret_cast<const int *>(w + i), in_range), in_range);
+    }
+    for (int r = 0; r < 3; ++r) mass[r] = hsum(acc[r][0], acc[r][1]);
+    *n_lo = cl;
+    *n_hi = ch;
+}
+
+constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, band_pass, split_pass};
 
 }  // namespace
 

@@ -87,7 +87,29 @@ int64_t band_pass(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *b
     return c;
 }
 
-constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, band_pass};
+void split_pass(const float *w, int64_t n, uint32_t lo, uint32_t mid, double mass[3], uint32_t *out_lo,
+                int64_t *n_lo, uint32_t *out_hi, int64_t *n_hi) {
+    double s[3] = {};
+    int64_t cl = 0, ch = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &w[i], sizeof bits);
+        if (bits >= mid) {
+            out_hi[ch++] = bits;
+            s[2] += double(w[i]);
+        } else if (bits >= lo) {
+            out_lo[cl++] = bits;
+            s[1] += double(w[i]);
+        } else {
+            s[0] += double(w[i]);
+        }
+    }
+    for (int r = 0; r < 3; ++r) mass[r] = s[r];
+    *n_lo = cl;
+    *n_hi = ch;
+}
+
+constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, band_pass, split_pass};
 
 }  // namespace
 
