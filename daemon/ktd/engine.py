@@ -117,11 +117,12 @@ class Engine:
             self._expert_snapshot_at = time.monotonic()
         return logits
 
-    def pin_forward_thread(self) -> None:
-        """Pin the calling thread, which must run every forward from now on (the pool's tid 0),
-        to the pool's first CPU (its first NUMA node), as the pool pins its workers: its share of
-        each op then reads that node's weights. OSError if the CPU cannot be taken."""
-        self.model.pin_forward_thread()
+    def pin_forward_thread(self) -> bool:
+        """On a pool that spans several NUMA nodes, pin the calling thread, which must run every
+        forward from now on (the pool's tid 0), to the pool's first CPU, as the pool pins its
+        workers: its share of each op then reads that node's weights. Returns whether it pinned
+        (not on one node); OSError if the CPU cannot be taken."""
+        return bool(self.model.pin_forward_thread())
 
     def free_seq(self, seq_id: int) -> None:
         self.context.free_seq(seq_id)

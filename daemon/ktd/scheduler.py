@@ -197,9 +197,10 @@ class Scheduler:
 
     def _run(self) -> None:
         pin = getattr(self.engine, "pin_forward_thread", None)
-        if pin:  # this thread runs every forward: the pool's tid 0, on the pool's first CPU
+        if pin:  # this thread runs every forward: the pool's tid 0 (pinned on a multi-node pool)
             try:
-                pin()
+                if pin():
+                    log.info("engine thread pinned to CPU %d", self.engine.model.forward_cpu)
             except OSError as e:
                 log.warning("could not pin the engine thread (it stays unpinned): %s", e)
         try:

@@ -137,10 +137,18 @@ void bind_model(py::module_ &m) {
         .def_property_readonly("n_params", &Model::n_params)
         .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
         .def_property_readonly("n_threads", [](const Model &x) { return x.pool().size(); })
-        .def("pin_forward_thread", [](Model &x) { x.pool().pin_caller(); },
-             "Pin the calling thread (it must be the one that runs every forward: the pool's tid 0) to "
-             "the pool's first CPU, on the first NUMA node of the pool, as the workers are pinned to theirs. "
-             "No-op for an unpinned pool; OSError if the CPU cannot be taken.")
+        .def(
+            "pin_forward_thread",
+            [](Model &x) {
+                if (x.pool().nodes().size() < 2) return false;
+                x.pool().pin_caller();
+                return x.pool().cpu_of(0) >= 0;
+            },
+            "When the pool spans several NUMA nodes: pin the calling thread (it must be the one that runs "
+            "every forward: the pool's tid 0) to the pool's first CPU, so that its share of each op reads "
+            "its node's weights, as the workers are pinned to theirs. On one node there is nothing to gain "
+            "and the OS keeps the freedom to move it off a core the event loop wants. Returns whether it "
+            "pinned; OSError if the CPU cannot be taken.")
         .def_property_readonly("forward_cpu", [](const Model &x) { return x.pool().cpu_of(0); },
                                "CPU of the pool's tid 0 (-1 until pin_forward_thread)")
         .def_property_readonly(
