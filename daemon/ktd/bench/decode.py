@@ -15,7 +15,6 @@ percentage by as much as the machine's noise, 10-20% here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from ktd.bench import write_results
 
 PROMPT_TOKENS = 16
 
@@ -103,10 +104,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['decode_bytes_per_s'] / 1e9:.2f} GB/s, read bandwidth {r['median_read_bandwidth_bytes_per_s'] / 1e9:.2f}"
               f" GB/s (medians of {r['tokens']} interleaved pairs): {r['pct_of_ceiling']:.1f}% of the ceiling",
               flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rows, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    write_results(rows, args.out)
     print(f"wrote {args.out}")
     return 0
 

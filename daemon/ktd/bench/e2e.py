@@ -26,7 +26,6 @@ import argparse
 import ctypes
 import dataclasses
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from ktd.bench import write_results
 
 SCHEMA = "ktd.bench.e2e/1"
 ENGINES = ("ktd", "llama.cpp")
@@ -616,10 +617,7 @@ def _version(dist: str) -> str | None:
 
 def write_json(report: dict, out: Path) -> None:
     validate_report(report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp, out)
+    write_results(report, out)
 
 
 def select_models(names: Iterable[str] | None, quick: bool) -> list[BenchModel]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quantize
 
 from ktd import _native
+from ktd.bench import write_results
 
 K = _native.kernels
 
@@ -173,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no {K.active_isa()} kernels for: {', '.join(unknown)}", file=sys.stderr)
         return 1
     results = run(args.threads, args.bw_bytes, args.reps, args.types)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    write_results(results, args.out)
     print(f"\nwrote {args.out} ({len(results)} rows)")
     return 0
 

@@ -30,18 +30,13 @@ struct SamplingKernels {
     // u_l = t_l + t_l+4, v_l = u_l + u_l+2, sum = v_0 + v_1.
     void (*kept_block_sums)(const float *w, int64_t n, float v, int64_t tie_end, int64_t block,
                             double *sums) = nullptr;
-    // One pass of the top-p radix select over weights w >= 0, comparing float bits (= comparing
-    // values): *above = Σ w[i] with bits >= hi, *below (when not null) = Σ w[i] with bits < lo
-    // (float64, any order), and the bits of the w[i] with lo <= bits < hi written to out in index
-    // order (room for n + 16: a vector store may write 16 elements past the last); returns how many.
-    int64_t (*band_pass)(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *below, double *above,
-                         uint32_t *out) = nullptr;
-    // The first pass of the top-p search, over weights w >= 0 (bits compared), in three ranges:
-    // bits < lo, lo <= bits < mid, bits >= mid. mass[r] = Σ w[i] of range r (float64, any order);
-    // the bits of the w[i] of the two upper ranges written to out_lo and out_hi, each in index
-    // order (room for n + 16 each), their counts in *n_lo and *n_hi.
-    void (*split_pass)(const float *w, int64_t n, uint32_t lo, uint32_t mid, double mass[3], uint32_t *out_lo,
-                       int64_t *n_lo, uint32_t *out_hi, int64_t *n_hi) = nullptr;
+    // One pass of the top-p search over weights w >= 0, comparing float bits (= comparing values),
+    // in three ranges: bits < lo, lo <= bits < hi, bits >= hi. mass[r] = Σ w[i] of range r (float64,
+    // any order); the bits of the middle range's w[i] written to out_mid and, when out_hi is not
+    // null, those of the top range to out_hi, each in index order (room for n + 16: a vector store
+    // may write 16 elements past the last); their counts in *n_mid and *n_hi.
+    void (*split_pass)(const float *w, int64_t n, uint32_t lo, uint32_t hi, double mass[3], uint32_t *out_mid,
+                       int64_t *n_mid, uint32_t *out_hi, int64_t *n_hi) = nullptr;
 };
 
 void register_sampling_kernels(Isa isa, const SamplingKernels &k);

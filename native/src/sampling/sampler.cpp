@@ -234,16 +234,6 @@ bool radix_cut(uint32_t *bits, int64_t n, double above, double target, Cut &cut)
     return true;
 }
 
-// Σ of the weights given as bits, in four running sums (one would wait on each add's latency).
-double sum_of(const uint32_t *bits, int64_t n) {
-    double s[4] = {};
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        for (int l = 0; l < 4; ++l) s[l] += double(std::bit_cast<float>(bits[i + l]));
-    for (; i < n; ++i) s[0] += double(std::bit_cast<float>(bits[i]));
-    return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
 // Where the cut is among the weights `vals` [n] (their mass and the mass `above` of the weights
 // above them both count toward the target): a strided sample of vals estimates the cut's level-1
 // bucket b, continuing the running sum from est_start with the sample's weights below bucket
@@ -278,10 +268,11 @@ bool find_cut(const SamplingKernels &K, const float *vals, int64_t n, double abo
         for (const int d : {1, 8, 128}) {
             if (d < 128 && !reliable) continue;
             const int lo = std::max(b - d, 0), hi = d == 128 ? top_key : std::min(b + d + 1, kBuckets1);
-            double a = 0.0;
-            const int64_t nb = K.band_pass(vals, n, uint32_t(lo) << kShift1, uint32_t(hi) << kShift1, nullptr, &a, out);
-            a += above;
-            if (a < target - margin && a + sum_of(out, nb) >= target + margin)
+            double mass[3];
+            int64_t nb = 0;
+            K.split_pass(vals, n, uint32_t(lo) << kShift1, uint32_t(hi) << kShift1, mass, out, &nb, nullptr, nullptr);
+            const double a = above + mass[2];
+            if (a < target - margin && a + mass[1] >= target + margin)
                 return find_cut(K, reinterpret_cast<const float *>(out), nb, a, a, hi, target, margin, ws, level + 1, cut);
         }
     }

@@ -138,84 +138,42 @@ double hsum(__m256d a, __m256d b) {
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 
-// The weights are >= 0, so their bits compare as non-negative int32 (lo, hi < 2^31 here). Two sets
-// of accumulators (16 elements per step) so the float64 adds do not wait on each other's latency.
-template <bool kBelow>
-int64_t band_pass_t(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *below, double *above,
-                    uint32_t *out) {
+// The weights are >= 0, so their bits compare as non-negative int32 (lo, hi < 2^31 here).
+void split_pass(const float *w, int64_t n, uint32_t lo, uint32_t hi, double mass[3], uint32_t *out_mid,
+                int64_t *n_mid, uint32_t *out_hi, int64_t *n_hi) {
     const __m256i lo_1 = _mm256_set1_epi32(int(lo) - 1), hi_1 = _mm256_set1_epi32(int(hi) - 1);
-    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
-    __m256d b[4] = {a[0], a[0], a[0], a[0]};
-    int64_t c = 0;
-    auto step = [&](__m256i bits, __m256i in_range, int set) {
-        const __m256i ge_hi = _mm256_cmpgt_epi32(bits, hi_1), ge_lo = _mm256_cmpgt_epi32(bits, lo_1);
-        const __m256 xa = _mm256_castsi256_ps(_mm256_and_si256(ge_hi, bits));
-        a[2 * set] = _mm256_add_pd(a[2 * set], _mm256_cvtps_pd(_mm256_castps256_ps128(xa)));
-        a[2 * set + 1] = _mm256_add_pd(a[2 * set + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(xa, 1)));
-        if constexpr (kBelow) {
-            const __m256 xb = _mm256_castsi256_ps(_mm256_andnot_si256(ge_lo, bits));
-            b[2 * set] = _mm256_add_pd(b[2 * set], _mm256_cvtps_pd(_mm256_castps256_ps128(xb)));
-            b[2 * set + 1] = _mm256_add_pd(b[2 * set + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(xb, 1)));
-        }
-        const unsigned m = unsigned(_mm256_movemask_ps(
-            _mm256_castsi256_ps(_mm256_and_si256(_mm256_andnot_si256(ge_hi, ge_lo), in_range))));
-        c += pack_store(out + c, bits, m);  // branch-free: bands of tens of thousands are common
-    };
-    int64_t i = 0;
-    const __m256i all = _mm256_set1_epi32(-1);
-    for (; i + 16 <= n; i += 16) {
-        step(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i)), all, 0);
-        step(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i + 8)), all, 1);
-    }
-    for (; i < n; i += 8) {  // lanes past n load as 0.0f: they add 0 to the sums and are not collected
-        const __m256i in_range = head_mask(n - i < 8 ? n - i : 8);
-        step(_mm256_maskload_epi32(reinterpret_cast<const int *>(w + i), in_range), in_range, 0);
-    }
-    *above = hsum(_mm256_add_pd(a[0], a[2]), _mm256_add_pd(a[1], a[3]));
-    if constexpr (kBelow) *below = hsum(_mm256_add_pd(b[0], b[2]), _mm256_add_pd(b[1], b[3]));
-    return c;
-}
-
-int64_t band_pass(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *below, double *above,
-                  uint32_t *out) {
-    return below ? band_pass_t<true>(w, n, lo, hi, below, above, out)
-                 : band_pass_t<false>(w, n, lo, hi, below, above, out);
-}
-
-void split_pass(const float *w, int64_t n, uint32_t lo, uint32_t mid, double mass[3], uint32_t *out_lo,
-                int64_t *n_lo, uint32_t *out_hi, int64_t *n_hi) {
-    const __m256i lo_1 = _mm256_set1_epi32(int(lo) - 1), mid_1 = _mm256_set1_epi32(int(mid) - 1);
     __m256d acc[3][2];  // [range][lanes 0-3, 4-7]
     for (auto &r : acc) r[0] = r[1] = _mm256_setzero_pd();
-    int64_t cl = 0, ch = 0;
+    int64_t cm = 0, ch = 0;
     auto add = [&](int r, __m256i m, __m256i bits) {
         const __m256 x = _mm256_castsi256_ps(_mm256_and_si256(m, bits));
         acc[r][0] = _mm256_add_pd(acc[r][0], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
         acc[r][1] = _mm256_add_pd(acc[r][1], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
     };
     auto step = [&](__m256i bits, __m256i in_range) {
-        const __m256i ge_mid = _mm256_and_si256(_mm256_cmpgt_epi32(bits, mid_1), in_range);
+        const __m256i ge_hi = _mm256_and_si256(_mm256_cmpgt_epi32(bits, hi_1), in_range);
         const __m256i ge_lo = _mm256_and_si256(_mm256_cmpgt_epi32(bits, lo_1), in_range);
-        const __m256i band = _mm256_andnot_si256(ge_mid, ge_lo);
+        const __m256i band = _mm256_andnot_si256(ge_hi, ge_lo);
         add(0, _mm256_andnot_si256(ge_lo, in_range), bits);
         add(1, band, bits);
-        add(2, ge_mid, bits);
-        ch += pack_store(out_hi + ch, bits, unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(ge_mid))));
-        cl += pack_store(out_lo + cl, bits, unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(band))));
+        add(2, ge_hi, bits);
+        // branch-free packing: bands of tens of thousands are common
+        cm += pack_store(out_mid + cm, bits, unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(band))));
+        if (out_hi) ch += pack_store(out_hi + ch, bits, unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(ge_hi))));
     };
     int64_t i = 0;
     const __m256i all = _mm256_set1_epi32(-1);
     for (; i + 8 <= n; i += 8) step(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i)), all);
-    if (i < n) {
+    if (i < n) {  // lanes past n load as 0.0f and are masked out of every range
         const __m256i in_range = head_mask(n - i);
         step(_mm256_maskload_epi32(reinterpret_cast<const int *>(w + i), in_range), in_range);
     }
     for (int r = 0; r < 3; ++r) mass[r] = hsum(acc[r][0], acc[r][1]);
-    *n_lo = cl;
-    *n_hi = ch;
+    *n_mid = cm;
+    if (out_hi) *n_hi = ch;
 }
 
-constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, band_pass, split_pass};
+constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, split_pass};
 
 }  // namespace
 

@@ -115,79 +115,42 @@ void kept_block_sums(const float *w, int64_t n, float v, int64_t tie_end, int64_
 }
 
 // As the AVX2 pass; the weights' bits compare as non-negative int32.
-template <bool kBelow>
-int64_t band_pass_t(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *below, double *above,
-                    uint32_t *out) {
+void split_pass(const float *w, int64_t n, uint32_t lo, uint32_t hi, double mass[3], uint32_t *out_mid,
+                int64_t *n_mid, uint32_t *out_hi, int64_t *n_hi) {
     const __m512i lo_v = _mm512_set1_epi32(int(lo)), hi_v = _mm512_set1_epi32(int(hi));
-    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
-    __m512d b[4] = {a[0], a[0], a[0], a[0]};
-    int64_t c = 0;
-    auto step = [&](__m512i bits, __mmask16 in_range, int set) {
-        const __mmask16 ge_hi = _mm512_mask_cmpge_epi32_mask(in_range, bits, hi_v);
-        const __mmask16 ge_lo = _mm512_mask_cmpge_epi32_mask(in_range, bits, lo_v);
-        const __m512 xa = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(ge_hi, bits));
-        a[2 * set] = _mm512_add_pd(a[2 * set], _mm512_cvtps_pd(_mm512_castps512_ps256(xa)));
-        a[2 * set + 1] = _mm512_add_pd(a[2 * set + 1], _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xa), 1))));
-        if constexpr (kBelow) {
-            const __m512 xb = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(__mmask16(in_range & ~ge_lo), bits));
-            b[2 * set] = _mm512_add_pd(b[2 * set], _mm512_cvtps_pd(_mm512_castps512_ps256(xb)));
-            b[2 * set + 1] = _mm512_add_pd(b[2 * set + 1], _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xb), 1))));
-        }
-        // compress in a register, then a full store (out has room for 16 more): a compressing
-        // store to memory is microcoded and several times slower
-        const __mmask16 band = __mmask16(ge_lo & ~ge_hi);
-        _mm512_storeu_si512(out + c, _mm512_maskz_compress_epi32(band, bits));
-        c += __builtin_popcount(band);
-    };
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        step(_mm512_loadu_si512(w + i), 0xFFFF, 0);
-        step(_mm512_loadu_si512(w + i + 16), 0xFFFF, 1);
-    }
-    for (; i < n; i += 16) step(_mm512_maskz_loadu_epi32(head(n - i), w + i), head(n - i), 0);
-    *above = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a[0], a[2]), _mm512_add_pd(a[1], a[3])));
-    if constexpr (kBelow) *below = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(b[0], b[2]), _mm512_add_pd(b[1], b[3])));
-    return c;
-}
-
-int64_t band_pass(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *below, double *above,
-                  uint32_t *out) {
-    return below ? band_pass_t<true>(w, n, lo, hi, below, above, out)
-                 : band_pass_t<false>(w, n, lo, hi, below, above, out);
-}
-
-void split_pass(const float *w, int64_t n, uint32_t lo, uint32_t mid, double mass[3], uint32_t *out_lo,
-                int64_t *n_lo, uint32_t *out_hi, int64_t *n_hi) {
-    const __m512i lo_v = _mm512_set1_epi32(int(lo)), mid_v = _mm512_set1_epi32(int(mid));
     __m512d acc[3][2];  // [range][lanes 0-7, 8-15]
     for (auto &r : acc) r[0] = r[1] = _mm512_setzero_pd();
-    int64_t cl = 0, ch = 0;
+    int64_t cm = 0, ch = 0;
     auto step = [&](__m512i bits, __mmask16 in_range) {
-        const __mmask16 ge_mid = _mm512_mask_cmpge_epi32_mask(in_range, bits, mid_v);
+        const __mmask16 ge_hi = _mm512_mask_cmpge_epi32_mask(in_range, bits, hi_v);
         const __mmask16 ge_lo = _mm512_mask_cmpge_epi32_mask(in_range, bits, lo_v);
-        const __mmask16 band = __mmask16(ge_lo & ~ge_mid), low = __mmask16(in_range & ~ge_lo);
+        const __mmask16 band = __mmask16(ge_lo & ~ge_hi), low = __mmask16(in_range & ~ge_lo);
         const __m512 x = _mm512_castsi512_ps(bits);
         const __m512d x0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
         const __m512d x1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-        const __mmask16 m[3] = {low, band, ge_mid};
+        const __mmask16 m[3] = {low, band, ge_hi};
         for (int r = 0; r < 3; ++r) {
             acc[r][0] = _mm512_mask_add_pd(acc[r][0], __mmask8(m[r]), acc[r][0], x0);
             acc[r][1] = _mm512_mask_add_pd(acc[r][1], __mmask8(m[r] >> 8), acc[r][1], x1);
         }
-        _mm512_storeu_si512(out_hi + ch, _mm512_maskz_compress_epi32(ge_mid, bits));
-        ch += __builtin_popcount(ge_mid);
-        _mm512_storeu_si512(out_lo + cl, _mm512_maskz_compress_epi32(band, bits));
-        cl += __builtin_popcount(band);
+        // compress in a register, then a full store (the outputs have room for 16 more): a
+        // compressing store to memory is microcoded and several times slower
+        _mm512_storeu_si512(out_mid + cm, _mm512_maskz_compress_epi32(band, bits));
+        cm += __builtin_popcount(band);
+        if (out_hi) {
+            _mm512_storeu_si512(out_hi + ch, _mm512_maskz_compress_epi32(ge_hi, bits));
+            ch += __builtin_popcount(ge_hi);
+        }
     };
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) step(_mm512_loadu_si512(w + i), 0xFFFF);
     if (i < n) step(_mm512_maskz_loadu_epi32(head(n - i), w + i), head(n - i));
     for (int r = 0; r < 3; ++r) mass[r] = _mm512_reduce_add_pd(_mm512_add_pd(acc[r][0], acc[r][1]));
-    *n_lo = cl;
-    *n_hi = ch;
+    *n_mid = cm;
+    if (out_hi) *n_hi = ch;
 }
 
-constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, band_pass, split_pass};
+constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, split_pass};
 
 }  // namespace
 

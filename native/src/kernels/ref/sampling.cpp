@@ -68,48 +68,24 @@ void kept_block_sums(const float *w, int64_t n, float v, int64_t tie_end, int64_
     }
 }
 
-int64_t band_pass(const float *w, int64_t n, uint32_t lo, uint32_t hi, double *below, double *above,
-                  uint32_t *out) {
-    double s_below = 0.0, s_above = 0.0;
-    int64_t c = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, &w[i], sizeof bits);
-        if (bits >= hi)
-            s_above += double(w[i]);
-        else if (bits >= lo)
-            out[c++] = bits;
-        else
-            s_below += double(w[i]);
-    }
-    if (below) *below = s_below;
-    *above = s_above;
-    return c;
-}
-
-void split_pass(const float *w, int64_t n, uint32_t lo, uint32_t mid, double mass[3], uint32_t *out_lo,
-                int64_t *n_lo, uint32_t *out_hi, int64_t *n_hi) {
+void split_pass(const float *w, int64_t n, uint32_t lo, uint32_t hi, double mass[3], uint32_t *out_mid,
+                int64_t *n_mid, uint32_t *out_hi, int64_t *n_hi) {
     double s[3] = {};
-    int64_t cl = 0, ch = 0;
+    int64_t cm = 0, ch = 0;
     for (int64_t i = 0; i < n; ++i) {
         uint32_t bits;
         std::memcpy(&bits, &w[i], sizeof bits);
-        if (bits >= mid) {
-            out_hi[ch++] = bits;
-            s[2] += double(w[i]);
-        } else if (bits >= lo) {
-            out_lo[cl++] = bits;
-            s[1] += double(w[i]);
-        } else {
-            s[0] += double(w[i]);
-        }
+        const int r = bits >= hi ? 2 : bits >= lo ? 1 : 0;
+        s[r] += double(w[i]);
+        if (r == 1) out_mid[cm++] = bits;
+        if (r == 2 && out_hi) out_hi[ch++] = bits;
     }
     for (int r = 0; r < 3; ++r) mass[r] = s[r];
-    *n_lo = cl;
-    *n_hi = ch;
+    *n_mid = cm;
+    if (out_hi) *n_hi = ch;
 }
 
-constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, band_pass, split_pass};
+constexpr SamplingKernels kKernels{max, exp_scaled, select_ge, kept_block_sums, split_pass};
 
 }  // namespace
 
