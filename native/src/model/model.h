@@ -196,6 +196,9 @@ struct Batch {
     int64_t n = 0;
 };
 
+// Query rows per attention block (attention.cpp): sizes each worker's attention scratch.
+int attn_rows_per_block(const HParams &hp);
+
 // Scratch of one chunk of up to n_batch rows, shared by the layer functions.
 struct ForwardScratch {
     std::vector<float> x, xn, q, k, v, attn, gate, up, tmp;  // [n_batch][...]
