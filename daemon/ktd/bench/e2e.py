@@ -94,6 +94,7 @@ def _synthetic_moe(arch: str, variant: str | None = None) -> Callable[[], Path]:
 MODELS: list[BenchModel] = [
     BenchModel("qwen2.5-coder-0.5b", _known_model("qwen2.5-coder-0.5b")),
     BenchModel("qwen2.5-coder-1.5b", _known_model("qwen2.5-coder-1.5b")),
+    BenchModel("gemma-3-270m", _known_model("gemma-3-270m")),
     # Shaped like Qwen3-30B-A3B (12 of 48 layers) and DeepSeek-V2-Lite (10 of 27 layers).
     BenchModel("synthetic-qwen3moe-bench", _synthetic_moe("qwen3moe")),
     BenchModel("synthetic-deepseek2-v2-bench", _synthetic_moe("deepseek2", "v2")),

@@ -17,6 +17,7 @@
 #include "gguf/gguf_file.h"
 #include "kernels/kernels.h"
 #include "memory/arena.h"
+#include "model/arch.h"
 #include "model/hparams.h"
 #include "model/moe.h"
 
@@ -107,7 +108,7 @@ struct ModelWeights {
     std::vector<LayerWeights> layers;
 };
 
-struct ArchSpec;
+class Backend;
 class Context;
 
 // How dense (non-expert) weights are placed when the pool spans several NUMA nodes: pages
@@ -177,10 +178,16 @@ public:
     int n_slices() const { return int(mem_.nodes.size()); }
     int slice_of(int tid) const { return tid_slice_[size_t(tid)]; }
 
+    // The architecture's tensor table for this model's hyperparameters (concrete shapes, classes).
+    const TensorTable &tensor_table() const { return table_; }
+
 private:
+    friend class WeightLoader;  // model_load.cpp
     Model(GGUFFile file) : file_(std::move(file)) {}
+    void init_pool(const ModelOptions &opts);  // the pool and its NUMA slices (mem_.nodes, tid_slice_)
     GGUFFile file_;
     HParams hp_;
+    TensorTable table_;
     ModelWeights w_;
     const ArchSpec *arch_ = nullptr;
     std::unique_ptr<ThreadPool> pool_;
@@ -220,9 +227,9 @@ struct ForwardScratch {
     // the last row of the latest batch before and after each MoE layer's FFN (moe_record_state).
     std::vector<float> moe_states;
     // deepseek2 (MLA) only: q LoRA [n_batch][q_lora_rank], decompressed q [n_batch][n_head·(nope+rope)],
-    // a head-major [n_head][n_batch][max(nope, v_head_dim)] buffer for the per-head matmuls, the
-    // decompressed attention output [n_batch][n_head·v_head_dim], one matmul scratch per thread.
-    std::vector<float> mla_q_a, mla_q, mla_heads, mla_v;
+    // a head-major [n_head][n_batch][max(nope, v_head_dim)] buffer for the per-head matmuls, one
+    // matmul scratch per thread.
+    std::vector<float> mla_q_a, mla_q, mla_heads;
     std::vector<MatmulScratch> mm_thread;
     // Decode over long contexts (Context::attention): rows whose keys are split into ranges, the
     // ranges [lo, hi) and their partial results [n_part][group·(head_dim_v + 2)]: o, m, l per head.
@@ -245,6 +252,7 @@ public:
     // n_ctx: per-sequence limit; n_seq_max: KV slots; n_batch: rows computed at once (a longer
     // batch is run in chunks of n_batch).
     Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_batch = 512);
+    ~Context();
 
     // Rows of one sequence must have consecutive positions in row order, starting at or before the
     // sequence's current length (starting before it discards the tail). Writes logits of marked
@@ -292,90 +300,7 @@ private:
     std::vector<int64_t> next_pos_;  // [n_seq_max] forward's validation scratch
     std::vector<uint64_t> expert_counts_;  // [n_layer][n_expert]
     ForwardScratch s_;
+    std::unique_ptr<Backend> backend_;  // the blocks the layers are composed of (CPU)
 };
-
-// Architecture facts: the tensor table and the per-layer forward.
-enum class Placement { Input, Repeating, Output };
-enum class Dim { One, Embd, EmbdQ, EmbdKGqa, EmbdVGqa, EmbdAttnOut, FF, Vocab, HeadK, RotHalf,
-                 Expert, FFExp, FFShexp,
-                 // MLA (deepseek2): n_head, q_lora_rank, kv_lora_rank, kv_lora_rank + qk_rope,
-                 // qk_nope, v_head_dim, n_head·(qk_nope + qk_rope), n_head·v_head_dim
-                 Head, QLora, KvLora, KvLoraRope, HeadKNope, HeadVMla, EmbdQMla, EmbdVMla };
-// Which layers a per-layer tensor belongs to. Dense: layers with a dense FFN (every layer of a model
-// without experts; deepseek2's leading layers); Moe: the layers with routed experts. A tensor
-// outside its layers must be absent.
-enum class LayerSet { All, Dense, Moe };
-struct TensorSpec {
-    const char *name;      // GGUF name; "%d" = layer index
-    Dim ne0, ne1;          // expected shape, GGML order (ne1 = One for vectors)
-    bool required;
-    Placement placement;
-    Dim ne2 = Dim::One;    // a 3-D stack (layer_stack) has ne2 > 1
-    LayerSet layers = LayerSet::All;
-    // At most one destination is set; none: the tensor is only checked (token_embd, read by row).
-    Matrix LayerWeights::*layer_mat = nullptr;
-    std::vector<float> LayerWeights::*layer_vec = nullptr;
-    float LayerWeights::*layer_scalar = nullptr;
-    MatrixStack LayerWeights::*layer_stack = nullptr;
-    Matrix ModelWeights::*model_mat = nullptr;
-    std::vector<float> ModelWeights::*model_vec = nullptr;
-};
-struct ArchSpec {
-    const char *name;
-    std::vector<TensorSpec> tensors;
-    // Arch-specific hparams beyond read_hparams (rope type, swa layout, scales).
-    void (*tune)(HParams &hp, const GGUFFile &f);
-    // x [n][n_embd] in s.x → updated in place by one layer.
-    void (*layer)(Context &ctx, const LayerWeights &w, int il, const Batch &b, int64_t r0, int64_t n);
-};
-// Table-row helpers: a per-layer tensor (L), a model-level one (G), one only checked (C).
-inline TensorSpec L(const char *name, Dim ne0, Dim ne1, bool required, Matrix LayerWeights::*m) {
-    TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
-    s.layer_mat = m;
-    return s;
-}
-inline TensorSpec L(const char *name, Dim ne0, Dim ne1, bool required, std::vector<float> LayerWeights::*v) {
-    TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
-    s.layer_vec = v;
-    return s;
-}
-inline TensorSpec L(const char *name, Dim ne0, Dim ne1, bool required, float LayerWeights::*f) {
-    TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
-    s.layer_scalar = f;
-    return s;
-}
-// A per-layer 3-D stack [ne2] × [ne1][ne0].
-inline TensorSpec L3(const char *name, Dim ne0, Dim ne1, Dim ne2, bool required, MatrixStack LayerWeights::*st) {
-    TensorSpec s{name, ne0, ne1, required, Placement::Repeating};
-    s.ne2 = ne2;
-    s.layer_stack = st;
-    return s;
-}
-// The same spec restricted to a set of layers.
-inline TensorSpec in_layers(TensorSpec s, LayerSet set) {
-    s.layers = set;
-    return s;
-}
-inline TensorSpec G(const char *name, Dim ne0, Dim ne1, bool required, Placement p, Matrix ModelWeights::*m) {
-    TensorSpec s{name, ne0, ne1, required, p};
-    s.model_mat = m;
-    return s;
-}
-inline TensorSpec G(const char *name, Dim ne0, Dim ne1, bool required, Placement p,
-                    std::vector<float> ModelWeights::*v) {
-    TensorSpec s{name, ne0, ne1, required, p};
-    s.model_vec = v;
-    return s;
-}
-inline TensorSpec C(const char *name, Dim ne0, Dim ne1, bool required, Placement p) {
-    return TensorSpec{name, ne0, ne1, required, p};
-}
-constexpr bool kRequired = true, kOptional = false;
-
-const ArchSpec *find_arch(const std::string &name);
-const std::vector<const ArchSpec *> &all_archs();
-// Defined by the architecture files.
-extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen3, kArchQwen2Moe, kArchQwen3Moe, kArchGemma3, kArchBitnet,
-    kArchDeepseek2;
 
 }  // namespace ktd

@@ -1,0 +1,189 @@
+// Context: the KV cache with its sequence slots, the forward's scratch and its backend; forward()
+// checks a batch, cuts it into chunks of n_batch rows and runs each chunk through the layers.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/float16.h"
+#include "kernels/attention.h"
+#include "model/blocks.h"
+#include "model/cpu_backend.h"
+#include "model/model.h"
+
+namespace ktd {
+
+Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_batch)
+    : model_(model), n_ctx_(n_ctx), n_seq_max_(n_seq_max), n_batch_(n_batch) {
+    if (n_ctx < 1 || n_ctx > (int64_t(1) << 24)) throw std::invalid_argument("n_ctx must be in [1, 2^24]");
+    if (n_seq_max < 1 || n_seq_max > 4096) throw std::invalid_argument("n_seq_max must be in [1, 4096]");
+    if (n_batch < 1 || n_batch > 65536) throw std::invalid_argument("n_batch must be in [1, 65536]");
+    const HParams &hp = model.hparams();
+    const size_t rows = size_t(n_seq_max) * size_t(n_ctx);
+    for (int il = 0; il < hp.n_layer; ++il) {
+        // Not value-initialized: pages are touched only as positions are written.
+        k_cache_.emplace_back(new uint16_t[rows * size_t(hp.n_embd_k_cache())]);
+        v_cache_.emplace_back(hp.n_embd_v_cache() > 0 ? new uint16_t[rows * size_t(hp.n_embd_v_cache())] : nullptr);
+    }
+    seq_len_.assign(size_t(n_seq_max), 0);
+    next_pos_.assign(size_t(n_seq_max), -1);
+    expert_counts_.assign(size_t(hp.n_layer) * size_t(hp.moe.n_expert), 0);
+    const size_t nb = size_t(n_batch);
+    s_.x.resize(nb * size_t(hp.n_embd));
+    s_.xn.resize(nb * size_t(hp.n_embd));
+    s_.tmp.resize(nb * size_t(std::max(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v)));
+    s_.q.resize(nb * size_t(hp.n_embd_q()));
+    s_.k.resize(nb * size_t(hp.n_embd_k_gqa()));
+    s_.v.resize(nb * size_t(hp.n_embd_v_gqa()));
+    s_.attn.resize(nb * size_t(int64_t(hp.n_head) * hp.head_dim_v));
+    s_.gate.resize(nb * size_t(hp.n_ff));
+    s_.up.resize(nb * size_t(hp.n_ff));
+    s_.rope_cs.resize(nb * size_t(hp.rope.n_rot));
+    s_.rope_cs_swa.resize(nb * size_t(hp.rope_swa.n_rot));
+    s_.attn_tmp_stride = attn_scratch_layout(attn_rows_per_block(hp), hp.n_head / hp.n_head_kv, hp.head_dim_k,
+                                             hp.head_dim_v).total;
+    s_.attn_tmp.resize(size_t(model.pool().size()) * s_.attn_tmp_stride);
+    s_.attn_lo.resize(nb);
+    s_.attn_hi.resize(nb);
+    s_.attn_jobs.reserve(nb * size_t(hp.n_head));
+    if (hp.is_mla()) {
+        const MlaParams &mla = hp.mla;
+        s_.mla_q_a.resize(nb * size_t(mla.q_lora_rank));
+        s_.mla_q.resize(nb * size_t(hp.n_head) * size_t(mla.n_embd_head_k()));
+        s_.mla_heads.resize(nb * size_t(hp.n_head) * size_t(std::max(mla.qk_nope_head_dim, mla.v_head_dim)));
+        s_.mm_thread.resize(size_t(model.pool().size()));
+    }
+    backend_ = std::make_unique<CpuBackend>(*this);
+}
+
+Context::~Context() = default;
+
+int64_t Context::kv_bytes_per_token() const {
+    const HParams &hp = model_.hparams();
+    return int64_t(hp.n_layer) * (hp.n_embd_k_cache() + hp.n_embd_v_cache()) * int64_t(sizeof(uint16_t));
+}
+
+void Context::check_seq(int seq_id, const char *what) const {
+    if (seq_id < 0 || seq_id >= n_seq_max_)
+        throw std::invalid_argument(std::string(what) + ": sequence id " + std::to_string(seq_id) +
+                                    " out of range [0, " + std::to_string(n_seq_max_) + ")");
+}
+
+int64_t Context::seq_len(int seq_id) const {
+    check_seq(seq_id, "seq_len");
+    return seq_len_[size_t(seq_id)];
+}
+
+void Context::free_seq(int seq_id) {
+    check_seq(seq_id, "free_seq");
+    seq_len_[size_t(seq_id)] = 0;
+}
+
+void Context::copy_seq(int src, int dst, int64_t n_tokens) {
+    check_seq(src, "copy_seq");
+    check_seq(dst, "copy_seq");
+    if (n_tokens < 0 || n_tokens > seq_len_[size_t(src)])
+        throw std::invalid_argument("copy_seq: n_tokens " + std::to_string(n_tokens) + " exceeds the " +
+                                    std::to_string(seq_len_[size_t(src)]) + " tokens of sequence " +
+                                    std::to_string(src));
+    if (src == dst) {
+        seq_len_[size_t(dst)] = n_tokens;
+        return;
+    }
+    const HParams &hp = model_.hparams();
+    for (int il = 0; il < hp.n_layer; ++il) {
+        for (auto [cache, dim] : {std::pair{k_cache_[size_t(il)].get(), hp.n_embd_k_cache()},
+                                  std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_cache()}}) {
+            if (dim == 0) continue;  // no V cache (MLA)
+            const size_t row = size_t(dim);
+            std::memcpy(cache + size_t(dst) * size_t(n_ctx_) * row, cache + size_t(src) * size_t(n_ctx_) * row,
+                        size_t(n_tokens) * row * sizeof(uint16_t));
+        }
+    }
+    seq_len_[size_t(dst)] = n_tokens;
+}
+
+void Context::forward(const Batch &b, float *logits) {
+    if (b.n < 0) throw std::invalid_argument("forward: negative batch size");
+    const HParams &hp = model_.hparams();
+    // Validate every row before touching the cache: a rejected batch changes nothing.
+    std::vector<int64_t> &next = next_pos_;  // expected next position per sequence, -1: none yet
+    std::fill(next.begin(), next.end(), -1);
+    for (int64_t i = 0; i < b.n; ++i) {
+        const int s = b.seq_ids[i];
+        check_seq(s, "forward");
+        const int64_t p = b.positions[i];
+        if (b.tokens[i] < 0 || b.tokens[i] >= hp.n_vocab)
+            throw std::invalid_argument("forward: token id " + std::to_string(b.tokens[i]) + " out of range [0, " +
+                                        std::to_string(hp.n_vocab) + ")");
+        if (p >= n_ctx_)
+            throw ContextOverflowError("position " + std::to_string(p) + " of sequence " + std::to_string(s) +
+                                       " reaches the context limit n_ctx = " + std::to_string(n_ctx_));
+        int64_t &nx = next[size_t(s)];
+        if (nx < 0 ? (p < 0 || p > seq_len_[size_t(s)]) : p != nx)
+            throw std::invalid_argument("forward: row " + std::to_string(i) + " has position " + std::to_string(p) +
+                                        " for sequence " + std::to_string(s) + ", expected " +
+                                        (nx < 0 ? "at most " + std::to_string(seq_len_[size_t(s)])
+                                                : std::to_string(nx)) +
+                                        " (positions of a sequence must be consecutive)");
+        nx = p + 1;
+    }
+    int64_t out_row = 0;
+    for (int64_t r0 = 0; r0 < b.n; r0 += n_batch_) {
+        const int64_t n = std::min(n_batch_, b.n - r0);
+        forward_chunk(b, r0, n, logits ? logits + out_row * hp.n_vocab : nullptr);
+        for (int64_t i = r0; i < r0 + n; ++i) out_row += b.want_logits[i] ? 1 : 0;
+    }
+}
+
+void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits) {
+    const HParams &hp = model_.hparams();
+    const ModelWeights &w = model_.weights();
+    ThreadPool &pool = model_.pool();
+    const int64_t E = hp.n_embd;
+
+    // Embedding rows: x [n][n_embd].
+    const size_t embd_row_bytes = size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0]));
+    const uint8_t *embd = model_.file().tensor_data(*w.token_embd);
+    for (int64_t i = 0; i < n; ++i) {
+        float *xi = s_.x.data() + i * E;
+        w.token_embd_tk->dequantize_row(embd + size_t(b.tokens[r0 + i]) * embd_row_bytes, xi, E);
+        if (hp.embd_scale != 1.0f)
+            for (int64_t d = 0; d < E; ++d) xi[d] *= hp.embd_scale;
+    }
+    // Rotary angles per row: [n][n_rot] (and for sliding-window layers when they differ).
+    const float *ff = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
+    for (int64_t i = 0; i < n; ++i) {
+        rope_cos_sin(hp.rope, ff, b.positions[r0 + i], s_.rope_cs.data() + i * hp.rope.n_rot);
+        rope_cos_sin(hp.rope_swa, ff, b.positions[r0 + i], s_.rope_cs_swa.data() + i * hp.rope_swa.n_rot);
+    }
+    // The sequence slots grow before the layers run: attention reads positions [0, p] of each row.
+    for (int64_t i = r0; i < r0 + n; ++i) seq_len_[size_t(b.seq_ids[i])] = int64_t(b.positions[i]) + 1;
+
+    backend_->begin_chunk(b.positions + r0, b.seq_ids + r0, n);
+    const ArchSpec &arch = model_.arch();
+    for (int il = 0; il < hp.n_layer; ++il) arch.layer(*backend_, hp, w.layers[size_t(il)], il);
+
+    // Output head on the marked rows only: gather, norm, logits [n_marked][n_vocab].
+    int64_t n_out = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (!b.want_logits[r0 + i]) continue;
+        rms_norm(s_.x.data() + i * E, w.output_norm.data(), s_.xn.data() + n_out * E, E, hp.norm_eps);
+        ++n_out;
+    }
+    if (n_out > 0) matmul(&pool, w.output.pw, s_.xn.data(), n_out, logits, s_.mm);
+    if (const float c = hp.final_logit_softcap; c > 0.0f && n_out > 0)
+        for (int64_t j = 0; j < n_out * hp.n_vocab; ++j) logits[j] = c * std::tanh(logits[j] / c);
+}
+
+void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const std::vector<float> *bias) {
+    matmul(&model_.pool(), m.pw, x, n, y, s_.mm);
+    if (bias && !bias->empty()) {
+        const int64_t rows = m.pw.rows;
+        const float *bv = bias->data();
+        for_each_row(model_.pool(), n, 32, [&](int64_t i) {
+            for (int64_t r = 0; r < rows; ++r) y[i * rows + r] += bv[r];
+        });
+    }
+}
+
+}  // namespace ktd

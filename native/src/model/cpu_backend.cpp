@@ -1,0 +1,129 @@
+#include "model/cpu_backend.h"
+
+#include "kernels/kernels.h"
+#include "model/blocks.h"
+#include "model/model.h"
+#include "model/moe.h"
+
+namespace ktd {
+
+namespace {
+
+const float *bias_or_null(const std::vector<float> &b) { return b.empty() ? nullptr : b.data(); }
+
+// y[j] *= s for j < n (a ternary tensor's scale; 1 when the file has none).
+void scale(float *y, int64_t n, float s) {
+    if (s != 1.0f)
+        for (int64_t j = 0; j < n; ++j) y[j] *= s;
+}
+
+// RMSNorm of each of n_heads vectors of hd floats, in place, with the same weight w [hd].
+void norm_heads(float *x, int n_heads, int64_t hd, const std::vector<float> &w, float eps) {
+    for (int h = 0; h < n_heads; ++h) rms_norm(x + h * hd, w.data(), x + h * hd, hd, eps);
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(Context &ctx)
+    : ctx_(ctx), hp_(ctx.model().hparams()), pool_(ctx.model().pool()), s_(ctx.scratch()) {}
+
+void CpuBackend::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    positions_ = positions;
+    seq_ids_ = seq_ids;
+    n_ = n;
+}
+
+float *CpuBackend::buf(Act a) {
+    switch (a) {
+        case Act::X: return s_.x.data();
+        case Act::XN: return s_.xn.data();
+        case Act::Attn: return s_.attn.data();
+        case Act::Tmp: return s_.tmp.data();
+    }
+    return nullptr;
+}
+
+void CpuBackend::norm(const std::vector<float> &w, Act in, Act out) {
+    const int64_t width = int64_t(w.size());  // rows of every activation are packed: stride = width
+    const float *x = buf(in);
+    float *y = buf(out);
+    for_each_row(pool_, n_, kMinParallelRows,
+                 [&](int64_t i) { rms_norm(x + i * width, w.data(), y + i * width, width, hp_.norm_eps); });
+}
+
+void CpuBackend::residual_add(Act t) {
+    const int64_t E = hp_.n_embd;
+    float *x = s_.x.data();
+    const float *ti = buf(t);
+    for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) {
+        for (int64_t d = 0; d < E; ++d) x[i * E + d] += ti[i * E + d];
+    });
+}
+
+void CpuBackend::attention_in(const LayerWeights &w, int il) {
+    const HParams &hp = hp_;
+    const bool swa = hp.layer_swa[size_t(il)];
+    const RopeParams &rp = swa ? hp.rope_swa : hp.rope;
+    const float *cs_all = (swa ? s_.rope_cs_swa : s_.rope_cs).data();
+    const int64_t hd = hp.head_dim_k, nq = hp.n_embd_q(), nk = hp.n_embd_k_gqa(), nv = hp.n_embd_v_gqa();
+    // Q, K and V read the same input: one pool region (matmul_multi) instead of three.
+    const MatmulJob qkv[] = {{&w.wq.pw, s_.q.data(), bias_or_null(w.bq)},
+                             {&w.wk.pw, s_.k.data(), bias_or_null(w.bk)},
+                             {&w.wv.pw, s_.v.data(), bias_or_null(w.bv)}};
+    matmul_multi(&pool_, qkv, 3, s_.xn.data(), n_, s_.mm);
+    for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) {
+        float *qi = &s_.q[size_t(i * nq)], *ki = &s_.k[size_t(i * nk)];
+        scale(qi, nq, w.wq_scale);
+        scale(ki, nk, w.wk_scale);
+        scale(&s_.v[size_t(i * nv)], nv, w.wv_scale);
+        if (!w.attn_q_norm.empty()) norm_heads(qi, hp.n_head, hd, w.attn_q_norm, hp.norm_eps);
+        if (!w.attn_k_norm.empty()) norm_heads(ki, hp.n_head_kv, hd, w.attn_k_norm, hp.norm_eps);
+        const float *cs = cs_all + i * rp.n_rot;
+        rope_apply(rp, cs, qi, hp.n_head, hd);
+        rope_apply(rp, cs, ki, hp.n_head_kv, hd);
+        for (int64_t d = 0; d < nq; ++d) qi[d] *= hp.attn_scale;
+    });
+}
+
+void CpuBackend::attention(int il) { ctx_.attention(il, positions_, seq_ids_, n_); }
+
+void CpuBackend::attention_out(const LayerWeights &w) {
+    ctx_.linear(w.wo, s_.attn.data(), n_, s_.tmp.data(), &w.bo);
+    if (w.wo_scale != 1.0f) {
+        const int64_t E = hp_.n_embd;
+        for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) { scale(&s_.tmp[size_t(i * E)], E, w.wo_scale); });
+    }
+}
+
+void CpuBackend::glu_ffn(const LayerWeights &w, Glu act) {
+    const int64_t ff = w.ffn_gate.pw.rows, E = hp_.n_embd;
+    // gate and up read the same input: one pool region.
+    const MatmulJob gate_up[] = {{&w.ffn_gate.pw, s_.gate.data(), nullptr}, {&w.ffn_up.pw, s_.up.data(), nullptr}};
+    matmul_multi(&pool_, gate_up, 2, s_.xn.data(), n_, s_.mm);
+    const GluKernel glu = glu_kernel(act);
+    for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) {
+        float *g = &s_.gate[size_t(i * ff)], *u = &s_.up[size_t(i * ff)];
+        scale(g, ff, w.gate_scale);
+        scale(u, ff, w.up_scale);
+        glu(g, u, ff);
+        if (!w.ffn_sub_norm.empty()) rms_norm(g, w.ffn_sub_norm.data(), g, ff, hp_.norm_eps);
+    });
+    ctx_.linear(w.ffn_down, s_.gate.data(), n_, s_.tmp.data());
+    if (w.down_scale != 1.0f)
+        for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) { scale(&s_.tmp[size_t(i * E)], E, w.down_scale); });
+}
+
+void CpuBackend::moe_ffn(const LayerWeights &w, int il) {
+    const int64_t E = hp_.n_embd;
+    const float *x_last = &s_.x[size_t((n_ - 1) * E)];
+    moe_record_state(ctx_, il, 0, x_last);
+    ::ktd::moe_ffn(ctx_, w, il, s_.xn.data(), n_, s_.tmp.data());
+    if (s_.moe_states.empty()) return;
+    // The bench hook's residual after the FFN: what residual_add will make of the last row.
+    moe_after_.resize(size_t(E));
+    const float *t_last = &s_.tmp[size_t((n_ - 1) * E)];
+    for (int64_t d = 0; d < E; ++d) moe_after_[size_t(d)] = x_last[d] + t_last[d];
+    moe_record_state(ctx_, il, 1, moe_after_.data());
+}
+
+}  // namespace ktd

@@ -1,0 +1,418 @@
+// Model::open: the file's architecture and hyperparameters → the pool and its NUMA slices → the
+// architecture's tensor table checked against the file → the memory plan → the weights arenas →
+// every tensor loaded (vectors dequantized, matrices prepared for the kernels: repacked into an
+// arena, one copy per node, or cut into per-node row slices for routed experts).
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <type_traits>
+#include <variant>
+
+#include "common/error.h"
+#include "memory/arena.h"
+#include "memory/numa_policy.h"
+#include "model/model.h"
+
+namespace ktd {
+
+namespace {
+
+std::string tensor_name(const std::string &fmt, int il) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, fmt.c_str(), il);
+    return buf;
+}
+
+std::string shape_str(int64_t a, int64_t b, int64_t c = 1) {
+    return "[" + std::to_string(a) + ", " + std::to_string(b) + (c != 1 ? ", " + std::to_string(c) : "") + "]";
+}
+
+const TypeKernels &kernels_or_throw(const GGUFTensorInfo &t) {
+    const TypeKernels *tk = kernels_for(t.type);
+    if (!tk || !tk->dequantize_row)
+        throw GGUFError("tensor " + std::string(t.name) + " has type " + std::string(ggml_type_name(t.type)) +
+                        ", which has no kernels in this build");
+    return *tk;
+}
+
+std::vector<float> load_vector(const GGUFFile &f, const GGUFTensorInfo &t) {
+    const TypeKernels &tk = kernels_or_throw(t);
+    std::vector<float> v(size_t(t.n_elements));
+    tk.dequantize_row(f.tensor_data(t), v.data(), int64_t(t.n_elements));
+    return v;
+}
+
+// Arena bytes of a slice of `rows` rows: repacked, or (a type without repacking) the rows copied,
+// so that a slice always lives in its node's arena rather than in the file's page cache.
+size_t slice_prepared_bytes(const TypeKernels &tk, size_t row_bytes, int64_t rows, int64_t k, bool allow_repack) {
+    const size_t repacked = prepared_bytes(tk, rows, k, allow_repack);
+    if (repacked || rows == 0) return repacked;
+    return (size_t(rows) * row_bytes + kPreparedAlign - 1) / kPreparedAlign * kPreparedAlign;
+}
+
+// prepare_weights for one slice, into its node's arena (copied when the type does not repack).
+PreparedWeights prepare_slice(ThreadPool *pool, const TypeKernels &tk, const uint8_t *w, size_t row_bytes,
+                              int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena) {
+    if (rows == 0 || prepared_bytes(tk, rows, k, allow_repack))
+        return prepare_weights(pool, tk, w, row_bytes, rows, k, allow_repack, rows ? arena : nullptr);
+    PreparedWeights pw;
+    pw.tk = &tk;
+    pw.row_bytes = row_bytes;
+    pw.rows = rows;
+    pw.k = k;
+    void *out = arena->alloc(size_t(rows) * row_bytes, kPreparedAlign);
+    std::memcpy(out, w, size_t(rows) * row_bytes);
+    pw.data = out;
+    pw.storage = std::shared_ptr<const void>(arena, out);
+    return pw;
+}
+
+// An arena with the NUMA placement of `o` (a node, or interleaved over nodes). The kernel refuses
+// a node it does not have (a fake topology in tests, a node without memory): the arena is then
+// mapped without placement and `note` says why — the compute partition does not depend on it.
+std::shared_ptr<Arena> open_placed_arena(size_t bytes, ArenaOptions o, std::string &note) {
+    try {
+        auto arena = std::make_shared<Arena>(bytes, o);
+        if (!o.interleave.empty()) {
+            // The kernel interleaves over the listed nodes it has memory on and drops the rest
+            // silently: say which ones were dropped.
+            const std::vector<int> kept = range_policy_nodes(arena->base());
+            std::string kept_s, dropped_s;
+            for (int node : o.interleave) {
+                std::string &list = std::find(kept.begin(), kept.end(), node) != kept.end() ? kept_s : dropped_s;
+                if (!list.empty()) list += ',';
+                list += std::to_string(node);
+            }
+            if (!dropped_s.empty())
+                note = "interleaved over node(s) " + kept_s + " only: the kernel has no memory on node(s) " +
+                       dropped_s + " (e.g. a fake topology)";
+        }
+        return arena;
+    } catch (const SysError &e) {
+        if (o.node < 0 && o.interleave.empty()) throw;
+        note = std::string("NUMA placement not applied (") + e.what() +
+               "; the kernel has no such memory node, e.g. a fake topology): pages go where first touched";
+    }
+    o.node = -1;
+    o.interleave.clear();
+    return std::make_shared<Arena>(bytes, o);
+}
+
+}  // namespace
+
+
+std::pair<int64_t, int64_t> numa_slice_rows(int64_t rows, int n_slice, int s) {
+    if (n_slice <= 1) return {0, rows};
+    const int64_t blocks = (rows + kNumaRowAlign - 1) / kNumaRowAlign;
+    auto bound = [&](int i) { return std::min(rows, blocks * i / n_slice * kNumaRowAlign); };
+    return {bound(s), bound(s + 1)};
+}
+
+
+// One table row applied to one layer (il = 0 for a model-level tensor): the tensor the file holds.
+struct TensorUse {
+    const TensorSpec *spec;
+    int il;
+    const GGUFTensorInfo *t;
+};
+
+// Every row of the table against the file: a required tensor present, a tensor outside its layers
+// absent, every shape the expected one. Throws GGUFError naming the tensor.
+static std::vector<TensorUse> check_tensors(const GGUFFile &file, const TensorTable &table, const HParams &hp) {
+    std::vector<TensorUse> uses;
+    for (const TensorSpec &spec : table.specs) {
+        const bool per_layer = spec.per_layer();
+        for (int il = 0; il < (per_layer ? hp.n_layer : 1); ++il) {
+            const std::string name = tensor_name(spec.name, il);
+            const GGUFTensorInfo *t = file.find_tensor(name);
+            if (per_layer && !layer_in_set(spec.layers, hp, il)) {
+                if (t) throw GGUFError("unexpected tensor " + name + " (layer " + std::to_string(il) + " of " + hp.arch +
+                                       " has no such tensor)");
+                continue;
+            }
+            if (!t) {
+                if (spec.required) throw GGUFError("missing tensor " + name + " (required by " + hp.arch + ")");
+                continue;
+            }
+            const auto &e = spec.ne;
+            if (int64_t(t->ne[0]) != e[0] || int64_t(t->ne[1]) != e[1] || int64_t(t->ne[2]) != e[2] || t->ne[3] != 1)
+                throw GGUFError("tensor " + name + " has shape " +
+                                shape_str(int64_t(t->ne[0]), int64_t(t->ne[1]), int64_t(t->ne[2])) +
+                                (t->n_dims > 3 ? " (" + std::to_string(t->n_dims) + " dims)" : "") + ", expected " +
+                                shape_str(e[0], e[1], e[2]));
+            uses.push_back({&spec, il, t});
+        }
+    }
+    return uses;
+}
+
+namespace {
+
+bool is_matrix(const TensorSpec &s) {
+    return std::holds_alternative<Matrix LayerWeights::*>(s.dest) || std::holds_alternative<Matrix ModelWeights::*>(s.dest) ||
+           std::holds_alternative<MatrixStack LayerWeights::*>(s.dest);
+}
+
+}  // namespace
+
+// Arena bytes the prepared matrices take: the dense arena (or each node's copy, replicate) and,
+// when routed experts are sharded, each node's slices. `tied`: token_embd when it is also the
+// output head (prepared like a dense matrix). Tensors without kernels are left to the loader's error.
+struct MemoryPlan {
+    size_t dense_bytes = 0, dense_copy_bytes = 0;
+    std::vector<size_t> slice_bytes;  // [n_slice]
+};
+namespace {
+MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo *tied, int n_slice, bool shard,
+                       bool allow_repack) {
+    MemoryPlan p;
+    p.slice_bytes.assign(size_t(n_slice), 0);
+    auto add = [&](const GGUFTensorInfo &t, bool sharded) {
+        const TypeKernels *tk = kernels_for(t.type);
+        if (!tk || !ggml_row_size(tk->act_type, t.ne[0]) || !ggml_row_size(t.type, t.ne[0])) return;
+        const size_t row_bytes = *ggml_row_size(t.type, t.ne[0]);
+        const int64_t rows = int64_t(t.ne[1]), k = int64_t(t.ne[0]);
+        if (sharded) {
+            for (int sl = 0; sl < n_slice; ++sl) {
+                const auto [r0, r1] = numa_slice_rows(rows, n_slice, sl);
+                p.slice_bytes[size_t(sl)] += slice_prepared_bytes(*tk, row_bytes, r1 - r0, k, allow_repack) * size_t(t.ne[2]);
+            }
+            return;
+        }
+        p.dense_bytes += prepared_bytes(*tk, rows, k, allow_repack) * size_t(t.ne[2]);
+        p.dense_copy_bytes += slice_prepared_bytes(*tk, row_bytes, rows, k, allow_repack) * size_t(t.ne[2]);
+    };
+    for (const TensorUse &u : uses)
+        if (is_matrix(*u.spec)) add(*u.t, shard && u.spec->cls == TensorClass::RoutedExpert);
+    if (tied) add(*tied, false);
+    return p;
+}
+
+}  // namespace
+
+// The arenas of a plan (huge pages when a hugetlb pool is reserved, THP otherwise). One node: one
+// dense arena. Several: the dense arena interleaved over them, or one per node holding a copy of
+// the dense weights (replicate), and, when the experts are sharded, one per node for its slices.
+struct Arenas {
+    std::shared_ptr<Arena> dense;                // not replicated
+    std::vector<std::shared_ptr<Arena>> copies;  // [n_slice] replicate
+    std::vector<std::shared_ptr<Arena>> slices;  // [n_slice]
+};
+namespace {
+Arenas open_arenas(const MemoryPlan &plan, const ModelOptions &opts, const std::vector<int> &nodes, bool replicate,
+                   MemoryLayout &mem) {
+    const size_t n_slice = nodes.size();
+    ArenaOptions aopts;
+    aopts.hugepages = opts.hugepages;
+    aopts.hugetlb_page_size = opts.hugetlb_page_size;
+    aopts.mlock = opts.mlock;
+    Arenas a;
+    a.copies.resize(replicate ? n_slice : 0);
+    for (size_t sl = 0; sl < a.copies.size() && plan.dense_copy_bytes; ++sl) {
+        aopts.node = nodes[sl];
+        std::string note;
+        a.copies[sl] = open_placed_arena(plan.dense_copy_bytes, aopts, note);
+        if (note.empty()) continue;
+        if (!mem.dense_note.empty()) mem.dense_note += "; ";
+        mem.dense_note += "copy on node " + std::to_string(nodes[sl]) + ": " + note;
+    }
+    aopts.node = -1;
+    if (plan.dense_bytes && !replicate) {
+        if (n_slice > 1) aopts.interleave = nodes;
+        a.dense = open_placed_arena(plan.dense_bytes, aopts, mem.dense_note);
+        aopts.interleave.clear();
+    }
+    a.slices.resize(n_slice);
+    for (size_t sl = 0; sl < n_slice; ++sl) {
+        if (!plan.slice_bytes[sl]) continue;
+        aopts.node = nodes[sl];
+        a.slices[sl] = open_placed_arena(plan.slice_bytes[sl], aopts, mem.nodes[sl].note);
+        mem.nodes[sl].bound = a.slices[sl]->node() >= 0;
+    }
+    for (const Arena *ar : {a.dense.get(), a.copies.empty() ? nullptr : a.copies[0].get(),
+                            a.slices.empty() ? nullptr : a.slices[0].get()})
+        if (ar && mem.page_kind.empty()) {
+            mem.page_kind = arena_kind_name(ar->kind());
+            mem.page_size = ar->page_size();
+            mem.page_reason = ar->fallback_reason();
+        }
+    mem.dense_bytes = replicate ? plan.dense_copy_bytes : plan.dense_bytes;
+    return a;
+}
+
+const TypeKernels &matmul_kernels_or_throw(const GGUFTensorInfo &t, std::string_view what) {
+    const TypeKernels &tk = kernels_or_throw(t);
+    if (!tk.gemm)
+        throw GGUFError("tensor " + std::string(what) + " has type " + std::string(ggml_type_name(t.type)) +
+                        ", which has no matmul kernel" + (what == t.name ? " in this build" : ""));
+    return tk;
+}
+
+}  // namespace
+
+// Loads the checked tensors into the model's weights, preparing matrices into the arenas.
+class WeightLoader {
+public:
+    WeightLoader(Model &m, const ModelOptions &opts, Arenas arenas, bool shard, bool replicate)
+        : m_(m), f_(m.file_), opts_(opts), a_(std::move(arenas)), shard_(shard), replicate_(replicate) {}
+
+    void load(const TensorUse &u) {
+        const GGUFTensorInfo &t = *u.t;
+        LayerWeights *lw = u.spec->per_layer() ? &m_.w_.layers[size_t(u.il)] : nullptr;
+        m_.n_params_ += t.n_elements;
+        std::visit(
+            [&](auto dest) {
+                using D = decltype(dest);
+                if constexpr (std::is_same_v<D, std::vector<float> LayerWeights::*>) lw->*dest = load_vector(f_, t);
+                if constexpr (std::is_same_v<D, std::vector<float> ModelWeights::*>) m_.w_.*dest = load_vector(f_, t);
+                if constexpr (std::is_same_v<D, float LayerWeights::*>) lw->*dest = load_vector(f_, t)[0];
+                if constexpr (std::is_same_v<D, Matrix LayerWeights::*>) load_matrix(lw->*dest, t);
+                if constexpr (std::is_same_v<D, Matrix ModelWeights::*>) load_matrix(m_.w_.*dest, t);
+                if constexpr (std::is_same_v<D, MatrixStack LayerWeights::*>)
+                    load_stack(lw->*dest, t, shard_ && u.spec->cls == TensorClass::RoutedExpert);
+            },
+            u.spec->dest);
+    }
+
+    // token_embd is read row by row (dequantize_row), and is the output head when untied.
+    void tie_output() {
+        ModelWeights &w = m_.w_;
+        const HParams &hp = m_.hp_;
+        w.token_embd = f_.find_tensor("token_embd.weight");
+        w.token_embd_tk = &kernels_or_throw(*w.token_embd);
+        if (w.output) return;
+        const TypeKernels &tk = matmul_kernels_or_throw(*w.token_embd, "token_embd.weight (tied output)");
+        w.output.info = w.token_embd;
+        w.output.pw = prepare_dense(tk, f_.tensor_data(*w.token_embd), row_bytes(*w.token_embd), hp.n_vocab, hp.n_embd);
+    }
+
+private:
+    static size_t row_bytes(const GGUFTensorInfo &t) { return size_t(*ggml_row_size(t.type, t.ne[0])); }
+
+    void load_matrix(Matrix &mat, const GGUFTensorInfo &t) {
+        const TypeKernels &tk = matmul_kernels_or_throw(t, t.name);
+        mat.info = &t;
+        mat.pw = prepare_dense(tk, f_.tensor_data(t), row_bytes(t), int64_t(t.ne[1]), int64_t(t.ne[0]));
+        if (mat.pw.repacked) f_.release_pages(t);  // token_embd (read at run time) never gets here
+    }
+
+    // A stack of ne[2] matrices, each prepared on its own; routed experts on several nodes: each
+    // cut into the nodes' row slices, in their arenas.
+    void load_stack(MatrixStack &st, const GGUFTensorInfo &t, bool sharded) {
+        const TypeKernels &tk = matmul_kernels_or_throw(t, t.name);
+        const size_t rb = row_bytes(t);
+        const int64_t rows = int64_t(t.ne[1]), k = int64_t(t.ne[0]), n_mat = int64_t(t.ne[2]);
+        const uint8_t *src = f_.tensor_data(t);
+        st.info = &t;
+        st.rows = rows;
+        if (!sharded) {
+            st.mats.resize(size_t(n_mat));
+            for (int64_t e = 0; e < n_mat; ++e)
+                st.mats[size_t(e)] = prepare_dense(tk, src + size_t(e) * size_t(rows) * rb, rb, rows, k);
+            if (!st.mats.empty() && st.mats[0].repacked) f_.release_pages(t);  // all or none repack
+            return;
+        }
+        const int n_slice = m_.n_slices();
+        st.n_slices = n_slice;
+        st.slices.resize(size_t(n_mat) * size_t(n_slice));
+        for (int64_t e = 0; e < n_mat; ++e)
+            for (int sl = 0; sl < n_slice; ++sl) {
+                const auto [r0, r1] = numa_slice_rows(rows, n_slice, sl);
+                PreparedWeights &pw = st.slices[size_t(e) * size_t(n_slice) + size_t(sl)];
+                pw = prepare_slice(m_.pool_.get(), tk, src + (size_t(e) * size_t(rows) + size_t(r0)) * rb, rb, r1 - r0,
+                                   k, opts_.allow_repack, a_.slices[size_t(sl)]);
+                m_.repacked_bytes_ += pw.repacked_bytes;
+                m_.mem_.nodes[size_t(sl)].expert_bytes += pw.repacked ? pw.repacked_bytes : size_t(r1 - r0) * rb;
+            }
+        if (st.slices[0].repacked) f_.release_pages(t);  // all or none repack
+    }
+
+    // A dense matrix: into the dense arena, or (replicate) one copy per node with node_copies
+    // telling matmul which copy each worker reads.
+    PreparedWeights prepare_dense(const TypeKernels &tk, const uint8_t *src, size_t rb, int64_t rows, int64_t k) {
+        if (!replicate_) {
+            PreparedWeights pw = prepare_weights(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.dense);
+            m_.repacked_bytes_ += pw.repacked_bytes;
+            return pw;
+        }
+        auto copies = std::make_shared<PreparedCopies>();
+        copies->copy_of_tid = m_.tid_slice_;
+        for (size_t sl = 0; sl < a_.copies.size(); ++sl) {
+            copies->copies.push_back(prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.copies[sl]));
+            const PreparedWeights &c = copies->copies.back();
+            m_.mem_.nodes[sl].dense_copy_bytes += c.repacked ? c.repacked_bytes : size_t(rows) * rb;
+        }
+        PreparedWeights pw = copies->copies[0];
+        pw.node_copies = copies;
+        m_.repacked_bytes_ += pw.repacked_bytes;
+        return pw;
+    }
+
+    Model &m_;
+    const GGUFFile &f_;
+    const ModelOptions &opts_;
+    Arenas a_;
+    bool shard_, replicate_;
+};
+
+std::string Model::supported_archs() {
+    std::string s;
+    for (const ArchSpec *a : all_archs()) {
+        if (!s.empty()) s.append(", ");
+        s.append(a->name);
+    }
+    return s;
+}
+
+void Model::init_pool(const ModelOptions &opts) {
+    ThreadPoolOptions popts;
+    popts.n_threads = opts.n_threads;
+    popts.pin = opts.pin;
+    popts.nodes = opts.nodes;
+    popts.smt = opts.smt;
+    popts.sysfs_root = opts.sysfs_root;
+    popts.affinity = opts.affinity;
+    pool_ = std::make_unique<ThreadPool>(popts);
+    // NUMA slices: one per node of the pool, in the pool's node order.
+    const std::vector<int> nodes = pool_->nodes();
+    for (int node : nodes) {
+        NumaNodeMemory nm;
+        nm.node = node;
+        nm.n_threads = int(pool_->workers_of_node(node).size());
+        mem_.nodes.push_back(nm);
+    }
+    tid_slice_.resize(size_t(pool_->size()));
+    for (int tid = 0; tid < pool_->size(); ++tid)
+        tid_slice_[size_t(tid)] = int(std::find(nodes.begin(), nodes.end(), pool_->node_of(tid)) - nodes.begin());
+}
+
+std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
+    GGUFFile f = GGUFFile::open(path);
+    const std::string arch_name(f.get_string("general.architecture"));
+    const ArchSpec *arch = find_arch(arch_name);
+    if (!arch)
+        throw GGUFError("unsupported architecture '" + arch_name + "' (supported: " + supported_archs() + ")");
+    std::unique_ptr<Model> m(new Model(std::move(f)));
+    m->arch_ = arch;
+    m->hp_ = read_hparams(m->file_, arch_name);
+    arch->tune(m->hp_, m->file_);
+    arch->tensors(m->table_, m->hp_);
+    m->init_pool(opts);
+
+    const int n_slice = m->n_slices();
+    const bool shard = n_slice > 1 && opts.shard_experts;
+    const bool replicate = n_slice > 1 && opts.numa_dense == NumaDense::Replicate;
+    m->mem_.experts_sharded = shard;
+    m->mem_.dense_policy = n_slice == 1 ? "local" : replicate ? "replicate" : "interleave";
+
+    const std::vector<TensorUse> uses = check_tensors(m->file_, m->table_, m->hp_);
+    const GGUFTensorInfo *tied = m->file_.find_tensor("output.weight") ? nullptr : m->file_.find_tensor("token_embd.weight");
+    const MemoryPlan plan = plan_memory(uses, tied, n_slice, shard, opts.allow_repack);
+    WeightLoader loader(*m, opts, open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_), shard, replicate);
+    m->w_.layers.resize(size_t(m->hp_.n_layer));
+    for (const TensorUse &u : uses) loader.load(u);
+    loader.tie_output();
+    return m;
+}
+
+}  // namespace ktd
