@@ -196,13 +196,12 @@ class Scheduler:
     # --- engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        pin = getattr(self.engine, "pin_forward_thread", None)
-        if pin:  # this thread runs every forward: the pool's tid 0 (pinned on a multi-node pool)
-            try:
-                if pin():
-                    log.info("engine thread pinned to CPU %d", self.engine.model.forward_cpu)
-            except OSError as e:
-                log.warning("could not pin the engine thread (it stays unpinned): %s", e)
+        # this thread runs every forward: the pool's tid 0 (pinned on a multi-node pool)
+        try:
+            if self.engine.pin_forward_thread():
+                log.info("engine thread pinned to CPU %d", self.engine.forward_cpu)
+        except OSError as e:
+            log.warning("could not pin the engine thread (it stays unpinned): %s", e)
         try:
             while True:
                 with self._lock:
