@@ -29,10 +29,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from ktd import __version__, config as config_mod, protocol, systemd
+from ktd import __version__, admission, config as config_mod, protocol, systemd
 from ktd.engine_api import Engine, EngineFactory
-from ktd.errors import (BadRequest, Busy, ContextOverflow, Internal, KtdError, NotFound, TooLarge,
-                        Unauthorized)
+from ktd.errors import BadRequest, Busy, Internal, KtdError, NotFound, Unauthorized
 from ktd.scheduler import Job, Scheduler, deliver_here
 
 log = logging.getLogger("ktd.server")
@@ -570,24 +569,6 @@ class Daemon:
             return {"text": await loop.run_in_executor(None, tok.decode, ids)}
         raise BadRequest(f"unknown method {m!r}")  # parse_request already rejects these
 
-    def _prompt_tokens(self, g: protocol.GenerateRequest) -> list[int]:
-        assert self.engine is not None
-        tok = self.engine.tokenizer
-        if g.tokens is not None:
-            bad = next((t for t in g.tokens if t >= tok.n_vocab), None)
-            if bad is not None:
-                raise BadRequest(f"generate: token {bad} is outside the vocabulary [0, {tok.n_vocab})")
-            return list(g.tokens)
-        if g.messages is not None:
-            try:
-                text = tok.render_chat(g.messages, add_generation_prompt=True)
-            except ValueError as e:
-                raise BadRequest(f"generate: chat template: {e}") from None
-            # the template writes the special tokens as text
-            return tok.encode(text, add_special=g.add_special, parse_special=True)
-        assert g.prompt is not None
-        return tok.encode(g.prompt, add_special=g.add_special, parse_special=g.parse_special)
-
     async def _generate(self, conn: Connection, req: protocol.Request) -> None:
         assert self.engine is not None and self.scheduler is not None
         loop = asyncio.get_running_loop()
@@ -596,20 +577,9 @@ class Daemon:
         if req.msgid in conn.active:
             raise BadRequest(f"generate: msgid {req.msgid} is already in use on this connection")
         g = protocol.parse_generate(req.params, self._limits)
-        prompt = await loop.run_in_executor(None, self._prompt_tokens, g)
-        n_ctx = self.engine.n_ctx
-        if not prompt:
-            raise BadRequest("generate: the prompt is empty")
-        if len(prompt) > self._limits.max_prompt_tokens:
-            raise TooLarge(f"generate: {len(prompt)} prompt tokens, the limit is {self._limits.max_prompt_tokens}")
-        if len(prompt) >= n_ctx:
-            raise ContextOverflow(f"generate: {len(prompt)} prompt tokens leave no room in n_ctx {n_ctx}",
-                                  data={"prompt_tokens": len(prompt), "n_ctx": n_ctx})
-        if g.max_tokens is not None and len(prompt) + g.max_tokens > n_ctx:
-            raise ContextOverflow(f"generate: {len(prompt)} prompt tokens + max_tokens {g.max_tokens} "
-                                  f"exceed n_ctx {n_ctx}",
-                                  data={"prompt_tokens": len(prompt), "n_ctx": n_ctx})
-        max_tokens = g.max_tokens or min(self._limits.max_tokens, n_ctx - len(prompt))
+        prompt = await loop.run_in_executor(None, admission.prompt_tokens, g, self.engine.tokenizer)
+        max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
+                                     n_ctx=self.engine.n_ctx, limits=self._limits)
         deadlines = [d for d in (self.config.server.request_deadline_s or None, g.deadline_s) if d]
         deadline = time.monotonic() + min(deadlines) if deadlines else None
         # The sink runs on the event loop (the scheduler posts each step's events in one
