@@ -31,6 +31,7 @@ from typing import Any
 
 from ktd import __version__, admission, config as config_mod, protocol, systemd
 from ktd.engine_api import Engine, EngineFactory
+from ktd.instrument import Instrument, ServerFacts
 from ktd.errors import BadRequest, Busy, Internal, KtdError, NotFound, Unauthorized
 from ktd.scheduler import Job, Scheduler, deliver_here
 
@@ -121,29 +122,6 @@ def bind_socket(path: str, mode: int, group: str | None) -> socket.socket:
     return sock
 
 
-def _read_meminfo() -> dict[str, int]:
-    out = {}
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key.startswith(("HugePages_", "Hugepagesize", "AnonHugePages", "MemTotal", "MemAvailable")):
-                parts = rest.split()
-                out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
-    return out
-
-
-def _read_smaps_rollup() -> dict[str, int]:
-    out = {}
-    with contextlib.suppress(OSError), open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if key in ("Rss", "Private_Hugetlb", "Shared_Hugetlb", "AnonHugePages", "FilePmdMapped") \
-                    and len(parts) == 2:
-                out[key] = int(parts[0]) * 1024
-    return out
-
-
 class Connection:
     def __init__(self, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  creds: tuple[int, int, int, frozenset[int]]):
@@ -172,6 +150,7 @@ class Daemon:
         self.engine_factory = engine_factory
         self.engine: Engine | None = None
         self.scheduler: Scheduler | None = None
+        self.instrument: Instrument | None = None
         self.connections: dict[int, Connection] = {}
         self._conn_ids = itertools.count(1)
         self._req_ids = itertools.count(1)
@@ -223,6 +202,7 @@ class Daemon:
                                    prefill_tokens_per_step=self.config.scheduler.prefill_tokens_per_step,
                                    max_queue=self.config.server.max_queue,
                                    deliver=lambda events: self._deliver(loop, events))
+        self.instrument = Instrument(self.engine, self.scheduler, self.counters)
         self.scheduler.start()
         server = await asyncio.start_unix_server(self._accept, sock=sock, limit=_READ_CHUNK)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload()))
@@ -318,15 +298,15 @@ class Daemon:
         log.info("%s", text)
         systemd.notify(f"STATUS={text}", f"EXTEND_TIMEOUT_USEC={int(_LOAD_EXTEND_S * 1e6)}")
 
+    def _facts(self) -> ServerFacts:
+        return ServerFacts(state=self.state, socket=self.socket_path, activated=self.activated,
+                           connections=len(self.connections), reloads=self.reloads,
+                           uptime_s=time.monotonic() - self.started)
+
     def _status_text(self) -> str:
-        if self.scheduler is None or self.engine is None:
+        if self.instrument is None:
             return self.state
-        s = self.scheduler.stats()
-        name = self.engine.info().get("name", "model")
-        extra = f", reloads={self.reloads}" if self.reloads else ""
-        act = " (socket-activated)" if self.activated else ""
-        return (f"{self.state} {name} on {self.socket_path}{act}: {s['slots_in_use']}/{s['slots_total']} "
-                f"slots, {s['queued']} queued, {s['tokens_per_s']:.1f} tok/s{extra}")
+        return self.instrument.status_line(self._facts())
 
     async def _status_loop(self) -> None:
         while True:
@@ -623,68 +603,13 @@ class Daemon:
     # --- introspection -----------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        assert self.engine is not None and self.scheduler is not None
-        smaps = _read_smaps_rollup()
-        meminfo = _read_meminfo()
-        info = self.engine.info()
-        return {
-            "server": {"version": __version__, "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
-                       "state": self.state, "uptime_s": round(time.monotonic() - self.started, 3),
-                       "socket": self.socket_path, "socket_activated": self.activated,
-                       "connections": len(self.connections), "reloads": self.reloads},
-            "model": info,
-            "scheduler": {**self.scheduler.stats(), "n_ctx": self.engine.n_ctx,
-                          "prefill_tokens_per_step": self.scheduler.prefill_tokens_per_step},
-            "memory": {"process": smaps, "system": meminfo,
-                       "hugepages": (info.get("memory") or {}).get("hugepages")},
-            "cpu": {"affinity": len(os.sched_getaffinity(0)), "isa": info.get("isa"),
-                    "threads": info.get("threads"), "numa": info.get("numa")},
-            "limits": dict(vars(self._limits)),
-        }
+        assert self.instrument is not None
+        return self.instrument.status(self._facts(), self._limits)
 
     def metrics(self) -> str:
         """Prometheus text exposition (version 0.0.4)."""
-        assert self.engine is not None and self.scheduler is not None
-        s = self.scheduler.stats()
-        sc = self.scheduler.counters
-        lines: list[str] = []
-
-        def metric(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP ktd_{name} {help}")
-            lines.append(f"# TYPE ktd_{name} {kind}")
-            for labels, value in samples:
-                lines.append(f"ktd_{name}{labels} {value:g}" if isinstance(value, float)
-                             else f"ktd_{name}{labels} {value}")
-
-        def by_prefix(counter: Counter[str], prefix: str, label: str) -> list[tuple[str, float]]:
-            return [(f'{{{label}="{k[len(prefix):]}"}}', v) for k, v in sorted(counter.items())
-                    if k.startswith(prefix)]
-
-        metric("up", "gauge", "1 while serving", [("", 1 if self.state == "serving" else 0)])
-        metric("requests_total", "counter", "requests received, by method",
-               by_prefix(self.counters, "requests_", "method"))
-        metric("errors_total", "counter", "error responses, by code",
-               by_prefix(self.counters, "errors_", "code"))
-        metric("rejected_connections_total", "counter", "connections refused, by reason",
-               by_prefix(self.counters, "rejected_", "reason"))
-        metric("generate_finished_total", "counter", "generate requests ended, by reason",
-               by_prefix(sc, "finished_", "reason"))
-        metric("generated_tokens_total", "counter", "tokens sampled", [("", sc["generated_tokens"])])
-        metric("prompt_tokens_total", "counter", "prompt tokens prefilled", [("", sc["prompt_tokens"])])
-        metric("steps_total", "counter", "engine batch steps", [("", s["steps"])])
-        metric("step_seconds_total", "counter", "engine thread time in batch steps (batch assembly, "
-               "forward, sampling, hand-off)", [("", float(self.scheduler.step_seconds))])
-        metric("forward_seconds_total", "counter", "time spent in engine forward",
-               [("", float(self.scheduler.forward_seconds))])
-        metric("sample_seconds_total", "counter", "time spent sampling, detokenizing and handing "
-               "results to the event loop", [("", float(self.scheduler.sample_seconds))])
-        metric("tokens_per_second", "gauge", "generated tokens per second (10 s window)",
-               [("", float(s["tokens_per_s"]))])
-        metric("slots_in_use", "gauge", "KV slots holding a sequence", [("", s["slots_in_use"])])
-        metric("slots_total", "gauge", "KV slots", [("", s["slots_total"])])
-        metric("queue_length", "gauge", "requests waiting for a slot", [("", s["queued"])])
-        metric("connections", "gauge", "open client connections", [("", len(self.connections))])
-        return "\n".join(lines) + "\n"
+        assert self.instrument is not None
+        return self.instrument.metrics(up=self.state == "serving", connections=len(self.connections))
 
 
 def setup_logging(level: str) -> None:
