@@ -1,5 +1,7 @@
-"""The daemon: asyncio Unix-socket server, request handling, lifecycle (load, serve, reload, drain).
+"""The daemon's lifecycle: load, serve, reload, drain, stop.
 
+The parts it composes: ``sockets`` (the listening socket), ``connections`` (clients, requests,
+generate streams), ``scheduler`` (the engine thread), ``instrument`` (status, metrics, STATUS=).
 One process serves one model. The event loop owns the sockets and never blocks: the model runs
 on the scheduler's engine thread, tokenization in the default executor. Lifecycle (docs/OPS.md):
 bind or inherit the socket → load the model (STATUS=/EXTEND_TIMEOUT_USEC= progress) → start the
