@@ -165,6 +165,11 @@ class FakeEngine:
                 out.append(row_logits(self.kv[s], self.eos_bias))
         return np.stack(out) if out else np.zeros((0, N_VOCAB), np.float32)
 
+    forward_cpu = -1  # never pinned
+
+    def pin_forward_thread(self) -> bool:
+        return False  # nothing to place: the fake runs on whatever CPU the thread gets
+
     def free_seq(self, seq_id: int) -> None:
         self.kv[seq_id] = []
         self.freed.append(seq_id)

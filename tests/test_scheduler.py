@@ -260,3 +260,20 @@ def test_a_failing_pin_only_warns(make, caplog):
     finally:
         s2.stop(timeout=10)
     assert any("could not pin the engine thread" in r.getMessage() for r in caplog.records)
+
+
+def protocol_members(proto) -> set[str]:
+    return {n for n in vars(proto) if not n.startswith("_")} | set(proto.__annotations__)
+
+
+def test_the_engines_implement_every_member_of_the_engine_protocol():
+    # the scheduler calls these directly (no getattr probing): a fake missing one is a test bug
+    from ktd import engine, engine_api
+
+    members = protocol_members(engine_api.Engine)
+    assert {"forward", "free_seq", "pin_forward_thread", "forward_cpu", "tokenizer"} <= members
+    fake = fake_engine.FakeEngine()
+    assert not [m for m in members if not hasattr(fake, m)]
+    assert not [m for m in members - set(engine_api.Engine.__annotations__) if not hasattr(engine.Engine, m)]
+    assert not [m for m in protocol_members(engine_api.Tokenizer) if not hasattr(fake.tokenizer, m)]
+    assert fake.pin_forward_thread() is False and fake.forward_cpu == -1

@@ -124,6 +124,11 @@ class Engine:
         (not on one node); OSError if the CPU cannot be taken."""
         return bool(self.model.pin_forward_thread())
 
+    @property
+    def forward_cpu(self) -> int:
+        """The CPU ``pin_forward_thread`` pinned the forward thread to, -1 when not pinned."""
+        return int(self.model.forward_cpu)
+
     def free_seq(self, seq_id: int) -> None:
         self.context.free_seq(seq_id)
 

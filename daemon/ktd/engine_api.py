@@ -51,11 +51,25 @@ class Tokenizer(Protocol):
 
 class Engine(Protocol):
     """One loaded model, owned by the engine thread (never called from the event loop except
-    ``tokenizer`` and ``info``)."""
+    ``tokenizer``, ``info``, ``n_ctx`` and ``n_seq_max``). Everything the scheduler and the
+    server use is declared here; they do not probe for optional members."""
 
     tokenizer: Tokenizer
     n_ctx: int                       # per-sequence context limit (tokens)
     n_seq_max: int                   # KV slots; seq ids are 0 .. n_seq_max-1
+
+    @property
+    def forward_cpu(self) -> int:
+        """The CPU the forward thread is pinned to, -1 when it is not pinned (for logs)."""
+        ...
+
+    def pin_forward_thread(self) -> bool:
+        """Called once on the thread that will run every ``forward`` (the scheduler's engine
+        thread), before the first one. Pins it where the engine wants it (the real engine: the
+        pool's first CPU on a pool that spans several NUMA nodes) and returns whether it pinned;
+        an engine with nothing to pin returns False. OSError: the CPU cannot be taken (the
+        caller keeps running unpinned)."""
+        ...
 
     def info(self) -> dict[str, Any]:
         """Model name/path, architecture, n_params, quant, isa, threads, memory (huge pages kind

@@ -66,8 +66,8 @@ class Cancelled(KtdError):
 class ContextOverflow(KtdError):
     """Prompt plus requested tokens do not fit the per-sequence context (n_ctx).
 
-    Also raised by an engine's ``forward`` when a position would exceed n_ctx; the scheduler
-    checks n_ctx itself so that this normally never happens inside a forward.
+    Also raised by an engine's ``forward`` when a position would exceed n_ctx; admission
+    (``ktd.admission.admit``) checks n_ctx first so that this normally never happens there.
     """
 
     code = "context_overflow"

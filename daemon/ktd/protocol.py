@@ -12,7 +12,7 @@ Nothing here does I/O: the server feeds bytes to a ``FrameDecoder`` and hands th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,9 +260,7 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
         t = params["tokens"]
         if not isinstance(t, list) or not t or not all(type(x) is int and x >= 0 for x in t):
             raise BadRequest("generate: tokens must be a non-empty array of non-negative integers")
-        if len(t) > limits.max_prompt_tokens:
-            raise TooLarge(f"generate: {len(t)} prompt tokens, the limit is {limits.max_prompt_tokens}")
-        tokens = tuple(t)
+        tokens = tuple(t)  # their count and range are checked with the model's (ktd.admission)
     max_tokens = params.get("max_tokens")
     if max_tokens is not None:
         if type(max_tokens) is not int or max_tokens < 1:
@@ -321,10 +319,17 @@ def parse_detokenize(params: dict[str, Any], n_vocab: int) -> list[int]:
     t = params.get("tokens")
     if not isinstance(t, list) or not all(type(x) is int for x in t):
         raise BadRequest("detokenize: tokens must be an array of integers")
-    bad = next((x for x in t if not 0 <= x < n_vocab), None)
+    bad = out_of_vocab(t, n_vocab)
     if bad is not None:
         raise BadRequest(f"detokenize: token {bad} is outside the vocabulary [0, {n_vocab})")
     return t
+
+
+def out_of_vocab(ids: Sequence[int], n_vocab: int) -> int | None:
+    """The first id outside [0, n_vocab), None when all are inside."""
+    if not ids or (min(ids) >= 0 and max(ids) < n_vocab):  # the common case, at C speed
+        return None
+    return next(x for x in ids if not 0 <= x < n_vocab)
 
 
 def parse_empty(method: str, params: dict[str, Any]) -> None:

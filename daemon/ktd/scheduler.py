@@ -1,8 +1,8 @@
 """Continuous batching on a dedicated engine thread.
 
-The event loop submits ``Job``s (already tokenized) and receives events through each job's
-``sink`` (called on the engine thread; the server forwards them with ``call_soon_threadsafe``).
-Each step the engine thread:
+The event loop submits ``Job``s (already tokenized and admitted, ``ktd.admission``); the engine
+thread hands their events (``ktd.events``) to the one ``deliver`` it was given, and never hears
+back about them. Each step the engine thread:
 
 1. applies cancellations and expired deadlines (their KV slots are freed before the step);
 2. admits waiting jobs into free KV slots, fairly: the waiting job whose client holds the fewest
@@ -14,8 +14,8 @@ Each step the engine thread:
 A job ends with exactly one terminal event: ("done", result) or ("error", KtdError). Before it,
 ("chunk", text) events carry the generated text in order. The events of one step are handed over
 together: ``deliver(events)`` is called once per step on the engine thread with the list of
-``(sink, kind, payload)``; the default calls each sink there, the server posts the whole list to
-its event loop with one ``call_soon_threadsafe`` (one loop wakeup per step, not per token).
+``(sink, kind, payload)``; the default calls each sink there, the server's posts the whole list
+to its event loop with one ``call_soon_threadsafe`` (one loop wakeup per step, not per token).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,29 +32,22 @@ import numpy as np
 
 from ktd.engine_api import Engine
 from ktd.errors import Busy, Cancelled, ContextOverflow, Internal, KtdError
+from ktd.events import Deliver, Event, Sink, call_sinks
 from ktd.sampling import Generation, SamplingParams
 
 log = logging.getLogger("ktd.scheduler")
 
-Sink = Callable[[str, Any], None]   # sink(kind, payload): "chunk" str | "done" dict | "error" KtdError
-Event = tuple[Sink, str, Any]
-Deliver = Callable[[list[Event]], None]
+# The default hand-off: every sink called on the engine thread (in-process use and tests).
+deliver_here: Deliver = call_sinks
+__all__ = ["Deliver", "Event", "Job", "Scheduler", "Sink", "deliver_here"]
 
-
-def deliver_here(events: list[Event]) -> None:
-    """Call every sink here (the default ``deliver``: on the engine thread). A failing sink is
-    logged and does not keep the other jobs' events from being delivered."""
-    for sink, kind, payload in events:
-        try:
-            sink(kind, payload)
-        except Exception:
-            log.exception("delivering a %r event failed", kind)
 _TPS_WINDOW_S = 10.0                # tokens/s is averaged over this window
 
 
 @dataclass
 class Job:
-    """A generate request, tokenized and checked against n_ctx by the server."""
+    """A generate request, tokenized and admitted (``ktd.admission.admit``): the scheduler does not
+    check it again."""
 
     client: int                      # connection id (fairness, cancel on disconnect)
     prompt: list[int]
@@ -196,13 +188,12 @@ class Scheduler:
     # --- engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        pin = getattr(self.engine, "pin_forward_thread", None)
-        if pin:  # this thread runs every forward: the pool's tid 0 (pinned on a multi-node pool)
-            try:
-                if pin():
-                    log.info("engine thread pinned to CPU %d", self.engine.model.forward_cpu)
-            except OSError as e:
-                log.warning("could not pin the engine thread (it stays unpinned): %s", e)
+        # this thread runs every forward: the pool's tid 0 (pinned on a multi-node pool)
+        try:
+            if self.engine.pin_forward_thread():
+                log.info("engine thread pinned to CPU %d", self.engine.forward_cpu)
+        except OSError as e:
+            log.warning("could not pin the engine thread (it stays unpinned): %s", e)
         try:
             while True:
                 with self._lock:

@@ -1,5 +1,7 @@
-"""The daemon: asyncio Unix-socket server, request handling, lifecycle (load, serve, reload, drain).
+"""The daemon's lifecycle: load, serve, reload, drain, stop.
 
+The parts it composes: ``sockets`` (the listening socket), ``connections`` (clients, requests,
+generate streams), ``scheduler`` (the engine thread), ``instrument`` (status, metrics, STATUS=).
 One process serves one model. The event loop owns the sockets and never blocks: the model runs
 on the scheduler's engine thread, tokenization in the default executor. Lifecycle (docs/OPS.md):
 bind or inherit the socket → load the model (STATUS=/EXTEND_TIMEOUT_USEC= progress) → start the
@@ -14,40 +16,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import grp
-import itertools
 import logging
 import os
-import pwd
 import signal
-import socket
-import stat
-import struct
 import sys
 import threading
 import time
 from collections import Counter
 from typing import Any
 
-from ktd import __version__, config as config_mod, protocol, systemd
+from ktd import config as config_mod, systemd
+from ktd.connections import READ_CHUNK, Connections, Policy, loop_delivery
 from ktd.engine_api import Engine, EngineFactory
-from ktd.errors import (BadRequest, Busy, ContextOverflow, Internal, KtdError, NotFound, TooLarge,
-                        Unauthorized)
-from ktd.scheduler import Job, Scheduler, deliver_here
+from ktd.instrument import Instrument, ServerFacts
+from ktd.scheduler import Scheduler
+from ktd.sockets import StartupError, listening_socket
+
+__all__ = ["Daemon", "StartupError", "StoppedDuringLoad", "serve", "setup_logging"]
 
 log = logging.getLogger("ktd.server")
 
-_READ_CHUNK = 64 * 1024
-_REFUSE_WAIT_S = 2.0        # a refused peer gets this long to send the request we answer
-_LINGER_S = 1.0             # lingering close: drain input this long after shutdown(SHUT_WR)
 _LOAD_EXTEND_S = 120.0      # EXTEND_TIMEOUT_USEC sent with each loading progress report
 _STATUS_EVERY_S = 5.0       # STATUS= serving summary refresh
-_INFLIGHT_SPARE = 64        # unanswered requests per connection beyond running + queued generates
-_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
-
-
-class StartupError(Exception):
-    """The daemon cannot start (socket, model): one line for the operator, exit 1."""
 
 
 class StoppedDuringLoad(Exception):
@@ -55,116 +45,10 @@ class StoppedDuringLoad(Exception):
     waiting for the load, which runs in native code that cannot be interrupted."""
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int, frozenset[int]]:
-    """(pid, uid, gid, supplementary gids) of a Unix-socket peer, from the kernel."""
-    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                        struct.calcsize("3i")))
-    groups: frozenset[int] = frozenset()
-    with contextlib.suppress(OSError):
-        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 4 * 1024)
-        groups = frozenset(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
-    return pid, uid, gid, groups
-
-
-def resolve_ids(names: tuple[int | str, ...], kind: str) -> frozenset[int]:
-    """Numeric ids for configured uids/user names or gids/group names; unknown names are skipped."""
-    out = set()
-    for n in names:
-        if isinstance(n, int):
-            out.add(n)
-            continue
-        try:
-            out.add(pwd.getpwnam(n).pw_uid if kind == "user" else grp.getgrnam(n).gr_gid)
-        except KeyError:
-            log.warning("allow-list: unknown %s %r skipped", kind, n)
-    return frozenset(out)
-
-
-def bind_socket(path: str, mode: int, group: str | None) -> socket.socket:
-    """Bind and listen on ``path`` with ``mode`` set by umask at bind time (no chmod window)."""
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, mode=0o755, exist_ok=True)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if not stat.S_ISSOCK(st.st_mode):
-            raise StartupError(f"{path} exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)  # stale socket of a dead daemon
-        else:
-            raise StartupError(f"another daemon is listening on {path}")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o777 & ~mode)
-    try:
-        sock.bind(path)
-    except OSError as e:
-        sock.close()
-        raise StartupError(f"cannot bind {path}: {e.strerror}") from None
-    finally:
-        os.umask(old)
-    if group is not None:
-        try:
-            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-            os.chown(path, -1, gid)
-        except KeyError:
-            log.warning("socket group %r does not exist; %s keeps the daemon's group", group, path)
-        except PermissionError:
-            log.warning("cannot give %s to group %r (not permitted); it keeps the daemon's group",
-                        path, group)
-    sock.listen(128)
-    return sock
-
-
-def _read_meminfo() -> dict[str, int]:
-    out = {}
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key.startswith(("HugePages_", "Hugepagesize", "AnonHugePages", "MemTotal", "MemAvailable")):
-                parts = rest.split()
-                out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
-    return out
-
-
-def _read_smaps_rollup() -> dict[str, int]:
-    out = {}
-    with contextlib.suppress(OSError), open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if key in ("Rss", "Private_Hugetlb", "Shared_Hugetlb", "AnonHugePages", "FilePmdMapped") \
-                    and len(parts) == 2:
-                out[key] = int(parts[0]) * 1024
-    return out
-
-
-class Connection:
-    def __init__(self, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 creds: tuple[int, int, int, frozenset[int]]):
-        self.cid = cid
-        self.reader, self.writer = reader, writer
-        self.pid, self.uid, self.gid, self.groups = creds
-        self.active: dict[int, int] = {}          # msgid -> scheduler job id (generate)
-        self.tasks: set[asyncio.Task] = set()
-
-    def send(self, data: bytes) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(data)
-
-    async def drain(self) -> None:
-        if not self.writer.is_closing():
-            with contextlib.suppress(ConnectionError):
-                await self.writer.drain()
-
-
 class Daemon:
+    """The lifecycle: start (socket, load, engine thread, accept), reload, drain, stop. Requests
+    are the ``Connections``'; what the daemon reports, the ``Instrument``'s."""
+
     def __init__(self, config: config_mod.Config, engine_factory: EngineFactory, *,
                  config_path: str | None = None, socket_path: str | None = None):
         self.config = config
@@ -173,42 +57,24 @@ class Daemon:
         self.engine_factory = engine_factory
         self.engine: Engine | None = None
         self.scheduler: Scheduler | None = None
-        self.connections: dict[int, Connection] = {}
-        self._conn_ids = itertools.count(1)
-        self._req_ids = itertools.count(1)
-        self.counters: Counter[str] = Counter()
+        self.connections: Connections | None = None
+        self.instrument: Instrument | None = None
+        self.counters: Counter[str] = Counter()   # requests_, errors_, rejected_ (the connections')
         self.reloads = 0
         self.activated = False
         self.state = "starting"
         self.started = time.monotonic()
         self._stop = asyncio.Event()
-        self._allowed_uids: frozenset[int] = frozenset()
-        self._allowed_gids: frozenset[int] = frozenset()
-        self._resolve_allow_list()
-        self._limits = self._make_limits(config)
+        self._policy = Policy.from_config(config)
         self._last_status = ""
-
-    # --- configuration -----------------------------------------------------------------------
-
-    @staticmethod
-    def _make_limits(c: config_mod.Config) -> protocol.Limits:
-        return protocol.Limits(max_frame_bytes=c.server.max_frame_bytes,
-                               max_prompt_tokens=c.limits.max_prompt_tokens,
-                               max_tokens=c.limits.max_tokens, max_messages=c.limits.max_messages,
-                               max_nesting=c.limits.max_nesting, max_stop=c.limits.max_stop)
-
-    def _resolve_allow_list(self) -> None:
-        self._allowed_uids = resolve_ids(self.config.server.allowed_uids, "user") | {os.getuid()}
-        self._allowed_gids = resolve_ids(self.config.server.allowed_gids, "group")
-
-    def authorized(self, uid: int, gid: int, groups: frozenset[int]) -> bool:
-        return uid in self._allowed_uids or bool(({gid} | groups) & self._allowed_gids)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        sock = self._listening_socket()
+        sc = self.config.server
+        sock, self.socket_path, self.activated = listening_socket(self.socket_path, sc.socket_mode,
+                                                                  sc.socket_group)
         # A stop request during the load (systemctl stop while starting) ends the daemon at once;
         # a reload request then has nothing to reload yet (SIGHUP must not kill the process).
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -222,10 +88,12 @@ class Daemon:
             raise
         self.scheduler = Scheduler(self.engine,
                                    prefill_tokens_per_step=self.config.scheduler.prefill_tokens_per_step,
-                                   max_queue=self.config.server.max_queue,
-                                   deliver=lambda events: self._deliver(loop, events))
+                                   max_queue=sc.max_queue, deliver=loop_delivery(loop))
+        self.instrument = Instrument(self.engine, self.scheduler, self.counters)
+        self.connections = Connections(self.engine, self.scheduler, self._policy, self.counters,
+                                       {"health": self.health, "status": self.status, "metrics": self.metrics})
         self.scheduler.start()
-        server = await asyncio.start_unix_server(self._accept, sock=sock, limit=_READ_CHUNK)
+        server = await asyncio.start_unix_server(self.connections.accept, sock=sock, limit=READ_CHUNK)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload()))
         self.state = "serving"
         systemd.ready(self._status_text())
@@ -239,22 +107,6 @@ class Daemon:
         for t in background:
             t.cancel()
         return 0
-
-    def _listening_socket(self) -> socket.socket:
-        inherited = systemd.listen_sockets()
-        for sock, name in inherited:
-            if sock.family == socket.AF_UNIX and sock.type == socket.SOCK_STREAM:
-                self.activated = True
-                self.socket_path = sock.getsockname() or self.socket_path
-                for other, _ in inherited:
-                    if other is not sock:
-                        other.close()
-                log.info("using socket-activated fd %d (%s) %s", sock.fileno(), name, self.socket_path)
-                return sock
-        for sock, name in inherited:
-            log.warning("ignoring inherited fd %d (%s): not a Unix stream socket", sock.fileno(), name)
-            sock.close()
-        return bind_socket(self.socket_path, self.config.server.socket_mode, self.config.server.socket_group)
 
     def _unlink_own_socket(self) -> None:
         if not self.activated:
@@ -307,27 +159,9 @@ class Daemon:
         log.info("model loaded: %s", engine.info().get("name", "?"))
         return engine
 
-    @staticmethod
-    def _deliver(loop: asyncio.AbstractEventLoop, events: list) -> None:
-        """The scheduler's hand-off (engine thread): one loop wakeup per step."""
-        try:
-            loop.call_soon_threadsafe(deliver_here, events)
-        except RuntimeError:  # the loop has closed: the daemon is exiting, nobody is waiting
-            pass
-
     def _report_progress(self, text: str) -> None:
         log.info("%s", text)
         systemd.notify(f"STATUS={text}", f"EXTEND_TIMEOUT_USEC={int(_LOAD_EXTEND_S * 1e6)}")
-
-    def _status_text(self) -> str:
-        if self.scheduler is None or self.engine is None:
-            return self.state
-        s = self.scheduler.stats()
-        name = self.engine.info().get("name", "model")
-        extra = f", reloads={self.reloads}" if self.reloads else ""
-        act = " (socket-activated)" if self.activated else ""
-        return (f"{self.state} {name} on {self.socket_path}{act}: {s['slots_in_use']}/{s['slots_total']} "
-                f"slots, {s['queued']} queued, {s['tokens_per_s']:.1f} tok/s{extra}")
 
     async def _status_loop(self) -> None:
         while True:
@@ -353,10 +187,7 @@ class Daemon:
         systemd.reloading()
         self.state = "reloading"
         try:
-            if self.config_path is None:
-                new = config_mod.load(None)
-            else:
-                new = config_mod.load(self.config_path)
+            new = config_mod.load(self.config_path)
         except config_mod.ConfigError as e:
             log.error("reload failed, keeping the running configuration: %s", e)
             self.state = "serving"
@@ -367,10 +198,10 @@ class Daemon:
             log.warning("reload: %s changed but needs a restart; keeping the running value",
                         ", ".join(restart))
         self.config = config_mod.apply_live(self.config, new)
-        self._limits = self._make_limits(self.config)
-        self._resolve_allow_list()
+        self._policy = Policy.from_config(self.config)
         logging.getLogger("ktd").setLevel(self.config.logging.level.upper())
-        assert self.scheduler is not None
+        assert self.scheduler is not None and self.connections is not None
+        self.connections.policy = self._policy
         self.scheduler.reconfigure(prefill_tokens_per_step=self.config.scheduler.prefill_tokens_per_step,
                                    max_queue=self.config.server.max_queue)
         self.reloads += 1
@@ -379,7 +210,7 @@ class Daemon:
         systemd.ready(self._status_text())
 
     async def _shutdown(self, server: asyncio.AbstractServer) -> None:
-        assert self.scheduler is not None
+        assert self.scheduler is not None and self.connections is not None
         self.state = "stopping"
         systemd.stopping()
         systemd.status("stopping: draining requests")
@@ -392,329 +223,35 @@ class Daemon:
         if self.scheduler.pending():
             log.warning("drain timeout: cancelling %d requests", self.scheduler.pending())
             self.scheduler.cancel_all("the daemon is shutting down")
-        tasks = [t for c in self.connections.values() for t in c.tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)  # their cancel responses go out
-        for conn in list(self.connections.values()):
-            with contextlib.suppress(Exception):
-                await conn.drain()
-            conn.writer.close()
+        await self.connections.close(timeout=5.0)  # the cancelled requests' answers go out first
         self.scheduler.stop(timeout=10.0)
         self._unlink_own_socket()
         log.info("stopped")
 
-    # --- connections -------------------------------------------------------------------------
+    # --- introspection (the instrument's reports, with what only the lifecycle knows) ---------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        try:
-            creds = peer_credentials(sock)
-        except OSError as e:
-            log.warning("cannot read peer credentials: %s", e)
-            writer.close()
-            return
-        conn = Connection(next(self._conn_ids), reader, writer, creds)
-        extra = {"KTD_PEER_UID": conn.uid, "KTD_PEER_PID": conn.pid}
-        if not self.authorized(conn.uid, conn.gid, conn.groups):
-            self.counters["rejected_unauthorized"] += 1
-            log.warning("refused peer pid=%d uid=%d gid=%d: not in the allow-list", conn.pid, conn.uid,
-                        conn.gid, extra=extra)
-            await self._refuse(conn, Unauthorized(f"uid {conn.uid} is not allowed to use this daemon"))
-            return
-        if len(self.connections) >= self.config.server.max_connections:
-            self.counters["rejected_busy"] += 1
-            log.warning("refused peer pid=%d uid=%d: %d connections open", conn.pid, conn.uid,
-                        len(self.connections), extra=extra)
-            await self._refuse(conn, Busy(f"too many connections ({self.config.server.max_connections})"))
-            return
-        self.connections[conn.cid] = conn
-        log.debug("connection %d from pid=%d uid=%d", conn.cid, conn.pid, conn.uid, extra=extra)
-        try:
-            await self._serve(conn)
-        finally:
-            del self.connections[conn.cid]
-            for rid in conn.active.values():
-                self.scheduler.cancel(rid, "client disconnected")  # type: ignore[union-attr]
-            if conn.active:
-                log.info("connection %d closed: cancelled %d requests", conn.cid, len(conn.active), extra=extra)
-            if conn.tasks:  # answers to a peer that only shut down its writing side still go out
-                await asyncio.wait(list(conn.tasks), timeout=5.0)
-            conn.writer.close()
+    def _facts(self) -> ServerFacts:
+        return ServerFacts(state=self.state, socket=self.socket_path, activated=self.activated,
+                           connections=len(self.connections.open) if self.connections else 0,
+                           reloads=self.reloads, uptime_s=time.monotonic() - self.started)
 
-    async def _refuse(self, conn: Connection, error: KtdError) -> None:
-        """Answer the peer's first request (or send an error notification), then close."""
-        decoder = protocol.FrameDecoder(self.config.server.max_frame_bytes)
-        reply = protocol.error_notification(error)
-        try:
-            async with asyncio.timeout(_REFUSE_WAIT_S):
-                while True:
-                    data = await conn.reader.read(_READ_CHUNK)
-                    if not data:
-                        break
-                    values = list(decoder.feed(data))
-                    if values:
-                        msgid = protocol.request_id(values[0])
-                        if msgid is not None:
-                            reply = protocol.response(msgid, error=error)
-                        break
-        except (TimeoutError, protocol.FramingError, ConnectionError):
-            pass
-        await self._lingering_close(conn, reply)
+    def _status_text(self) -> str:
+        if self.instrument is None:
+            return self.state
+        return self.instrument.status_line(self._facts())
 
-    async def _lingering_close(self, conn: Connection, last: bytes) -> None:
-        """Send ``last``, shut down writing, drain input briefly, close (OPS.md section 7): the
-        client reads the error instead of a connection reset."""
-        try:
-            conn.send(last)
-            await conn.drain()
-            if conn.writer.can_write_eof():
-                conn.writer.write_eof()
-            async with asyncio.timeout(_LINGER_S):
-                while await conn.reader.read(_READ_CHUNK):
-                    pass
-        except (TimeoutError, ConnectionError, OSError):
-            pass
-        conn.writer.close()
-
-    async def _serve(self, conn: Connection) -> None:
-        decoder = protocol.FrameDecoder(self.config.server.max_frame_bytes)
-        while True:
-            try:
-                data = await conn.reader.read(_READ_CHUNK)
-            except ConnectionError:
-                return
-            if not data:
-                if decoder.partial:  # the peer may only have shut down its writing side
-                    conn.send(protocol.error_notification(BadRequest("connection closed inside a message")))
-                    await conn.drain()
-                return
-            try:
-                for value in decoder.feed(data):
-                    # Backpressure against pipelining floods: stop reading while too many requests
-                    # of this connection are unanswered. Room is left above the generate
-                    # requests that can be running or queued, so a cancel always gets through.
-                    limit = self.engine.n_seq_max + self.config.server.max_queue + _INFLIGHT_SPARE  # type: ignore[union-attr]
-                    while len(conn.tasks) >= limit:
-                        await asyncio.wait(list(conn.tasks), return_when=asyncio.FIRST_COMPLETED)
-                    self._dispatch(conn, value)
-            except protocol.FramingError as e:
-                self.counters["errors_" + e.error.code] += 1
-                log.warning("connection %d: %s; closing", conn.cid, e.error.message,
-                            extra={"KTD_PEER_UID": conn.uid})
-                await self._lingering_close(conn, protocol.error_notification(e.error))
-                return
-
-    def _dispatch(self, conn: Connection, value: Any) -> None:
-        try:
-            req = protocol.parse_request(value, self._limits)
-        except KtdError as e:
-            self.counters["errors_" + e.code] += 1
-            msgid = protocol.request_id(value)
-            conn.send(protocol.response(msgid, error=e) if msgid is not None
-                      else protocol.error_notification(e))
-            return
-        self.counters["requests_" + req.method] += 1
-        task = asyncio.get_running_loop().create_task(self._handle(conn, req))
-        conn.tasks.add(task)
-        task.add_done_callback(conn.tasks.discard)
-
-    async def _handle(self, conn: Connection, req: protocol.Request) -> None:
-        try:
-            if req.method == "generate":
-                await self._generate(conn, req)
-                return
-            result = await self._call(conn, req)
-            conn.send(protocol.response(req.msgid, result))
-        except KtdError as e:
-            self.counters["errors_" + e.code] += 1
-            conn.send(protocol.response(req.msgid, error=e))
-        except Exception:
-            log.exception("internal error in %s", req.method)
-            self.counters["errors_internal"] += 1
-            conn.send(protocol.response(req.msgid, error=Internal(f"internal error in {req.method}")))
-        await conn.drain()
-
-    async def _call(self, conn: Connection, req: protocol.Request) -> Any:
-        assert self.engine is not None and self.scheduler is not None
-        loop = asyncio.get_running_loop()
-        tok = self.engine.tokenizer
-        m, p = req.method, req.params
-        if m == "hello":
-            protocol.parse_empty(m, p)
-            return {"protocol": protocol.PROTOCOL_VERSION, "server": f"ktd {__version__}",
-                    "model": self.engine.info(), "n_ctx": self.engine.n_ctx,
-                    "n_seq_max": self.engine.n_seq_max, "n_vocab": tok.n_vocab}
-        if m == "health":
-            protocol.parse_empty(m, p)
-            return {"status": "ok" if self.state == "serving" and self.scheduler.alive else self.state}
-        if m == "status":
-            protocol.parse_empty(m, p)
-            return self.status()
-        if m == "metrics":
-            protocol.parse_empty(m, p)
-            return {"text": self.metrics()}
-        if m == "cancel":
-            msgid = protocol.parse_cancel(p)
-            rid = conn.active.get(msgid)
-            if rid is None:
-                raise NotFound(f"no running generate request with id {msgid} on this connection")
-            self.scheduler.cancel(rid, "cancelled by the client")
-            return {"cancelled": True}
-        if m == "tokenize":
-            text, add_special, parse_special = protocol.parse_tokenize(p)
-            ids = await loop.run_in_executor(
-                None, lambda: tok.encode(text, add_special=add_special, parse_special=parse_special))
-            return {"tokens": ids}
-        if m == "detokenize":
-            ids = protocol.parse_detokenize(p, tok.n_vocab)
-            return {"text": await loop.run_in_executor(None, tok.decode, ids)}
-        raise BadRequest(f"unknown method {m!r}")  # parse_request already rejects these
-
-    def _prompt_tokens(self, g: protocol.GenerateRequest) -> list[int]:
-        assert self.engine is not None
-        tok = self.engine.tokenizer
-        if g.tokens is not None:
-            bad = next((t for t in g.tokens if t >= tok.n_vocab), None)
-            if bad is not None:
-                raise BadRequest(f"generate: token {bad} is outside the vocabulary [0, {tok.n_vocab})")
-            return list(g.tokens)
-        if g.messages is not None:
-            try:
-                text = tok.render_chat(g.messages, add_generation_prompt=True)
-            except ValueError as e:
-                raise BadRequest(f"generate: chat template: {e}") from None
-            # the template writes the special tokens as text
-            return tok.encode(text, add_special=g.add_special, parse_special=True)
-        assert g.prompt is not None
-        return tok.encode(g.prompt, add_special=g.add_special, parse_special=g.parse_special)
-
-    async def _generate(self, conn: Connection, req: protocol.Request) -> None:
-        assert self.engine is not None and self.scheduler is not None
-        loop = asyncio.get_running_loop()
-        label = f"r{next(self._req_ids)}"
-        extra = {"KTD_REQUEST_ID": label, "KTD_PEER_UID": conn.uid}
-        if req.msgid in conn.active:
-            raise BadRequest(f"generate: msgid {req.msgid} is already in use on this connection")
-        g = protocol.parse_generate(req.params, self._limits)
-        prompt = await loop.run_in_executor(None, self._prompt_tokens, g)
-        n_ctx = self.engine.n_ctx
-        if not prompt:
-            raise BadRequest("generate: the prompt is empty")
-        if len(prompt) > self._limits.max_prompt_tokens:
-            raise TooLarge(f"generate: {len(prompt)} prompt tokens, the limit is {self._limits.max_prompt_tokens}")
-        if len(prompt) >= n_ctx:
-            raise ContextOverflow(f"generate: {len(prompt)} prompt tokens leave no room in n_ctx {n_ctx}",
-                                  data={"prompt_tokens": len(prompt), "n_ctx": n_ctx})
-        if g.max_tokens is not None and len(prompt) + g.max_tokens > n_ctx:
-            raise ContextOverflow(f"generate: {len(prompt)} prompt tokens + max_tokens {g.max_tokens} "
-                                  f"exceed n_ctx {n_ctx}",
-                                  data={"prompt_tokens": len(prompt), "n_ctx": n_ctx})
-        max_tokens = g.max_tokens or min(self._limits.max_tokens, n_ctx - len(prompt))
-        deadlines = [d for d in (self.config.server.request_deadline_s or None, g.deadline_s) if d]
-        deadline = time.monotonic() + min(deadlines) if deadlines else None
-        # The sink runs on the event loop (the scheduler posts each step's events in one
-        # callback): a streamed piece is written at once, without waking this task; the task
-        # only waits for the terminal event. Unread output is bounded by max_tokens.
-        end: asyncio.Future[tuple[str, Any]] = loop.create_future()
-        parts: list[str] = []
-        index = 0
-
-        def sink(kind: str, payload: Any) -> None:
-            nonlocal index
-            if kind == "chunk":
-                if g.stream:
-                    conn.send(protocol.chunk(req.msgid, index, payload))
-                    index += 1
-                else:
-                    parts.append(payload)
-            elif not end.done():
-                end.set_result((kind, payload))
-
-        job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
-                  stop=g.stop, ignore_eos=g.ignore_eos, sink=sink, deadline=deadline, label=label)
-        rid = self.scheduler.submit(job)
-        conn.active[req.msgid] = rid
-        log.info("%s: generate, %d prompt tokens, max_tokens %d", label, len(prompt), max_tokens, extra=extra)
-        try:
-            kind, payload = await end
-            if kind == "done":
-                if not g.stream:
-                    payload["text"] = "".join(parts)
-                conn.send(protocol.response(req.msgid, payload))
-                log.info("%s: %s, %d tokens", label, payload["finish_reason"],
-                         payload["usage"]["completion_tokens"], extra=extra)
-            else:
-                self.counters["errors_" + payload.code] += 1
-                conn.send(protocol.response(req.msgid, error=payload))
-                log.info("%s: %s: %s", label, payload.code, payload.message, extra=extra)
-        finally:
-            conn.active.pop(req.msgid, None)
-
-    # --- introspection -----------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        assert self.scheduler is not None
+        return {"status": "ok" if self.state == "serving" and self.scheduler.alive else self.state}
 
     def status(self) -> dict[str, Any]:
-        assert self.engine is not None and self.scheduler is not None
-        smaps = _read_smaps_rollup()
-        meminfo = _read_meminfo()
-        info = self.engine.info()
-        return {
-            "server": {"version": __version__, "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
-                       "state": self.state, "uptime_s": round(time.monotonic() - self.started, 3),
-                       "socket": self.socket_path, "socket_activated": self.activated,
-                       "connections": len(self.connections), "reloads": self.reloads},
-            "model": info,
-            "scheduler": {**self.scheduler.stats(), "n_ctx": self.engine.n_ctx,
-                          "prefill_tokens_per_step": self.scheduler.prefill_tokens_per_step},
-            "memory": {"process": smaps, "system": meminfo,
-                       "hugepages": (info.get("memory") or {}).get("hugepages")},
-            "cpu": {"affinity": len(os.sched_getaffinity(0)), "isa": info.get("isa"),
-                    "threads": info.get("threads"), "numa": info.get("numa")},
-            "limits": dict(vars(self._limits)),
-        }
+        assert self.instrument is not None
+        return self.instrument.status(self._facts(), self._policy.limits)
 
-    def metrics(self) -> str:
-        """Prometheus text exposition (version 0.0.4)."""
-        assert self.engine is not None and self.scheduler is not None
-        s = self.scheduler.stats()
-        sc = self.scheduler.counters
-        lines: list[str] = []
-
-        def metric(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP ktd_{name} {help}")
-            lines.append(f"# TYPE ktd_{name} {kind}")
-            for labels, value in samples:
-                lines.append(f"ktd_{name}{labels} {value:g}" if isinstance(value, float)
-                             else f"ktd_{name}{labels} {value}")
-
-        def by_prefix(counter: Counter[str], prefix: str, label: str) -> list[tuple[str, float]]:
-            return [(f'{{{label}="{k[len(prefix):]}"}}', v) for k, v in sorted(counter.items())
-                    if k.startswith(prefix)]
-
-        metric("up", "gauge", "1 while serving", [("", 1 if self.state == "serving" else 0)])
-        metric("requests_total", "counter", "requests received, by method",
-               by_prefix(self.counters, "requests_", "method"))
-        metric("errors_total", "counter", "error responses, by code",
-               by_prefix(self.counters, "errors_", "code"))
-        metric("rejected_connections_total", "counter", "connections refused, by reason",
-               by_prefix(self.counters, "rejected_", "reason"))
-        metric("generate_finished_total", "counter", "generate requests ended, by reason",
-               by_prefix(sc, "finished_", "reason"))
-        metric("generated_tokens_total", "counter", "tokens sampled", [("", sc["generated_tokens"])])
-        metric("prompt_tokens_total", "counter", "prompt tokens prefilled", [("", sc["prompt_tokens"])])
-        metric("steps_total", "counter", "engine batch steps", [("", s["steps"])])
-        metric("step_seconds_total", "counter", "engine thread time in batch steps (batch assembly, "
-               "forward, sampling, hand-off)", [("", float(self.scheduler.step_seconds))])
-        metric("forward_seconds_total", "counter", "time spent in engine forward",
-               [("", float(self.scheduler.forward_seconds))])
-        metric("sample_seconds_total", "counter", "time spent sampling, detokenizing and handing "
-               "results to the event loop", [("", float(self.scheduler.sample_seconds))])
-        metric("tokens_per_second", "gauge", "generated tokens per second (10 s window)",
-               [("", float(s["tokens_per_s"]))])
-        metric("slots_in_use", "gauge", "KV slots holding a sequence", [("", s["slots_in_use"])])
-        metric("slots_total", "gauge", "KV slots", [("", s["slots_total"])])
-        metric("queue_length", "gauge", "requests waiting for a slot", [("", s["queued"])])
-        metric("connections", "gauge", "open client connections", [("", len(self.connections))])
-        return "\n".join(lines) + "\n"
+    def metrics(self) -> dict[str, Any]:
+        assert self.instrument is not None and self.connections is not None
+        return {"text": self.instrument.metrics(up=self.state == "serving",
+                                                connections=len(self.connections.open))}
 
 
 def setup_logging(level: str) -> None:

@@ -1,0 +1,362 @@
+"""Client connections: authorization, framing, request dispatch, and generate streams.
+
+``Connections`` accepts a peer (SO_PEERCRED against the allow-list, the connection limit), reads
+its messages, answers each request in a task of its own, and streams a generate request's output
+as the scheduler's events arrive. One generate request, socket to streamed chunk:
+
+    read → FrameDecoder → parse_request → _generate: parse_generate, tokenize (worker thread),
+    admission.admit → scheduler.submit(Job(sink=stream))
+    engine thread: step → deliver(events) → loop.call_soon_threadsafe(call_sinks, events)
+    event loop: stream("chunk", text) writes the chunk; stream("done" | "error", ...) writes the
+    response and ends the request's task.
+
+Nothing on the way back calls into the scheduler. What the connections may do (limits, the
+allow-list) is a ``Policy`` the daemon replaces on reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import itertools
+import logging
+import os
+import pwd
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ktd import __version__, admission, config as config_mod, protocol
+from ktd.engine_api import Engine
+from ktd.errors import BadRequest, Busy, Internal, KtdError, NotFound, Unauthorized
+from ktd.events import Deliver, Event, call_sinks
+from ktd.scheduler import Job, Scheduler
+from ktd.sockets import peer_credentials
+
+# The request log keeps the daemon's logger name: journal queries (LOGGER=ktd.server) rely on it.
+log = logging.getLogger("ktd.server")
+
+READ_CHUNK = 64 * 1024
+_REFUSE_WAIT_S = 2.0        # a refused peer gets this long to send the request we answer
+_LINGER_S = 1.0             # lingering close: drain input this long after shutdown(SHUT_WR)
+_INFLIGHT_SPARE = 64        # unanswered requests per connection beyond running + queued generates
+
+
+def resolve_ids(names: tuple[int | str, ...], kind: str) -> frozenset[int]:
+    """Numeric ids for configured uids/user names or gids/group names; unknown names are skipped."""
+    out = set()
+    for n in names:
+        if isinstance(n, int):
+            out.add(n)
+            continue
+        try:
+            out.add(pwd.getpwnam(n).pw_uid if kind == "user" else grp.getgrnam(n).gr_gid)
+        except KeyError:
+            log.warning("allow-list: unknown %s %r skipped", kind, n)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What clients may do: the live-reloadable keys of the server and limits sections."""
+
+    limits: protocol.Limits
+    max_connections: int
+    max_queue: int
+    request_deadline_s: float | None
+    allowed_uids: frozenset[int]     # the daemon's own uid included
+    allowed_gids: frozenset[int]
+
+    @classmethod
+    def from_config(cls, c: config_mod.Config) -> Policy:
+        limits = protocol.Limits(max_frame_bytes=c.server.max_frame_bytes,
+                                 max_prompt_tokens=c.limits.max_prompt_tokens,
+                                 max_tokens=c.limits.max_tokens, max_messages=c.limits.max_messages,
+                                 max_nesting=c.limits.max_nesting, max_stop=c.limits.max_stop)
+        return cls(limits=limits, max_connections=c.server.max_connections, max_queue=c.server.max_queue,
+                   request_deadline_s=c.server.request_deadline_s or None,
+                   allowed_uids=resolve_ids(c.server.allowed_uids, "user") | {os.getuid()},
+                   allowed_gids=resolve_ids(c.server.allowed_gids, "group"))
+
+    def authorized(self, uid: int, gid: int, groups: frozenset[int]) -> bool:
+        return uid in self.allowed_uids or bool(({gid} | groups) & self.allowed_gids)
+
+
+def loop_delivery(loop: asyncio.AbstractEventLoop) -> Deliver:
+    """The scheduler's hand-off (called on the engine thread): each step's events go to ``loop``
+    in one callback, one wakeup per step, where every request's stream takes its own."""
+    def deliver(events: list[Event]) -> None:
+        try:
+            loop.call_soon_threadsafe(call_sinks, events)
+        except RuntimeError:  # the loop has closed: the daemon is exiting, nobody is waiting
+            pass
+    return deliver
+
+
+class Connection:
+    def __init__(self, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 creds: tuple[int, int, int, frozenset[int]]):
+        self.cid = cid
+        self.reader, self.writer = reader, writer
+        self.pid, self.uid, self.gid, self.groups = creds
+        self.active: dict[int, int] = {}          # msgid -> scheduler job id (generate)
+        self.tasks: set[asyncio.Task] = set()
+
+    def send(self, data: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def drain(self) -> None:
+        if not self.writer.is_closing():
+            with contextlib.suppress(ConnectionError):
+                await self.writer.drain()
+
+
+class _Stream:
+    """One generate request's sink, on the event loop: a streamed piece is written at once,
+    without waking the request's task; the terminal event writes the response and resolves
+    ``ended``. Unread output is bounded by max_tokens."""
+
+    __slots__ = ("conn", "msgid", "stream", "parts", "index", "ended", "counters", "label", "extra")
+
+    def __init__(self, conn: Connection, msgid: int, stream: bool, ended: asyncio.Future[None],
+                 counters: Counter[str], label: str):
+        self.conn, self.msgid, self.stream, self.ended = conn, msgid, stream, ended
+        self.parts: list[str] = []
+        self.index = 0
+        self.counters, self.label = counters, label
+        self.extra = {"KTD_REQUEST_ID": label, "KTD_PEER_UID": conn.uid}
+
+    def __call__(self, kind: str, payload: Any) -> None:
+        if kind == "chunk":
+            if self.stream:
+                self.conn.send(protocol.chunk(self.msgid, self.index, payload))
+                self.index += 1
+            else:
+                self.parts.append(payload)
+            return
+        if self.ended.done():
+            return
+        self.conn.active.pop(self.msgid, None)
+        if kind == "done":
+            if not self.stream:
+                payload["text"] = "".join(self.parts)
+            self.conn.send(protocol.response(self.msgid, payload))
+            log.info("%s: %s, %d tokens", self.label, payload["finish_reason"],
+                     payload["usage"]["completion_tokens"], extra=self.extra)
+        else:
+            self.counters["errors_" + payload.code] += 1
+            self.conn.send(protocol.response(self.msgid, error=payload))
+            log.info("%s: %s: %s", self.label, payload.code, payload.message, extra=self.extra)
+        self.ended.set_result(None)
+
+
+class Connections:
+    """The open client connections and their requests. ``introspect`` answers the methods
+    without parameters that describe the daemon (health, status, metrics) with their results."""
+
+    def __init__(self, engine: Engine, scheduler: Scheduler, policy: Policy, counters: Counter[str],
+                 introspect: Mapping[str, Callable[[], Any]]):
+        self.engine, self.scheduler, self.policy = engine, scheduler, policy
+        self.counters = counters
+        self.introspect = introspect
+        self.open: dict[int, Connection] = {}
+        self._conn_ids = itertools.count(1)
+        self._req_ids = itertools.count(1)
+
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The ``asyncio.start_unix_server`` callback: serve one peer until it leaves."""
+        try:
+            creds = peer_credentials(writer.get_extra_info("socket"))
+        except OSError as e:
+            log.warning("cannot read peer credentials: %s", e)
+            writer.close()
+            return
+        conn = Connection(next(self._conn_ids), reader, writer, creds)
+        extra = {"KTD_PEER_UID": conn.uid, "KTD_PEER_PID": conn.pid}
+        policy = self.policy
+        if not policy.authorized(conn.uid, conn.gid, conn.groups):
+            self.counters["rejected_unauthorized"] += 1
+            log.warning("refused peer pid=%d uid=%d gid=%d: not in the allow-list", conn.pid, conn.uid,
+                        conn.gid, extra=extra)
+            await self._refuse(conn, Unauthorized(f"uid {conn.uid} is not allowed to use this daemon"))
+            return
+        if len(self.open) >= policy.max_connections:
+            self.counters["rejected_busy"] += 1
+            log.warning("refused peer pid=%d uid=%d: %d connections open", conn.pid, conn.uid,
+                        len(self.open), extra=extra)
+            await self._refuse(conn, Busy(f"too many connections ({policy.max_connections})"))
+            return
+        self.open[conn.cid] = conn
+        log.debug("connection %d from pid=%d uid=%d", conn.cid, conn.pid, conn.uid, extra=extra)
+        try:
+            await self._serve(conn)
+        finally:
+            del self.open[conn.cid]
+            for rid in conn.active.values():
+                self.scheduler.cancel(rid, "client disconnected")
+            if conn.active:
+                log.info("connection %d closed: cancelled %d requests", conn.cid, len(conn.active), extra=extra)
+            if conn.tasks:  # answers to a peer that only shut down its writing side still go out
+                await asyncio.wait(list(conn.tasks), timeout=5.0)
+            conn.writer.close()
+
+    async def close(self, timeout: float) -> None:
+        """Let the requests' tasks send their answers (up to ``timeout``), then close every
+        connection."""
+        tasks = [t for c in self.open.values() for t in c.tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for conn in list(self.open.values()):
+            with contextlib.suppress(Exception):
+                await conn.drain()
+            conn.writer.close()
+
+    async def _refuse(self, conn: Connection, error: KtdError) -> None:
+        """Answer the peer's first request (or send an error notification), then close."""
+        decoder = protocol.FrameDecoder(self.policy.limits.max_frame_bytes)
+        reply = protocol.error_notification(error)
+        try:
+            async with asyncio.timeout(_REFUSE_WAIT_S):
+                while True:
+                    data = await conn.reader.read(READ_CHUNK)
+                    if not data:
+                        break
+                    values = list(decoder.feed(data))
+                    if values:
+                        msgid = protocol.request_id(values[0])
+                        if msgid is not None:
+                            reply = protocol.response(msgid, error=error)
+                        break
+        except (TimeoutError, protocol.FramingError, ConnectionError):
+            pass
+        await self._lingering_close(conn, reply)
+
+    async def _lingering_close(self, conn: Connection, last: bytes) -> None:
+        """Send ``last``, shut down writing, drain input briefly, close (OPS.md section 7): the
+        client reads the error instead of a connection reset."""
+        try:
+            conn.send(last)
+            await conn.drain()
+            if conn.writer.can_write_eof():
+                conn.writer.write_eof()
+            async with asyncio.timeout(_LINGER_S):
+                while await conn.reader.read(READ_CHUNK):
+                    pass
+        except (TimeoutError, ConnectionError, OSError):
+            pass
+        conn.writer.close()
+
+    async def _serve(self, conn: Connection) -> None:
+        decoder = protocol.FrameDecoder(self.policy.limits.max_frame_bytes)
+        while True:
+            try:
+                data = await conn.reader.read(READ_CHUNK)
+            except ConnectionError:
+                return
+            if not data:
+                if decoder.partial:  # the peer may only have shut down its writing side
+                    conn.send(protocol.error_notification(BadRequest("connection closed inside a message")))
+                    await conn.drain()
+                return
+            try:
+                for value in decoder.feed(data):
+                    # Backpressure against pipelining floods: stop reading while too many requests
+                    # of this connection are unanswered. Room is left above the generate
+                    # requests that can be running or queued, so a cancel always gets through.
+                    limit = self.engine.n_seq_max + self.policy.max_queue + _INFLIGHT_SPARE
+                    while len(conn.tasks) >= limit:
+                        await asyncio.wait(list(conn.tasks), return_when=asyncio.FIRST_COMPLETED)
+                    self._dispatch(conn, value)
+            except protocol.FramingError as e:
+                self.counters["errors_" + e.error.code] += 1
+                log.warning("connection %d: %s; closing", conn.cid, e.error.message,
+                            extra={"KTD_PEER_UID": conn.uid})
+                await self._lingering_close(conn, protocol.error_notification(e.error))
+                return
+
+    def _dispatch(self, conn: Connection, value: Any) -> None:
+        try:
+            req = protocol.parse_request(value, self.policy.limits)
+        except KtdError as e:
+            self.counters["errors_" + e.code] += 1
+            msgid = protocol.request_id(value)
+            conn.send(protocol.response(msgid, error=e) if msgid is not None
+                      else protocol.error_notification(e))
+            return
+        self.counters["requests_" + req.method] += 1
+        task = asyncio.get_running_loop().create_task(self._handle(conn, req))
+        conn.tasks.add(task)
+        task.add_done_callback(conn.tasks.discard)
+
+    async def _handle(self, conn: Connection, req: protocol.Request) -> None:
+        try:
+            if req.method == "generate":
+                await self._generate(conn, req)
+            else:
+                conn.send(protocol.response(req.msgid, await self._call(conn, req)))
+        except KtdError as e:
+            self.counters["errors_" + e.code] += 1
+            conn.send(protocol.response(req.msgid, error=e))
+        except Exception:
+            log.exception("internal error in %s", req.method)
+            self.counters["errors_internal"] += 1
+            conn.send(protocol.response(req.msgid, error=Internal(f"internal error in {req.method}")))
+        await conn.drain()
+
+    async def _call(self, conn: Connection, req: protocol.Request) -> Any:
+        tok = self.engine.tokenizer
+        m, p = req.method, req.params
+        if m in self.introspect:
+            protocol.parse_empty(m, p)
+            return self.introspect[m]()
+        if m == "hello":
+            protocol.parse_empty(m, p)
+            return {"protocol": protocol.PROTOCOL_VERSION, "server": f"ktd {__version__}",
+                    "model": self.engine.info(), "n_ctx": self.engine.n_ctx,
+                    "n_seq_max": self.engine.n_seq_max, "n_vocab": tok.n_vocab}
+        if m == "cancel":
+            msgid = protocol.parse_cancel(p)
+            rid = conn.active.get(msgid)
+            if rid is None:
+                raise NotFound(f"no running generate request with id {msgid} on this connection")
+            self.scheduler.cancel(rid, "cancelled by the client")
+            return {"cancelled": True}
+        loop = asyncio.get_running_loop()
+        if m == "tokenize":
+            text, add_special, parse_special = protocol.parse_tokenize(p)
+            ids = await loop.run_in_executor(
+                None, lambda: tok.encode(text, add_special=add_special, parse_special=parse_special))
+            return {"tokens": ids}
+        if m == "detokenize":
+            ids = protocol.parse_detokenize(p, tok.n_vocab)
+            return {"text": await loop.run_in_executor(None, tok.decode, ids)}
+        raise BadRequest(f"unknown method {m!r}")  # parse_request already rejects these
+
+    async def _generate(self, conn: Connection, req: protocol.Request) -> None:
+        loop = asyncio.get_running_loop()
+        label = f"r{next(self._req_ids)}"
+        if req.msgid in conn.active:
+            raise BadRequest(f"generate: msgid {req.msgid} is already in use on this connection")
+        policy = self.policy
+        g = protocol.parse_generate(req.params, policy.limits)
+        prompt = await loop.run_in_executor(None, admission.prompt_tokens, g, self.engine.tokenizer)
+        max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
+                                     n_ctx=self.engine.n_ctx, limits=policy.limits)
+        deadlines = [d for d in (policy.request_deadline_s, g.deadline_s) if d]
+        deadline = time.monotonic() + min(deadlines) if deadlines else None
+        ended: asyncio.Future[None] = loop.create_future()
+        stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label)
+        job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
+                  stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label)
+        rid = conn.active[req.msgid] = self.scheduler.submit(job)
+        log.info("%s: generate, %d prompt tokens, max_tokens %d", label, len(prompt), max_tokens,
+                 extra=stream.extra)
+        try:
+            await ended  # the stream has answered; this task only drains the writer
+        finally:
+            if conn.active.get(req.msgid) == rid:
+                del conn.active[req.msgid]
