@@ -32,10 +32,76 @@ py::array_t<T, py::array::c_style | py::array::forcecast> vec1d(const py::handle
     return a;
 }
 
+// Model.memory: where the weights went.
+py::dict memory_dict(const Model &x) {
+    const MemoryLayout &l = x.memory();
+    py::list nodes;
+    for (const NumaNodeMemory &n : l.nodes) {
+        py::dict d;
+        d["node"] = n.node;
+        d["threads"] = n.n_threads;
+        d["expert_bytes"] = n.expert_bytes;
+        d["dense_copy_bytes"] = n.dense_copy_bytes;
+        d["bound"] = n.bound;
+        d["note"] = n.note;
+        nodes.append(d);
+    }
+    py::dict d;
+    d["nodes"] = nodes;
+    d["experts_sharded"] = l.experts_sharded;
+    d["dense_policy"] = l.dense_policy;
+    d["dense_note"] = l.dense_note;
+    d["dense_bytes"] = l.dense_bytes;
+    d["page_kind"] = l.page_kind;
+    d["page_size"] = l.page_size;
+    d["page_reason"] = l.page_reason;
+    return d;
+}
+
+// Model._expert_slice_ranges: per expert the parts of layer il's gate, up or down stack.
+py::list expert_slice_ranges(const Model &x, int il, const std::string &which) {
+    if (il < 0 || il >= x.hparams().n_layer) throw std::invalid_argument("layer out of range");
+    const LayerWeights &lw = x.weights().layers[size_t(il)];
+    const MatrixStack *st = which == "gate"   ? &lw.ffn_gate_exps
+                            : which == "up"   ? &lw.ffn_up_exps
+                            : which == "down" ? &lw.ffn_down_exps
+                                              : nullptr;
+    if (!st) throw std::invalid_argument("which must be gate, up or down");
+    if (!*st) throw std::invalid_argument("layer has no routed experts");
+    // Per expert and part: (address, bytes, first row, rows) of the prepared data.
+    py::list out;
+    for (size_t e = 0; e < st->info->ne[2]; ++e) {
+        py::list parts;
+        for (int p = 0; p < st->n_parts(); ++p) {
+            const PreparedWeights &pw = st->parts(e)[p];
+            const size_t bytes = pw.repacked ? pw.repacked_bytes : size_t(pw.rows) * pw.row_bytes;
+            parts.append(py::make_tuple(reinterpret_cast<uintptr_t>(pw.data), bytes,
+                                        st->part_rows(p).first, pw.rows));
+        }
+        out.append(parts);
+    }
+    return out;
+}
+
+// Model.tensor_table: the architecture's table for this model, one dict per row.
+py::list tensor_table(const Model &x) {
+    py::list out;
+    for (const TensorSpec &t : x.tensor_table().specs) {
+        py::dict d;
+        d["name"] = t.name;
+        d["shape"] = py::make_tuple(t.ne[0], t.ne[1], t.ne[2]);
+        d["required"] = t.required;
+        d["class"] = tensor_class_name(t.cls);
+        d["layers"] = t.layers == LayerSet::All ? "all" : t.layers == LayerSet::Dense ? "dense" : "moe";
+        d["per_layer"] = t.per_layer();
+        out.append(d);
+    }
+    return out;
+}
+
 }  // namespace
 
-void bind_model(py::module_ &m) {
-    py::register_exception<ContextOverflowError>(m, "ContextOverflow", PyExc_RuntimeError);
+static void bind_model_hooks(py::module_ &m) {
 
     m.def(
         "_moe_route",
@@ -92,6 +158,9 @@ void bind_model(py::module_ &m) {
         "Rows [first, last) of a matrix that NUMA slice s of n_slice holds and computes (boundaries "
         "on multiples of 16 rows, balanced)");
 
+}
+
+static void bind_model_class(py::module_ &m) {
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A loaded GGUF model (weights checked and prepared)")
         .def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack, std::vector<int> nodes,
                          bool smt, const std::string &sysfs_root, std::vector<int> affinity,
@@ -152,63 +221,24 @@ void bind_model(py::module_ &m) {
         .def_property_readonly("forward_cpu", [](const Model &x) { return x.pool().cpu_of(0); },
                                "CPU of the pool's tid 0 (-1 until pin_forward_thread)")
         .def_property_readonly(
-            "memory",
-            [](const Model &x) {
-                const MemoryLayout &l = x.memory();
-                py::list nodes;
-                for (const NumaNodeMemory &n : l.nodes) {
-                    py::dict d;
-                    d["node"] = n.node;
-                    d["threads"] = n.n_threads;
-                    d["expert_bytes"] = n.expert_bytes;
-                    d["dense_copy_bytes"] = n.dense_copy_bytes;
-                    d["bound"] = n.bound;
-                    d["note"] = n.note;
-                    nodes.append(d);
-                }
-                py::dict d;
-                d["nodes"] = nodes;
-                d["experts_sharded"] = l.experts_sharded;
-                d["dense_policy"] = l.dense_policy;
-                d["dense_note"] = l.dense_note;
-                d["dense_bytes"] = l.dense_bytes;
-                d["page_kind"] = l.page_kind;
-                d["page_size"] = l.page_size;
-                d["page_reason"] = l.page_reason;
-                return d;
-            },
+            "memory", &memory_dict,
             "Where the weights went: NUMA nodes (pool order) with their routed-expert bytes and "
             "binding, the dense policy, the arenas' page kind and why better ones were not used")
-        .def("_expert_slice_ranges",
-             [](const Model &x, int il, const std::string &which) {
-                 if (il < 0 || il >= x.hparams().n_layer) throw std::invalid_argument("layer out of range");
-                 const LayerWeights &lw = x.weights().layers[size_t(il)];
-                 const MatrixStack *st = which == "gate"   ? &lw.ffn_gate_exps
-                                         : which == "up"   ? &lw.ffn_up_exps
-                                         : which == "down" ? &lw.ffn_down_exps
-                                                           : nullptr;
-                 if (!st) throw std::invalid_argument("which must be gate, up or down");
-                 if (!*st) throw std::invalid_argument("layer has no routed experts");
-                 // Per expert and part: (address, bytes, first row, rows) of the prepared data.
-                 py::list out;
-                 for (size_t e = 0; e < st->info->ne[2]; ++e) {
-                     py::list parts;
-                     for (int p = 0; p < st->n_parts(); ++p) {
-                         const PreparedWeights &pw = st->parts(e)[p];
-                         const size_t bytes = pw.repacked ? pw.repacked_bytes : size_t(pw.rows) * pw.row_bytes;
-                         parts.append(py::make_tuple(reinterpret_cast<uintptr_t>(pw.data), bytes,
-                                                     st->part_rows(p).first, pw.rows));
-                     }
-                     out.append(parts);
-                 }
-                 return out;
-             },
+        .def("_expert_slice_ranges", &expert_slice_ranges,
              py::arg("layer"), py::arg("which"),
              "Test hook: per expert the parts of a routed-expert stack as (address, bytes, first row, rows)")
+        .def_property_readonly("tensor_table", &tensor_table,
+                               "The architecture's tensor table for this model: name (%d = layer), expected "
+                               "shape (GGML order), required, placement class, layer set")
         .def_property_readonly("isa", [](const Model &) { return std::string(isa_name(active_isa())); });
 
-    py::class_<PyContext>(m, "Context", "KV cache with sequence slots + scratch; runs batches")
-        .def(py::init([](std::shared_ptr<Model> model, int64_t n_ctx, int n_seq_max, int64_t n_batch) {
+}
+
+static void bind_context_hooks(py::class_<PyContext> &cls);
+
+static void bind_context_class(py::module_ &m) {
+    py::class_<PyContext> cls(m, "Context", "KV cache with sequence slots + scratch; runs batches");
+    cls.def(py::init([](std::shared_ptr<Model> model, int64_t n_ctx, int n_seq_max, int64_t n_batch) {
                  auto c = std::make_unique<PyContext>();
                  c->model = model;
                  c->ctx = std::make_unique<Context>(*model, n_ctx, n_seq_max, n_batch);
@@ -271,8 +301,13 @@ void bind_model(py::module_ &m) {
         .def("reset_expert_counts", [](PyContext &c) {
             std::lock_guard<std::mutex> l(c.mu);
             c.ctx->reset_expert_counts();
-        })
-        .def(
+        });
+    bind_context_hooks(cls);
+}
+
+// Context's test and bench hooks: one MoE FFN on given rows, the recorded residuals.
+static void bind_context_hooks(py::class_<PyContext> &cls) {
+    cls.def(
             "_moe_ffn",
             [](PyContext &c, int il, py::handle xn_h) {
                 const HParams &hp = c.model->hparams();
@@ -321,6 +356,13 @@ void bind_model(py::module_ &m) {
             },
             "float32 [n_layer, 2, n_embd]: the last recorded residuals before ([:, 0]) and after ([:, 1]) each "
             "MoE layer's FFN (dense layers: zeros)");
+}
+
+void bind_model(py::module_ &m) {
+    py::register_exception<ContextOverflowError>(m, "ContextOverflow", PyExc_RuntimeError);
+    bind_model_hooks(m);
+    bind_model_class(m);
+    bind_context_class(m);
 }
 
 }  // namespace ktd
