@@ -259,3 +259,28 @@ def test_memory_plan(tmp_path, mla):
     assert plan["arena_hugepages_2M"] == 1
     assert plan["mapped_file"] == path.stat().st_size
     assert plan["unsupported_types"] == []
+
+
+def test_placement_classes_from_the_table_and_from_names(tmp_path):
+    """A file the engine runs gets its classes from the architecture's table, a file it cannot run
+    (here: a partial qwen2moe without feed_forward_length) from the names; both agree with
+    llama.cpp's naming, and the report's per-class bytes add up to the file's."""
+    from ktd import _native
+    from ktd.gguf import GGUFFile
+    from ktd.inspect import class_from_name, placement_classes
+    from models.synthetic_moe import make_model
+
+    full = make_model("qwen2moe", tmp_path / "full.gguf", preset="tiny", wtype="F32")
+    partial = write_moe(tmp_path / "partial.gguf")
+    assert _native.Model.tensor_classes(str(full))  # the table path is taken
+    with pytest.raises(_native.GGUFError):
+        _native.Model.tensor_classes(str(partial))  # the naming path is taken
+    for path in (full, partial):
+        r = gguf.GGUFReader(str(path))
+        classes = placement_classes(GGUFFile(str(path), willneed=False))
+        assert classes == {t.name: class_from_name(t.name) for t in r.tensors}
+        assert {"routed_expert", "router", "shared_expert", "embedding"} <= set(classes.values())
+        report = inspect_model(str(path))
+        by_class = report["tensors"]["by_class"]
+        assert sum(e["bytes"] for e in by_class.values()) == sum(int(t.n_bytes) for t in r.tensors)
+        assert by_class["routed_expert"]["bytes"] == report["bytes_per_token"]["routed_experts_all"]

@@ -5,11 +5,15 @@ human-readable report. Nothing here touches tensor data: only the header is read
 
 Bytes read per decoded token: decoding one token streams every weight the forward uses once —
 every tensor of every dense layer, the output head, and for MoE layers only ``n_expert_used`` of
-the ``n_expert`` routed experts (tensors named ``*_exps*``, whose last GGML dimension is the
-expert) plus the shared experts (``*_shexp*``, counted in full like any dense tensor). Lookup
-tables (the token embedding) contribute one row, which is ignored — except that when there is
-no ``output.weight`` the token embedding *is* the output head (tied embeddings) and is read in
-full.
+the ``n_expert`` routed experts (whose last GGML dimension is the expert) plus the shared experts
+(counted in full like any dense tensor). Lookup tables (the token embedding) contribute one row,
+which is ignored — except that when there is no ``output.weight`` the token embedding *is* the
+output head (tied embeddings) and is read in full.
+
+Which tensors are routed experts, shared experts, router, embedding or output is each tensor's
+placement class: the one the engine loads and places it by (its architecture's tensor table,
+``ktd._native.Model.tensor_classes``) where ktd runs the file's architecture, and llama.cpp's
+naming (``*_exps*``, ``*_shexp*``, ``ffn_gate_inp``, ...) for the tensors no table names.
 """
 
 from __future__ import annotations
@@ -61,10 +65,36 @@ def _get_count(f: GGUFFile, key: str) -> int | None:
     return value
 
 
-def bytes_per_token(f: GGUFFile, arch: str | None) -> dict[str, Any]:
+def class_from_name(name: str) -> str:
+    """A tensor's placement class from llama.cpp's naming alone."""
+    if name in LOOKUP_TABLES:
+        return "embedding"
+    if name.startswith("output"):
+        return "output"
+    if "_exps" in name:
+        return "routed_expert"
+    if "_shexp" in name:
+        return "shared_expert"
+    if ".ffn_gate_inp." in name or ".exp_probs_b." in name:
+        return "router"
+    return "dense"
+
+
+def placement_classes(f: GGUFFile) -> dict[str, str]:
+    """{tensor name: placement class} for every tensor of the file (module docstring)."""
+    from ktd import _native
+
+    try:
+        table = _native.Model.tensor_classes(f.path)
+    except (GGUFError, OSError, ValueError):  # an architecture or metadata the engine does not run
+        table = {}
+    return {name: table.get(name) or class_from_name(name) for name in f.tensors}
+
+
+def bytes_per_token(f: GGUFFile, arch: str | None, classes: dict[str, str]) -> dict[str, Any]:
     """Weight bytes one decoded token reads, split into dense, routed experts and output head."""
     tensors = f.tensors
-    expert_tensors = [t for t in tensors.values() if "_exps" in t.name]
+    expert_tensors = [t for t in tensors.values() if classes[t.name] == "routed_expert"]
     n_expert = n_expert_used = None
     routed_bytes_all = routed_bytes = 0
     if expert_tensors:
@@ -87,7 +117,7 @@ def bytes_per_token(f: GGUFFile, arch: str | None) -> dict[str, Any]:
     head = tensors.get(OUTPUT_HEAD) or tensors.get(TIED_HEAD)
     head_bytes = head.nbytes if head is not None else 0
     dense_bytes = sum(t.nbytes for t in tensors.values()
-                      if "_exps" not in t.name and t.name not in LOOKUP_TABLES and t.name != OUTPUT_HEAD)
+                      if classes[t.name] != "routed_expert" and t.name not in LOOKUP_TABLES and t.name != OUTPUT_HEAD)
     return {
         "total": dense_bytes + routed_bytes + head_bytes,
         "dense": dense_bytes,
@@ -166,11 +196,14 @@ def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8) -> dict[str, 
         "chat_template": "tokenizer.chat_template" in f.metadata,
     }
 
+    classes = placement_classes(f)
     by_type: dict[str, dict[str, int]] = {}
+    by_class: dict[str, dict[str, int]] = {}
     for t in f.tensors.values():
-        entry = by_type.setdefault(t.type_name, {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += t.nbytes
+        for table, key in ((by_type, t.type_name), (by_class, classes[t.name])):
+            entry = table.setdefault(key, {"count": 0, "bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += t.nbytes
 
     report: dict[str, Any] = {
         "path": f.path,
@@ -186,25 +219,27 @@ def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8) -> dict[str, 
             "count": len(f.tensors),
             "bytes": sum(t.nbytes for t in f.tensors.values()),
             "by_type": dict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
+            "by_class": dict(sorted(by_class.items(), key=lambda kv: -kv[1]["bytes"])),
         },
-        "bytes_per_token": bytes_per_token(f, arch),
+        "bytes_per_token": bytes_per_token(f, arch, classes),
     }
     report["memory_plan"] = memory_plan(f, arch, hparams, n_ctx, n_seq)
     # This machine: CPU features and the kernel ISA they select, topology, huge pages.
     report["machine"] = machine.describe()
-    report["numa_plan"] = numa_plan(f, sorted(set(report["machine"]["thread_pool"]["nodes"])))
+    report["numa_plan"] = numa_plan(f, sorted(set(report["machine"]["thread_pool"]["nodes"])), classes)
     return report
 
 
-def numa_plan(f: GGUFFile, nodes: list[int]) -> dict[str, Any]:
+def numa_plan(f: GGUFFile, nodes: list[int], classes: dict[str, str] | None = None) -> dict[str, Any]:
     """How loading on this machine's default pool (every usable node) would place the routed
     experts with ``numa.experts: shard``: per node the bytes of its row slices (in the file's
     format; repacking keeps the size within a few percent). One node: nothing is sharded."""
     from ktd import _native
 
+    classes = classes if classes is not None else placement_classes(f)
     per_node = [0] * len(nodes)
     for t in f.tensors.values():
-        if not t.name.endswith("_exps.weight") or len(t.shape) != 3:
+        if classes[t.name] != "routed_expert" or len(t.shape) != 3:
             continue
         rows, n_mat = t.shape[1], t.shape[2]  # GGML order: ne = [k, rows, n_expert]
         if rows * n_mat == 0:
@@ -255,6 +290,7 @@ def render(r: dict[str, Any]) -> str:
     lines.append(f"tensors     {t['count']:,}, {_size(t['bytes'])}")
     for type_name, e in t["by_type"].items():
         lines.append(f"  {type_name:8} {e['count']:5} tensors  {_size(e['bytes'])}")
+    lines.append("  placement: " + ", ".join(f"{c} {_size(e['bytes'])} ({e['count']})" for c, e in t["by_class"].items()))
     b = r["bytes_per_token"]
     lines.append(f"per token   {_size(b['total'])} of weights read per decoded token")
     lines.append(f"  dense layers   {_size(b['dense'])}")

@@ -193,6 +193,16 @@ static void bind_model_class(py::module_ &m) {
              py::arg("hugetlb_page_size") = kPage2M, py::arg("mlock") = false, py::arg("numa_experts") = "shard",
              py::arg("numa_dense") = "interleave")
         .def_static("supported_archs", &Model::supported_archs)
+        .def_static(
+            "tensor_classes",
+            [](const std::string &path) {
+                py::dict out;
+                for (const auto &[name, cls] : Model::tensor_classes(path)) out[py::str(name)] = tensor_class_name(cls);
+                return out;
+            },
+            py::arg("path"),
+            "{tensor name: placement class} for the tensors of a GGUF file that its architecture's table names "
+            "(embedding, output, dense, router, routed_expert, shared_expert); reads the header only")
         .def_property_readonly("arch", [](const Model &x) { return x.hparams().arch; })
         .def_property_readonly("n_vocab", [](const Model &x) { return x.hparams().n_vocab; })
         .def_property_readonly("n_embd", [](const Model &x) { return x.hparams().n_embd; })

@@ -165,6 +165,9 @@ public:
     static std::unique_ptr<Model> open(const std::string &path, const ModelOptions &opts = {});
     // Supported architecture names, comma-separated (for messages).
     static std::string supported_archs();
+    // The placement class of every tensor of a file that its architecture's table names (reads
+    // the header only; GGUFError as open() for an unsupported architecture or bad metadata).
+    static std::vector<std::pair<std::string, TensorClass>> tensor_classes(const std::string &path);
 
     const HParams &hparams() const { return hp_; }
     const ModelWeights &weights() const { return w_; }

@@ -386,17 +386,38 @@ void Model::init_pool(const ModelOptions &opts) {
         tid_slice_[size_t(tid)] = int(std::find(nodes.begin(), nodes.end(), pool_->node_of(tid)) - nodes.begin());
 }
 
-std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
-    GGUFFile f = GGUFFile::open(path);
+namespace {
+// The file's architecture, its hyperparameters and its tensor table.
+const ArchSpec &read_arch(const GGUFFile &f, HParams &hp, TensorTable &table) {
     const std::string arch_name(f.get_string("general.architecture"));
     const ArchSpec *arch = find_arch(arch_name);
     if (!arch)
-        throw GGUFError("unsupported architecture '" + arch_name + "' (supported: " + supported_archs() + ")");
-    std::unique_ptr<Model> m(new Model(std::move(f)));
-    m->arch_ = arch;
-    m->hp_ = read_hparams(m->file_, arch_name);
-    arch->tune(m->hp_, m->file_);
-    arch->tensors(m->table_, m->hp_);
+        throw GGUFError("unsupported architecture '" + arch_name + "' (supported: " + Model::supported_archs() + ")");
+    hp = read_hparams(f, arch_name);
+    arch->tune(hp, f);
+    arch->tensors(table, hp);
+    return *arch;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, TensorClass>> Model::tensor_classes(const std::string &path) {
+    const GGUFFile f = GGUFFile::open(path);
+    HParams hp;
+    TensorTable table;
+    read_arch(f, hp, table);
+    std::vector<std::pair<std::string, TensorClass>> out;
+    for (const TensorSpec &spec : table.specs)
+        for (int il = 0; il < (spec.per_layer() ? hp.n_layer : 1); ++il) {
+            const std::string name = tensor_name(spec.name, il);
+            if (f.find_tensor(name) && (!spec.per_layer() || layer_in_set(spec.layers, hp, il)))
+                out.emplace_back(name, spec.cls);
+        }
+    return out;
+}
+
+std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
+    std::unique_ptr<Model> m(new Model(GGUFFile::open(path)));
+    m->arch_ = &read_arch(m->file_, m->hp_, m->table_);
     m->init_pool(opts);
 
     const int n_slice = m->n_slices();
