@@ -16,6 +16,7 @@
 #include "cpu/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "kernels/kernels.h"
+#include "kernels/tile.h"
 #include "memory/arena.h"
 #include "model/hparams.h"
 #include "model/moe.h"
@@ -38,7 +39,7 @@ struct Matrix {
 // sharded experts, stores): contiguous, boundaries on multiples of kNumaRowAlign (a multiple of
 // every repacked row group, so a slice repacks on its own into the same groups), as equal as that
 // allows. n_slice = 1: all rows.
-constexpr int64_t kNumaRowAlign = 16;
+constexpr int64_t kNumaRowAlign = kRowBlock;
 std::pair<int64_t, int64_t> numa_slice_rows(int64_t rows, int n_slice, int s);
 
 // A 3-D GGUF tensor ne = {k, rows, n_mat}: a stack of n_mat matrices [rows][k] (the experts of a
