@@ -282,25 +282,19 @@ void ThreadPool::parallel_for_node(int node, size_t n,
     });
 }
 
-void ThreadPool::for_each_item(size_t n, const std::function<void(size_t, int)> &fn) {
-    if (n == 0) return;
-    WorkList &list = impl_->items;
-    list.reset(n);
-    run([&](int tid, int) { list.drain(0, [&](size_t item) { fn(item, tid); }); });
+WorkList &ThreadPool::item_list(size_t n) {
+    impl_->items.reset(n);
+    return impl_->items;
 }
 
-void ThreadPool::for_each_item_node(const std::vector<size_t> &first, const std::function<void(size_t, int)> &fn) {
+WorkList &ThreadPool::item_list_node(const std::vector<size_t> &first) {
     const size_t n_node = nodes().size();
     if (first.size() != n_node + 1)
         throw std::invalid_argument("for_each_item_node: " + std::to_string(first.size()) +
                                     " range bounds for a pool on " + std::to_string(n_node) + " NUMA node(s), expected " +
                                     std::to_string(n_node + 1));
-    WorkList &list = impl_->items;
-    list.reset(first.data(), int(n_node));
-    if (first.back() == first.front()) return;
-    run([&](int tid, int) {
-        list.drain(impl_->workers[size_t(tid)].node_index, [&](size_t item) { fn(item, tid); });
-    });
+    impl_->items.reset(first.data(), int(n_node));
+    return impl_->items;
 }
 
 // Each slice's cursor and end on a cache line of its own: workers of different nodes never

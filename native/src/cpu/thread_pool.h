@@ -111,10 +111,21 @@ public:
     // fn(item, tid) once for every item in [0, n), claimed dynamically by all workers in one run()
     // (a WorkList owned by the pool). n = 0: returns without waking the workers. An exception from
     // fn is rethrown as by run(); items not yet claimed when it was thrown may or may not run.
-    void for_each_item(size_t n, const std::function<void(size_t item, int tid)> &fn);
+    // A template, so that an item costs no indirect call and a capturing fn no allocation.
+    template <class Fn>
+    void for_each_item(size_t n, Fn &&fn) {
+        if (n == 0) return;
+        WorkList &list = item_list(n);
+        run([&](int tid, int) { list.drain(0, [&](size_t item) { fn(item, tid); }); });
+    }
     // The same per NUMA node: items [first[i], first[i + 1]) run only on workers of node nodes()[i];
     // first [nodes().size() + 1], ascending (std::invalid_argument otherwise).
-    void for_each_item_node(const std::vector<size_t> &first, const std::function<void(size_t item, int tid)> &fn);
+    template <class Fn>
+    void for_each_item_node(const std::vector<size_t> &first, Fn &&fn) {
+        WorkList &list = item_list_node(first);
+        if (first.back() == first.front()) return;
+        run([&](int tid, int) { list.drain(node_index(tid), [&](size_t item) { fn(item, tid); }); });
+    }
 
     int node_of(int tid) const;  // NUMA node of worker tid
     int cpu_of(int tid) const;   // CPU worker tid is pinned to (-1 if not pinned)
@@ -132,6 +143,8 @@ public:
     struct Impl;
 
 private:
+    WorkList &item_list(size_t n);                              // the pool's list, reset to [0, n)
+    WorkList &item_list_node(const std::vector<size_t> &first);  // checked, reset to the node ranges
     std::unique_ptr<Impl> impl_;
 };
 
