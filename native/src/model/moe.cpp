@@ -172,6 +172,7 @@ MoeCall::MoeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_,
     sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
 }
 
+// The scratch of the call, grown only when too small (no allocation once warm).
 void grow_scratch(const MoeCall &c) {
     MoeScratch &s = c.s;
     const size_t n = size_t(c.n), P = size_t(c.P), ne = size_t(c.ne);
