@@ -213,6 +213,129 @@ def test_nodes_and_per_node_parallel_for():
         pool.parallel_for_node(7, 10, lambda b, e, t: None)
 
 
+@pytest.mark.parametrize("opts", pools(), ids=lambda o: f"n{o['n_threads']}{'' if o.get('pin', True) else '-unpinned'}")
+def test_for_each_item_runs_every_item_exactly_once(opts):
+    pool = _native.ThreadPool(**opts)
+    # 0 items, fewer items than workers, many more.
+    for n in (0, 1, 2, 3, 7, 64, 1001):
+        hits = np.zeros(n, dtype=np.int64)
+        tids = set()
+
+        def body(item, tid):
+            assert 0 <= item < n, item
+            hits[item] += 1
+            tids.add(tid)
+
+        run_with_timeout(lambda: pool.for_each_item(n, body))
+        assert (hits == 1).all(), f"n={n}: {hits}"
+        assert tids <= set(range(pool.size))
+        if n == 0:
+            assert not tids
+
+
+def test_for_each_item_exception_propagates_and_pool_survives():
+    pool = _native.ThreadPool(n_threads=4, pin=False)
+
+    def body(item, tid):
+        if item == 5:
+            raise ValueError("item 5 failed")
+
+    with pytest.raises(ValueError, match="item 5 failed"):
+        run_with_timeout(lambda: pool.for_each_item(40, body))
+    hits = np.zeros(40, dtype=np.int64)
+    run_with_timeout(lambda: pool.for_each_item(40, lambda item, tid: hits.__setitem__(item, hits[item] + 1)))
+    assert (hits == 1).all()
+
+
+@pytest.fixture(scope="module")
+def fake_machine(tmp_path_factory):
+    """(sysfs_root, affinity) of a fake machine with n nodes, one CPU each (cpu i on node i)."""
+    from test_topology import make_sysfs
+
+    def get(n_nodes: int):
+        root = tmp_path_factory.mktemp(f"sys{n_nodes}")
+        return make_sysfs(root, f"0-{n_nodes - 1}", {i: str(i) for i in range(n_nodes)}), list(range(n_nodes))
+
+    return get
+
+
+@pytest.mark.parametrize("n_nodes, n_threads", [(1, 3), (2, 2), (2, 5), (4, 8), (4, 6)])
+def test_for_each_item_node_keeps_items_on_their_node(fake_machine, n_nodes, n_threads):
+    sysfs, affinity = fake_machine(n_nodes)
+    pool = _native.ThreadPool(n_threads=n_threads, pin=False, sysfs_root=sysfs, affinity=affinity)
+    assert pool.nodes() == list(range(n_nodes))
+    for tid in range(pool.size):
+        assert pool.nodes()[pool.node_index(tid)] == pool.node_of(tid)
+    # Uneven ranges, one of them empty when there are several nodes; fewer items than workers.
+    for sizes in ([1] * n_nodes, [0] + [9] * (n_nodes - 1), [37 + 13 * i for i in range(n_nodes)]):
+        first = [0]
+        for size in sizes:
+            first.append(first[-1] + size)
+        hits = np.zeros(first[-1], dtype=np.int64)
+        ran_on = {}
+
+        def body(item, tid):
+            hits[item] += 1
+            ran_on[item] = pool.node_of(tid)
+
+        run_with_timeout(lambda: pool.for_each_item_node(first, body))
+        assert (hits == 1).all(), sizes
+        for i in range(n_nodes):
+            for item in range(first[i], first[i + 1]):
+                assert ran_on[item] == pool.nodes()[i], f"item {item} of node {i} ran on node {ran_on[item]}"
+    with pytest.raises(ValueError, match="range bounds"):
+        pool.for_each_item_node([0] * (n_nodes + 2), lambda item, tid: None)
+    if n_nodes > 1:
+        with pytest.raises(ValueError, match="ends before it starts"):
+            pool.for_each_item_node([0, 5] + [2] * (n_nodes - 1), lambda item, tid: None)
+
+
+def test_work_lists_between_barriers_of_one_run(fake_machine):
+    # Two phases in one region: phase 2's list is reset by one worker before the barrier, and
+    # every phase-1 item is done before any worker passes it.
+    sysfs, affinity = fake_machine(2)
+    pool = _native.ThreadPool(n_threads=5, pin=False, sysfs_root=sysfs, affinity=affinity)
+    up, down = _native.WorkList(), _native.WorkList()
+    n_up, first_down = 23, [0, 4, 31]
+    hits_up = np.zeros(n_up, dtype=np.int64)
+    hits_down = np.zeros(first_down[-1], dtype=np.int64)
+    seen_before_down = []
+
+    def body(tid, nth):
+        while (item := up.claim(0)) is not None:
+            hits_up[item] += 1
+        if tid == 0:
+            down.reset_slices(first_down)
+        pool.barrier(tid)
+        seen_before_down.append(int(hits_up.sum()))
+        sl = pool.node_index(tid)
+        while (item := down.claim(sl)) is not None:
+            assert first_down[sl] <= item < first_down[sl + 1]
+            hits_down[item] += 1
+
+    for _ in range(3):
+        hits_up[:] = 0
+        hits_down[:] = 0
+        seen_before_down.clear()
+        up.reset(n_up)
+        run_with_timeout(lambda: pool.run(body))
+        assert (hits_up == 1).all() and (hits_down == 1).all()
+        assert seen_before_down == [n_up] * pool.size
+        assert up.claim(0) is None  # an exhausted list stays exhausted until reset
+
+
+def test_work_list_rejects_bad_ranges():
+    wl = _native.WorkList()
+    with pytest.raises(ValueError, match="ends before it starts"):
+        wl.reset_slices([0, 3, 2])
+    wl.reset_slices([2, 2, 4])
+    assert wl.n_slices == 2
+    assert wl.claim(0) is None
+    assert [wl.claim(1), wl.claim(1), wl.claim(1)] == [2, 3, None]
+    with pytest.raises(IndexError):
+        wl.claim(2)
+
+
 def test_bad_options():
     with pytest.raises(ValueError, match="exceeds"):
         _native.ThreadPool(n_threads=N_CPUS + 1)

@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <optional>
 
 #include "bindings.h"
 #include "cpu/features.h"
@@ -22,6 +23,15 @@ RangeFn with_gil(const py::function &fn) {
     return [&fn](size_t b, size_t e, int tid) {
         py::gil_scoped_acquire gil;
         fn(b, e, tid);
+    };
+}
+
+using ItemFn = std::function<void(size_t, int)>;
+
+ItemFn item_with_gil(const py::function &fn) {
+    return [&fn](size_t item, int tid) {
+        py::gil_scoped_acquire gil;
+        fn(item, tid);
     };
 }
 
@@ -100,7 +110,7 @@ void bind_cpu(py::module_ &m) {
 
     py::class_<ThreadPool>(m, "ThreadPool")
         .def(py::init([](int n_threads, std::vector<int> nodes, bool smt, bool pin,
-                         const std::string &sysfs_root, int spin_us) {
+                         const std::string &sysfs_root, int spin_us, std::vector<int> affinity) {
                  ThreadPoolOptions o;
                  o.n_threads = n_threads;
                  o.nodes = std::move(nodes);
@@ -108,10 +118,13 @@ void bind_cpu(py::module_ &m) {
                  o.pin = pin;
                  o.sysfs_root = sysfs_root;
                  o.spin_us = spin_us;
+                 o.affinity = std::move(affinity);
                  return std::make_unique<ThreadPool>(o);
              }),
              py::arg("n_threads") = 0, py::arg("nodes") = std::vector<int>{}, py::arg("smt") = false,
-             py::arg("pin") = true, py::arg("sysfs_root") = "/sys", py::arg("spin_us") = 50)
+             py::arg("pin") = true, py::arg("sysfs_root") = "/sys", py::arg("spin_us") = 50,
+             py::arg("affinity") = std::vector<int>{},
+             "affinity: the allowed CPUs ([] = this process's mask; fake machines: their CPUs, pin=False)")
         .def_property_readonly("size", &ThreadPool::size)
         .def("run",
              [](ThreadPool &p, const py::function &fn) {
@@ -138,6 +151,21 @@ void bind_cpu(py::module_ &m) {
                  p.parallel_for_node(node, n, call);
              },
              py::arg("node"), py::arg("n"), py::arg("fn"))
+        .def("for_each_item",
+             [](ThreadPool &p, size_t n, const py::function &fn) {
+                 ItemFn call = item_with_gil(fn);
+                 py::gil_scoped_release release;
+                 p.for_each_item(n, call);
+             },
+             py::arg("n"), py::arg("fn"), "fn(item, tid) for every item < n, claimed one at a time")
+        .def("for_each_item_node",
+             [](ThreadPool &p, const std::vector<size_t> &first, const py::function &fn) {
+                 ItemFn call = item_with_gil(fn);
+                 py::gil_scoped_release release;
+                 p.for_each_item_node(first, call);
+             },
+             py::arg("first"), py::arg("fn"), "items [first[i], first[i+1]) on the workers of nodes()[i]")
+        .def("node_index", &ThreadPool::node_index, py::arg("tid"))
         .def("node_of", &ThreadPool::node_of, py::arg("tid"))
         .def("cpu_of", &ThreadPool::cpu_of, py::arg("tid"))
         .def("cpu_slot", &ThreadPool::cpu_slot, py::arg("tid"))
@@ -146,6 +174,26 @@ void bind_cpu(py::module_ &m) {
         .def("workers_of_node", &ThreadPool::workers_of_node, py::arg("node"))
         .def("pin_caller", &ThreadPool::pin_caller)
         .def("handoff_latency", &handoff_latency, py::arg("iterations") = 10000);
+
+    // For tests of the in-region use (claims between barriers of one run).
+    py::class_<WorkList>(m, "WorkList")
+        .def(py::init<>())
+        .def("reset", py::overload_cast<size_t>(&WorkList::reset), py::arg("n"))
+        .def("reset_slices",
+             [](WorkList &w, const std::vector<size_t> &first) {
+                 if (first.size() < 2) throw std::invalid_argument("WorkList: expected >= 2 range bounds");
+                 w.reset(first.data(), int(first.size() - 1));
+             },
+             py::arg("first"))
+        .def_property_readonly("n_slices", &WorkList::n_slices)
+        .def("claim",
+             [](WorkList &w, int slice) -> std::optional<size_t> {
+                 if (slice < 0 || slice >= w.n_slices()) throw std::out_of_range("WorkList: no slice " + std::to_string(slice));
+                 size_t item;
+                 if (w.claim(slice, item)) return item;
+                 return std::nullopt;
+             },
+             py::arg("slice") = 0, "the next item of the slice, or None when it has none left");
 }
 
 }  // namespace ktd

@@ -91,6 +91,7 @@ int pin_to(int cpu) {
 // Per-worker state, one cache line each so that workers never share a line they write.
 struct alignas(kCacheLine) WorkerState {
     CpuSlot slot;           // cpu = -1 when the pool does not pin
+    int node_index = 0;     // index of slot.node in nodes()
     long thread_id = -1;    // gettid(); -1 for tid 0 (the caller)
     int pin_errno = 0;      // result of pinning at start-up
 };
@@ -102,6 +103,7 @@ struct ThreadPool::Impl {
     std::vector<WorkerState> workers;
     std::vector<std::thread> threads;
     int caller_cpu = -1;  // set by pin_caller()
+    WorkList items;       // for_each_item's list (run() is not reentrant, so one is enough)
 
     const std::function<void(int, int)> *job = nullptr;
     std::atomic<bool> stop{false};
@@ -189,7 +191,10 @@ ThreadPool::ThreadPool(const ThreadPoolOptions &opts) : impl_(std::make_unique<I
     // worker it waits for, so go straight to the futex.
     if (size_t(s.nth) > topo.cpus.size()) s.spin_us = 0;
     s.workers.resize(slots.size());
-    for (size_t i = 0; i < slots.size(); ++i) s.workers[i].slot = slots[i];
+    for (size_t i = 0; i < slots.size(); ++i) {
+        s.workers[i].slot = slots[i];
+        s.workers[i].node_index = i == 0 ? 0 : s.workers[i - 1].node_index + (slots[i].node != slots[i - 1].node);
+    }
 
     std::latch started(s.nth - 1);
     try {
@@ -277,6 +282,60 @@ void ThreadPool::parallel_for_node(int node, size_t n,
     });
 }
 
+WorkList &ThreadPool::item_list(size_t n) {
+    impl_->items.reset(n);
+    return impl_->items;
+}
+
+WorkList &ThreadPool::item_list_node(const std::vector<size_t> &first) {
+    const size_t n_node = nodes().size();
+    if (first.size() != n_node + 1)
+        throw std::invalid_argument("for_each_item_node: " + std::to_string(first.size()) +
+                                    " range bounds for a pool on " + std::to_string(n_node) + " NUMA node(s), expected " +
+                                    std::to_string(n_node + 1));
+    impl_->items.reset(first.data(), int(n_node));
+    return impl_->items;
+}
+
+// Each slice's cursor and end on a cache line of its own: workers of different nodes never
+// write the same line.
+struct alignas(kCacheLine) WorkList::Cursor {
+    std::atomic<size_t> next{0};
+    size_t end = 0;
+};
+
+WorkList::WorkList() = default;
+WorkList::~WorkList() = default;
+
+void WorkList::reset(size_t n) {
+    const size_t first[2] = {0, n};
+    reset(first, 1);
+}
+
+void WorkList::reset(const size_t *first, int n_slice) {
+    if (n_slice < 1) throw std::invalid_argument("WorkList: " + std::to_string(n_slice) + " slices, expected >= 1");
+    for (int i = 0; i < n_slice; ++i)
+        if (first[i] > first[i + 1])
+            throw std::invalid_argument("WorkList: slice " + std::to_string(i) + " ends before it starts (" +
+                                        std::to_string(first[i]) + " > " + std::to_string(first[i + 1]) + ")");
+    if (n_slice > capacity_) {
+        cursors_ = std::make_unique<Cursor[]>(size_t(n_slice));
+        capacity_ = n_slice;
+    }
+    for (int i = 0; i < n_slice; ++i) {
+        cursors_[size_t(i)].next.store(first[i], std::memory_order_relaxed);
+        cursors_[size_t(i)].end = first[i + 1];
+    }
+    n_slice_ = n_slice;
+}
+
+bool WorkList::claim(int slice, size_t &item) {
+    Cursor &c = cursors_[size_t(slice)];
+    // Past the end the counter keeps growing; harmless, it is reset before the next use.
+    item = c.next.fetch_add(1, std::memory_order_relaxed);
+    return item < c.end;
+}
+
 static void check_tid(const ThreadPool::Impl &s, int tid) {
     if (tid < 0 || tid >= s.nth)
         throw std::out_of_range("worker id " + std::to_string(tid) + " out of range [0, " +
@@ -316,6 +375,11 @@ std::vector<int> ThreadPool::workers_of_node(int node) const {
     for (int t = 0; t < impl_->nth; ++t)
         if (impl_->workers[t].slot.node == node) out.push_back(t);
     return out;
+}
+
+int ThreadPool::node_index(int tid) const {
+    check_tid(*impl_, tid);
+    return impl_->workers[size_t(tid)].node_index;
 }
 
 void ThreadPool::pin_caller() {

@@ -7,8 +7,26 @@
 //       ...                             // fn by every worker, the same number of times.
 //   });
 //   pool.parallel_for(n, [&](size_t begin, size_t end, int tid) {...});  // contiguous chunks
+//   pool.for_each_item(n, [&](size_t item, int tid) {...});  // items claimed one at a time
 //
 // run() is not reentrant (no nested run from inside fn) and is called from one thread at a time.
+//
+// Work lists (kt-kernel's do_work_stealing_job): items of uneven cost (experts with different
+// token counts, causal attention blocks) are claimed one at a time from a shared counter, so no
+// worker idles while another holds a long fixed share. for_each_item is the one-region form; a
+// WorkList is the same list for use inside a run() between barriers, where one region has several
+// phases:
+//   WorkList &list = ...;                     // outlives the region (scratch), one per phase
+//   list.reset(n);                            // before run(), or by one worker before a barrier
+//   pool.run([&](int tid, int) {
+//       list.drain(0, [&](size_t item) {...}); // every item [0, n) runs on exactly one worker
+//   });
+// With several NUMA nodes the items are cut per node (reset(first, n_slice)): slice s (the node's
+// index in nodes(), node_index(tid)) owns items [first[s], first[s + 1]) and only its workers claim
+// them, so a worker touches only the weights its node holds. No stealing across nodes: a node's
+// items wait for its own workers. Which worker runs an item varies from run to run; a caller that
+// needs thread-count independent results makes each item's output depend on the item only.
+// kt-kernel's init and finalize steps are the code before and after drain() in the region.
 //
 // Placement: one worker per chosen CPU (choose_cpus in topology.h: one per physical core unless
 // smt, grouped per NUMA node so tids of a node are contiguous). Workers 1..nth-1 are dedicated
@@ -42,6 +60,38 @@ struct ThreadPoolOptions {
                                 // 0 when unpinned workers outnumber the usable CPUs
 };
 
+// A list of work items claimed dynamically by the workers of a running region (contract above).
+// reset() is not thread safe: call it while nobody claims, and publish it to the claimers through
+// run() or a barrier. claim() is safe from any number of workers at once (one relaxed atomic add
+// on the slice's own cache line). No allocation once it has seen its largest slice count.
+class WorkList {
+public:
+    WorkList();
+    ~WorkList();
+    WorkList(const WorkList &) = delete;
+    WorkList &operator=(const WorkList &) = delete;
+
+    // One slice: items [0, n) for every worker.
+    void reset(size_t n);
+    // n_slice >= 1 slices: slice s holds items [first[s], first[s + 1]); first [n_slice + 1],
+    // ascending. Throws std::invalid_argument otherwise.
+    void reset(const size_t *first, int n_slice);
+    int n_slices() const { return n_slice_; }
+    // The next unclaimed item of slice `slice` (0 <= slice < n_slices(), unchecked) into `item`;
+    // false when the slice has none left (then it stays false until the next reset).
+    bool claim(int slice, size_t &item);
+    // fn(item) for every item of `slice` that this worker claims, until the slice is exhausted.
+    template <class Fn>
+    void drain(int slice, Fn &&fn) {
+        for (size_t item; claim(slice, item);) fn(item);
+    }
+
+private:
+    struct Cursor;
+    std::unique_ptr<Cursor[]> cursors_;  // [capacity_], one cache line each
+    int capacity_ = 0, n_slice_ = 0;
+};
+
 class ThreadPool {
 public:
     explicit ThreadPool(const ThreadPoolOptions &opts = {});
@@ -58,6 +108,24 @@ public:
     // pool-wide worker id. Throws std::invalid_argument if the pool has no worker on node.
     void parallel_for_node(int node, size_t n,
                            const std::function<void(size_t begin, size_t end, int tid)> &fn);
+    // fn(item, tid) once for every item in [0, n), claimed dynamically by all workers in one run()
+    // (a WorkList owned by the pool). n = 0: returns without waking the workers. An exception from
+    // fn is rethrown as by run(); items not yet claimed when it was thrown may or may not run.
+    // A template, so that an item costs no indirect call and a capturing fn no allocation.
+    template <class Fn>
+    void for_each_item(size_t n, Fn &&fn) {
+        if (n == 0) return;
+        WorkList &list = item_list(n);
+        run([&](int tid, int) { list.drain(0, [&](size_t item) { fn(item, tid); }); });
+    }
+    // The same per NUMA node: items [first[i], first[i + 1]) run only on workers of node nodes()[i];
+    // first [nodes().size() + 1], ascending (std::invalid_argument otherwise).
+    template <class Fn>
+    void for_each_item_node(const std::vector<size_t> &first, Fn &&fn) {
+        WorkList &list = item_list_node(first);
+        if (first.back() == first.front()) return;
+        run([&](int tid, int) { list.drain(node_index(tid), [&](size_t item) { fn(item, tid); }); });
+    }
 
     int node_of(int tid) const;  // NUMA node of worker tid
     int cpu_of(int tid) const;   // CPU worker tid is pinned to (-1 if not pinned)
@@ -65,6 +133,7 @@ public:
     // Additions beyond the original contract.
     std::vector<int> nodes() const;               // nodes with workers, ascending
     std::vector<int> workers_of_node(int node) const;  // tids on node, ascending (contiguous)
+    int node_index(int tid) const;  // index of node_of(tid) in nodes(): the WorkList slice of tid
     int cpu_slot(int tid) const;   // CPU chosen for tid even if not pinned (-1 when pin=false)
     long thread_id(int tid) const; // kernel thread id (gettid) of worker tid >= 1; -1 for tid 0
     // Pins the calling thread to cpu_slot(0) for good, so that tid 0 runs on its node too.
@@ -74,6 +143,8 @@ public:
     struct Impl;
 
 private:
+    WorkList &item_list(size_t n);                              // the pool's list, reset to [0, n)
+    WorkList &item_list_node(const std::vector<size_t> &first);  // checked, reset to the node ranges
     std::unique_ptr<Impl> impl_;
 };
 

@@ -2,7 +2,7 @@
 // few rows, by every worker into its own buffer, with no barrier), then the workers stream the
 // weight rows (of one or several matrices: matmul_multi) in contiguous ranges of row groups,
 // claimed dynamically on one NUMA node. Each output element is computed by exactly one worker
-// with a tile starting on a kRowAlign boundary, so results do not depend on the thread count or
+// with a tile starting on a kRowBlock boundary, so results do not depend on the thread count or
 // on which worker claimed which range.
 #include <algorithm>
 #include <array>
@@ -14,13 +14,12 @@
 
 #include "cpu/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/tile.h"
 #include "memory/arena.h"
 
 namespace ktd {
 
 namespace {
-// Row ranges are multiples of this so interleaved (repacked) row groups never straddle workers.
-constexpr int64_t kRowAlign = 16;
 // Matrices one matmul_multi call takes (a layer's Q, K, V is the most the forward asks for).
 constexpr int kMaxJobs = 8;
 // Up to this many activation rows, every worker quantizes all of them into its own buffer: a
@@ -50,8 +49,8 @@ struct JobPlan {
     const PreparedWeights *pw;
     float *y;
     const float *bias;
-    size_t span_bytes;    // weight bytes of kRowAlign rows (the unit of work)
-    int64_t groups;       // units: ceil(rows / kRowAlign)
+    size_t span_bytes;    // weight bytes of kRowBlock rows (the unit of work)
+    int64_t groups;       // units: ceil(rows / kRowBlock)
     size_t first_byte;    // offset of the matrix in the combined work list
     int fmt;              // index of its activation format
 };
@@ -63,24 +62,13 @@ struct ActFormat {
     size_t offset;      // of its n rows in a worker's (or the shared) activation buffer
 };
 
-// Rows [r0, r1) of one matrix (r0 a multiple of kRowAlign) on activations xq.
-// Replicated weights (numa.dense: replicate): worker tid streams its own node's copy.
+// Rows [r0, r1) of one matrix (r0 a multiple of kRowBlock) on activations xq, then its bias.
 void run_tile(const JobPlan &j, int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int64_t n, int tid) {
-    const PreparedWeights &pw = j.pw->for_worker(tid);
-    const TypeKernels &tk = *pw.tk;
-    const char *wb = static_cast<const char *>(pw.data);
-    if (pw.repacked) {
-        // kRowAlign is a multiple of repack_rows, so r0 starts a group.
-        const size_t group_bytes = tk.repacked_group_bytes(pw.k);
-        tk.gemm_repacked(pw.k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq, arow, j.y + r0,
-                         size_t(pw.rows), int(r1 - r0), int(n));
-    } else {
-        tk.gemm(pw.k, wb + size_t(r0) * pw.row_bytes, pw.row_bytes, xq, arow, j.y + r0, size_t(pw.rows),
-                int(r1 - r0), int(n));
-    }
+    const int64_t rows = j.pw->rows;
+    matmul_tile(*j.pw, r0, r1, xq, arow, j.y + r0, size_t(rows), int(n), tid);
     if (j.bias)
         for (int64_t c = 0; c < n; ++c) {
-            float *yc = j.y + c * pw.rows;
+            float *yc = j.y + c * rows;
             for (int64_t r = r0; r < r1; ++r) yc[r] += j.bias[r];
         }
 }
@@ -111,9 +99,9 @@ void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const flo
             act_bytes += align_up(arow * size_t(n), 64);
             ++n_fmts;
         }
-        const size_t span = pw.repacked ? tk.repacked_group_bytes(k) * size_t(kRowAlign / tk.repack_rows)
-                                        : pw.row_bytes * size_t(kRowAlign);
-        const int64_t groups = (pw.rows + kRowAlign - 1) / kRowAlign;
+        const size_t span = pw.repacked ? tk.repacked_group_bytes(k) * size_t(kRowBlock / tk.repack_rows)
+                                        : pw.row_bytes * size_t(kRowBlock);
+        const int64_t groups = (pw.rows + kRowBlock - 1) / kRowBlock;
         plan[size_t(j)] = {&pw, jobs[j].y, jobs[j].bias, span, groups, total_bytes, f};
         total_bytes += span * size_t(groups);
     }
@@ -161,7 +149,7 @@ void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const flo
                 const int64_t g0 = first_group_from(b0), g1 = first_group_from(b1);
                 if (g0 >= g1) continue;
                 const ActFormat &fm = fmts[size_t(p.fmt)];
-                run_tile(p, g0 * kRowAlign, std::min(p.pw->rows, g1 * kRowAlign), xq + fm.offset, fm.row_bytes, n,
+                run_tile(p, g0 * kRowBlock, std::min(p.pw->rows, g1 * kRowBlock), xq + fm.offset, fm.row_bytes, n,
                          tid);
             }
         };
@@ -273,6 +261,21 @@ PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const v
 
 const PreparedWeights &PreparedWeights::for_worker(int tid) const {
     return node_copies ? node_copies->copies[size_t(node_copies->copy_of_tid[size_t(tid)])] : *this;
+}
+
+void matmul_tile(const PreparedWeights &w, int64_t r0, int64_t r1, const uint8_t *xq, size_t x_stride, float *y,
+                 size_t ldy, int nc, int tid) {
+    const PreparedWeights &pw = w.for_worker(tid);
+    const TypeKernels &tk = *pw.tk;
+    const char *wb = static_cast<const char *>(pw.data);
+    if (pw.repacked) {
+        // r0 is a multiple of kRowBlock, hence of repack_rows: it starts a group.
+        const size_t group_bytes = tk.repacked_group_bytes(pw.k);
+        tk.gemm_repacked(pw.k, wb + size_t(r0 / tk.repack_rows) * group_bytes, group_bytes, xq, x_stride, y, ldy,
+                         int(r1 - r0), nc);
+    } else {
+        tk.gemm(pw.k, wb + size_t(r0) * pw.row_bytes, pw.row_bytes, xq, x_stride, y, ldy, int(r1 - r0), nc);
+    }
 }
 
 void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch) {

@@ -1,7 +1,9 @@
-// Context::attention: writes a chunk's K/V into the cache and runs the attention kernel over
-// (row block × KV head × key range) jobs on the pool, merging split key ranges afterwards.
+// Context::attention: plans a chunk's jobs (plan_attention, see model/attention.h), writes the
+// chunk's K/V into the cache, runs the attention kernel over the jobs on the pool and merges the
+// split key ranges.
+#include "model/attention.h"
+
 #include <algorithm>
-#include <atomic>
 
 #include "common/float16.h"
 #include "kernels/attention.h"
@@ -16,148 +18,187 @@ namespace ktd {
 int attn_rows_per_block(const HParams &hp) { return std::max(1, 64 / (hp.n_head / hp.n_head_kv)); }
 
 namespace {
+
 // Decode over a long context: a row's keys are split into ranges of kAttnSplitKeys (at multiples of
 // it) when the batch has fewer than kAttnSplitMinJobs rows × KV heads, so that threads share one
-// head group's keys (Context::attention).
+// head group's keys.
 constexpr int64_t kAttnSplitKeys = 4 * kAttnTile;
 constexpr int64_t kAttnSplitMinJobs = 32;
-}  // namespace
 
-void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
-    const HParams &hp = model_.hparams();
-    const int64_t dk = hp.n_embd_k_cache(), dv_cache = hp.n_embd_v_cache();
-    uint16_t *kc = k_cache_[size_t(il)].get();
-    // Without a V cache the values are read from the K rows (MLA: the latent is both).
-    uint16_t *vc = dv_cache > 0 ? v_cache_[size_t(il)].get() : kc;
-    const int64_t dv = dv_cache > 0 ? dv_cache : dk;  // V row stride
-    // Store this chunk's K/V as F16 at (seq, pos).
-    for (int64_t i = 0; i < n; ++i) {
-        const size_t slot = size_t(seq_ids[i]) * size_t(n_ctx_) + size_t(positions[i]);
-        for (int64_t d = 0; d < dk; ++d) kc[slot * size_t(dk) + size_t(d)] = fp32_to_fp16(s_.k[size_t(i * dk + d)]);
-        for (int64_t d = 0; d < dv_cache; ++d)
-            vc[slot * size_t(dv) + size_t(d)] = fp32_to_fp16(s_.v[size_t(i * dv_cache + d)]);
-    }
-    // Row i attends keys [lo, pos] of its sequence (lo > 0 only in a sliding-window layer).
+// Row i attends keys [lo, pos] of its sequence (lo > 0 only in a sliding-window layer).
+void plan_key_ranges(const HParams &hp, int il, const int32_t *positions, int64_t n, AttnPlan &p) {
     const bool swa = hp.layer_swa[size_t(il)];
+    p.lo.resize(size_t(n));
+    p.hi.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i) {
         const int64_t pos = positions[i];
-        s_.attn_lo[size_t(i)] = swa ? std::max<int64_t>(0, pos - hp.n_swa + 1) : 0;
-        s_.attn_hi[size_t(i)] = pos + 1;
+        p.lo[size_t(i)] = swa ? std::max<int64_t>(0, pos - hp.n_swa + 1) : 0;
+        p.hi[size_t(i)] = pos + 1;
     }
-    // Jobs: blocks of up to R consecutive rows of one sequence (consecutive positions) × one KV
-    // head, so a block's K/V tiles are converted once for its R rows × the group's query heads
-    // (MLA: one latent head, all query heads). A query's result does not depend on the block or
-    // the heads it is computed with.
-    const int group = hp.n_head / hp.n_head_kv;
-    // Too few rows to share out (decode; few KV heads): every row on its own, its keys split into
-    // ranges of kAttnSplitKeys at fixed positions, computed apart and merged (attn_merge). The
-    // split depends on the batch only, never on the thread count.
+}
+
+// Row blocks of one sequence each; in a decode-sized batch one row per block, its keys split
+// into parts (part (KV head h, range c) of a row at first_part + h·n_chunks + c).
+void plan_ranges(const HParams &hp, const int32_t *seq_ids, int64_t n, AttnPlan &p) {
     const bool split_keys = n * hp.n_head_kv < kAttnSplitMinJobs;
     const int rows_max = split_keys ? 1 : attn_rows_per_block(hp);
-    std::vector<ForwardScratch::AttnJob> &jobs = s_.attn_jobs;
-    std::vector<ForwardScratch::AttnRange> &ranges = s_.attn_ranges;
-    std::vector<ForwardScratch::AttnSplit> &splits = s_.attn_splits;
-    jobs.clear();
-    ranges.clear();
-    splits.clear();
-    s_.attn_part_lo.clear();
-    s_.attn_part_hi.clear();
+    p.ranges.clear();
+    p.splits.clear();
+    p.part_lo.clear();
+    p.part_hi.clear();
     for (int64_t i = 0; i < n;) {
         int64_t e = i + 1;
         while (e < n && e - i < rows_max && seq_ids[e] == seq_ids[i]) ++e;
-        const int64_t lo = s_.attn_lo[size_t(i)], hi = s_.attn_hi[size_t(i)];
+        const int64_t lo = p.lo[size_t(i)], hi = p.hi[size_t(i)];
         const int64_t c0 = lo / kAttnSplitKeys, c1 = (hi + kAttnSplitKeys - 1) / kAttnSplitKeys;
         if (!split_keys || c1 - c0 < 2) {
-            ranges.push_back({i, e, -1, 1});
-        } else {  // part (kv head h, range c) at first_part + h·n_chunks + c
-            const int64_t first = int64_t(s_.attn_part_lo.size());
-            ranges.push_back({i, e, first, c1 - c0});
+            p.ranges.push_back({i, e, -1, 1});
+        } else {
+            const int64_t first = int64_t(p.part_lo.size());
+            p.ranges.push_back({i, e, first, c1 - c0});
             for (int h = 0; h < hp.n_head_kv; ++h) {
-                splits.push_back({i, first + h * (c1 - c0), c1 - c0, h});
+                p.splits.push_back({i, first + h * (c1 - c0), c1 - c0, h});
                 for (int64_t c = c0; c < c1; ++c) {
-                    s_.attn_part_lo.push_back(std::max(lo, c * kAttnSplitKeys));
-                    s_.attn_part_hi.push_back(std::min(hi, (c + 1) * kAttnSplitKeys));
+                    p.part_lo.push_back(std::max(lo, c * kAttnSplitKeys));
+                    p.part_hi.push_back(std::min(hi, (c + 1) * kAttnSplitKeys));
                 }
             }
         }
         i = e;
     }
-    // Fewer jobs than threads (few KV heads, short rows): split each group's query heads into parts.
-    const int pool_size = model_.pool().size();
+}
+
+// One job per (range, KV head, key part, head part); fewer (range, KV head, part) jobs than threads
+// (few KV heads, short rows): each group's query heads cut into head parts. Longest first, as the
+// workers claim them one at a time: causal prefill blocks differ in cost by up to the context
+// length, so fixed contiguous shares would leave threads idle.
+void plan_jobs(const HParams &hp, int pool_size, AttnPlan &p) {
+    const int group = p.group;
     int64_t n_kv_jobs = 0;
-    for (const ForwardScratch::AttnRange &rg : ranges) n_kv_jobs += rg.n_chunks * hp.n_head_kv;
-    const int head_parts = n_kv_jobs >= pool_size ? 1 : int(std::min<int64_t>(group, (pool_size + n_kv_jobs - 1) / n_kv_jobs));
-    const size_t part_stride = size_t(group) * size_t(hp.head_dim_v + 2);  // o [group][hd_v], m [group], l [group]
-    for (const ForwardScratch::AttnRange &rg : ranges)
+    for (const AttnPlan::Range &rg : p.ranges) n_kv_jobs += rg.n_chunks * hp.n_head_kv;
+    const int head_parts =
+        n_kv_jobs >= pool_size ? 1 : int(std::min<int64_t>(group, (pool_size + n_kv_jobs - 1) / n_kv_jobs));
+    p.jobs.clear();
+    for (const AttnPlan::Range &rg : p.ranges)
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int64_t c = 0; c < rg.n_chunks; ++c) {
                 const int64_t pi = rg.first_part < 0 ? -1 : rg.first_part + h * rg.n_chunks + c;
                 int64_t cost = 0;
                 if (pi < 0) {
-                    for (int64_t r = rg.i; r < rg.e; ++r) cost += s_.attn_hi[size_t(r)] - s_.attn_lo[size_t(r)];
+                    for (int64_t r = rg.i; r < rg.e; ++r) cost += p.hi[size_t(r)] - p.lo[size_t(r)];
                 } else {
-                    cost = s_.attn_part_hi[size_t(pi)] - s_.attn_part_lo[size_t(pi)];
+                    cost = p.part_hi[size_t(pi)] - p.part_lo[size_t(pi)];
                 }
                 for (int hpart = 0; hpart < head_parts; ++hpart) {
                     const int g0 = group * hpart / head_parts, g1 = group * (hpart + 1) / head_parts;
-                    jobs.push_back({rg.i, cost * (g1 - g0), int(rg.e - rg.i), h, g0, g1 - g0, pi});
+                    p.jobs.push_back({rg.i, cost * (g1 - g0), int(rg.e - rg.i), h, g0, g1 - g0, pi});
                 }
             }
-    if (s_.attn_part.size() < s_.attn_part_lo.size() * part_stride) s_.attn_part.resize(s_.attn_part_lo.size() * part_stride);
-    // Longest first, handed out one at a time: causal prefill blocks differ in cost by up to the
-    // context length, so fixed contiguous shares would leave threads idle. Each job's result does
-    // not depend on which thread runs it.
-    std::stable_sort(jobs.begin(), jobs.end(), [](const auto &a, const auto &b) { return a.cost > b.cost; });
-    const AttnKernel kernel = attention_kernel();
-    const int64_t hd_k = hp.head_dim_k, hd_v = hp.head_dim_v, n_embd_q = hp.n_embd_q();
-    const int64_t attn_row = int64_t(hp.n_head) * hd_v;
-    std::atomic<size_t> next{0};
-    model_.pool().run([&](int tid, int) {
-        float *scratch = s_.attn_tmp.data() + size_t(tid) * s_.attn_tmp_stride;
-        for (size_t j = next.fetch_add(1, std::memory_order_relaxed); j < jobs.size();
-             j = next.fetch_add(1, std::memory_order_relaxed)) {
-            const ForwardScratch::AttnJob &job = jobs[j];
-            const size_t base = size_t(seq_ids[job.row0]) * size_t(n_ctx_);
-            AttnBlock blk;
-            const int64_t head = int64_t(job.head_kv) * group + job.head0;  // first query head
-            blk.q = s_.q.data() + job.row0 * n_embd_q + head * hd_k;
-            blk.q_row_stride = size_t(n_embd_q);
-            blk.n_rows = job.n_rows;
-            blk.n_group = job.n_heads;
-            blk.k = kc + base * size_t(dk) + size_t(job.head_kv * hd_k);
-            blk.v = vc + base * size_t(dv) + size_t(job.head_kv * hd_v);
-            blk.k_stride = size_t(dk);
-            blk.v_stride = size_t(dv);
-            blk.head_dim_k = hd_k;
-            blk.head_dim_v = hd_v;
-            if (job.part < 0) {
-                blk.lo = s_.attn_lo.data() + job.row0;
-                blk.hi = s_.attn_hi.data() + job.row0;
-                blk.out = s_.attn.data() + job.row0 * attn_row + head * hd_v;
-                blk.out_row_stride = size_t(attn_row);
-            } else {
-                float *p = s_.attn_part.data() + size_t(job.part) * part_stride;
-                blk.lo = s_.attn_part_lo.data() + job.part;
-                blk.hi = s_.attn_part_hi.data() + job.part;
-                blk.out = p + size_t(job.head0) * size_t(hd_v);
-                blk.out_row_stride = 0;  // one row
-                blk.m_out = p + size_t(group) * size_t(hd_v) + job.head0;
-                blk.l_out = blk.m_out + group;
-            }
-            kernel(blk, scratch);
-        }
-    });
-    if (splits.empty()) return;
-    // Merged per (row, KV head, query head), in part order; a decode step's few merges stay on
-    // this thread (a pool hand-over would cost more).
+    std::stable_sort(p.jobs.begin(), p.jobs.end(), [](const auto &a, const auto &b) { return a.cost > b.cost; });
+}
+
+// What a chunk's attention reads and writes. Cache rows: K [n_seq][n_ctx][dk], V [..][dv] (F16).
+struct AttnBuffers {
+    const float *q;      // [n][n_embd_q]
+    int64_t n_embd_q;
+    uint16_t *kc, *vc;   // vc = kc without a V cache (MLA: the latent is both)
+    int64_t dk, dv;      // row strides
+    int64_t n_ctx;
+    float *attn;         // [n][n_head·hd_v]
+    float *part;         // [n_part][part_stride]
+};
+
+// This chunk's K [n][dk] and V [n][dv_cache] (dv_cache = 0: none) stored as F16 at (seq, pos).
+void store_kv(const AttnBuffers &b, const float *k, const float *v, int64_t dv_cache, const int32_t *positions,
+              const int32_t *seq_ids, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const size_t slot = size_t(seq_ids[i]) * size_t(b.n_ctx) + size_t(positions[i]);
+        for (int64_t d = 0; d < b.dk; ++d) b.kc[slot * size_t(b.dk) + size_t(d)] = fp32_to_fp16(k[size_t(i * b.dk + d)]);
+        for (int64_t d = 0; d < dv_cache; ++d)
+            b.vc[slot * size_t(b.dv) + size_t(d)] = fp32_to_fp16(v[size_t(i * dv_cache + d)]);
+    }
+}
+
+// The kernel's view of one job: its queries, its sequence's K/V of one head, and where it writes
+// (the attention rows, or its part's o, m, l).
+AttnBlock job_block(const HParams &hp, const AttnPlan &p, const AttnBuffers &b, const int32_t *seq_ids,
+                    const AttnPlan::Job &job) {
+    const int64_t hd_k = hp.head_dim_k, hd_v = hp.head_dim_v;
+    const size_t base = size_t(seq_ids[job.row0]) * size_t(b.n_ctx);
+    const int64_t head = int64_t(job.head_kv) * p.group + job.head0;  // first query head
+    AttnBlock blk;
+    blk.q = b.q + job.row0 * b.n_embd_q + head * hd_k;
+    blk.q_row_stride = size_t(b.n_embd_q);
+    blk.n_rows = job.n_rows;
+    blk.n_group = job.n_heads;
+    blk.k = b.kc + base * size_t(b.dk) + size_t(job.head_kv * hd_k);
+    blk.v = b.vc + base * size_t(b.dv) + size_t(job.head_kv * hd_v);
+    blk.k_stride = size_t(b.dk);
+    blk.v_stride = size_t(b.dv);
+    blk.head_dim_k = hd_k;
+    blk.head_dim_v = hd_v;
+    if (job.part < 0) {
+        const int64_t attn_row = int64_t(hp.n_head) * hd_v;
+        blk.lo = p.lo.data() + job.row0;
+        blk.hi = p.hi.data() + job.row0;
+        blk.out = b.attn + job.row0 * attn_row + head * hd_v;
+        blk.out_row_stride = size_t(attn_row);
+    } else {
+        float *o = b.part + size_t(job.part) * p.part_stride;
+        blk.lo = p.part_lo.data() + job.part;
+        blk.hi = p.part_hi.data() + job.part;
+        blk.out = o + size_t(job.head0) * size_t(hd_v);
+        blk.out_row_stride = 0;  // one row
+        blk.m_out = o + size_t(p.group) * size_t(hd_v) + job.head0;
+        blk.l_out = blk.m_out + p.group;
+    }
+    return blk;
+}
+
+// Split rows: per (row, KV head, query head), its parts merged in part order; a decode step's few
+// merges stay on this thread (a pool hand-over would cost more).
+void merge_splits(ThreadPool &pool, const HParams &hp, const AttnPlan &p, const AttnBuffers &b) {
+    const int group = p.group;
+    const int64_t hd_v = hp.head_dim_v, attn_row = int64_t(hp.n_head) * hd_v;
     const size_t ml = size_t(group) * size_t(hd_v);  // offset of m in a part
-    for_each_row(model_.pool(), int64_t(splits.size()) * group, 64, [&](int64_t job) {
-        const ForwardScratch::AttnSplit &sp = splits[size_t(job / group)];
+    for_each_row(pool, int64_t(p.splits.size()) * group, 64, [&](int64_t job) {
+        const AttnPlan::Split &sp = p.splits[size_t(job / group)];
         const int g = int(job % group);
-        const float *p = s_.attn_part.data() + size_t(sp.first_part) * part_stride;
-        attn_merge(int(sp.n_parts), p + ml + g, p + ml + group + g, part_stride, p + size_t(g) * size_t(hd_v), part_stride,
-                   hd_v, s_.attn.data() + sp.row * attn_row + (int64_t(sp.hkv) * group + g) * hd_v);
+        const float *o = b.part + size_t(sp.first_part) * p.part_stride;
+        attn_merge(int(sp.n_parts), o + ml + g, o + ml + group + g, p.part_stride, o + size_t(g) * size_t(hd_v),
+                   p.part_stride, hd_v, b.attn + sp.row * attn_row + (int64_t(sp.hkv) * group + g) * hd_v);
     });
+}
+
+}  // namespace
+
+void plan_attention(const HParams &hp, int il, const int32_t *positions, const int32_t *seq_ids, int64_t n,
+                    int pool_size, AttnPlan &plan) {
+    plan.group = hp.n_head / hp.n_head_kv;
+    plan.part_stride = size_t(plan.group) * size_t(hp.head_dim_v + 2);
+    plan_key_ranges(hp, il, positions, n, plan);
+    plan_ranges(hp, seq_ids, n, plan);
+    plan_jobs(hp, pool_size, plan);
+}
+
+void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    const HParams &hp = model_.hparams();
+    ThreadPool &pool = model_.pool();
+    AttnPlan &plan = s_.attn_plan;
+    plan_attention(hp, il, positions, seq_ids, n, pool.size(), plan);
+    if (s_.attn_part.size() < plan.part_lo.size() * plan.part_stride)
+        s_.attn_part.resize(plan.part_lo.size() * plan.part_stride);
+    const int64_t dk = hp.n_embd_k_cache(), dv_cache = hp.n_embd_v_cache();
+    uint16_t *kc = k_cache_[size_t(il)].get();
+    const AttnBuffers b{s_.q.data(), hp.n_embd_q(), kc, dv_cache > 0 ? v_cache_[size_t(il)].get() : kc, dk,
+                        dv_cache > 0 ? dv_cache : dk, n_ctx_, s_.attn.data(), s_.attn_part.data()};
+    store_kv(b, s_.k.data(), s_.v.data(), dv_cache, positions, seq_ids, n);
+    // Each job's result does not depend on which worker claims it.
+    const AttnKernel kernel = attention_kernel();
+    pool.for_each_item(plan.jobs.size(), [&](size_t j, int tid) {
+        kernel(job_block(hp, plan, b, seq_ids, plan.jobs[j]), s_.attn_tmp.data() + size_t(tid) * s_.attn_tmp_stride);
+    });
+    if (!plan.splits.empty()) merge_splits(pool, hp, plan, b);
 }
 
 }  // namespace ktd

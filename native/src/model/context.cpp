@@ -42,9 +42,6 @@ Context::Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_bat
     s_.attn_tmp_stride = attn_scratch_layout(attn_rows_per_block(hp), hp.n_head / hp.n_head_kv, hp.head_dim_k,
                                              hp.head_dim_v).total;
     s_.attn_tmp.resize(size_t(model.pool().size()) * s_.attn_tmp_stride);
-    s_.attn_lo.resize(nb);
-    s_.attn_hi.resize(nb);
-    s_.attn_jobs.reserve(nb * size_t(hp.n_head));
     if (hp.is_mla()) {
         const MlaParams &mla = hp.mla;
         s_.mla_q_a.resize(nb * size_t(mla.q_lora_rank));

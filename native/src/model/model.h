@@ -16,8 +16,10 @@
 #include "cpu/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "kernels/kernels.h"
+#include "kernels/tile.h"
 #include "memory/arena.h"
 #include "model/arch.h"
+#include "model/attention.h"
 #include "model/hparams.h"
 #include "model/moe.h"
 
@@ -39,7 +41,7 @@ struct Matrix {
 // sharded experts, stores): contiguous, boundaries on multiples of kNumaRowAlign (a multiple of
 // every repacked row group, so a slice repacks on its own into the same groups), as equal as that
 // allows. n_slice = 1: all rows.
-constexpr int64_t kNumaRowAlign = 16;
+constexpr int64_t kNumaRowAlign = kRowBlock;
 std::pair<int64_t, int64_t> numa_slice_rows(int64_t rows, int n_slice, int s);
 
 // A 3-D GGUF tensor ne = {k, rows, n_mat}: a stack of n_mat matrices [rows][k] (the experts of a
@@ -216,14 +218,7 @@ struct ForwardScratch {
     std::vector<float> rope_cs_swa;            // same for sliding-window layers
     std::vector<float> attn_tmp;               // [n_threads][attn_tmp_stride] attention kernel scratch
     size_t attn_tmp_stride = 0;
-    std::vector<int64_t> attn_lo, attn_hi;     // [n_batch] each row's key range [lo, hi)
-    struct AttnJob {
-        int64_t row0, cost;  // first batch row; keys read by the job (for longest-first order)
-        int n_rows, head_kv;
-        int head0, n_heads;  // the group's query heads [head0, head0 + n_heads) of head_kv
-        int64_t part;        // -1: the rows' whole key ranges; else one row's key range attn_part_lo/hi[part]
-    };
-    std::vector<AttnJob> attn_jobs;            // [<= n_batch · n_head]
+    AttnPlan attn_plan;                        // Context::attention's jobs (model/attention.h)
     MatmulScratch mm;
     MoeScratch moe;                            // routed experts (moe_ffn)
     // Bench/test hook (Context._record_states): when non-empty, [n_layer][2][n_embd] residual of
@@ -234,19 +229,7 @@ struct ForwardScratch {
     // matmul scratch per thread.
     std::vector<float> mla_q_a, mla_q, mla_heads;
     std::vector<MatmulScratch> mm_thread;
-    // Decode over long contexts (Context::attention): rows whose keys are split into ranges, the
-    // ranges [lo, hi) and their partial results [n_part][group·(head_dim_v + 2)]: o, m, l per head.
-    struct AttnSplit {
-        int64_t row, first_part, n_parts;
-        int hkv;
-    };
-    struct AttnRange {
-        int64_t i, e;                  // the block's rows [i, e)
-        int64_t first_part, n_chunks;  // -1, 1: whole rows; else one row's parts (all KV heads)
-    };
-    std::vector<AttnSplit> attn_splits;
-    std::vector<AttnRange> attn_ranges;
-    std::vector<int64_t> attn_part_lo, attn_part_hi;
+    // Partial results of split key ranges (Context::attention): [n_part][AttnPlan::part_stride].
     std::vector<float> attn_part;
 };
 

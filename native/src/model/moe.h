@@ -24,7 +24,7 @@
 // Several NUMA nodes: the row blocks are cut within each node's row slice (numa_slice_rows, the
 // slices the sharded experts are stored in) and a worker takes only its node's items, so it
 // streams only its node's memory; the items cover the same rows, so the result is unchanged.
-// One token (decode, moe_ffn_decode in moe.cpp) takes a leaner plan: the router joins the same
+// One token (decode, moe_ffn_decode in moe_decode.cpp) takes a leaner plan: the router joins the same
 // parallel region, gate+up of all selected experts and the shared expert is one list of small row
 // blocks, and down is one list of output-row blocks over all experts that sums the weighted rows
 // itself (two barriers per layer instead of six and a second region).
@@ -34,6 +34,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/thread_pool.h"
 #include "model/hparams.h"
 
 namespace ktd {
@@ -89,9 +90,9 @@ struct MoeScratch {
     // Items grouped by NUMA slice: the workers of slice s take items [start[s], start[s + 1]),
     // which read only rows of that slice (one slice: every item, every worker).
     std::vector<Item> up_items, down_items;
-    std::vector<int32_t> up_start, down_start;  // [n_slice + 1]
-    std::unique_ptr<std::atomic<int64_t>[]> next_item;  // [2·n_slice] next up/down item per slice
-    int n_next = 0;
+    std::vector<size_t> up_start, down_start;  // [n_slice + 1]
+    // The gate/up and down items as claimed by the workers (decode too: its items in one slice).
+    WorkList up_list, down_list;
 
     // Decode (n = 1, moe_ffn_decode): every worker routes the token itself and keeps its own copy
     // of the quantized xn and of the job list (identical on all workers), so the only barriers

@@ -1,0 +1,226 @@
+// The decode path of moe_ffn: one token, experts not sharded (plan and maths: moe.h).
+#include <algorithm>
+#include <atomic>
+#include <memory>
+
+#include "cpu/thread_pool.h"
+#include "kernels/tile.h"
+#include "model/blocks.h"
+#include "model/model.h"
+#include "model/moe_parts.h"
+
+namespace ktd::moe_parts {
+
+namespace {
+
+// Work items per thread and phase. Small items keep the wait at the two barriers short (the last
+// item of the slowest worker); each is still tens of KiB of contiguous weights.
+constexpr int64_t kDecodeItemsPerThread = 32;
+
+// Rows [r0, r1) of `rows` that worker tid of nth takes in a static split (kRowBlock blocks).
+void row_range(int64_t rows, int tid, int nth, int64_t &r0, int64_t &r1) {
+    const int64_t groups = (rows + kRowBlock - 1) / kRowBlock;
+    r0 = std::min(rows, groups * tid / nth * kRowBlock);
+    r1 = std::min(rows, groups * (tid + 1) / nth * kRowBlock);
+}
+
+// Rows per work item so that `rows` make about n_items items: a multiple of kRowBlock, >= kRowBlock.
+int64_t block_rows(int64_t rows, int64_t n_items) {
+    const int64_t per = (rows + n_items - 1) / std::max<int64_t>(n_items, 1);
+    return std::max(kRowBlock, (per + kRowBlock - 1) / kRowBlock * kRowBlock);
+}
+
+// One token (decode). One parallel region:
+//   1. the router rows split statically over the workers; barrier;
+//   2. every worker routes the token and quantizes xn itself (a few microseconds, cheaper than a
+//      barrier) and lays out the same job list (decode_jobs);
+//   3. gate+up of all selected experts and the shared expert as one list of row blocks taken
+//      dynamically, swiglu per block; the worker that finishes a job's last block quantizes its
+//      hidden row for down; barrier;
+//   4. down as one list of output-row blocks, each over all jobs in selection order (shared last),
+//      summing weight · down rows as it goes: no per-expert outputs, no serial weighted sum.
+// The sums are in the same order as moe_ffn's general path, so both give the same bits.
+
+// One call of the decode path: the layer, its sizes, the activation formats of xn (router, routed
+// gate/up, shared gate/up) back to back in each worker's xq, and the item sizes: gate/up rows of
+// all jobs and the E down rows, each cut into about kDecodeItemsPerThread · nth blocks (one block
+// per job / one in all on a single thread).
+struct DecodeCall {
+    DecodeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y);
+    const LayerWeights &w;
+    const MoeParams &mp;
+    ThreadPool &pool;
+    MoeScratch &s;
+    const float *xn;  // [E]
+    float *y;         // [E]
+    int64_t E, ff, ff_sh;
+    int ne, k, nth, n_jobs;
+    bool shared;
+    ActFormat fmts[5];
+    size_t fmt_off[5] = {};  // of each format in a worker's xq
+    size_t xq_bytes = 0;
+    int n_fmt = 0, f_router = -1, f_gate = -1, f_up = -1, f_sgate = -1, f_sup = -1;
+    size_t hq_row = 0, sq_row = 0;
+    int64_t up_block = 0, down_block = 0, n_up_items = 0, n_down_items = 0;
+    uint64_t *counts = nullptr;
+    const float *probs_b = nullptr, *sh_gate_w = nullptr;
+};
+
+DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, float *y_)
+    : w(w_), mp(ctx.model().hparams().moe), pool(ctx.model().pool()), s(ctx.scratch().moe), xn(xn_), y(y_),
+      E(ctx.model().hparams().n_embd), ff(mp.n_ff_exp), ff_sh(w_.ffn_gate_shexp ? w_.ffn_gate_shexp.pw.rows : 0),
+      ne(mp.n_expert), k(mp.n_expert_used), nth(pool.size()), n_jobs(k + (w_.ffn_gate_shexp ? 1 : 0)),
+      shared(bool(w_.ffn_gate_shexp)) {
+    f_router = format_index(fmts, n_fmt, *w.ffn_gate_inp.pw.tk, E);
+    f_gate = format_index(fmts, n_fmt, *w.ffn_gate_exps.mats[0].tk, E);
+    f_up = format_index(fmts, n_fmt, *w.ffn_up_exps.mats[0].tk, E);
+    if (shared) {
+        f_sgate = format_index(fmts, n_fmt, *w.ffn_gate_shexp.pw.tk, E);
+        f_sup = format_index(fmts, n_fmt, *w.ffn_up_shexp.pw.tk, E);
+        sq_row = act_row_size(*w.ffn_down_shexp.pw.tk, ff_sh);
+    }
+    for (int f = 0; f < n_fmt; ++f) {
+        fmt_off[f] = xq_bytes;
+        xq_bytes += fmts[f].row;
+    }
+    hq_row = act_row_size(*w.ffn_down_exps.mats[0].tk, ff);
+    const int64_t up_rows = int64_t(k) * ff + ff_sh;
+    up_block = nth > 1 ? block_rows(up_rows, kDecodeItemsPerThread * nth) : std::max(ff, ff_sh);
+    down_block = nth > 1 ? block_rows(E, kDecodeItemsPerThread * nth) : E;
+    // Every routed expert has ff rows, so the item count does not depend on the routing.
+    n_up_items = int64_t(k) * ((ff + up_block - 1) / up_block) + (shared ? (ff_sh + up_block - 1) / up_block : 0);
+    n_down_items = (E + down_block - 1) / down_block;
+    counts = ctx.layer_expert_counts(il);
+    probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
+    sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
+}
+
+// Scratch for the call, the jobs' completion counters and the two work lists, before the region.
+void decode_prepare(const DecodeCall &c) {
+    MoeScratch &s = c.s;
+    if (s.dec.size() < size_t(c.nth)) s.dec.resize(size_t(c.nth));
+    for (MoeScratch::DecodeWorker &dw : s.dec) {
+        grow(dw.logits, size_t(c.ne));
+        grow(dw.select, size_t(c.ne));
+        grow(dw.ids, size_t(c.k));
+        grow(dw.weights, size_t(c.k));
+        grow(dw.xq, c.xq_bytes);
+        grow(dw.tmp, size_t(c.down_block));
+        dw.jobs.reserve(size_t(c.n_jobs));
+    }
+    grow(s.logits, size_t(c.ne));
+    grow(s.hg, size_t(c.k) * size_t(c.ff));
+    grow(s.hu, size_t(c.k) * size_t(c.ff));
+    grow(s.hq, size_t(c.k) * c.hq_row);
+    if (c.shared) {
+        grow(s.sg, size_t(c.ff_sh));
+        grow(s.su, size_t(c.ff_sh));
+        grow(s.sq, c.sq_row);
+    }
+    if (s.dec_done_size < size_t(c.n_jobs)) {
+        s.dec_done = std::make_unique<std::atomic<int64_t>[]>(size_t(c.n_jobs));
+        s.dec_done_size = size_t(c.n_jobs);
+    }
+    for (int j = 0; j < c.n_jobs; ++j) s.dec_done[size_t(j)].store(0, std::memory_order_relaxed);
+    s.up_list.reset(size_t(c.n_up_items));
+    s.down_list.reset(size_t(c.n_down_items));
+}
+
+// The decode job list of one worker: the selected experts in selection order, then the shared
+// expert (weight: its sigmoid gate); gate/up items numbered consecutively over the jobs (up_block
+// rows each, a job's last one shorter).
+void decode_jobs(const DecodeCall &c, MoeScratch::DecodeWorker &dw, float shexp_weight) {
+    MoeScratch &s = c.s;
+    const LayerWeights &w = c.w;
+    dw.jobs.clear();
+    int64_t item = 0;
+    auto add = [&](const PreparedWeights *gate, const PreparedWeights *up, const PreparedWeights *down,
+                   int64_t n_ff, float weight, float *hg, float *hu, uint8_t *hq, size_t hq_row_bytes, int32_t fg,
+                   int32_t fu) {
+        dw.jobs.push_back({gate, up, down, n_ff, weight, item, hg, hu, hq, hq_row_bytes, fg, fu});
+        item += (n_ff + c.up_block - 1) / c.up_block;
+    };
+    for (int j = 0; j < c.k; ++j) {
+        const size_t e = size_t(dw.ids[size_t(j)]);
+        add(&w.ffn_gate_exps.mats[e], &w.ffn_up_exps.mats[e], &w.ffn_down_exps.mats[e], c.ff, dw.weights[size_t(j)],
+            s.hg.data() + size_t(j) * size_t(c.ff), s.hu.data() + size_t(j) * size_t(c.ff),
+            s.hq.data() + size_t(j) * c.hq_row, c.hq_row, c.f_gate, c.f_up);
+    }
+    if (c.shared)
+        add(&w.ffn_gate_shexp.pw, &w.ffn_up_shexp.pw, &w.ffn_down_shexp.pw, c.ff_sh, shexp_weight, s.sg.data(),
+            s.su.data(), s.sq.data(), c.sq_row, c.f_sgate, c.f_sup);
+}
+
+// 1. xn in every activation format into this worker's xq, and its rows of the router logits.
+void decode_router_rows(const DecodeCall &c, MoeScratch::DecodeWorker &dw, int tid, int nt) {
+    uint8_t *xq = dw.xq.data();
+    for (int f = 0; f < c.n_fmt; ++f) c.fmts[f].tk->quantize_act_row(c.xn, xq + c.fmt_off[f], c.E);
+    const PreparedWeights &router = c.w.ffn_gate_inp.pw;
+    int64_t r0, r1;
+    row_range(router.rows, tid, nt, r0, r1);
+    if (r0 < r1)
+        matmul_tile(router, r0, r1, xq + c.fmt_off[c.f_router], c.fmts[c.f_router].row, c.s.logits.data() + r0, 1,
+                    1, tid);
+}
+
+// 2. Routing, shared-expert gate and job list, the same on every worker (worker 0 counts).
+void decode_route(const DecodeCall &c, MoeScratch::DecodeWorker &dw, int tid) {
+    std::copy(c.s.logits.data(), c.s.logits.data() + c.ne, dw.logits.data());
+    moe_route(c.mp, dw.logits.data(), c.probs_b, 1, dw.ids.data(), dw.weights.data(), dw.select.data());
+    if (tid == 0)
+        for (int j = 0; j < c.k; ++j) ++c.counts[dw.ids[size_t(j)]];
+    decode_jobs(c, dw, c.sh_gate_w ? shexp_gate(c.sh_gate_w, c.xn, c.E) : 1.0f);
+}
+
+// 3. One gate/up block; the last block of a job quantizes its hidden row. A worker claims
+// increasing item numbers, so it finds an item's job by walking forward from the last one (ji).
+void decode_up_item(const DecodeCall &c, const MoeScratch::DecodeWorker &dw, int64_t it, size_t &ji, int tid) {
+    while (ji + 1 < dw.jobs.size() && dw.jobs[ji + 1].up_item0 <= it) ++ji;
+    const MoeScratch::DecodeJob &j = dw.jobs[ji];
+    const uint8_t *xq = dw.xq.data();
+    const int64_t b0 = (it - j.up_item0) * c.up_block, b1 = std::min(j.n_ff, b0 + c.up_block);
+    matmul_tile(*j.gate, b0, b1, xq + c.fmt_off[j.fmt_gate], c.fmts[j.fmt_gate].row, j.hg + b0, 1, 1, tid);
+    matmul_tile(*j.up, b0, b1, xq + c.fmt_off[j.fmt_up], c.fmts[j.fmt_up].row, j.hu + b0, 1, 1, tid);
+    swiglu(j.hg + b0, j.hu + b0, b1 - b0);
+    if (c.s.dec_done[ji].fetch_add(b1 - b0, std::memory_order_acq_rel) + (b1 - b0) == j.n_ff)
+        j.down->tk->quantize_act_row(j.hg, j.hq, j.n_ff);
+}
+
+// 4. Output rows [d0, d1) over all jobs: y = Σ_j weight_j · down_j (selection order), + gate · shared.
+void decode_down_item(const DecodeCall &c, MoeScratch::DecodeWorker &dw, int64_t it, int tid) {
+    float *t = dw.tmp.data();
+    const int64_t d0 = it * c.down_block, d1 = std::min(c.E, d0 + c.down_block);
+    for (size_t jj = 0; jj < dw.jobs.size(); ++jj) {
+        const MoeScratch::DecodeJob &j = dw.jobs[jj];
+        matmul_tile(*j.down, d0, d1, j.hq, j.hq_row, t, 1, 1, tid);
+        const float wt = j.weight;
+        if (jj == 0)
+            for (int64_t d = d0; d < d1; ++d) c.y[d] = wt * t[d - d0];
+        else
+            for (int64_t d = d0; d < d1; ++d) c.y[d] += wt * t[d - d0];
+    }
+}
+
+void decode_region(const DecodeCall &c, int tid, int nt) {
+    MoeScratch::DecodeWorker &dw = c.s.dec[size_t(tid)];
+    decode_router_rows(c, dw, tid, nt);
+    if (nt > 1) c.pool.barrier(tid);
+    decode_route(c, dw, tid);
+    size_t ji = 0;
+    c.s.up_list.drain(0, [&](size_t it) { decode_up_item(c, dw, int64_t(it), ji, tid); });
+    if (nt > 1) c.pool.barrier(tid);
+    c.s.down_list.drain(0, [&](size_t it) { decode_down_item(c, dw, int64_t(it), tid); });
+}
+
+}  // namespace
+
+void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y) {
+    const DecodeCall c(ctx, w, il, xn, y);
+    decode_prepare(c);
+    if (c.nth > 1)
+        c.pool.run([&](int tid, int nt) { decode_region(c, tid, nt); });
+    else
+        decode_region(c, 0, 1);
+}
+
+}  // namespace ktd::moe_parts
