@@ -138,21 +138,19 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
     ThreadPool &pool = model_.pool();
     const int64_t E = hp.n_embd;
 
-    // Embedding rows: x [n][n_embd].
+    // Per row: the embedding x [n][n_embd] and the rotary angles [n][n_rot] (and those of the
+    // sliding-window layers, when they differ).
     const size_t embd_row_bytes = size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0]));
     const uint8_t *embd = model_.file().tensor_data(*w.token_embd);
-    for (int64_t i = 0; i < n; ++i) {
+    const float *ff = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
+    for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
         float *xi = s_.x.data() + i * E;
         w.token_embd_tk->dequantize_row(embd + size_t(b.tokens[r0 + i]) * embd_row_bytes, xi, E);
         if (hp.embd_scale != 1.0f)
             for (int64_t d = 0; d < E; ++d) xi[d] *= hp.embd_scale;
-    }
-    // Rotary angles per row: [n][n_rot] (and for sliding-window layers when they differ).
-    const float *ff = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
-    for (int64_t i = 0; i < n; ++i) {
         rope_cos_sin(hp.rope, ff, b.positions[r0 + i], s_.rope_cs.data() + i * hp.rope.n_rot);
         rope_cos_sin(hp.rope_swa, ff, b.positions[r0 + i], s_.rope_cs_swa.data() + i * hp.rope_swa.n_rot);
-    }
+    });
     // The sequence slots grow before the layers run: attention reads positions [0, p] of each row.
     for (int64_t i = r0; i < r0 + n; ++i) seq_len_[size_t(b.seq_ids[i])] = int64_t(b.positions[i]) + 1;
 
@@ -177,7 +175,7 @@ void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const
     if (bias && !bias->empty()) {
         const int64_t rows = m.pw.rows;
         const float *bv = bias->data();
-        for_each_row(model_.pool(), n, 32, [&](int64_t i) {
+        for_each_row(model_.pool(), n, kMinParallelRows, [&](int64_t i) {
             for (int64_t r = 0; r < rows; ++r) y[i * rows + r] += bv[r];
         });
     }
