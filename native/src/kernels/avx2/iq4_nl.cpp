@@ -1,7 +1,8 @@
 // IQ4_NL weights (w = d * kvalues_iq4nl[q]), AVX2+FMA; activations Q8_0. The code book lookup is
 // one byte shuffle per block.
-#include "kernels/avx2/avx2.h"
+#include "kernels/avx2/q32.h"
 #include "kernels/kernels.h"
+#include "kernels/repacked_q32.h"
 
 namespace ktd::avx2 {
 
@@ -39,35 +40,12 @@ struct IQ4_NL {
     }
 };
 
-// Repacked layout (version 1): block b of 8 rows, code book indices in the nibble layout of avx2.h.
-struct block_iq4_nlx8 {
-    uint16_t d[kRepackRows];
-    uint8_t qs[128];
-};
-static_assert(sizeof(block_iq4_nlx8) == kRepackRows * sizeof(block_iq4_nl));
-
-size_t group_bytes_iq4_nl(int64_t k) { return size_t(k / QK4_NL) * sizeof(block_iq4_nlx8); }
-
-void repack_iq4_nl(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
-    const int64_t nb = k / QK4_NL;
-    auto *o = static_cast<block_iq4_nlx8 *>(out);
-    for (int64_t g = g0; g < g1; ++g)
-        for (int64_t b = 0; b < nb; ++b) {
-            block_iq4_nlx8 &dst = o[g * nb + b];
-            std::memset(&dst, 0, sizeof dst);  // rows past the end: d = 0
-            for_group_rows<block_iq4_nl>(w, w_stride, rows, g, b, [&](int r, const block_iq4_nl &src) {
-                dst.d[r] = src.d;
-                put_nibbles(dst.qs, r, src.qs);
-            });
-        }
-}
-
 struct IQ4_NLx8 {
     using GroupBlock = block_iq4_nlx8;
     static constexpr int kActSumScale = 0;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *, __m256 *acc) {
-        const __m256 d8 = load_d8(g.d);
+        const __m256 d8 = f16x8(g.d);
         const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i *>(kvalues_iq4nl));
         const __m256i book2 = _mm256_set_m128i(book, book);
         __m256i v[8];
@@ -88,9 +66,9 @@ KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::IQ4_NL,
                                             .quantize_act_row = quantize_row_q8_0,
                                             .gemm = gemm_q8_0_act<IQ4_NL>,
                                             .repack_rows = kRepackRows,
-                                            .repack_layout = 1,
-                                            .repacked_group_bytes = group_bytes_iq4_nl,
-                                            .repack = repack_iq4_nl,
+                                            .repack_layout = kRepackLayoutQ32x8,
+                                            .repacked_group_bytes = ref::group_bytes_iq4_nl_x8,
+                                            .repack = ref::repack_iq4_nl_x8,
                                             .gemm_repacked = gemm_repacked_r8<IQ4_NLx8>});
 
 }  // namespace ktd::avx2

@@ -1,6 +1,7 @@
 // Q4_1 weights (w = d * q + m), AVX2+FMA; activations Q8_0.
-#include "kernels/avx2/avx2.h"
+#include "kernels/avx2/q32.h"
 #include "kernels/kernels.h"
+#include "kernels/repacked_q32.h"
 
 namespace ktd::avx2 {
 
@@ -39,38 +40,13 @@ struct Q4_1 {
     }
 };
 
-// Repacked layout (version 1): block b of 8 rows, q (0..15) in the nibble layout of avx2.h.
-struct block_q4_1x8 {
-    uint16_t d[kRepackRows];
-    uint16_t m[kRepackRows];
-    uint8_t qs[128];
-};
-static_assert(sizeof(block_q4_1x8) == kRepackRows * sizeof(block_q4_1));
-
-size_t group_bytes_q4_1(int64_t k) { return size_t(k / QK4_1) * sizeof(block_q4_1x8); }
-
-void repack_q4_1(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
-    const int64_t nb = k / QK4_1;
-    auto *o = static_cast<block_q4_1x8 *>(out);
-    for (int64_t g = g0; g < g1; ++g)
-        for (int64_t b = 0; b < nb; ++b) {
-            block_q4_1x8 &dst = o[g * nb + b];
-            std::memset(&dst, 0, sizeof dst);  // rows past the end: d = m = 0
-            for_group_rows<block_q4_1>(w, w_stride, rows, g, b, [&](int r, const block_q4_1 &src) {
-                dst.d[r] = src.d;
-                dst.m[r] = src.m;
-                put_nibbles(dst.qs, r, src.qs);
-            });
-        }
-}
-
 // acc += d·da·Σq·a + m·da·Σa per row lane (asum = Σa).
 struct Q4_1x8 {
     using GroupBlock = block_q4_1x8;
     static constexpr int kActSumScale = 1;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *asum, __m256 *acc) {
-        const __m256 d8 = load_d8(g.d), m8 = load_d8(g.m);
+        const __m256 d8 = f16x8(g.d), m8 = f16x8(g.m);
         __m256i v[8];
         load_nibbles(g.qs, v);
         for (int c = 0; c < NC; ++c) {
@@ -89,9 +65,9 @@ KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q4_1,
                                             .quantize_act_row = quantize_row_q8_0,
                                             .gemm = gemm_q8_0_act<Q4_1>,
                                             .repack_rows = kRepackRows,
-                                            .repack_layout = 1,
-                                            .repacked_group_bytes = group_bytes_q4_1,
-                                            .repack = repack_q4_1,
+                                            .repack_layout = kRepackLayoutQ32x8,
+                                            .repacked_group_bytes = ref::group_bytes_q4_1_x8,
+                                            .repack = ref::repack_q4_1_x8,
                                             .gemm_repacked = gemm_repacked_r8<Q4_1x8>});
 
 }  // namespace ktd::avx2

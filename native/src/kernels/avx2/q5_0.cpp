@@ -1,6 +1,7 @@
 // Q5_0 weights (w = d * (q - 16)), AVX2+FMA; activations Q8_0.
-#include "kernels/avx2/avx2.h"
+#include "kernels/avx2/q32.h"
 #include "kernels/kernels.h"
+#include "kernels/repacked_q32.h"
 
 namespace ktd::avx2 {
 
@@ -37,38 +38,12 @@ struct Q5_0 {
     }
 };
 
-// Repacked layout (version 1): block b of 8 rows, q unsigned (0..31, w = d·(q - 16)): low four
-// bits in the nibble layout of avx2.h (put_nibbles), fifth bits as put_bit4.
-struct block_q5_0x8 {
-    uint16_t d[kRepackRows];
-    uint8_t qh[32];
-    uint8_t qs[128];
-};
-static_assert(sizeof(block_q5_0x8) == kRepackRows * sizeof(block_q5_0));
-
-size_t group_bytes_q5_0(int64_t k) { return size_t(k / QK5_0) * sizeof(block_q5_0x8); }
-
-void repack_q5_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
-    const int64_t nb = k / QK5_0;
-    auto *o = static_cast<block_q5_0x8 *>(out);
-    for (int64_t g = g0; g < g1; ++g)
-        for (int64_t b = 0; b < nb; ++b) {
-            block_q5_0x8 &dst = o[g * nb + b];
-            std::memset(&dst, 0, sizeof dst);
-            for_group_rows<block_q5_0>(w, w_stride, rows, g, b, [&](int r, const block_q5_0 &src) {
-                dst.d[r] = src.d;
-                put_nibbles(dst.qs, r, src.qs);
-                put_bit4(dst.qh, r, src.qh);
-            });
-        }
-}
-
 struct Q5_0x8 {
     using GroupBlock = block_q5_0x8;
     static constexpr int kActSumScale = 16;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *off, __m256 *acc) {
-        const __m256 d8 = load_d8(g.d);
+        const __m256 d8 = f16x8(g.d);
         __m256i v[8];
         load_nibbles(g.qs, v);
         add_bit4(g.qh, v);
@@ -87,9 +62,9 @@ KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q5_0,
                                             .quantize_act_row = quantize_row_q8_0,
                                             .gemm = gemm_q8_0_act<Q5_0>,
                                             .repack_rows = kRepackRows,
-                                            .repack_layout = 1,
-                                            .repacked_group_bytes = group_bytes_q5_0,
-                                            .repack = repack_q5_0,
+                                            .repack_layout = kRepackLayoutQ32x8,
+                                            .repacked_group_bytes = ref::group_bytes_q5_0_x8,
+                                            .repack = ref::repack_q5_0_x8,
                                             .gemm_repacked = gemm_repacked_r8<Q5_0x8>});
 
 }  // namespace ktd::avx2

@@ -1,7 +1,7 @@
-// AVX2 tile kernels of the K-quants' 8-row interleaved layouts (kernels/repacked_k.h); the
-// AVX-512 entries compile the same code with their flags (32 registers, and the integer dot
-// products as VNNI vpdpbusd on 256-bit vectors). Included only through
-// the per-ISA kernel files after kernels/avx2/k_common.h, inside namespace ktd::KTD_SIMD_NS.
+// Tile kernels of the K-quants' 8-row interleaved layouts (kernels/repacked_k.h), AVX2
+// instructions; the AVX-512 entries compile the same code with their flags (32 registers, and the
+// integer dot products as VNNI vpdpbusd on 256-bit vectors where KTD_ISA_AVX512 says so). Inline,
+// in the including file's ISA namespace (kernels/x86/common.h).
 //
 // Register tile: the 8 rows of a group (one lane each) × up to kMaxCols activation columns. Each
 // 32-element chunk of the group's weights is decoded once into eight registers and dotted with
@@ -14,20 +14,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
-#include <vector>
 
 #include "kernels/blocks.h"
 #include "kernels/repacked_k.h"
+#include "kernels/x86/common.h"
+#include "kernels/x86/k_quants.h"
 
 namespace ktd::KTD_SIMD_NS {
-
-// Broadcast of activation bytes p[0..3] to every 32-bit lane.
-inline __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
 
 // Σ_i v[i]·(activation bytes 4i..4i+3 of q) per row lane, int16 pair sums (caller bounds them).
 inline __m256i maddubs_chunk4(const __m256i *v, const int8_t *q) {
@@ -35,18 +28,6 @@ inline __m256i maddubs_chunk4(const __m256i *v, const int8_t *q) {
     const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], bcast4(q + 8)), _mm256_maddubs_epi16(v[3], bcast4(q + 12)));
     return _mm256_add_epi16(s01, s23);
 }
-
-// The chunk nibble layout (repacked_k.h): 128 bytes → v[0..7] (values 0..15).
-inline void load_chunk_nibbles(const uint8_t *qs, __m256i v[8]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int i = 0; i < 4; ++i) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 32 * i));
-        v[i] = _mm256_and_si256(q, m4);
-        v[i + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-    }
-}
-
-inline __m256 load_fp16x8(const uint16_t *d) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(d))); }
 
 struct Q4_Kx8 {
     using GroupBlock = block_q4_Kx8;
@@ -72,7 +53,7 @@ struct Q4_Kx8 {
         for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
         for (int j = 0; j < 8; ++j) {
             __m256i v[8];
-            load_chunk_nibbles(g.qs + 128 * j, v);
+            load_nibbles(g.qs + 128 * j, v);
             const __m256i sc = _mm256_shuffle_epi8(pairs[j / 2], j % 2 ? pick_odd : pick_even);
 #if defined(KTD_ISA_AVX512)
             // VNNI: vpdpbusd sums the 4 products of a lane in int32 (no int16 bound); the scale
@@ -105,7 +86,7 @@ struct Q4_Kx8 {
                                  _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x11), pick_min),
                                  _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x00), pick_min),
                                  _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x11), pick_min)};
-        const __m256 d8 = load_fp16x8(g.d), dmin8 = load_fp16x8(g.dmin);
+        const __m256 d8 = f16x8(g.d), dmin8 = f16x8(g.dmin);
         for (int c = 0; c < NC; ++c) {
             const __m128i bs = bsums_32(*a[c]);  // int16 × 8: sums of the 8 sub-blocks
             __m256i msum = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(bs));
@@ -118,87 +99,6 @@ struct Q4_Kx8 {
         }
     }
 };
-
-#if defined(KTD_ISA_AVX512)
-// Decode (one activation column) of the Q4_K layout on 512-bit vectors, with about half the
-// instructions and loads of Q4_Kx8::dot_group<1>. Measured here at one thread on the 1.5B
-// model's ffn_up shape streaming from DRAM: 86% -> 94% of the read bandwidth, although
-// dot_group<1> alone is ~2x faster than DRAM (from L2). Cutting only ALU work (the same loads)
-// or only weight loads (the same instructions) did not help; the likely limit is how many
-// prefetches the out-of-order window keeps queued behind the oldest waiting one.
-//
-// A 64-byte load of chunk j holds its registers 2t and 2t+1 (lanes 0-7 and 8-15, the same 8
-// rows); it is dotted with a vector prepared once per call (expand_act_q4_Kx8_x1: the two 4-byte
-// activation groups those registers need, each broadcast to its half). High nibbles stay in
-// place (byte & 0xF0 = 16·q): their sums are multiples of 16 and are divided by 16 exactly. Per
-// chunk and lane, |sum| ≤ 2·4·15·128 = 15360 for either half, so each fits the low int16 of its
-// lane and vpdpwssd applies the scale (whose high int16 is 0). The integer total of each row is
-// the one dot_group<1> computes, so the results are bit-identical.
-constexpr int kX1VecsPerBlock = 32;  // 8 chunks × 4 register pairs (2 low-nibble, 2 high-nibble)
-
-// xp[32b + 4j + u], u < 2: activation bytes 8u..8u+3 | 8u+4..8u+7 of chunk j of block b, each
-// broadcast to 8 lanes; u ≥ 2: the same at 16 + 8(u − 2).
-inline void expand_act_q4_Kx8_x1(const block_q8_K *a, int64_t nb, __m512i *xp) {
-    for (int64_t b = 0; b < nb; ++b)
-        for (int j = 0; j < 8; ++j)
-            for (int u = 0; u < 4; ++u) {
-                const int8_t *p = a[b].qs + 32 * j + (u < 2 ? 8 * u : 16 + 8 * (u - 2));
-                _mm512_storeu_si512(xp + b * kX1VecsPerBlock + 4 * j + u,
-                                    _mm512_inserti64x4(_mm512_castsi256_si512(bcast4(p)), bcast4(p + 4), 1));
-            }
-}
-
-struct Q4_Kx8_X1 {
-    static inline void dot_group(const block_q4_Kx8 &g, const block_q8_K &a, const __m512i *xp, __m256 &acc) {
-        const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-        const __m512i m4z = _mm512_set1_epi8(0x0F), mf0z = _mm512_set1_epi8(int8_t(0xF0));
-        // Scales and mins as in Q4_Kx8::dot_group.
-        const __m256i nl = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.scl));
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.sh));
-        const __m256i sc_lo = _mm256_or_si256(_mm256_and_si256(nl, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
-        const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nl, 4), m4),
-                                              _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
-        const __m256i pairs[4] = {_mm256_permute2x128_si256(sc_lo, sc_lo, 0x00), _mm256_permute2x128_si256(sc_lo, sc_lo, 0x11),
-                                  _mm256_permute2x128_si256(sc_hi, sc_hi, 0x00), _mm256_permute2x128_si256(sc_hi, sc_hi, 0x11)};
-        const __m256i pick_even = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,  //
-                                                   4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
-        const __m256i pick_odd = _mm256_add_epi8(pick_even, _mm256_setr_epi8(8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0,  //
-                                                                             8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0));
-        __m512i isum = _mm512_setzero_si512();
-        for (int j = 0; j < 8; ++j) {
-            const __m256i sc = _mm256_shuffle_epi8(pairs[j / 2], j % 2 ? pick_odd : pick_even);
-            const __m512i scz = _mm512_broadcast_i64x4(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)));
-            const __m512i r0 = _mm512_loadu_si512(g.qs + 128 * j), r1 = _mm512_loadu_si512(g.qs + 128 * j + 64);
-            const __m512i *x = xp + 4 * j;
-            __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(r0, m4z), _mm512_loadu_si512(x));
-            lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(r1, m4z), _mm512_loadu_si512(x + 1));
-            __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(r0, mf0z), _mm512_loadu_si512(x + 2));
-            hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(r1, mf0z), _mm512_loadu_si512(x + 3));
-            isum = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum, lo, scz), _mm512_srai_epi32(hi, 4), scz);
-        }
-        const __m256i isum8 = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
-        const __m256i ml = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.mnl));
-        const __m256i mn_lo = _mm256_or_si256(_mm256_and_si256(ml, m4), _mm256_and_si256(h, m30));
-        const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
-                                              _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
-        const __m256i pick_min = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,  //
-                                                  4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
-        const __m256i mins[4] = {_mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x00), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x11), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x00), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x11), pick_min)};
-        const __m256 d8 = load_fp16x8(g.d), dmin8 = load_fp16x8(g.dmin);
-        const __m128i bs = bsums_32(a);
-        __m256i msum = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(bs));
-        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[1], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0x55))));
-        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[2], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xAA))));
-        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[3], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xFF))));
-        const __m256 ad = _mm256_set1_ps(a.d);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(d8, ad), _mm256_cvtepi32_ps(isum8), acc);
-        acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin8, ad), _mm256_cvtepi32_ps(msum), acc);
-    }
-};
-#endif
 
 struct Q6_Kx8 {
     using GroupBlock = block_q6_Kx8;
@@ -259,7 +159,7 @@ struct Q6_Kx8 {
             }
 #endif
         }
-        const __m256 d8 = load_fp16x8(g.d);
+        const __m256 d8 = f16x8(g.d);
         for (int c = 0; c < NC; ++c) {
             const __m256i sumi = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(osum[c], 5));
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_set1_ps(a[c]->d)), _mm256_cvtepi32_ps(sumi), acc[c]);
@@ -270,17 +170,6 @@ struct Q6_Kx8 {
 // Prefetch distance of the weight stream in bytes (measured here, 1 and 2 threads: 4-16 KiB
 // stream 1.4-1.8x faster than none, 2 KiB less so; _MM_HINT_NTA is slower than none).
 constexpr size_t kPrefetchBytes = 8192;
-
-// Stores a group's 8 row results (rows_valid of them real) at y.
-inline void store_group(__m256 acc, float *y, int rows_valid) {
-    if (rows_valid == kRepackRowsK) {
-        _mm256_storeu_ps(y, acc);
-    } else {
-        alignas(32) float tmp[kRepackRowsK];
-        _mm256_store_ps(tmp, acc);
-        std::memcpy(y, tmp, size_t(rows_valid) * sizeof(float));
-    }
-}
 
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks.
 template <typename Traits, int NC>
@@ -299,33 +188,17 @@ inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, cons
         for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
         Traits::template dot_group<NC>(g[b], p, acc);
     }
-    for (int c = 0; c < NC; ++c) store_group(acc[c], y + size_t(c) * ldy, rows_valid);
+    for (int c = 0; c < NC; ++c) store_rows8(acc[c], y + size_t(c) * ldy, rows_valid);
 }
 
-#if defined(KTD_ISA_AVX512)
-// Q4_K decode (nc = 1) through Q4_Kx8_X1: the activation row expanded once per call into this
-// thread's buffer (2 KiB per super-block, kept between calls), then the groups in order with
-// the same prefetch as gemm_group_k8.
-inline void gemm_repacked_q4_Kx8_x1(int64_t nb, const char *wb, size_t group_stride, const block_q8_K *a, float *y,
-                                    int nr) {
-    thread_local std::vector<uint8_t> buf;
-    const size_t need = size_t(nb) * kX1VecsPerBlock * sizeof(__m512i) + 64;
-    if (buf.size() < need) buf.resize(need);
-    auto *xp = reinterpret_cast<__m512i *>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-    expand_act_q4_Kx8_x1(a, nb, xp);
+// Prefetches the first kPrefetchBytes of a tile's groups, which the prefetch inside
+// gemm_group_k8 runs ahead of: decode reads many small matrices in turn (MoE experts), each
+// starting cold.
+inline void prefetch_head(const char *wb, int nr, size_t group_stride) {
     const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
-    for (int gi = 0; gi < n_groups; ++gi) {
-        const auto *g = reinterpret_cast<const block_q4_Kx8 *>(wb + size_t(gi) * group_stride);
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
-            for (size_t off = 0; off < sizeof(block_q4_Kx8) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
-            Q4_Kx8_X1::dot_group(g[b], a[b], xp + b * kX1VecsPerBlock, acc);
-        }
-        store_group(acc, y + size_t(gi) * kRepackRowsK, std::min(kRepackRowsK, nr - gi * kRepackRowsK));
-    }
+    const size_t head = std::min(kPrefetchBytes, size_t(n_groups) * group_stride);
+    for (size_t off = 0; off < head; off += 64) _mm_prefetch(wb + off, _MM_HINT_T0);
 }
-#endif
 
 // TypeKernels::gemm_repacked for the K-quant 8-row layouts. Groups are taken in chunks of about
 // kRowChunkBytes so a chunk stays in L2 while every tile of kMaxCols columns passes over it.
@@ -335,36 +208,17 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     using GroupBlock = typename Traits::GroupBlock;
     const int64_t nb = k / QK_K;
     const char *wb = static_cast<const char *>(wp);
-    const char *xb = static_cast<const char *>(xq);
+    prefetch_head(wb, nr, group_stride);
     const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
     const int chunk = group_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / group_stride);
-    // The first kPrefetchBytes of the tile, which the prefetch inside gemm_group_k8 runs ahead
-    // of: decode reads many small matrices in turn (MoE experts), each starting cold.
-    const size_t head = std::min(kPrefetchBytes, size_t(n_groups) * group_stride);
-    for (size_t off = 0; off < head; off += 64) _mm_prefetch(wb + off, _MM_HINT_T0);
-#if defined(KTD_ISA_AVX512)
-    if constexpr (std::is_same_v<Traits, Q4_Kx8>)
-        if (nc == 1) return gemm_repacked_q4_Kx8_x1(nb, wb, group_stride, static_cast<const block_q8_K *>(xq), y, nr);
-#endif
-    for (int g0 = 0; g0 < n_groups; g0 += chunk) {
-        const int g1 = std::min(n_groups, g0 + chunk);
-        for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
-            const int ncc = std::min(kMaxCols, nc - c0);
-            const block_q8_K *a[kMaxCols];
-            for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_K *>(xb + size_t(c0 + c) * x_stride);
-            for (int gi = g0; gi < g1; ++gi) {
-                const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
-                const int valid = std::min(kRepackRowsK, nr - gi * kRepackRowsK);
-                float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRowsK;
-                switch (ncc) {
-                    case 1: gemm_group_k8<Traits, 1>(nb, g, a, yg, ldy, valid); break;
-                    case 2: gemm_group_k8<Traits, 2>(nb, g, a, yg, ldy, valid); break;
-                    case 3: gemm_group_k8<Traits, 3>(nb, g, a, yg, ldy, valid); break;
-                    default: gemm_group_k8<Traits, 4>(nb, g, a, yg, ldy, valid); break;
-                }
-            }
+    const auto tile = [&]<int NC>(int g0, int g1, int c0, const block_q8_K *const *a) {
+        for (int gi = g0; gi < g1; ++gi) {
+            const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
+            const int valid = std::min(kRepackRowsK, nr - gi * kRepackRowsK);
+            gemm_group_k8<Traits, NC>(nb, g, a, y + size_t(c0) * ldy + size_t(gi) * kRepackRowsK, ldy, valid);
         }
-    }
+    };
+    for_each_tile<block_q8_K, kMaxCols>(n_groups, chunk, xq, x_stride, nc, tile);
 }
 
 }  // namespace ktd::KTD_SIMD_NS
