@@ -92,22 +92,21 @@ void gemm(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_st
         for (int r = 0; r < nr; ++r) y[r] = dot_row<L>(k, row(r), static_cast<const float *>(xq));
         return;
     }
-    // Row chunks (weights in L2) × column tiles (activations in L1) × kRM-row micro-tiles.
-    constexpr int kRM = 3, kRN = 4, kRowChunk = 16;
-    const auto tile = [&]<int NC>(int r0, int r1, int c0, const float *const *a) {
-        for (int r = r0; r < r1; r += kRM) {
-            const int rm = std::min(kRM, r1 - r);
-            const T *wr[kRM];
-            for (int i = 0; i < rm; ++i) wr[i] = row(r + i);
-            float *yt = y + size_t(c0) * ldy + size_t(r);
-            switch (rm) {
-                case 1: dot_tile<L, 1, NC>(k, wr, a, yt, ldy); break;
-                case 2: dot_tile<L, 2, NC>(k, wr, a, yt, ldy); break;
-                default: dot_tile<L, 3, NC>(k, wr, a, yt, ldy); break;
-            }
+    // Units of kRM rows (micro-tiles), in chunks of ~16 rows (weights in L2) × column tiles
+    // (activations in L1). Every output element is one dot_tile accumulator, whatever the tiling.
+    constexpr int kRM = 3, kRN = 4;
+    const auto tile = [&]<int NC>(int u, int c0, const float *const *a) {
+        const int r = kRM * u, rm = std::min(kRM, nr - r);
+        const T *wr[kRM];
+        for (int i = 0; i < rm; ++i) wr[i] = row(r + i);
+        float *yt = y + size_t(c0) * ldy + size_t(r);
+        switch (rm) {
+            case 1: dot_tile<L, 1, NC>(k, wr, a, yt, ldy); break;
+            case 2: dot_tile<L, 2, NC>(k, wr, a, yt, ldy); break;
+            default: dot_tile<L, 3, NC>(k, wr, a, yt, ldy); break;
         }
     };
-    for_each_tile<float, kRN>(nr, kRowChunk, xq, x_stride, nc, tile);
+    for_each_tile<float, kRN>((nr + kRM - 1) / kRM, 5, xq, x_stride, nc, tile);
 }
 }  // namespace
 

@@ -106,12 +106,10 @@ template <typename Traits>
 void gemm_q8_0_act(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
                    size_t ldy, int nr, int nc) {
     const int64_t nb = k / QK8_0;
-    const auto tile = [&]<int NC>(int r0, int r1, int c0, const block_q8_0 *const *a) {
-        for (int r = r0; r < r1; ++r) {
-            const auto *wr =
-                reinterpret_cast<const typename Traits::Block *>(static_cast<const char *>(w) + size_t(r) * w_stride);
-            gemm_row<Traits, NC>(nb, wr, a, y + size_t(c0) * ldy + size_t(r), ldy);
-        }
+    const auto tile = [&]<int NC>(int r, int c0, const block_q8_0 *const *a) {
+        const auto *wr =
+            reinterpret_cast<const typename Traits::Block *>(static_cast<const char *>(w) + size_t(r) * w_stride);
+        gemm_row<Traits, NC>(nb, wr, a, y + size_t(c0) * ldy + size_t(r), ldy);
     };
     for_each_tile<block_q8_0, kColTile>(nr, kRowChunk, xq, x_stride, nc, tile);
 }
@@ -210,17 +208,15 @@ void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void
                 asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActSumScale * act_sum(a[b]);
         }
     }
-    const auto tile = [&]<int NC>(int g0, int g1, int c0, const block_q8_0 *const *a) {
+    const auto tile = [&]<int NC>(int gi, int c0, const block_q8_0 *const *a) {
+        const auto *g = reinterpret_cast<const typename Traits::GroupBlock *>(static_cast<const char *>(wp) +
+                                                                              size_t(gi) * group_stride);
         const int32_t *off = asum_off ? asum_off + size_t(c0) * size_t(nb) : nullptr;
-        for (int gi = g0; gi < g1; ++gi) {
-            const auto *g = reinterpret_cast<const typename Traits::GroupBlock *>(static_cast<const char *>(wp) +
-                                                                                  size_t(gi) * group_stride);
-            const int valid = std::min(kRepackRows, nr - gi * kRepackRows);
-            gemm_group<Traits, NC>(nb, g, a, off, y + size_t(c0) * ldy + size_t(gi) * kRepackRows, ldy, valid);
-        }
+        const int valid = std::min(kRepackRows, nr - gi * kRepackRows);
+        gemm_group<Traits, NC>(nb, g, a, off, y + size_t(c0) * ldy + size_t(gi) * kRepackRows, ldy, valid);
     };
-    for_each_tile<block_q8_0, kColTile>((nr + kRepackRows - 1) / kRepackRows, kRowChunk / kRepackRows, xq, x_stride,
-                                        nc, tile);
+    const int n_groups = (nr + kRepackRows - 1) / kRepackRows;
+    for_each_tile<block_q8_0, kColTile>(n_groups, kRowChunk / kRepackRows, xq, x_stride, nc, tile);
 }
 
 }  // namespace ktd::avx2

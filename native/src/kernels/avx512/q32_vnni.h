@@ -40,6 +40,12 @@ inline __m512i act_quad16(const block_q8_0 &a, int j) {
     return _mm512_set1_epi32(v);
 }
 
+// act_sum with one vpdpbusd (the AVX2 sequence measured ~10% slower per decode call at k = 2048).
+inline int32_t act_sum_vnni(const block_q8_0 &a) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a.qs));
+    return hsum(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q));
+}
+
 // Traits of a 16-row layout:
 //   using GroupBlock;                         // sizeof = 16 · sizeof(row block)
 //   static constexpr int kActOffset;          // u = q + kActOffset
@@ -92,17 +98,19 @@ void gemm_repacked_r16(int64_t k, const void *wp, size_t group_stride, const voi
     int32_t *asum_off = sums.get(size_t(nc) * size_t(nb));
     for (int c = 0; c < nc; ++c) {
         const auto *a = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + size_t(c) * x_stride);
-        for (int64_t b = 0; b < nb; ++b) asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum(a[b]);
+        for (int64_t b = 0; b < nb; ++b)
+            asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum_vnni(a[b]);
     }
-    const auto tile = [&]<int NC>(int g0, int, int c0, const block_q8_0 *const *a) {
+    const auto tile = [&]<int NC>(int gi, int c0, const block_q8_0 *const *a) {
         const auto *g = reinterpret_cast<const typename Traits::GroupBlock *>(static_cast<const char *>(wp) +
-                                                                              size_t(g0) * group_stride);
+                                                                              size_t(gi) * group_stride);
         const int32_t *off[NC];
         for (int c = 0; c < NC; ++c) off[c] = asum_off + size_t(c0 + c) * size_t(nb);
-        gemm_group16<Traits, NC>(nb, g, a, off, y + size_t(c0) * ldy + size_t(g0) * kRepackRows16, ldy,
-                                 std::min(kRepackRows16, nr - g0 * kRepackRows16));
+        gemm_group16<Traits, NC>(nb, g, a, off, y + size_t(c0) * ldy + size_t(gi) * kRepackRows16, ldy,
+                                 std::min(kRepackRows16, nr - gi * kRepackRows16));
     };
-    for_each_tile<block_q8_0, kColTile16>((nr + kRepackRows16 - 1) / kRepackRows16, 1, xq, x_stride, nc, tile);
+    const int n_groups = (nr + kRepackRows16 - 1) / kRepackRows16;
+    for_each_tile<block_q8_0, kColTile16>(n_groups, 1, xq, x_stride, nc, tile);
 }
 
 // The plain-layout tile (weights not repacked): one weight row at a time; each block's 32 q are
@@ -131,7 +139,7 @@ inline void gemm_plain_cols(int64_t nb, const Block *wr, const block_q8_0 *const
 template <typename Block, typename SignedQ>
 inline void gemm_plain(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
                        size_t ldy, int nr, int nc, const SignedQ &signed_q) {
-    const auto tile = [&]<int NC>(int r, int, int c0, const block_q8_0 *const *a) {
+    const auto tile = [&]<int NC>(int r, int c0, const block_q8_0 *const *a) {
         const auto *wr = reinterpret_cast<const Block *>(static_cast<const char *>(w) + size_t(r) * w_stride);
         gemm_plain_cols<NC>(k / 32, wr, a, y + size_t(c0) * ldy + size_t(r), ldy, signed_q);
     };

@@ -30,13 +30,11 @@ void gemm_tile(int64_t k, const void *w, size_t w_stride, const void *xq, size_t
                size_t ldy, int nr, int nc) {
     const int64_t nb = k / QK_K;
     const int chunk = w_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / w_stride);
-    const auto tile = [&]<int NC>(int r0, int r1, int c0, const block_q8_K *const *a) {
-        for (int r = r0; r < r1; ++r) {
-            const auto *wr = reinterpret_cast<const BlockW *>(static_cast<const char *>(w) + r * w_stride);
-            float out[NC];
-            Kernel::template dot<NC>(nb, wr, a, out);
-            for (int c = 0; c < NC; ++c) y[(c0 + c) * ldy + r] = out[c];
-        }
+    const auto tile = [&]<int NC>(int r, int c0, const block_q8_K *const *a) {
+        const auto *wr = reinterpret_cast<const BlockW *>(static_cast<const char *>(w) + r * w_stride);
+        float out[NC];
+        Kernel::template dot<NC>(nb, wr, a, out);
+        for (int c = 0; c < NC; ++c) y[(c0 + c) * ldy + r] = out[c];
     };
     for_each_tile<block_q8_K, kMaxCols>(nr, chunk, xq, x_stride, nc, tile);
 }

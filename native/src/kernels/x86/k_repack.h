@@ -211,12 +211,10 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     prefetch_head(wb, nr, group_stride);
     const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
     const int chunk = group_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / group_stride);
-    const auto tile = [&]<int NC>(int g0, int g1, int c0, const block_q8_K *const *a) {
-        for (int gi = g0; gi < g1; ++gi) {
-            const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
-            const int valid = std::min(kRepackRowsK, nr - gi * kRepackRowsK);
-            gemm_group_k8<Traits, NC>(nb, g, a, y + size_t(c0) * ldy + size_t(gi) * kRepackRowsK, ldy, valid);
-        }
+    const auto tile = [&]<int NC>(int gi, int c0, const block_q8_K *const *a) {
+        const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
+        const int valid = std::min(kRepackRowsK, nr - gi * kRepackRowsK);
+        gemm_group_k8<Traits, NC>(nb, g, a, y + size_t(c0) * ldy + size_t(gi) * kRepackRowsK, ldy, valid);
     };
     for_each_tile<block_q8_K, kMaxCols>(n_groups, chunk, xq, x_stride, nc, tile);
 }
