@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/blocks.h"
+#include "kernels/kernels.h"
 
 namespace ktd {
 
@@ -112,16 +113,9 @@ KTD_REPACK_Q32(iq4_nl_x8);
 KTD_REPACK_Q32(q5_0_x16);
 KTD_REPACK_Q32(q8_0_x16);
 #undef KTD_REPACK_Q32
-// The scalar tiles on the x8 layouts (the reference entries' gemm_repacked): bitwise the
-// reference's plain tile.
-#define KTD_TILE_Q32(name)                                                                                  \
-    void gemm_repacked_##name(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, \
-                              float *y, size_t ldy, int nr, int nc)
-KTD_TILE_Q32(q4_0_x8);
-KTD_TILE_Q32(q4_1_x8);
-KTD_TILE_Q32(q5_0_x8);
-KTD_TILE_Q32(q5_1_x8);
-KTD_TILE_Q32(q8_0_x8);
-KTD_TILE_Q32(iq4_nl_x8);
-#undef KTD_TILE_Q32
+// The reference entry of a 32-element type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): Q8_0
+// activations, the given plain kernels, and the type's x8 layout with the scalar tile on it (the
+// reference's plain tile, bitwise).
+TypeKernels q32_type_kernels(GGMLType type, void (*dequantize_row)(const void *, float *, int64_t),
+                             decltype(TypeKernels::gemm) gemm);
 }  // namespace ktd::ref

@@ -32,15 +32,7 @@ float vec_dot_iq4_nl_q8_0(int64_t k, const block_iq4_nl *w, const block_q8_0 *a)
 }
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{.type = GGMLType::IQ4_NL,
-                                           .act_type = GGMLType::Q8_0,
-                                           .dequantize_row = dequantize_row_iq4_nl,
-                                           .quantize_act_row = quantize_row_q8_0,
-                                           .gemm = gemm_rows<block_iq4_nl, block_q8_0, vec_dot_iq4_nl_q8_0>,
-                                           .repack_rows = kRepackRowsQ32x8,
-                                           .repack_layout = kRepackLayoutQ32x8,
-                                           .repacked_group_bytes = group_bytes_iq4_nl_x8,
-                                           .repack = repack_iq4_nl_x8,
-                                           .gemm_repacked = gemm_repacked_iq4_nl_x8});
+KTD_REGISTER_KERNELS(Isa::Ref, q32_type_kernels(GGMLType::IQ4_NL, dequantize_row_iq4_nl,
+                                                gemm_rows<block_iq4_nl, block_q8_0, vec_dot_iq4_nl_q8_0>));
 
 }  // namespace ktd::ref

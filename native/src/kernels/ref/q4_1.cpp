@@ -35,15 +35,7 @@ float vec_dot_q4_1_q8_0(int64_t k, const block_q4_1 *w, const block_q8_0 *a) {
 }
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{.type = GGMLType::Q4_1,
-                                           .act_type = GGMLType::Q8_0,
-                                           .dequantize_row = dequantize_row_q4_1,
-                                           .quantize_act_row = quantize_row_q8_0,
-                                           .gemm = gemm_rows<block_q4_1, block_q8_0, vec_dot_q4_1_q8_0>,
-                                           .repack_rows = kRepackRowsQ32x8,
-                                           .repack_layout = kRepackLayoutQ32x8,
-                                           .repacked_group_bytes = group_bytes_q4_1_x8,
-                                           .repack = repack_q4_1_x8,
-                                           .gemm_repacked = gemm_repacked_q4_1_x8});
+KTD_REGISTER_KERNELS(Isa::Ref, q32_type_kernels(GGMLType::Q4_1, dequantize_row_q4_1,
+                                                gemm_rows<block_q4_1, block_q8_0, vec_dot_q4_1_q8_0>));
 
 }  // namespace ktd::ref
