@@ -10,8 +10,8 @@
 // - x8 (version 1, the AVX2 kernels; the reference's too): 8 rows, 256-bit registers.
 // - x16 (version 2, the AVX-512 kernels of Q5_0 and Q8_0): 16 rows, 512-bit registers.
 //
-// The scalar repacks and element accessors in kernels/ref/ are the definition; the ISA entries use
-// the same repacks. Only POD structs here (no inline code), so every ISA may include it.
+// The scalar repacks and element accessors in kernels/ref/repacked_q32.cpp are the definition;
+// the ISA entries use the same repacks. Only POD structs here (no inline code), so every ISA may include it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -98,24 +98,18 @@ static_assert(sizeof(block_q8_0x16) == kRepackRowsQ32x16 * sizeof(block_q8_0));
 }  // namespace ktd
 
 namespace ktd::ref {
-// The repacks (TypeKernels::repack contract) and group sizes of the layouts above, defined with
-// the reference kernels (kernels/ref/repacked_q32.cpp) and used by every ISA's entry.
-#define KTD_REPACK_Q32(name)                                                                              \
-    size_t group_bytes_##name(int64_t k);                                                                 \
-    void repack_##name(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, \
-                       void *out)
-KTD_REPACK_Q32(q4_0_x8);
-KTD_REPACK_Q32(q4_1_x8);
-KTD_REPACK_Q32(q5_0_x8);
-KTD_REPACK_Q32(q5_1_x8);
-KTD_REPACK_Q32(q8_0_x8);
-KTD_REPACK_Q32(iq4_nl_x8);
-KTD_REPACK_Q32(q5_0_x16);
-KTD_REPACK_Q32(q8_0_x16);
-#undef KTD_REPACK_Q32
-// The reference entry of a 32-element type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): Q8_0
-// activations, the given plain kernels, and the type's x8 layout with the scalar tile on it (the
-// reference's plain tile, bitwise).
+// The x8 layouts (kernels/ref/repacked_q32.cpp): tk with the repack fields of its type's layout
+// (repack_rows, repack_layout, repacked_group_bytes, repack; the caller sets gemm_repacked). Every
+// ISA's entry of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL takes them from here.
+TypeKernels with_x8_layout(TypeKernels tk);
+// The reference entry of one of those types: Q8_0 activations, the given plain kernels, the x8
+// layout and the scalar tile on it (bitwise the plain tile).
 TypeKernels q32_type_kernels(GGMLType type, void (*dequantize_row)(const void *, float *, int64_t),
                              decltype(TypeKernels::gemm) gemm);
+
+// The x16 layouts' repacks and group sizes (TypeKernels::repack contract), for the AVX-512 entries.
+size_t group_bytes_q5_0_x16(int64_t k);
+void repack_q5_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+size_t group_bytes_q8_0_x16(int64_t k);
+void repack_q8_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
 }  // namespace ktd::ref

@@ -1,5 +1,5 @@
-// Q4_1 weights (w = d * q + m), AVX2+FMA; activations Q8_0. The kernels are kernels/avx2/q32_min.h's.
-#include "kernels/avx2/q32_min.h"
+// Q4_1 weights (w = d * q + m), AVX2+FMA; activations Q8_0. The kernels are kernels/avx2/q32_kernels.h's.
+#include "kernels/avx2/q32_kernels.h"
 #include "kernels/kernels.h"
 
 namespace ktd::avx2 {
@@ -10,15 +10,8 @@ struct Q4_1Values {
 };
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q4_1,
-                                            .act_type = GGMLType::Q8_0,
-                                            .dequantize_row = dequantize_row_min<block_q4_1, Q4_1Values>,
-                                            .quantize_act_row = quantize_row_q8_0,
-                                            .gemm = gemm_q8_0_act<MinDot<block_q4_1, Q4_1Values>>,
-                                            .repack_rows = kRepackRows,
-                                            .repack_layout = kRepackLayoutQ32x8,
-                                            .repacked_group_bytes = ref::group_bytes_q4_1_x8,
-                                            .repack = ref::repack_q4_1_x8,
-                                            .gemm_repacked = gemm_repacked_r8<MinDotX8<block_q4_1x8, false>>});
+KTD_REGISTER_KERNELS(Isa::AVX2, q32_entry(GGMLType::Q4_1, dequantize_row_min<block_q4_1, Q4_1Values>,
+                                          gemm_q8_0_act<MinDot<block_q4_1, Q4_1Values>>,
+                                          gemm_repacked_r8<MinDotX8<block_q4_1x8, false>>));
 
 }  // namespace ktd::avx2

@@ -1,7 +1,7 @@
-// Q8_0 weights, AVX2+FMA; also the AVX2 Q8_0 activation quantizer shared by the 32-element types.
-#include "kernels/avx2/q32.h"
+// Q8_0 weights, AVX2+FMA (the dot products: kernels/avx2/q32_kernels.h, signed family); also the AVX2
+// Q8_0 activation quantizer shared by the 32-element types.
+#include "kernels/avx2/q32_kernels.h"
 #include "kernels/kernels.h"
-#include "kernels/repacked_q32.h"
 
 namespace ktd::avx2 {
 
@@ -55,51 +55,19 @@ void dequantize_row_q8_0(const void *vx, float *y, int64_t k) {
     }
 }
 
-struct Q8_0 {
-    using Block = block_q8_0;
-    template <int NC>
-    static inline void dot_block(const Block &w, const block_q8_0 *const *a, __m256 *acc) {
-        const __m256i qw = loadu_q8(w);
-        const __m256i aw = _mm256_sign_epi8(qw, qw);
-        const float dw = f16(w.d);
-        for (int c = 0; c < NC; ++c) {
-            const __m256i s = _mm256_sign_epi8(loadu_q8(*a[c]), qw);
-            const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(aw, s));
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(a[c]->d)), p, acc[c]);
-        }
-    }
+struct Q8_0Values {
+    static __m256i q(const block_q8_0 &x) { return loadu_q8(x); }
 };
-
-struct Q8_0x8 {
-    using GroupBlock = block_q8_0x8;
-    static constexpr int kActSumScale = 0;
-    template <int NC>
-    static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *, __m256 *acc) {
-        const __m256 d8 = f16x8(g.d);
-        __m256i w[8];
+struct Q8_0x8Load {
+    static void load(const block_q8_0x8 &g, __m256i v[8]) {
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qs + 32 * j));
-#pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) {
-            __m256i isum = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; ++j)
-                isum = _mm256_add_epi32(isum, dot_s8s8(w[j], act_quad(*a[c], j)));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(f16(a[c]->d))), acc[c]);
-        }
+        for (int j = 0; j < 8; ++j) v[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qs + 32 * j));
     }
 };
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q8_0,
-                                            .act_type = GGMLType::Q8_0,
-                                            .dequantize_row = dequantize_row_q8_0,
-                                            .quantize_act_row = quantize_row_q8_0,
-                                            .gemm = gemm_q8_0_act<Q8_0>,
-                                            .repack_rows = kRepackRows,
-                                            .repack_layout = kRepackLayoutQ32x8,
-                                            .repacked_group_bytes = ref::group_bytes_q8_0_x8,
-                                            .repack = ref::repack_q8_0_x8,
-                                            .gemm_repacked = gemm_repacked_r8<Q8_0x8>});
+KTD_REGISTER_KERNELS(Isa::AVX2, q32_entry(GGMLType::Q8_0, dequantize_row_q8_0,
+                                          gemm_q8_0_act<SignedDot<block_q8_0, Q8_0Values>>,
+                                          gemm_repacked_r8<SignedDotX8<block_q8_0x8, Q8_0x8Load>>));
 
 }  // namespace ktd::avx2

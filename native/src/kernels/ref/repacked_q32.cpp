@@ -160,46 +160,51 @@ TypeKernels with_x8(TypeKernels tk) {
     tk.repack_layout = kRepackLayoutQ32x8;
     tk.repacked_group_bytes = group_bytes_x8<L>;
     tk.repack = repack_x8<L>;
-    tk.gemm_repacked = gemm_groups<typename L::Group, block_q8_0, kRepackRowsQ32x8, vec_dot_x8<L>>;
     return tk;
+}
+
+// The scalar tile on layout L.
+template <typename L>
+void gemm_repacked_x8(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
+                      size_t ldy, int nr, int nc) {
+    gemm_groups<typename L::Group, block_q8_0, kRepackRowsQ32x8, vec_dot_x8<L>>(k, wp, group_stride, xq, x_stride, y,
+                                                                               ldy, nr, nc);
+}
+
+// f(L{}) for the layout of `type`.
+template <typename F>
+auto with_layout_of(GGMLType type, const F &f) {
+    switch (type) {
+        case GGMLType::Q4_0: return f(Q4_0x8{});
+        case GGMLType::Q4_1: return f(Q4_1x8{});
+        case GGMLType::Q5_0: return f(Q5_0x8{});
+        case GGMLType::Q5_1: return f(Q5_1x8{});
+        case GGMLType::Q8_0: return f(Q8_0x8{});
+        case GGMLType::IQ4_NL: return f(IQ4_NLx8{});
+        default: throw std::logic_error("not a 32-element type with an x8 layout");
+    }
 }
 
 }  // namespace
 
-#define KTD_X8(name, L)                                                                                 \
-    size_t group_bytes_##name(int64_t k) { return group_bytes_x8<L>(k); }                               \
-    void repack_##name(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, \
-                       void *out) {                                                                     \
-        repack_x8<L>(w, w_stride, rows, k, g0, g1, out);                                                \
-    }
-KTD_X8(q4_0_x8, Q4_0x8)
-KTD_X8(q4_1_x8, Q4_1x8)
-KTD_X8(q5_0_x8, Q5_0x8)
-KTD_X8(q5_1_x8, Q5_1x8)
-KTD_X8(q8_0_x8, Q8_0x8)
-KTD_X8(iq4_nl_x8, IQ4_NLx8)
-#undef KTD_X8
+TypeKernels with_x8_layout(TypeKernels tk) {
+    return with_layout_of(tk.type, [&]<typename L>(L) { return with_x8<L>(tk); });
+}
 
 TypeKernels q32_type_kernels(GGMLType type, void (*dequantize_row)(const void *, float *, int64_t),
                              decltype(TypeKernels::gemm) gemm) {
-    const TypeKernels tk{.type = type,
-                         .act_type = GGMLType::Q8_0,
-                         .dequantize_row = dequantize_row,
-                         .quantize_act_row = quantize_row_q8_0,
-                         .gemm = gemm};
-    switch (type) {
-        case GGMLType::Q4_0: return with_x8<Q4_0x8>(tk);
-        case GGMLType::Q4_1: return with_x8<Q4_1x8>(tk);
-        case GGMLType::Q5_0: return with_x8<Q5_0x8>(tk);
-        case GGMLType::Q5_1: return with_x8<Q5_1x8>(tk);
-        case GGMLType::Q8_0: return with_x8<Q8_0x8>(tk);
-        case GGMLType::IQ4_NL: return with_x8<IQ4_NLx8>(tk);
-        default: throw std::logic_error("q32_type_kernels: not a 32-element type with an x8 layout");
-    }
+    return with_layout_of(type, [&]<typename L>(L) {
+        TypeKernels tk = with_x8<L>(TypeKernels{.type = type,
+                                                .act_type = GGMLType::Q8_0,
+                                                .dequantize_row = dequantize_row,
+                                                .quantize_act_row = quantize_row_q8_0,
+                                                .gemm = gemm});
+        tk.gemm_repacked = gemm_repacked_x8<L>;
+        return tk;
+    });
 }
 
 // ---- x16 (the AVX-512 kernels' layouts; their tile's specification is the plain reference) ----
-
 size_t group_bytes_q5_0_x16(int64_t k) { return size_t(k / 32) * sizeof(block_q5_0x16); }
 void repack_q5_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
     repack_groups<block_q5_0x16, block_q5_0, kRepackRowsQ32x16>(
