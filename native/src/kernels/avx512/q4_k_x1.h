@@ -45,23 +45,12 @@ inline void expand_act_q4_Kx8_x1(const block_q8_K *a, int64_t nb, __m512i *xp) {
 
 struct Q4_Kx8_X1 {
     static inline void dot_group(const block_q4_Kx8 &g, const block_q8_K &a, const __m512i *xp, __m256 &acc) {
-        const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
         const __m512i m4z = _mm512_set1_epi8(0x0F), mf0z = _mm512_set1_epi8(int8_t(0xF0));
-        // Scales and mins as in Q4_Kx8::dot_group.
-        const __m256i nl = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.scl));
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.sh));
-        const __m256i sc_lo = _mm256_or_si256(_mm256_and_si256(nl, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
-        const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nl, 4), m4),
-                                              _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
-        const __m256i pairs[4] = {_mm256_permute2x128_si256(sc_lo, sc_lo, 0x00), _mm256_permute2x128_si256(sc_lo, sc_lo, 0x11),
-                                  _mm256_permute2x128_si256(sc_hi, sc_hi, 0x00), _mm256_permute2x128_si256(sc_hi, sc_hi, 0x11)};
-        const __m256i pick_even = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,  //
-                                                   4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
-        const __m256i pick_odd = _mm256_add_epi8(pick_even, _mm256_setr_epi8(8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0,  //
-                                                                             8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0));
+        __m256i pairs[4];
+        q4_Kx8_scale_pairs(g, pairs);
         __m512i isum = _mm512_setzero_si512();
         for (int j = 0; j < 8; ++j) {
-            const __m256i sc = _mm256_shuffle_epi8(pairs[j / 2], j % 2 ? pick_odd : pick_even);
+            const __m256i sc = q4_Kx8_chunk_scale(pairs, j);
             const __m512i scz = _mm512_broadcast_i64x4(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)));
             const __m512i r0 = _mm512_loadu_si512(g.qs + 128 * j), r1 = _mm512_loadu_si512(g.qs + 128 * j + 64);
             const __m512i *x = xp + 4 * j;
@@ -72,25 +61,9 @@ struct Q4_Kx8_X1 {
             isum = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum, lo, scz), _mm512_srai_epi32(hi, 4), scz);
         }
         const __m256i isum8 = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
-        const __m256i ml = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.mnl));
-        const __m256i mn_lo = _mm256_or_si256(_mm256_and_si256(ml, m4), _mm256_and_si256(h, m30));
-        const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
-                                              _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
-        const __m256i pick_min = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,  //
-                                                  4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
-        const __m256i mins[4] = {_mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x00), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x11), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x00), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x11), pick_min)};
-        const __m256 d8 = f16x8(g.d), dmin8 = f16x8(g.dmin);
-        const __m128i bs = bsums_32(a);
-        __m256i msum = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(bs));
-        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[1], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0x55))));
-        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[2], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xAA))));
-        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[3], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xFF))));
-        const __m256 ad = _mm256_set1_ps(a.d);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(d8, ad), _mm256_cvtepi32_ps(isum8), acc);
-        acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin8, ad), _mm256_cvtepi32_ps(msum), acc);
+        __m256i mins[4];
+        q4_Kx8_mins(g, mins);
+        acc = q4_Kx8_accumulate(f16x8(g.d), f16x8(g.dmin), mins, a, isum8, acc);
     }
 };
 

@@ -29,32 +29,69 @@ inline __m256i maddubs_chunk4(const __m256i *v, const int8_t *q) {
     return _mm256_add_epi16(s01, s23);
 }
 
+// The scales and mins of a block_q4_Kx8 (repacked_k.h) as the tiles use them. The 64 scales and
+// mins are bytes in index order 8j + r (16-bit shifts: the masks drop the bits that cross bytes).
+// Scales: sub-blocks 2p, 2p+1 are the 16 bytes of pair p, broadcast to both 128-bit halves.
+inline void q4_Kx8_scale_pairs(const block_q4_Kx8 &g, __m256i pairs[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i nl = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.scl));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.sh));
+    const __m256i sc_lo = _mm256_or_si256(_mm256_and_si256(nl, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+    const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nl, 4), m4),
+                                          _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+    pairs[0] = _mm256_permute2x128_si256(sc_lo, sc_lo, 0x00);
+    pairs[1] = _mm256_permute2x128_si256(sc_lo, sc_lo, 0x11);
+    pairs[2] = _mm256_permute2x128_si256(sc_hi, sc_hi, 0x00);
+    pairs[3] = _mm256_permute2x128_si256(sc_hi, sc_hi, 0x11);
+}
+// Sub-block j's scale of row r in lane r, as the int16 pair (s, s).
+inline __m256i q4_Kx8_chunk_scale(const __m256i pairs[4], int j) {
+    const __m256i pick_even = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,  //
+                                               4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+    const __m256i pick_odd = _mm256_add_epi8(pick_even, _mm256_setr_epi8(8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0,  //
+                                                                         8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0));
+    return _mm256_shuffle_epi8(pairs[j / 2], j % 2 ? pick_odd : pick_even);
+}
+// Mins: mins[p] int16 [2r + h] = m[2p + h][r], for one vpmaddwd per two sub-blocks.
+inline void q4_Kx8_mins(const block_q4_Kx8 &g, __m256i mins[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i ml = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.mnl));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.sh));
+    const __m256i mn_lo = _mm256_or_si256(_mm256_and_si256(ml, m4), _mm256_and_si256(h, m30));
+    const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
+                                          _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+    const __m256i pick_min = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,  //
+                                              4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
+    mins[0] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x00), pick_min);
+    mins[1] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x11), pick_min);
+    mins[2] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x00), pick_min);
+    mins[3] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x11), pick_min);
+}
+// acc += d·da·isum − dmin·da·Σ_j m[j]·(activation sum of sub-block j), per row lane.
+inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], const block_q8_K &a, __m256i isum,
+                                __m256 acc) {
+    const __m128i bs = bsums_32(a);  // int16 × 8: sums of the 8 sub-blocks
+    __m256i msum = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(bs));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[1], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0x55))));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[2], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xAA))));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[3], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xFF))));
+    const __m256 ad = _mm256_set1_ps(a.d);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d8, ad), _mm256_cvtepi32_ps(isum), acc);
+    return _mm256_fnmadd_ps(_mm256_mul_ps(dmin8, ad), _mm256_cvtepi32_ps(msum), acc);
+}
+
 struct Q4_Kx8 {
     using GroupBlock = block_q4_Kx8;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
-        const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-        // The 64 scales and mins as bytes in index order 8j + r (16-bit shifts: the masks drop
-        // the bits that cross bytes).
-        const __m256i nl = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.scl));
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.sh));
-        const __m256i sc_lo = _mm256_or_si256(_mm256_and_si256(nl, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
-        const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nl, 4), m4),
-                                              _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
-        // Sub-blocks 2p, 2p+1 are the 16 bytes of pair p; broadcast them to both 128-bit halves
-        // and pick row r's byte into lane r as an int16 pair (both halves: the vpmaddwd scale).
-        const __m256i pairs[4] = {_mm256_permute2x128_si256(sc_lo, sc_lo, 0x00), _mm256_permute2x128_si256(sc_lo, sc_lo, 0x11),
-                                  _mm256_permute2x128_si256(sc_hi, sc_hi, 0x00), _mm256_permute2x128_si256(sc_hi, sc_hi, 0x11)};
-        const __m256i pick_even = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,  //
-                                                   4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
-        const __m256i pick_odd = _mm256_add_epi8(pick_even, _mm256_setr_epi8(8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0,  //
-                                                                             8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0));
+        __m256i pairs[4];
+        q4_Kx8_scale_pairs(g, pairs);
         __m256i isum[NC];
         for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
         for (int j = 0; j < 8; ++j) {
             __m256i v[8];
             load_nibbles(g.qs + 128 * j, v);
-            const __m256i sc = _mm256_shuffle_epi8(pairs[j / 2], j % 2 ? pick_odd : pick_even);
+            const __m256i sc = q4_Kx8_chunk_scale(pairs, j);
 #if defined(KTD_ISA_AVX512)
             // VNNI: vpdpbusd sums the 4 products of a lane in int32 (no int16 bound); the scale
             // is the low int16 of each lane of sc (its high int16 is the same byte, so mask it).
@@ -74,29 +111,10 @@ struct Q4_Kx8 {
             }
 #endif
         }
-        // Mins: lane r = Σ_j m[j][r] · (sum of the activations of sub-block j), two sub-blocks
-        // per vpmaddwd: int16 [2r + h] = m[2p + h][r] against the broadcast pair of sums.
-        const __m256i ml = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.mnl));
-        const __m256i mn_lo = _mm256_or_si256(_mm256_and_si256(ml, m4), _mm256_and_si256(h, m30));
-        const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
-                                              _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
-        const __m256i pick_min = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,  //
-                                                  4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
-        const __m256i mins[4] = {_mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x00), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x11), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x00), pick_min),
-                                 _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x11), pick_min)};
+        __m256i mins[4];
+        q4_Kx8_mins(g, mins);
         const __m256 d8 = f16x8(g.d), dmin8 = f16x8(g.dmin);
-        for (int c = 0; c < NC; ++c) {
-            const __m128i bs = bsums_32(*a[c]);  // int16 × 8: sums of the 8 sub-blocks
-            __m256i msum = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(bs));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[1], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0x55))));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[2], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xAA))));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[3], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xFF))));
-            const __m256 ad = _mm256_set1_ps(a[c]->d);
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d8, ad), _mm256_cvtepi32_ps(isum[c]), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin8, ad), _mm256_cvtepi32_ps(msum), acc[c]);
-        }
+        for (int c = 0; c < NC; ++c) acc[c] = q4_Kx8_accumulate(d8, dmin8, mins, *a[c], isum[c], acc[c]);
     }
 };
 
