@@ -1,6 +1,7 @@
-// The AVX2+FMA kernels of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL):
-// value unpacking, the plain-layout tile and the 8-row interleaved tile. Included only by files
-// under kernels/avx2/ (kernels/x86/common.h says why nothing here is shared with baseline code).
+// The AVX2+FMA kernels of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): value
+// unpacking, the plain-layout tile and the 8-row interleaved tile (the per-type dot products on
+// them: q32_kernels.h). Included only by files under kernels/avx2/ (kernels/x86/common.h says why
+// nothing here is shared with baseline code).
 //
 // The 32-element block types all dot against Q8_0 activations. A type supplies a traits struct
 //   struct Traits {
