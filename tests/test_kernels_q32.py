@@ -284,9 +284,9 @@ def test_prepared_weights_path(t, isa):
 
 
 def test_repack_rejected_without_layout():
-    w, _ = inputs("Q4_1", 3, 64, 1, seed=1)
+    w, _ = inputs("F16", 3, 64, 1, seed=1)
     with pytest.raises(ValueError):
-        K.repack("Q4_1", w, 3, 64, isa="ref")
+        K.repack("F16", w, 3, 64, isa="ref")
 
 
 REAL_SHAPES = [(896, 4864), (4864, 896)]  # Qwen2.5-0.5B ffn_down / ffn_up (rows, k)

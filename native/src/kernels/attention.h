@@ -51,7 +51,7 @@ struct AttnBlock {
 struct AttnScratchLayout {
     size_t kf, vf, s, m, l, acc, total;
 };
-// Not inline: the ISA translation units call it too (no shared inline code, see kernels/avx2/avx2.h).
+// Not inline: the ISA translation units call it too (no shared inline code, see kernels/x86/common.h).
 AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_k, int64_t head_dim_v);
 
 // One block; scratch: attn_scratch_layout(n_rows, n_group, ...).total floats.

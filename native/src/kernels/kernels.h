@@ -12,7 +12,8 @@
 // Every (type, ISA) pair is one TypeKernels entry registered at load time by the file that
 // implements it (KTD_REGISTER_KERNELS below). The scalar reference (Isa::Ref) is the
 // specification: every other ISA's entry must agree with it within the activation-quantization
-// error stated per type in the tests (tests/test_kernels_q32.py for the 32-element and float types).
+// error stated per type in the tests (tests/test_kernels_q32.py for the 32-element and float types,
+// tests/test_kernels_k.py for the 256-element ones).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -71,9 +72,12 @@ const TypeKernels *kernels_for(GGMLType type);
 // Types with an entry for `isa`.
 std::vector<GGMLType> supported_types(Isa isa);
 
-// ISA selection: chosen once at first use from CPUID, overridable with KTD_ISA=ref|avx2|avx512.
-// AVX-512 kernels are compiled but only used when asked for explicitly (KTD_ISA=avx512 or
-// set_active_isa): they have not been run on an AVX-512 machine yet.
+// ISAs: Ref (the scalar specification, every CPU), AVX2 (AVX2 + FMA + F16C + BMI2) and AVX512
+// (F/BW/VL/DQ + VNNI + VBMI). The active ISA is chosen once at first use from CPUID: AVX2 where the
+// CPU has it, else Ref; KTD_ISA=ref|avx2|avx512 (or set_active_isa) overrides. Under that default,
+// the types whose AVX-512 kernels were measured faster (Q4_K, Q6_K, Q5_0, Q8_0) use them where
+// the CPU has AVX-512 VNNI (kernels_for); KTD_ISA=avx512 uses every AVX-512 kernel, and AVX2 for
+// the types that have none.
 bool isa_supported_by_cpu(Isa isa);
 bool isa_compiled(Isa isa);
 Isa active_isa();

@@ -4,7 +4,7 @@
 //   softmax: vectorised exp (Cephes polynomial, ~2 ulp), lanes outside the query's range are 0
 //   P·V:    the query's accumulator, up to 64 floats at a time, stays in registers over the keys
 // Head dims that are not multiples of 8 go to the reference kernel. No std:: templates or inline
-// functions shared with baseline code here (see avx2.h).
+// functions shared with baseline code here (see kernels/x86/common.h).
 #include <immintrin.h>
 
 #include <math.h>
@@ -13,6 +13,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/avx2/vec_math.h"
+#include "kernels/x86/common.h"
 
 namespace ktd::avx2 {
 
@@ -27,13 +28,6 @@ float hmax(__m256 v) {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
-}
-
-float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 // Lane i of the result = the sum of the 8 lanes of acc[i].

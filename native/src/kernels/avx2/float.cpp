@@ -3,7 +3,7 @@
 // the reference's.
 #include <algorithm>
 
-#include "kernels/avx2/avx2.h"
+#include "kernels/x86/common.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
 
@@ -82,49 +82,31 @@ void dot_tile(int64_t k, const typename L::T *const *w, const float *const *a, f
         }
 }
 
-template <typename L, int RM>
-void dot_tile_rn(int rn, int64_t k, const typename L::T *const *w, const float *const *a, float *y, size_t ldy) {
-    switch (rn) {
-        case 1: dot_tile<L, RM, 1>(k, w, a, y, ldy); break;
-        case 2: dot_tile<L, RM, 2>(k, w, a, y, ldy); break;
-        case 3: dot_tile<L, RM, 3>(k, w, a, y, ldy); break;
-        default: dot_tile<L, RM, 4>(k, w, a, y, ldy); break;
-    }
-}
-
 template <typename L>
 void gemm(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y, size_t ldy,
           int nr, int nc) {
     using T = typename L::T;
     const char *wb = static_cast<const char *>(w);
-    const char *xb = static_cast<const char *>(xq);
     auto row = [&](int r) { return reinterpret_cast<const T *>(wb + size_t(r) * w_stride); };
-    auto act = [&](int c) { return reinterpret_cast<const float *>(xb + size_t(c) * x_stride); };
     if (nc == 1) {
-        for (int r = 0; r < nr; ++r) y[r] = dot_row<L>(k, row(r), act(0));
+        for (int r = 0; r < nr; ++r) y[r] = dot_row<L>(k, row(r), static_cast<const float *>(xq));
         return;
     }
+    // Units of kRM rows (micro-tiles), in chunks of ~16 rows (weights in L2) × column tiles
+    // (activations in L1). Every output element is one dot_tile accumulator, whatever the tiling.
     constexpr int kRM = 3, kRN = 4;
-    // Row chunks (weights in L2) × column tiles (activations in L1) × RM-row micro-tiles.
-    for (int r0 = 0; r0 < nr; r0 += kRowChunk) {
-        const int r1 = std::min(nr, r0 + kRowChunk);
-        for (int c0 = 0; c0 < nc; c0 += kRN) {
-            const int rn = std::min(kRN, nc - c0);
-            const float *a[kRN];
-            for (int c = 0; c < rn; ++c) a[c] = act(c0 + c);
-            for (int r = r0; r < r1; r += kRM) {
-                const int rm = std::min(kRM, r1 - r);
-                const T *wr[kRM];
-                for (int i = 0; i < rm; ++i) wr[i] = row(r + i);
-                float *yt = y + size_t(c0) * ldy + size_t(r);
-                switch (rm) {
-                    case 1: dot_tile_rn<L, 1>(rn, k, wr, a, yt, ldy); break;
-                    case 2: dot_tile_rn<L, 2>(rn, k, wr, a, yt, ldy); break;
-                    default: dot_tile_rn<L, 3>(rn, k, wr, a, yt, ldy); break;
-                }
-            }
+    const auto tile = [&]<int NC>(int u, int c0, const float *const *a) {
+        const int r = kRM * u, rm = std::min(kRM, nr - r);
+        const T *wr[kRM];
+        for (int i = 0; i < rm; ++i) wr[i] = row(r + i);
+        float *yt = y + size_t(c0) * ldy + size_t(r);
+        switch (rm) {
+            case 1: dot_tile<L, 1, NC>(k, wr, a, yt, ldy); break;
+            case 2: dot_tile<L, 2, NC>(k, wr, a, yt, ldy); break;
+            default: dot_tile<L, 3, NC>(k, wr, a, yt, ldy); break;
         }
-    }
+    };
+    for_each_tile<float, kRN>((nr + kRM - 1) / kRM, 5, xq, x_stride, nc, tile);
 }
 }  // namespace
 

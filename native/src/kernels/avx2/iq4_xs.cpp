@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -49,7 +49,7 @@ inline __m256i word_shuffle(int i) { return _mm256_set1_epi16(int16_t((2 * i) | 
 void dequantize_row_iq4_xs(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_iq4_xs *>(vx);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = fp16_to_fp32_f16c(x[b].d);
+        const float d = f16(x[b].d);
         for (int p = 0; p < 4; ++p) {
             __m256i lo, hi;
             unpack_iq4(x[b], p, lo, hi);
@@ -82,11 +82,11 @@ struct IQ4XS {
                     sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p1));
                 }
             }
-            const float d = fp16_to_fp32_f16c(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c)
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
     }
 };
 

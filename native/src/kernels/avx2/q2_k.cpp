@@ -4,7 +4,7 @@
 // low lane and sc[g+1] in the high lane. Mins through Q8_K's bsums: Σ_g m_g · bsum_g.
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 
@@ -21,7 +21,7 @@ void dequantize_row_q2_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q2_K *>(vx);
     const __m256i m3 = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = fp16_to_fp32_f16c(x[b].d), dmin = fp16_to_fp32_f16c(x[b].dmin);
+        const float d = f16(x[b].d), dmin = f16(x[b].dmin);
         for (int t = 0; t < 2; ++t) {
             const __m256i bits = load256(x[b].qs + 32 * t);
             for (int s = 0; s < 4; ++s) {
@@ -69,14 +69,14 @@ struct Q2K {
                     sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
                 }
             }
-            const float d = fp16_to_fp32_f16c(w[b].d), dmin = fp16_to_fp32_f16c(w[b].dmin);
+            const float d = f16(w[b].d), dmin = f16(w[b].dmin);
             for (int c = 0; c < NC; ++c) {
                 const __m256i pm = _mm256_madd_epi16(mins16, load256(a[c][b].bsums));
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
                 acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * a[c][b].d), _mm256_cvtepi32_ps(pm), acc[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
     }
 };
 

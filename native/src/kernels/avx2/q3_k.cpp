@@ -3,7 +3,7 @@
 // applied once per block through Q8_K's bsums: Σ sc·q·a = Σ sc·q'·a − 4 · Σ_g sc_g · bsum_g.
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -34,7 +34,7 @@ void dequantize_row_q3_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q3_K *>(vx);
     const __m256i m4 = _mm256_set1_epi8(4);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = fp16_to_fp32_f16c(x[b].d);
+        const float d = f16(x[b].d);
         int8_t sc[16];
         unpack_scales_q3_K(x[b].scales, sc);
         const __m256i hbits = load256(x[b].hmask);
@@ -81,11 +81,11 @@ struct Q3K {
                     sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
                 }
             }
-            const float d = fp16_to_fp32_f16c(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c)
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
     }
 };
 

@@ -1,97 +1,17 @@
-// Q4_1 weights (w = d * q + m), AVX2+FMA; activations Q8_0.
-#include "kernels/avx2/avx2.h"
+// Q4_1 weights (w = d * q + m), AVX2+FMA; activations Q8_0. The kernels are kernels/avx2/q32_kernels.h's.
+#include "kernels/avx2/q32_kernels.h"
 #include "kernels/kernels.h"
 
 namespace ktd::avx2 {
 
 namespace {
-void dequantize_row_q4_1(const void *vx, float *y, int64_t k) {
-    const auto *x = static_cast<const block_q4_1 *>(vx);
-    for (int64_t b = 0; b < k / QK4_1; ++b, y += QK4_1) {
-        const __m256 d = _mm256_set1_ps(f16(x[b].d)), m = _mm256_set1_ps(f16(x[b].m));
-        alignas(32) uint8_t v[32];
-        _mm256_store_si256(reinterpret_cast<__m256i *>(v), unpack_nibbles(x[b].qs));
-        for (int i = 0; i < 4; ++i) {
-            const __m128i qi = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(v + 8 * i));
-            __m256 dq = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(qi)));
-            // Keep the product rounded on its own: the specification (gguf-py) is (d·q) + m, not an FMA.
-            __asm__("" : "+x"(dq));
-            _mm256_storeu_ps(y + 8 * i, _mm256_add_ps(dq, m));
-        }
-    }
-}
-
-struct Q4_1 {
-    using Block = block_q4_1;
-    template <int NC>
-    static inline void dot_block(const Block &w, const block_q8_0 *const *a, __m256 *acc) {
-        const __m256i qu = unpack_nibbles(w.qs);
-        const __m256i ones = _mm256_set1_epi8(1);
-        const float dw = f16(w.d), mw = f16(w.m);
-        for (int c = 0; c < NC; ++c) {
-            const __m256i s = loadu_q8(*a[c]);
-            const float da = f16(a[c]->d);
-            const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(qu, s));
-            const __m256 sa = _mm256_cvtepi32_ps(dot_u8s8(ones, s));
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), p, acc[c]);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(mw * da), sa, acc[c]);
-        }
-    }
-};
-
-// Repacked layout (version 1): block b of 8 rows, q (0..15) in the nibble layout of avx2.h.
-struct block_q4_1x8 {
-    uint16_t d[kRepackRows];
-    uint16_t m[kRepackRows];
-    uint8_t qs[128];
-};
-static_assert(sizeof(block_q4_1x8) == kRepackRows * sizeof(block_q4_1));
-
-size_t group_bytes_q4_1(int64_t k) { return size_t(k / QK4_1) * sizeof(block_q4_1x8); }
-
-void repack_q4_1(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
-    const int64_t nb = k / QK4_1;
-    auto *o = static_cast<block_q4_1x8 *>(out);
-    for (int64_t g = g0; g < g1; ++g)
-        for (int64_t b = 0; b < nb; ++b) {
-            block_q4_1x8 &dst = o[g * nb + b];
-            std::memset(&dst, 0, sizeof dst);  // rows past the end: d = m = 0
-            for_group_rows<block_q4_1>(w, w_stride, rows, g, b, [&](int r, const block_q4_1 &src) {
-                dst.d[r] = src.d;
-                dst.m[r] = src.m;
-                put_nibbles(dst.qs, r, src.qs);
-            });
-        }
-}
-
-// acc += d·da·Σq·a + m·da·Σa per row lane (asum = Σa).
-struct Q4_1x8 {
-    using GroupBlock = block_q4_1x8;
-    static constexpr int kActSumScale = 1;
-    template <int NC>
-    static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *asum, __m256 *acc) {
-        const __m256 d8 = load_d8(g.d), m8 = load_d8(g.m);
-        __m256i v[8];
-        load_nibbles(g.qs, v);
-        for (int c = 0; c < NC; ++c) {
-            const float da = f16(a[c]->d);
-            const __m256i isum = dot_group_u4(v, *a[c]);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(da)), acc[c]);
-            acc[c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(da * float(asum[c])), acc[c]);
-        }
-    }
+struct Q4_1Values {
+    static __m256i q(const block_q4_1 &x) { return unpack_nibbles(x.qs); }
 };
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q4_1,
-                                            .act_type = GGMLType::Q8_0,
-                                            .dequantize_row = dequantize_row_q4_1,
-                                            .quantize_act_row = quantize_row_q8_0,
-                                            .gemm = gemm_q8_0_act<Q4_1>,
-                                            .repack_rows = kRepackRows,
-                                            .repack_layout = 1,
-                                            .repacked_group_bytes = group_bytes_q4_1,
-                                            .repack = repack_q4_1,
-                                            .gemm_repacked = gemm_repacked_r8<Q4_1x8>});
+KTD_REGISTER_KERNELS(Isa::AVX2, q32_entry(GGMLType::Q4_1, dequantize_row_min<block_q4_1, Q4_1Values>,
+                                          gemm_q8_0_act<MinDot<block_q4_1, Q4_1Values>>,
+                                          gemm_repacked_r8<MinDotX8<block_q4_1x8, false>>));
 
 }  // namespace ktd::avx2

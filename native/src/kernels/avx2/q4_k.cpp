@@ -4,8 +4,8 @@
 // mins are applied once per block through Q8_K's bsums: Σ m_j · Σ_{sub-block j} a.
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
-#include "kernels/avx2/k_repack.h"
+#include "kernels/x86/k_quants.h"
+#include "kernels/x86/k_repack.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -21,7 +21,7 @@ void dequantize_row_q4_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q4_K *>(vx);
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = fp16_to_fp32_f16c(x[b].d), dmin = fp16_to_fp32_f16c(x[b].dmin);
+        const float d = f16(x[b].d), dmin = f16(x[b].dmin);
         uint8_t sc[8], m[8];
         unpack_scale_min_k4(x[b].scales, sc, m);
         for (int j = 0; j < 4; ++j) {
@@ -59,14 +59,14 @@ struct Q4K {
                     sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
                 }
             }
-            const float d = fp16_to_fp32_f16c(w[b].d), dmin = fp16_to_fp32_f16c(w[b].dmin);
+            const float d = f16(w[b].d), dmin = f16(w[b].dmin);
             for (int c = 0; c < NC; ++c) {
                 const __m128i pm = _mm_madd_epi16(mins, bsums_32(a[c][b]));
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
                 acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * a[c][b].d), _mm256_zextps128_ps256(_mm_cvtepi32_ps(pm)), acc[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
     }
 };
 

@@ -2,7 +2,7 @@
 // As Q4_K with the fifth bit of sub-block s taken from bit s of the 32 qh bytes.
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -25,7 +25,7 @@ inline void unpack_q5(const block_q5_K &x, __m256i hbits, int j, __m256i &lo, __
 void dequantize_row_q5_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q5_K *>(vx);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = fp16_to_fp32_f16c(x[b].d), dmin = fp16_to_fp32_f16c(x[b].dmin);
+        const float d = f16(x[b].d), dmin = f16(x[b].dmin);
         uint8_t sc[8], m[8];
         unpack_scale_min_k4(x[b].scales, sc, m);
         const __m256i hbits = load256(x[b].qh);
@@ -63,14 +63,14 @@ struct Q5K {
                     sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
                 }
             }
-            const float d = fp16_to_fp32_f16c(w[b].d), dmin = fp16_to_fp32_f16c(w[b].dmin);
+            const float d = f16(w[b].d), dmin = f16(w[b].dmin);
             for (int c = 0; c < NC; ++c) {
                 const __m128i pm = _mm_madd_epi16(mins, bsums_32(a[c][b]));
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
                 acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * a[c][b].d), _mm256_zextps128_ps256(_mm_cvtepi32_ps(pm)), acc[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
     }
 };
 

@@ -5,8 +5,8 @@
 // Σ sc·(q−32)·a = Σ sc·q·a − 32 · Σ_g sc_g · bsum_g.
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
-#include "kernels/avx2/k_repack.h"
+#include "kernels/x86/k_quants.h"
+#include "kernels/x86/k_repack.h"
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/repacked_k.h"
@@ -29,7 +29,7 @@ void dequantize_row_q6_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q6_K *>(vx);
     const __m256i m32 = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = fp16_to_fp32_f16c(x[b].d);
+        const float d = f16(x[b].d);
         for (int t = 0; t < 2; ++t) {
             __m256i q[4];
             unpack_q6(x[b], t, q);
@@ -83,11 +83,11 @@ struct Q6K {
                     sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
                 }
             }
-            const float d = fp16_to_fp32_f16c(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c)
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
     }
 };
 

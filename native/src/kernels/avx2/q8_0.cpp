@@ -1,5 +1,6 @@
-// Q8_0 weights, AVX2+FMA; also the AVX2 Q8_0 activation quantizer shared by the 32-element types.
-#include "kernels/avx2/avx2.h"
+// Q8_0 weights, AVX2+FMA (the dot products: kernels/avx2/q32_kernels.h, signed family); also the AVX2
+// Q8_0 activation quantizer shared by the 32-element types.
+#include "kernels/avx2/q32_kernels.h"
 #include "kernels/kernels.h"
 
 namespace ktd::avx2 {
@@ -54,76 +55,19 @@ void dequantize_row_q8_0(const void *vx, float *y, int64_t k) {
     }
 }
 
-struct Q8_0 {
-    using Block = block_q8_0;
-    template <int NC>
-    static inline void dot_block(const Block &w, const block_q8_0 *const *a, __m256 *acc) {
-        const __m256i qw = loadu_q8(w);
-        const __m256i aw = _mm256_sign_epi8(qw, qw);
-        const float dw = f16(w.d);
-        for (int c = 0; c < NC; ++c) {
-            const __m256i s = _mm256_sign_epi8(loadu_q8(*a[c]), qw);
-            const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(aw, s));
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(a[c]->d)), p, acc[c]);
-        }
-    }
+struct Q8_0Values {
+    static __m256i q(const block_q8_0 &x) { return loadu_q8(x); }
 };
-
-// Repacked layout (version 1): block b of 8 rows; qs[32j + 4r + t] = row r element 4j + t.
-struct block_q8_0x8 {
-    uint16_t d[kRepackRows];
-    int8_t qs[kRepackRows * QK8_0];
-};
-static_assert(sizeof(block_q8_0x8) == kRepackRows * sizeof(block_q8_0));
-
-size_t group_bytes_q8_0(int64_t k) { return size_t(k / QK8_0) * sizeof(block_q8_0x8); }
-
-void repack_q8_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
-    const int64_t nb = k / QK8_0;
-    auto *o = static_cast<block_q8_0x8 *>(out);
-    for (int64_t g = g0; g < g1; ++g)
-        for (int64_t b = 0; b < nb; ++b) {
-            block_q8_0x8 &dst = o[g * nb + b];
-            std::memset(&dst, 0, sizeof dst);  // rows past the end stay zero (d = 0)
-            for (int r = 0; r < kRepackRows && g * kRepackRows + r < rows; ++r) {
-                const auto *src = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(w) +
-                                                                       size_t(g * kRepackRows + r) * w_stride) + b;
-                dst.d[r] = src->d;
-                for (int j = 0; j < QK8_0 / 4; ++j) std::memcpy(dst.qs + 32 * j + 4 * r, src->qs + 4 * j, 4);
-            }
-        }
-}
-
-struct Q8_0x8 {
-    using GroupBlock = block_q8_0x8;
-    static constexpr int kActSumScale = 0;
-    template <int NC>
-    static inline void dot_group(const GroupBlock &g, const block_q8_0 *const *a, const int32_t *, __m256 *acc) {
-        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.d)));
-        __m256i w[8];
+struct Q8_0x8Load {
+    static void load(const block_q8_0x8 &g, __m256i v[8]) {
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qs + 32 * j));
-#pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) {
-            __m256i isum = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; ++j)
-                isum = _mm256_add_epi32(isum, dot_s8s8(w[j], act_quad(*a[c], j)));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(f16(a[c]->d))), acc[c]);
-        }
+        for (int j = 0; j < 8; ++j) v[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qs + 32 * j));
     }
 };
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q8_0,
-                                            .act_type = GGMLType::Q8_0,
-                                            .dequantize_row = dequantize_row_q8_0,
-                                            .quantize_act_row = quantize_row_q8_0,
-                                            .gemm = gemm_q8_0_act<Q8_0>,
-                                            .repack_rows = kRepackRows,
-                                            .repack_layout = 1,
-                                            .repacked_group_bytes = group_bytes_q8_0,
-                                            .repack = repack_q8_0,
-                                            .gemm_repacked = gemm_repacked_r8<Q8_0x8>});
+KTD_REGISTER_KERNELS(Isa::AVX2, q32_entry(GGMLType::Q8_0, dequantize_row_q8_0,
+                                          gemm_q8_0_act<SignedDot<block_q8_0, Q8_0Values>>,
+                                          gemm_repacked_r8<SignedDotX8<block_q8_0x8, Q8_0x8Load>>));
 
 }  // namespace ktd::avx2

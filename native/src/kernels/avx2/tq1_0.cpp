@@ -10,7 +10,7 @@
 
 #include <cstring>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 
@@ -60,7 +60,7 @@ void dequantize_row_tq1_0(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_tq1_0 *>(vx);
     const __m256i one = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = fp16_to_fp32_f16c(x[b].d);
+        const float d = f16(x[b].d);
         __m256i q[8];
         unpack_tq1(x[b], q);
         for (int i = 0; i < 8; ++i) dequant_x32<true, false>(_mm256_sub_epi8(q[i], one), d, 0.0f, y + b * QK_K + 32 * i);
@@ -76,7 +76,7 @@ struct TQ1 {
         for (int64_t b = 0; b < nb; ++b) {
             __m256i q[8];
             unpack_tq1(w[b], q);
-            const float d = fp16_to_fp32_f16c(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c) {
                 // Eight int16 partial sums of at most 2 · 2 · 127 each: no overflow.
                 __m256i s = _mm256_sub_epi16(_mm256_setzero_si256(), load256(a[c][b].bsums));
@@ -84,7 +84,7 @@ struct TQ1 {
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones16)), acc[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
     }
 };
 

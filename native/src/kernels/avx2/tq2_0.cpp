@@ -4,7 +4,7 @@
 // and widened once per block.
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 
@@ -15,7 +15,7 @@ void dequantize_row_tq2_0(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_tq2_0 *>(vx);
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = fp16_to_fp32_f16c(x[b].d);
+        const float d = f16(x[b].d);
         for (int t = 0; t < 2; ++t) {
             const __m256i bits = load256(x[b].qs + 32 * t);
             for (int s = 0; s < 4; ++s) {
@@ -48,14 +48,14 @@ struct TQ2 {
                     sum16[c] = _mm256_add_epi16(sum16[c], _mm256_add_epi16(p01, p23));
                 }
             }
-            const float d = fp16_to_fp32_f16c(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c) {
                 // Σ q·a − Σ a: subtract the bsums (16 int16, summing to Σ a) before widening.
                 const __m256i s = _mm256_madd_epi16(_mm256_sub_epi16(sum16[c], load256(a[c][b].bsums)), ones16);
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(s), acc[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = hsum_ps(acc[c]);
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
     }
 };
 

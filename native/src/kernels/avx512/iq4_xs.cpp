@@ -8,7 +8,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"        // (GCC bug 105593, fixed in GCC 13)
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -37,7 +37,7 @@ inline __m512i halves16(int lo, int hi) {
 void dequantize_row_iq4_xs(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_iq4_xs *>(vx);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = _cvtsh_ss(x[b].d);
+        const float d = f16(x[b].d);
         __m512i v[4];
         unpack_iq4(x[b], v);
         for (int p = 0; p < 4; ++p) {
@@ -67,7 +67,7 @@ struct IQ4XS {
                 neg[p] = _mm512_movepi8_mask(v[p]);
                 v[p] = _mm512_abs_epi8(v[p]);
             }
-            const float d = _cvtsh_ss(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c) {
                 __m512i sumi = _mm512_setzero_si512();
                 for (int p = 0; p < 4; ++p) {

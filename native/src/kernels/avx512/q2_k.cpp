@@ -7,7 +7,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"        // (GCC bug 105593, fixed in GCC 13)
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 
@@ -36,7 +36,7 @@ inline __m512i quarter_index(int v) {
 void dequantize_row_q2_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q2_K *>(vx);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = _cvtsh_ss(x[b].d), dmin = _cvtsh_ss(x[b].dmin);
+        const float d = f16(x[b].d), dmin = f16(x[b].dmin);
         __m512i v[4];
         unpack_q2(x[b], v);
         for (int p = 0; p < 4; ++p) {
@@ -67,7 +67,7 @@ struct Q2K {
             __m512i sv[4], v[4];
             for (int p = 0; p < 4; ++p) sv[p] = _mm512_permutexvar_epi16(quarter_index(p), sc512);
             unpack_q2(w[b], v);
-            const float d = _cvtsh_ss(w[b].d), dmin = _cvtsh_ss(w[b].dmin);
+            const float d = f16(w[b].d), dmin = f16(w[b].dmin);
             for (int c = 0; c < NC; ++c) {
                 __m512i sumi = _mm512_setzero_si512();
                 for (int p = 0; p < 4; ++p)
@@ -77,7 +77,7 @@ struct Q2K {
                 accm[c] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[c][b].d), _mm256_cvtepi32_ps(pm), accm[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]) - hsum_ps(accm[c]);
+        for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]) - hsum(accm[c]);
     }
 };
 

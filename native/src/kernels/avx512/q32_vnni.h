@@ -20,18 +20,18 @@
 #include <cstring>
 
 #include "kernels/blocks.h"
+#include "kernels/repacked_q32.h"
+#include "kernels/x86/common.h"
 
 namespace ktd::avx512 {
 
-constexpr int kRepackRows16 = 16;
+constexpr int kRepackRows16 = kRepackRowsQ32x16;
 // Columns per pass over a group's blocks: up to 8 accumulators + 8 weight registers + temporaries
 // fit the 32 zmm registers.
 constexpr int kColTile16 = 8;
 // Distance of the software prefetch ahead of the weight stream, bytes (tuned on a Xeon where one
 // core is latency-bound near 9 GB/s: 1 KiB < 2 KiB < 4 KiB ≈ 8 KiB on the 0.5B decode shapes).
 constexpr int kPrefetchBytes = 4096;
-
-inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 // Broadcast of activation bytes 4j..4j+3 of a block.
 inline __m512i act_quad16(const block_q8_0 &a, int j) {
@@ -40,13 +40,10 @@ inline __m512i act_quad16(const block_q8_0 &a, int j) {
     return _mm512_set1_epi32(v);
 }
 
-inline int32_t act_sum16(const block_q8_0 &a) {
+// act_sum with one vpdpbusd (the AVX2 sequence measured ~10% slower per decode call at k = 2048).
+inline int32_t act_sum_vnni(const block_q8_0 &a) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a.qs));
-    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
-    return _mm_cvtsi128_si32(t);
+    return hsum(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q));
 }
 
 // Traits of a 16-row layout:
@@ -89,69 +86,33 @@ inline void gemm_group16(int64_t nb, const typename Traits::GroupBlock *g, const
     for (int c = 0; c < NC; ++c) _mm512_mask_storeu_ps(y + size_t(c) * ldy, m, acc[c]);
 }
 
-// Per-thread buffer of activation block sums; grows only (no allocation once warm).
-struct ActSums16 {
-    int32_t *p = nullptr;
-    size_t cap = 0;
-    ActSums16() = default;
-    ActSums16(const ActSums16 &) = delete;
-    ActSums16 &operator=(const ActSums16 &) = delete;
-    ~ActSums16() { delete[] p; }
-    int32_t *get(size_t n) {
-        if (n > cap) {
-            delete[] p;
-            p = new int32_t[n];
-            cap = n;
-        }
-        return p;
-    }
-};
-
-// TypeKernels::gemm_repacked for a 16-row layout.
+// TypeKernels::gemm_repacked for a 16-row layout. Columns in tiles of kColTile16: for n ≤ 8
+// (decode, batched streams) one pass, so every weight byte is read once; larger n re-reads the
+// group (k·16 rows: L1/L2 resident).
 template <typename Traits>
 void gemm_repacked_r16(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
                        size_t ldy, int nr, int nc) {
-    using GroupBlock = typename Traits::GroupBlock;
     const int64_t nb = k / QK8_0;
-    const char *wb = static_cast<const char *>(wp);
-    const char *xb = static_cast<const char *>(xq);
     // kActOffset·Σa per (column, block), once per call.
-    thread_local ActSums16 sums;
+    thread_local GrowBuffer<int32_t> sums;
     int32_t *asum_off = sums.get(size_t(nc) * size_t(nb));
     for (int c = 0; c < nc; ++c) {
-        const auto *a = reinterpret_cast<const block_q8_0 *>(xb + size_t(c) * x_stride);
-        for (int64_t b = 0; b < nb; ++b) asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum16(a[b]);
+        const auto *a = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + size_t(c) * x_stride);
+        for (int64_t b = 0; b < nb; ++b)
+            asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum_vnni(a[b]);
     }
+    const auto tile = [&]<int NC>(int gi, int c0, const block_q8_0 *const *a) {
+        const auto *g = reinterpret_cast<const typename Traits::GroupBlock *>(static_cast<const char *>(wp) +
+                                                                              size_t(gi) * group_stride);
+        const int32_t *off[NC];
+        for (int c = 0; c < NC; ++c) off[c] = asum_off + size_t(c0 + c) * size_t(nb);
+        gemm_group16<Traits, NC>(nb, g, a, off, y + size_t(c0) * ldy + size_t(gi) * kRepackRows16, ldy,
+                                 std::min(kRepackRows16, nr - gi * kRepackRows16));
+    };
     const int n_groups = (nr + kRepackRows16 - 1) / kRepackRows16;
-    for (int gi = 0; gi < n_groups; ++gi) {
-        const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
-        const int valid = std::min(kRepackRows16, nr - gi * kRepackRows16);
-        // Columns in tiles of kColTile16: for n ≤ 8 (decode, batched streams) one pass, so every
-        // weight byte is read once; larger n re-reads the group (k·16 rows: L1/L2 resident).
-        for (int c0 = 0; c0 < nc; c0 += kColTile16) {
-            const int ncc = std::min(kColTile16, nc - c0);
-            const block_q8_0 *a[kColTile16];
-            const int32_t *off[kColTile16];
-            for (int c = 0; c < ncc; ++c) {
-                a[c] = reinterpret_cast<const block_q8_0 *>(xb + size_t(c0 + c) * x_stride);
-                off[c] = asum_off + size_t(c0 + c) * size_t(nb);
-            }
-            float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRows16;
-            switch (ncc) {
-                case 1: gemm_group16<Traits, 1>(nb, g, a, off, yg, ldy, valid); break;
-                case 2: gemm_group16<Traits, 2>(nb, g, a, off, yg, ldy, valid); break;
-                case 3: gemm_group16<Traits, 3>(nb, g, a, off, yg, ldy, valid); break;
-                case 4: gemm_group16<Traits, 4>(nb, g, a, off, yg, ldy, valid); break;
-                case 5: gemm_group16<Traits, 5>(nb, g, a, off, yg, ldy, valid); break;
-                case 6: gemm_group16<Traits, 6>(nb, g, a, off, yg, ldy, valid); break;
-                case 7: gemm_group16<Traits, 7>(nb, g, a, off, yg, ldy, valid); break;
-                default: gemm_group16<Traits, 8>(nb, g, a, off, yg, ldy, valid); break;
-            }
-        }
-    }
+    for_each_tile<block_q8_0, kColTile16>(n_groups, 1, xq, x_stride, nc, tile);
 }
 
-// Visits block b of every row of group g (rows past `rows` are skipped: the caller zeroes them).
 // The plain-layout tile (weights not repacked): one weight row at a time; each block's 32 q are
 // unpacked once as signed bytes (signed_q(block)) and multiplied into up to 4 activation columns,
 // signed × signed through vpdpbusd with the sign trick (|w| unsigned, a with w's sign). Each
@@ -172,41 +133,17 @@ inline void gemm_plain_cols(int64_t nb, const Block *wr, const block_q8_0 *const
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * f16(a[c][b].d)), acc[c]);
         }
     }
-    for (int c = 0; c < CN; ++c) y[size_t(c) * ldy] = _mm512_reduce_add_ps(_mm512_castps256_ps512(acc[c]));
+    for (int c = 0; c < CN; ++c) y[size_t(c) * ldy] = hsum(acc[c]);
 }
 
 template <typename Block, typename SignedQ>
 inline void gemm_plain(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
                        size_t ldy, int nr, int nc, const SignedQ &signed_q) {
-    const int64_t nb = k / 32;
-    for (int r = 0; r < nr; ++r) {
+    const auto tile = [&]<int NC>(int r, int c0, const block_q8_0 *const *a) {
         const auto *wr = reinterpret_cast<const Block *>(static_cast<const char *>(w) + size_t(r) * w_stride);
-        for (int c0 = 0; c0 < nc; c0 += 4) {
-            const block_q8_0 *a[4];
-            const int cn = std::min(4, nc - c0);
-            for (int c = 0; c < cn; ++c)
-                a[c] = reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + size_t(c0 + c) * x_stride);
-            float *yc = y + size_t(c0) * ldy + size_t(r);
-            switch (cn) {
-                case 1: gemm_plain_cols<1>(nb, wr, a, yc, ldy, signed_q); break;
-                case 2: gemm_plain_cols<2>(nb, wr, a, yc, ldy, signed_q); break;
-                case 3: gemm_plain_cols<3>(nb, wr, a, yc, ldy, signed_q); break;
-                default: gemm_plain_cols<4>(nb, wr, a, yc, ldy, signed_q); break;
-            }
-        }
-    }
-}
-
-template <typename Block, typename Fn>
-inline void for_group_rows16(const void *w, size_t w_stride, int64_t rows, int64_t g, int64_t b, const Fn &fn) {
-    for (int r = 0; r < kRepackRows16 && g * kRepackRows16 + r < rows; ++r)
-        fn(r, reinterpret_cast<const Block *>(static_cast<const char *>(w) + size_t(g * kRepackRows16 + r) * w_stride)[b]);
+        gemm_plain_cols<NC>(k / 32, wr, a, y + size_t(c0) * ldy + size_t(r), ldy, signed_q);
+    };
+    for_each_tile<block_q8_0, 4>(nr, 1, xq, x_stride, nc, tile);
 }
 
 }  // namespace ktd::avx512
-
-namespace ktd::avx2 {
-// The AVX2 Q8_0 activation quantizer (kernels/avx2/q8_0.cpp; AVX2 is always compiled and every
-// CPU that runs AVX-512 kernels runs it), bitwise identical to the reference.
-void quantize_row_q8_0(const float *x, void *y, int64_t k);
-}  // namespace ktd::avx2

@@ -7,7 +7,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"        // (GCC bug 105593, fixed in GCC 13)
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -44,7 +44,7 @@ void dequantize_row_q3_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q3_K *>(vx);
     const __m512i m4 = _mm512_set1_epi8(4);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = _cvtsh_ss(x[b].d);
+        const float d = f16(x[b].d);
         int8_t sc[16];
         unpack_scales_q3_K(x[b].scales, sc);
         __m512i v[4];
@@ -72,7 +72,7 @@ struct Q3K {
             __m512i sv[4], v[4];
             for (int p = 0; p < 4; ++p) sv[p] = _mm512_permutexvar_epi16(quarter_index(p), sc512);
             unpack_q3(w[b], v);
-            const float d = _cvtsh_ss(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c) {
                 // Start from −4 · Σ_g sc_g · bsum_g.
                 const __m256i corr = _mm256_slli_epi32(

@@ -10,8 +10,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
-#include "kernels/avx2/k_repack.h"
+#include "kernels/x86/k_quants.h"
+#include "kernels/avx512/q4_k_x1.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -39,7 +39,7 @@ inline __m512i half_index(int i) {
 void dequantize_row_q4_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q4_K *>(vx);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = _cvtsh_ss(x[b].d), dmin = _cvtsh_ss(x[b].dmin);
+        const float d = f16(x[b].d), dmin = f16(x[b].dmin);
         uint8_t sc[8], m[8];
         unpack_scale_min_k4(x[b].scales, sc, m);
         __m512i v[4];
@@ -71,7 +71,7 @@ struct Q4K {
             __m512i sv[4], v[4];
             for (int p = 0; p < 4; ++p) sv[p] = _mm512_permutexvar_epi16(half_index(2 * p), sm512);
             unpack_q4(w[b], v);
-            const float d = _cvtsh_ss(w[b].d), dmin = _cvtsh_ss(w[b].dmin);
+            const float d = f16(w[b].d), dmin = f16(w[b].dmin);
             for (int c = 0; c < NC; ++c) {
                 __m512i sumi = _mm512_setzero_si512();
                 for (int p = 0; p < 4; ++p)
@@ -81,7 +81,7 @@ struct Q4K {
                 accm[c] = _mm_fmadd_ps(_mm_set1_ps(dmin * a[c][b].d), _mm_cvtepi32_ps(pm), accm[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]) - hsum_ps(accm[c]);
+        for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]) - hsum(accm[c]);
     }
 };
 
@@ -96,6 +96,6 @@ KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q4_K,
                                               .repack_layout = kRepackLayoutQ4_K,
                                               .repacked_group_bytes = ref::group_bytes_q4_K_x8,
                                               .repack = ref::repack_q4_K_x8,
-                                              .gemm_repacked = gemm_repacked_k8<Q4_Kx8>});
+                                              .gemm_repacked = gemm_repacked_q4_K});
 
 }  // namespace ktd::avx512

@@ -6,7 +6,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"        // (GCC bug 105593, fixed in GCC 13)
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -38,7 +38,7 @@ inline void unpack_q5(const block_q5_K &x, __m512i v[4]) {
 void dequantize_row_q5_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q5_K *>(vx);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = _cvtsh_ss(x[b].d), dmin = _cvtsh_ss(x[b].dmin);
+        const float d = f16(x[b].d), dmin = f16(x[b].dmin);
         uint8_t sc[8], m[8];
         unpack_scale_min_k4(x[b].scales, sc, m);
         __m512i v[4];
@@ -71,7 +71,7 @@ struct Q5K {
             __m512i sv[4], v[4];
             for (int p = 0; p < 4; ++p) sv[p] = _mm512_permutexvar_epi16(halves16(2 * p, 2 * p + 1), sm512);
             unpack_q5(w[b], v);
-            const float d = _cvtsh_ss(w[b].d), dmin = _cvtsh_ss(w[b].dmin);
+            const float d = f16(w[b].d), dmin = f16(w[b].dmin);
             for (int c = 0; c < NC; ++c) {
                 __m512i sumi = _mm512_setzero_si512();
                 for (int p = 0; p < 4; ++p)
@@ -81,7 +81,7 @@ struct Q5K {
                 accm[c] = _mm_fmadd_ps(_mm_set1_ps(dmin * a[c][b].d), _mm_cvtepi32_ps(pm), accm[c]);
             }
         }
-        for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]) - hsum_ps(accm[c]);
+        for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]) - hsum(accm[c]);
     }
 };
 

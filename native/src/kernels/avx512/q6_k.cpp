@@ -9,8 +9,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
-#include "kernels/avx2/k_repack.h"
+#include "kernels/x86/k_quants.h"
+#include "kernels/x86/k_repack.h"
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/repacked_k.h"
@@ -43,7 +43,7 @@ void dequantize_row_q6_K(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const block_q6_K *>(vx);
     const __m512i m32 = _mm512_set1_epi8(32);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const float d = _cvtsh_ss(x[b].d);
+        const float d = f16(x[b].d);
         __m512i v[4];
         unpack_q6(x[b], v);
         for (int i = 0; i < 4; ++i) {
@@ -70,7 +70,7 @@ struct Q6K {
             __m512i sv[4], v[4];
             for (int p = 0; p < 4; ++p) sv[p] = _mm512_permutexvar_epi16(quarter_index(p), sc512);
             unpack_q6(w[b], v);
-            const float d = _cvtsh_ss(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c) {
                 // Start from −32 · Σ_g sc_g · bsum_g.
                 const __m256i corr = _mm256_slli_epi32(

@@ -1,5 +1,5 @@
 // Q8_0 weights, AVX-512 BW/VL + VNNI; activations Q8_0. Definition in kernels/ref/q8_0.cpp; the
-// 16-row repacked layout and its GEMM in kernels/avx512/q32_vnni.h.
+// 16-row layout in kernels/repacked_q32.h, its GEMM in kernels/avx512/q32_vnni.h.
 // GCC 12's AVX-512 headers raise false -W(maybe-)uninitialized warnings from their own
 // _mm512_undefined_* placeholders (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -11,6 +11,7 @@
 #include "kernels/avx512/q32_vnni.h"
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
+#include "kernels/repacked_q32.h"
 
 namespace ktd::avx512 {
 
@@ -34,34 +35,6 @@ void gemm_q8_0(int64_t k, const void *w, size_t w_stride, const void *xq, size_t
     });
 }
 
-// Repacked layout (version 2, the AVX-512 one): block b of 16 rows; qs[64j + 4r + t] = row r element
-// 4j + t as unsigned u = q + 128 (q XOR 0x80), so vpdpbusd takes the weights as its unsigned
-// operand and the activations as they are.
-struct block_q8_0x16 {
-    uint16_t d[kRepackRows16];
-    uint8_t qs[kRepackRows16 * QK8_0];
-};
-static_assert(sizeof(block_q8_0x16) == kRepackRows16 * sizeof(block_q8_0));
-// Distinct from the AVX2 8-row layout (version 1) so anything keyed on (type, layout) never mixes them.
-constexpr uint32_t kLayoutQ8_0x16 = 2;
-
-size_t group_bytes_q8_0(int64_t k) { return size_t(k / QK8_0) * sizeof(block_q8_0x16); }
-
-void repack_q8_0(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
-    const int64_t nb = k / QK8_0;
-    auto *o = static_cast<block_q8_0x16 *>(out);
-    for (int64_t g = g0; g < g1; ++g)
-        for (int64_t b = 0; b < nb; ++b) {
-            block_q8_0x16 &dst = o[g * nb + b];
-            std::memset(&dst, 0, sizeof dst);  // rows past the end: d = 0
-            for_group_rows16<block_q8_0>(w, w_stride, rows, g, b, [&](int r, const block_q8_0 &src) {
-                dst.d[r] = src.d;
-                for (int j = 0; j < QK8_0 / 4; ++j)
-                    for (int t = 0; t < 4; ++t) dst.qs[64 * j + 4 * r + t] = uint8_t(src.qs[4 * j + t]) ^ 0x80u;
-            });
-        }
-}
-
 struct Q8_0x16 {
     using GroupBlock = block_q8_0x16;
     static constexpr int kActOffset = 128;
@@ -81,9 +54,9 @@ KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q8_0,
                                               .quantize_act_row = avx2::quantize_row_q8_0,
                                               .gemm = gemm_q8_0,
                                               .repack_rows = kRepackRows16,
-                                              .repack_layout = kLayoutQ8_0x16,
-                                              .repacked_group_bytes = group_bytes_q8_0,
-                                              .repack = repack_q8_0,
+                                              .repack_layout = kRepackLayoutQ32x16,
+                                              .repacked_group_bytes = ref::group_bytes_q8_0_x16,
+                                              .repack = ref::repack_q8_0_x16,
                                               .gemm_repacked = gemm_repacked_r16<Q8_0x16>});
 
 }  // namespace ktd::avx512

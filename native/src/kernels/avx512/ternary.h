@@ -5,7 +5,7 @@
 #pragma once
 #include <immintrin.h>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 
 namespace ktd::avx512 {
@@ -18,7 +18,7 @@ void dequantize_row_ternary(const void *vx, float *y, int64_t k) {
     const auto *x = static_cast<const Block *>(vx);
     const __m512i one = _mm512_set1_epi8(1);
     for (int64_t b = 0; b < k / QK_K; ++b) {
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(x[b].d));
+        const __m512 d = _mm512_set1_ps(f16(x[b].d));
         __m512i v[4];
         Unpack::unpack(x[b], v);
         for (int i = 0; i < 4; ++i) {
@@ -41,7 +41,7 @@ struct TernaryDot {
         for (int64_t b = 0; b < nb; ++b) {
             __m512i v[4];
             Unpack::unpack(w[b], v);
-            const float d = _cvtsh_ss(w[b].d);
+            const float d = f16(w[b].d);
             for (int c = 0; c < NC; ++c) {
                 __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_cvtepi16_epi32(load256(a[c][b].bsums)));
                 for (int p = 0; p < 4; ++p) sumi = _mm512_dpbusd_epi32(sumi, v[p], _mm512_loadu_si512(a[c][b].qs + 64 * p));

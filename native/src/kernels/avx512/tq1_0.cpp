@@ -11,7 +11,7 @@
 
 #include <cstring>
 
-#include "kernels/avx2/k_common.h"
+#include "kernels/x86/k_quants.h"
 #include "kernels/blocks.h"
 #include "kernels/avx512/ternary.h"
 #include "kernels/kernels.h"

@@ -3,6 +3,7 @@
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
+#include "kernels/repacked_q32.h"
 
 namespace ktd::ref {
 
@@ -31,8 +32,7 @@ float vec_dot_iq4_nl_q8_0(int64_t k, const block_iq4_nl *w, const block_q8_0 *a)
 }
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{GGMLType::IQ4_NL, GGMLType::Q8_0, dequantize_row_iq4_nl,
-                                           quantize_row_q8_0,
-                                           gemm_rows<block_iq4_nl, block_q8_0, vec_dot_iq4_nl_q8_0>});
+KTD_REGISTER_KERNELS(Isa::Ref, q32_type_kernels(GGMLType::IQ4_NL, dequantize_row_iq4_nl,
+                                                gemm_rows<block_iq4_nl, block_q8_0, vec_dot_iq4_nl_q8_0>));
 
 }  // namespace ktd::ref

@@ -7,7 +7,6 @@
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
-#include "kernels/ref/tile.h"
 
 namespace ktd::ref {
 namespace {
@@ -45,6 +44,6 @@ float vec_dot_iq4_xs_q8_K(int64_t k, const block_iq4_xs *w, const block_q8_K *a)
 }  // namespace
 
 KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{GGMLType::IQ4_XS, GGMLType::Q8_K, dequantize_row_iq4_xs, quantize_row_q8_K,
-                                           gemm_tile<block_iq4_xs, block_q8_K, vec_dot_iq4_xs_q8_K>});
+                                           gemm_rows<block_iq4_xs, block_q8_K, vec_dot_iq4_xs_q8_K>});
 
 }  // namespace ktd::ref

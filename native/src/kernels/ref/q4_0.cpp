@@ -3,6 +3,7 @@
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
+#include "kernels/repacked_q32.h"
 
 namespace ktd::ref {
 
@@ -30,8 +31,7 @@ float vec_dot_q4_0_q8_0(int64_t k, const block_q4_0 *w, const block_q8_0 *a) {
 }
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{GGMLType::Q4_0, GGMLType::Q8_0, dequantize_row_q4_0,
-                                           quantize_row_q8_0,
-                                           gemm_rows<block_q4_0, block_q8_0, vec_dot_q4_0_q8_0>});
+KTD_REGISTER_KERNELS(Isa::Ref, q32_type_kernels(GGMLType::Q4_0, dequantize_row_q4_0,
+                                                gemm_rows<block_q4_0, block_q8_0, vec_dot_q4_0_q8_0>));
 
 }  // namespace ktd::ref

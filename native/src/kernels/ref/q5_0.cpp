@@ -5,6 +5,7 @@
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
+#include "kernels/repacked_q32.h"
 
 namespace ktd::ref {
 
@@ -38,8 +39,7 @@ float vec_dot_q5_0_q8_0(int64_t k, const block_q5_0 *w, const block_q8_0 *a) {
 }
 }  // namespace
 
-KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{GGMLType::Q5_0, GGMLType::Q8_0, dequantize_row_q5_0,
-                                           quantize_row_q8_0,
-                                           gemm_rows<block_q5_0, block_q8_0, vec_dot_q5_0_q8_0>});
+KTD_REGISTER_KERNELS(Isa::Ref, q32_type_kernels(GGMLType::Q5_0, dequantize_row_q5_0,
+                                                gemm_rows<block_q5_0, block_q8_0, vec_dot_q5_0_q8_0>));
 
 }  // namespace ktd::ref

@@ -6,7 +6,6 @@
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
-#include "kernels/ref/tile.h"
 
 namespace ktd::ref {
 namespace {
@@ -51,6 +50,6 @@ float vec_dot_q5_K_q8_K(int64_t k, const block_q5_K *w, const block_q8_K *a) {
 }  // namespace
 
 KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{GGMLType::Q5_K, GGMLType::Q8_K, dequantize_row_q5_K, quantize_row_q8_K,
-                                           gemm_tile<block_q5_K, block_q8_K, vec_dot_q5_K_q8_K>});
+                                           gemm_rows<block_q5_K, block_q8_K, vec_dot_q5_K_q8_K>});
 
 }  // namespace ktd::ref

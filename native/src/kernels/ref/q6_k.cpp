@@ -8,7 +8,6 @@
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
-#include "kernels/ref/tile.h"
 #include "kernels/repacked_k.h"
 
 namespace ktd::ref {
@@ -72,18 +71,6 @@ float vec_dot_q6_Kx8_q8_K(int64_t k, const block_q6_Kx8 *w, int r, const block_q
         sum += a[b].d * fp16_to_fp32(w[b].d[r]) * float(sumq);
     }
     return sum;
-}
-
-void gemm_repacked_q6_K(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
-                        size_t ldy, int nr, int nc) {
-    for (int c = 0; c < nc; ++c) {
-        const auto *a = reinterpret_cast<const block_q8_K *>(static_cast<const char *>(xq) + size_t(c) * x_stride);
-        for (int r = 0; r < nr; ++r) {
-            const auto *g = reinterpret_cast<const block_q6_Kx8 *>(static_cast<const char *>(wp) +
-                                                                   size_t(r / kRepackRowsK) * group_stride);
-            y[size_t(c) * ldy + size_t(r)] = vec_dot_q6_Kx8_q8_K(k, g, r % kRepackRowsK, a);
-        }
-    }
 }
 
 inline uint32_t load_u32(const uint8_t *p) {
@@ -150,11 +137,11 @@ KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{.type = GGMLType::Q6_K,
                                            .act_type = GGMLType::Q8_K,
                                            .dequantize_row = dequantize_row_q6_K,
                                            .quantize_act_row = quantize_row_q8_K,
-                                           .gemm = gemm_tile<block_q6_K, block_q8_K, vec_dot_q6_K_q8_K>,
+                                           .gemm = gemm_rows<block_q6_K, block_q8_K, vec_dot_q6_K_q8_K>,
                                            .repack_rows = kRepackRowsK,
                                            .repack_layout = kRepackLayoutQ6_K,
                                            .repacked_group_bytes = group_bytes_q6_K_x8,
                                            .repack = repack_q6_K_x8,
-                                           .gemm_repacked = gemm_repacked_q6_K});
+                                           .gemm_repacked = gemm_groups<block_q6_Kx8, block_q8_K, kRepackRowsK, vec_dot_q6_Kx8_q8_K>});
 
 }  // namespace ktd::ref

@@ -8,7 +8,6 @@
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
-#include "kernels/ref/tile.h"
 
 namespace ktd::ref {
 namespace {
@@ -45,6 +44,6 @@ float vec_dot_tq1_0_q8_K(int64_t k, const block_tq1_0 *w, const block_q8_K *a) {
 }  // namespace
 
 KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{GGMLType::TQ1_0, GGMLType::Q8_K, dequantize_row_tq1_0, quantize_row_q8_K,
-                                           gemm_tile<block_tq1_0, block_q8_K, vec_dot_tq1_0_q8_K>});
+                                           gemm_rows<block_tq1_0, block_q8_K, vec_dot_tq1_0_q8_K>});
 
 }  // namespace ktd::ref

@@ -5,7 +5,6 @@
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
-#include "kernels/ref/tile.h"
 
 namespace ktd::ref {
 namespace {
@@ -37,6 +36,6 @@ float vec_dot_tq2_0_q8_K(int64_t k, const block_tq2_0 *w, const block_q8_K *a) {
 }  // namespace
 
 KTD_REGISTER_KERNELS(Isa::Ref, TypeKernels{GGMLType::TQ2_0, GGMLType::Q8_K, dequantize_row_tq2_0, quantize_row_q8_K,
-                                           gemm_tile<block_tq2_0, block_q8_K, vec_dot_tq2_0_q8_K>});
+                                           gemm_rows<block_tq2_0, block_q8_K, vec_dot_tq2_0_q8_K>});
 
 }  // namespace ktd::ref

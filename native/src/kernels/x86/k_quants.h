@@ -1,42 +1,18 @@
-// Shared pieces of the AVX2 kernels of the 256-element block types (Q8_K activations); the
-// AVX-512 kernels use them too. Everything here is inline, so it lives in a namespace of the ISA
-// of the including file (ktd::avx2 or ktd::avx512): the same inline function compiled with
-// different ISA flags in two translation units must not be merged by the linker (an AVX-512
-// copy could otherwise be called on an AVX2-only CPU).
+// What the AVX2 and AVX-512 kernels of the 256-element block types (Q8_K activations) share:
+// the plain-layout tile, the scale unpacking, the dequantization of 32 values and the Q8_K
+// activation quantizer. Inline, in the including file's ISA namespace (kernels/x86/common.h).
 #pragma once
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
 #include "kernels/blocks.h"
-
-#if defined(KTD_ISA_AVX512)
-#define KTD_SIMD_NS avx512
-#elif defined(KTD_ISA_AVX2)
-#define KTD_SIMD_NS avx2
-#else
-#error "kernels/avx2/k_common.h is only for the AVX2 and AVX-512 kernel files"
-#endif
+#include "kernels/x86/common.h"
+#include "kernels/x86/quantize_q8_k.h"
 
 namespace ktd::KTD_SIMD_NS {
-
-inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-inline float hsum_ps(__m128 s) {
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-inline float fp16_to_fp32_f16c(uint16_t h) { return _cvtsh_ss(h); }
 
 // Columns processed together per weight row: the unpacked weights of one block stay in
 // registers while up to this many activation columns are dotted with them.
@@ -46,36 +22,21 @@ constexpr int kMaxCols = 4;
 // while the column groups pass over them.
 constexpr size_t kRowChunkBytes = 256 * 1024;
 
-// The tile loop of a row kernel: Kernel::dot<NC>(nb, w, a, out) computes out[c] = dot(w, a[c])
-// for NC ≤ kMaxCols activation columns. Rows are taken in chunks of ~kRowChunkBytes; for each
-// chunk every group of kMaxCols columns passes over all its rows, so the group's activations
-// stay in L1 and the chunk's weights in L2, and the weights are read from memory once (for
-// decode, nc ≤ kMaxCols, this is one pass over the rows).
+// The plain-layout tile of a row kernel: Kernel::dot<NC>(nb, w, a, out) computes out[c] = dot(w,
+// a[c]) for NC ≤ kMaxCols activation columns. Rows are taken in chunks of ~kRowChunkBytes (the
+// tile driver), so for decode (nc ≤ kMaxCols) the weights are read from memory once.
 template <typename BlockW, typename Kernel>
 void gemm_tile(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y,
                size_t ldy, int nr, int nc) {
     const int64_t nb = k / QK_K;
     const int chunk = w_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / w_stride);
-    for (int r0 = 0; r0 < nr; r0 += chunk) {
-        const int r1 = nr - r0 < chunk ? nr : r0 + chunk;
-        for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
-            const block_q8_K *a[kMaxCols];
-            const int ncols = nc - c0 < kMaxCols ? nc - c0 : kMaxCols;
-            for (int c = 0; c < ncols; ++c)
-                a[c] = reinterpret_cast<const block_q8_K *>(static_cast<const char *>(xq) + (c0 + c) * x_stride);
-            for (int r = r0; r < r1; ++r) {
-                const auto *wr = reinterpret_cast<const BlockW *>(static_cast<const char *>(w) + r * w_stride);
-                float out[kMaxCols];
-                switch (ncols) {
-                    case 1: Kernel::template dot<1>(nb, wr, a, out); break;
-                    case 2: Kernel::template dot<2>(nb, wr, a, out); break;
-                    case 3: Kernel::template dot<3>(nb, wr, a, out); break;
-                    default: Kernel::template dot<4>(nb, wr, a, out); break;
-                }
-                for (int c = 0; c < ncols; ++c) y[(c0 + c) * ldy + r] = out[c];
-            }
-        }
-    }
+    const auto tile = [&]<int NC>(int r, int c0, const block_q8_K *const *a) {
+        const auto *wr = reinterpret_cast<const BlockW *>(static_cast<const char *>(w) + r * w_stride);
+        float out[NC];
+        Kernel::template dot<NC>(nb, wr, a, out);
+        for (int c = 0; c < NC; ++c) y[(c0 + c) * ldy + r] = out[c];
+    };
+    for_each_tile<block_q8_K, kMaxCols>(nr, chunk, xq, x_stride, nc, tile);
 }
 
 // Q3_K packed 6-bit scales (kernels/k_scales.h) → 16 int8 scales (−32..31), in SIMD. Reads
@@ -137,7 +98,5 @@ inline void dequant_x32(__m256i q, float dl, float ml, float *out) {
         _mm256_storeu_ps(out + 8 * i, r);
     }
 }
-
-#include "kernels/avx2/q8_k_impl.h"
 
 }  // namespace ktd::KTD_SIMD_NS

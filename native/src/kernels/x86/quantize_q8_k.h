@@ -1,8 +1,19 @@
-// Q8_K activation quantizer, AVX2 (also compiled into the AVX-512 kernels through
-// k_common.h). Bitwise identical to ktd::ref::quantize_row_q8_K (see there for the definition):
-// the same float products, rounded to nearest even by cvtps2dq under the default MXCSR, and the
-// same choice of the first element of largest magnitude.
-// Included only through kernels/avx2/k_common.h, inside its per-ISA namespace.
+// Q8_K activation quantizer, AVX2 instructions (also compiled into the AVX-512 kernels). Bitwise
+// identical to ktd::ref::quantize_row_q8_K (see there for the definition): the same float
+// products, rounded to nearest even by cvtps2dq under the default MXCSR, and the same choice of
+// the first element of largest magnitude. Inline, in the including file's ISA namespace
+// (kernels/x86/common.h).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/blocks.h"
+#include "kernels/x86/common.h"
+
+namespace ktd::KTD_SIMD_NS {
 
 inline void quantize_row_q8_K(const float *x, void *vy, int64_t k) {
     auto *y = static_cast<block_q8_K *>(vy);
@@ -68,3 +79,4 @@ inline void quantize_row_q8_K(const float *x, void *vy, int64_t k) {
     }
 }
 
+}  // namespace ktd::KTD_SIMD_NS

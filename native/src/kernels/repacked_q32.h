@@ -1,0 +1,115 @@
+// Row-interleaved ("repacked") layouts of the 32-element block types (Q8_0 activations).
+//
+// A group block holds block b (32 elements) of R consecutive rows, arranged so that 32-bit lane r
+// of a SIMD register belongs to row r: register j (0..7) holds elements 4j..4j+3 of every row. One
+// broadcast of 4 activation bytes then serves all R rows, the R row scales are one fp16 vector, and
+// each row's sum stays in its own lane (no horizontal sums). A group block has exactly the bytes of
+// the R row blocks it replaces; rows past the end of the matrix are zero (d = m = 0).
+//
+// Two families, each with its layout version (TypeKernels::repack_layout, which caches key on):
+// - x8 (version 1, the AVX2 kernels; the reference's too): 8 rows, 256-bit registers.
+// - x16 (version 2, the AVX-512 kernels of Q5_0 and Q8_0): 16 rows, 512-bit registers.
+//
+// The scalar repacks and element accessors in kernels/ref/repacked_q32.cpp are the definition;
+// the ISA entries use the same repacks. Only POD structs here (no inline code), so every ISA may include it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/blocks.h"
+#include "kernels/kernels.h"
+
+namespace ktd {
+
+constexpr int kRepackRowsQ32x8 = 8;
+constexpr uint32_t kRepackLayoutQ32x8 = 1;
+constexpr int kRepackRowsQ32x16 = 16;
+constexpr uint32_t kRepackLayoutQ32x16 = 2;
+
+// ---- x8 ------------------------------------------------------------------------------------
+// Nibble layout (qs, 128 bytes): byte 32i + 4r + t (i < 4, t < 4) holds row r's element 4i + t in
+// its low nibble and element 16 + 4i + t in its high nibble (the pairing of the row block's qs, so
+// each 4-byte word of it is copied as is): the low nibbles of bytes 32i.. are register i, the high
+// ones register i + 4.
+// Fifth bits (qh, 32 bytes): bit j of byte 4r + t = bit 4 of row r's element 4j + t.
+
+// w = d·(q − 8), q (0..15) in the nibble layout.
+struct block_q4_0x8 {
+    uint16_t d[kRepackRowsQ32x8];
+    uint8_t qs[128];
+};
+// w = d·q + m, q (0..15) in the nibble layout.
+struct block_q4_1x8 {
+    uint16_t d[kRepackRowsQ32x8];
+    uint16_t m[kRepackRowsQ32x8];
+    uint8_t qs[128];
+};
+// w = d·(q − 16), q (0..31): low four bits in the nibble layout, fifth bits in qh.
+struct block_q5_0x8 {
+    uint16_t d[kRepackRowsQ32x8];
+    uint8_t qh[32];
+    uint8_t qs[128];
+};
+// w = d·q + m, q (0..31) as in block_q5_0x8.
+struct block_q5_1x8 {
+    uint16_t d[kRepackRowsQ32x8];
+    uint16_t m[kRepackRowsQ32x8];
+    uint8_t qh[32];
+    uint8_t qs[128];
+};
+// w = d·q, qs[32j + 4r + t] = row r's element 4j + t.
+struct block_q8_0x8 {
+    uint16_t d[kRepackRowsQ32x8];
+    int8_t qs[kRepackRowsQ32x8 * QK8_0];
+};
+// w = d·kvalues_iq4nl[q], the code book indices q in the nibble layout.
+struct block_iq4_nlx8 {
+    uint16_t d[kRepackRowsQ32x8];
+    uint8_t qs[128];
+};
+static_assert(sizeof(block_q4_0x8) == kRepackRowsQ32x8 * sizeof(block_q4_0));
+static_assert(sizeof(block_q4_1x8) == kRepackRowsQ32x8 * sizeof(block_q4_1));
+static_assert(sizeof(block_q5_0x8) == kRepackRowsQ32x8 * sizeof(block_q5_0));
+static_assert(sizeof(block_q5_1x8) == kRepackRowsQ32x8 * sizeof(block_q5_1));
+static_assert(sizeof(block_q8_0x8) == kRepackRowsQ32x8 * sizeof(block_q8_0));
+static_assert(sizeof(block_iq4_nlx8) == kRepackRowsQ32x8 * sizeof(block_iq4_nl));
+
+// ---- x16 -----------------------------------------------------------------------------------
+// w = d·(q − 16), q (0..31):
+//   qs[64i + 4r + t] (i < 4): low nibble = bits 0-3 of row r's element 4i + t, high nibble = of
+//                             element 16 + 4i + t
+//   qh[j] (little-endian u64) bit 4r + t = bit 4 of row r's element 4j + t
+// so register j is the low nibbles of qs row i = j (j < 4) or the high ones of i = j − 4, and
+// qh[j] is its byte mask for the fifth bit.
+struct block_q5_0x16 {
+    uint16_t d[kRepackRowsQ32x16];
+    uint64_t qh[8];
+    uint8_t qs[16 * kRepackRowsQ32x16];
+};
+// w = d·(u − 128): qs[64j + 4r + t] = row r's element 4j + t as the unsigned u = q + 128 (q XOR
+// 0x80), so vpdpbusd takes the weights as its unsigned operand and the activations as they are.
+struct block_q8_0x16 {
+    uint16_t d[kRepackRowsQ32x16];
+    uint8_t qs[kRepackRowsQ32x16 * QK8_0];
+};
+static_assert(sizeof(block_q5_0x16) == kRepackRowsQ32x16 * sizeof(block_q5_0));
+static_assert(sizeof(block_q8_0x16) == kRepackRowsQ32x16 * sizeof(block_q8_0));
+
+}  // namespace ktd
+
+namespace ktd::ref {
+// The x8 layouts (kernels/ref/repacked_q32.cpp): tk with the repack fields of its type's layout
+// (repack_rows, repack_layout, repacked_group_bytes, repack; the caller sets gemm_repacked). Every
+// ISA's entry of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL takes them from here.
+TypeKernels with_x8_layout(TypeKernels tk);
+// The reference entry of one of those types: Q8_0 activations, the given plain kernels, the x8
+// layout and the scalar tile on it (bitwise the plain tile).
+TypeKernels q32_type_kernels(GGMLType type, void (*dequantize_row)(const void *, float *, int64_t),
+                             decltype(TypeKernels::gemm) gemm);
+
+// The x16 layouts' repacks and group sizes (TypeKernels::repack contract), for the AVX-512 entries.
+size_t group_bytes_q5_0_x16(int64_t k);
+void repack_q5_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+size_t group_bytes_q8_0_x16(int64_t k);
+void repack_q8_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+}  // namespace ktd::ref

@@ -1,0 +1,240 @@
+// Tile kernels of the K-quants' 8-row interleaved layouts (kernels/repacked_k.h), AVX2
+// instructions; the AVX-512 entries compile the same code with their flags (32 registers, and the
+// integer dot products as VNNI vpdpbusd on 256-bit vectors where KTD_ISA_AVX512 says so). Inline,
+// in the including file's ISA namespace (kernels/x86/common.h).
+//
+// Register tile: the 8 rows of a group (one lane each) × up to kMaxCols activation columns. Each
+// 32-element chunk of the group's weights is decoded once into eight registers and dotted with
+// every column of the tile (one vpbroadcastd of 4 activation bytes + one vpmaddubsw per register
+// and column), so for n ≥ kMaxCols a weight byte is decoded once per kMaxCols columns.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/blocks.h"
+#include "kernels/repacked_k.h"
+#include "kernels/x86/common.h"
+#include "kernels/x86/k_quants.h"
+
+namespace ktd::KTD_SIMD_NS {
+
+// Σ_i v[i]·(activation bytes 4i..4i+3 of q) per row lane, int16 pair sums (caller bounds them).
+inline __m256i maddubs_chunk4(const __m256i *v, const int8_t *q) {
+    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], bcast4(q)), _mm256_maddubs_epi16(v[1], bcast4(q + 4)));
+    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], bcast4(q + 8)), _mm256_maddubs_epi16(v[3], bcast4(q + 12)));
+    return _mm256_add_epi16(s01, s23);
+}
+
+// The scales and mins of a block_q4_Kx8 (repacked_k.h) as the tiles use them. The 64 scales and
+// mins are bytes in index order 8j + r (16-bit shifts: the masks drop the bits that cross bytes).
+// Scales: sub-blocks 2p, 2p+1 are the 16 bytes of pair p, broadcast to both 128-bit halves.
+inline void q4_Kx8_scale_pairs(const block_q4_Kx8 &g, __m256i pairs[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i nl = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.scl));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.sh));
+    const __m256i sc_lo = _mm256_or_si256(_mm256_and_si256(nl, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+    const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nl, 4), m4),
+                                          _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+    pairs[0] = _mm256_permute2x128_si256(sc_lo, sc_lo, 0x00);
+    pairs[1] = _mm256_permute2x128_si256(sc_lo, sc_lo, 0x11);
+    pairs[2] = _mm256_permute2x128_si256(sc_hi, sc_hi, 0x00);
+    pairs[3] = _mm256_permute2x128_si256(sc_hi, sc_hi, 0x11);
+}
+// Sub-block j's scale of row r in lane r, as the int16 pair (s, s).
+inline __m256i q4_Kx8_chunk_scale(const __m256i pairs[4], int j) {
+    const __m256i pick_even = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,  //
+                                               4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+    const __m256i pick_odd = _mm256_add_epi8(pick_even, _mm256_setr_epi8(8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0,  //
+                                                                         8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0));
+    return _mm256_shuffle_epi8(pairs[j / 2], j % 2 ? pick_odd : pick_even);
+}
+// Mins: mins[p] int16 [2r + h] = m[2p + h][r], for one vpmaddwd per two sub-blocks.
+inline void q4_Kx8_mins(const block_q4_Kx8 &g, __m256i mins[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i ml = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.mnl));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.sh));
+    const __m256i mn_lo = _mm256_or_si256(_mm256_and_si256(ml, m4), _mm256_and_si256(h, m30));
+    const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
+                                          _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+    const __m256i pick_min = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,  //
+                                              4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
+    mins[0] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x00), pick_min);
+    mins[1] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_lo, mn_lo, 0x11), pick_min);
+    mins[2] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x00), pick_min);
+    mins[3] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(mn_hi, mn_hi, 0x11), pick_min);
+}
+// acc += d·da·isum − dmin·da·Σ_j m[j]·(activation sum of sub-block j), per row lane.
+inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], const block_q8_K &a, __m256i isum,
+                                __m256 acc) {
+    const __m128i bs = bsums_32(a);  // int16 × 8: sums of the 8 sub-blocks
+    __m256i msum = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(bs));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[1], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0x55))));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[2], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xAA))));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[3], _mm256_broadcastd_epi32(_mm_shuffle_epi32(bs, 0xFF))));
+    const __m256 ad = _mm256_set1_ps(a.d);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d8, ad), _mm256_cvtepi32_ps(isum), acc);
+    return _mm256_fnmadd_ps(_mm256_mul_ps(dmin8, ad), _mm256_cvtepi32_ps(msum), acc);
+}
+
+struct Q4_Kx8 {
+    using GroupBlock = block_q4_Kx8;
+    template <int NC>
+    static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
+        __m256i pairs[4];
+        q4_Kx8_scale_pairs(g, pairs);
+        __m256i isum[NC];
+        for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            __m256i v[8];
+            load_nibbles(g.qs + 128 * j, v);
+            const __m256i sc = q4_Kx8_chunk_scale(pairs, j);
+#if defined(KTD_ISA_AVX512)
+            // VNNI: vpdpbusd sums the 4 products of a lane in int32 (no int16 bound); the scale
+            // is the low int16 of each lane of sc (its high int16 is the same byte, so mask it).
+            const __m256i sc32 = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
+            for (int c = 0; c < NC; ++c) {
+                const int8_t *q = a[c]->qs + 32 * j;
+                __m256i s = _mm256_setzero_si256();
+                for (int i = 0; i < 8; ++i) s = _mm256_dpbusd_epi32(s, v[i], bcast4(q + 4 * i));
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s, sc32));
+            }
+#else
+            for (int c = 0; c < NC; ++c) {
+                // 8 registers × 2 products ≤ 15·127 each: |int16 sum| ≤ 30480.
+                const int8_t *q = a[c]->qs + 32 * j;
+                const __m256i s = _mm256_add_epi16(maddubs_chunk4(v, q), maddubs_chunk4(v + 4, q + 16));
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s, sc));
+            }
+#endif
+        }
+        __m256i mins[4];
+        q4_Kx8_mins(g, mins);
+        const __m256 d8 = f16x8(g.d), dmin8 = f16x8(g.dmin);
+        for (int c = 0; c < NC; ++c) acc[c] = q4_Kx8_accumulate(d8, dmin8, mins, *a[c], isum[c], acc[c]);
+    }
+};
+
+struct Q6_Kx8 {
+    using GroupBlock = block_q6_Kx8;
+    template <int NC>
+    static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+        // int16 [2r + h] → lane r = that int16 in both halves (h = 0: even, 1: odd).
+        const __m256i pick_even = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,  //
+                                                   0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+        const __m256i pick_odd = _mm256_add_epi8(pick_even, _mm256_set1_epi8(2));
+        // Σ sc·(q − 32)·a = Σ sc·q·a − 32·Σ_sb sc_sb·(activation sum of sub-block sb).
+        __m256i isum[NC], osum[NC];
+        for (int c = 0; c < NC; ++c) isum[c] = osum[c] = _mm256_setzero_si256();
+        for (int s = 0; s < 8; ++s) {
+            const __m256i sc2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.scales + 16 * s)));
+            const __m256i sc_e = _mm256_shuffle_epi8(sc2, pick_even), sc_o = _mm256_shuffle_epi8(sc2, pick_odd);
+            const __m256i he = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qh + 64 * s));
+            const __m256i ho = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qh + 64 * s + 32));
+            const __m256i hi_e[4] = {_mm256_slli_epi16(he, 4), _mm256_slli_epi16(he, 2), he, _mm256_srli_epi16(he, 2)};
+            const __m256i hi_o[4] = {_mm256_slli_epi16(ho, 4), _mm256_slli_epi16(ho, 2), ho, _mm256_srli_epi16(ho, 2)};
+            __m256i v[8];
+            for (int i = 0; i < 4; ++i) {
+                const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.ql + 128 * s + 32 * i));
+                v[i] = _mm256_or_si256(_mm256_and_si256(ql, m4), _mm256_and_si256(hi_e[i], m30));
+                v[i + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m4), _mm256_and_si256(hi_o[i], m30));
+            }
+#if defined(KTD_ISA_AVX512)
+            // VNNI: each sub-block's 16 products per lane in int32, times the int32 scale (the
+            // sign-extended low int16 of each lane of sc_e / sc_o).
+            const __m256i se32 = _mm256_srai_epi32(_mm256_slli_epi32(sc_e, 16), 16);
+            const __m256i so32 = _mm256_srai_epi32(_mm256_slli_epi32(sc_o, 16), 16);
+            for (int c = 0; c < NC; ++c) {
+                const int8_t *q = a[c]->qs + 32 * s;
+                __m256i e = _mm256_setzero_si256(), o = _mm256_setzero_si256();
+                for (int i = 0; i < 4; ++i) {
+                    e = _mm256_dpbusd_epi32(e, v[i], bcast4(q + 4 * i));
+                    o = _mm256_dpbusd_epi32(o, v[i + 4], bcast4(q + 16 + 4 * i));
+                }
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_mullo_epi32(e, se32), _mm256_mullo_epi32(o, so32)));
+                int32_t bs;
+                std::memcpy(&bs, a[c]->bsums + 2 * s, 4);
+                osum[c] = _mm256_add_epi32(osum[c], _mm256_madd_epi16(sc2, _mm256_set1_epi32(bs)));
+            }
+#else
+            for (int c = 0; c < NC; ++c) {
+                // q ≤ 63: two registers' products per int16 sum, ≤ 4·63·127 = 32004.
+                const int8_t *q = a[c]->qs + 32 * s;
+                const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], bcast4(q)), _mm256_maddubs_epi16(v[1], bcast4(q + 4)));
+                const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], bcast4(q + 8)), _mm256_maddubs_epi16(v[3], bcast4(q + 12)));
+                const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(v[4], bcast4(q + 16)), _mm256_maddubs_epi16(v[5], bcast4(q + 20)));
+                const __m256i p3 = _mm256_add_epi16(_mm256_maddubs_epi16(v[6], bcast4(q + 24)), _mm256_maddubs_epi16(v[7], bcast4(q + 28)));
+                const __m256i e = _mm256_add_epi32(_mm256_madd_epi16(p0, sc_e), _mm256_madd_epi16(p1, sc_e));
+                const __m256i o = _mm256_add_epi32(_mm256_madd_epi16(p2, sc_o), _mm256_madd_epi16(p3, sc_o));
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(e, o));
+                int32_t bs;
+                std::memcpy(&bs, a[c]->bsums + 2 * s, 4);
+                osum[c] = _mm256_add_epi32(osum[c], _mm256_madd_epi16(sc2, _mm256_set1_epi32(bs)));
+            }
+#endif
+        }
+        const __m256 d8 = f16x8(g.d);
+        for (int c = 0; c < NC; ++c) {
+            const __m256i sumi = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(osum[c], 5));
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_set1_ps(a[c]->d)), _mm256_cvtepi32_ps(sumi), acc[c]);
+        }
+    }
+};
+
+// Prefetch distance of the weight stream in bytes (measured here, 1 and 2 threads: 4-16 KiB
+// stream 1.4-1.8x faster than none, 2 KiB less so; _MM_HINT_NTA is slower than none).
+constexpr size_t kPrefetchBytes = 8192;
+
+// The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks.
+template <typename Traits, int NC>
+inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_K *const *a, float *y,
+                          size_t ldy, int rows_valid) {
+    __m256 acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+    const block_q8_K *p[NC];
+    for (int64_t b = 0; b < nb; ++b) {
+        // Software prefetch kPrefetchBytes ahead of the weight stream (groups are contiguous,
+        // so this runs on into the next group): one core's hardware prefetchers alone keep
+        // too few lines in flight to reach DRAM bandwidth. The lines of block b + distance
+        // are requested once each (the + 63 covers a block that does not start a line).
+        const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
+        for (size_t off = 0; off < sizeof(typename Traits::GroupBlock) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
+        for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
+        Traits::template dot_group<NC>(g[b], p, acc);
+    }
+    for (int c = 0; c < NC; ++c) store_rows8(acc[c], y + size_t(c) * ldy, rows_valid);
+}
+
+// Prefetches the first kPrefetchBytes of a tile's groups, which the prefetch inside
+// gemm_group_k8 runs ahead of: decode reads many small matrices in turn (MoE experts), each
+// starting cold.
+inline void prefetch_head(const char *wb, int nr, size_t group_stride) {
+    const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
+    const size_t head = std::min(kPrefetchBytes, size_t(n_groups) * group_stride);
+    for (size_t off = 0; off < head; off += 64) _mm_prefetch(wb + off, _MM_HINT_T0);
+}
+
+// TypeKernels::gemm_repacked for the K-quant 8-row layouts. Groups are taken in chunks of about
+// kRowChunkBytes so a chunk stays in L2 while every tile of kMaxCols columns passes over it.
+template <typename Traits>
+void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
+                      size_t ldy, int nr, int nc) {
+    using GroupBlock = typename Traits::GroupBlock;
+    const int64_t nb = k / QK_K;
+    const char *wb = static_cast<const char *>(wp);
+    prefetch_head(wb, nr, group_stride);
+    const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
+    const int chunk = group_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / group_stride);
+    const auto tile = [&]<int NC>(int gi, int c0, const block_q8_K *const *a) {
+        const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
+        const int valid = std::min(kRepackRowsK, nr - gi * kRepackRowsK);
+        gemm_group_k8<Traits, NC>(nb, g, a, y + size_t(c0) * ldy + size_t(gi) * kRepackRowsK, ldy, valid);
+    };
+    for_each_tile<block_q8_K, kMaxCols>(n_groups, chunk, xq, x_stride, nc, tile);
+}
+
+}  // namespace ktd::KTD_SIMD_NS

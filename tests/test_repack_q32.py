@@ -1,0 +1,165 @@
+"""The 32-element types' row-interleaved ("repacked") layouts (native/src/kernels/repacked_q32.h):
+the scalar specification in kernels/ref/repacked_q32.cpp (the repacks every ISA uses, the reference
+tile on the x8 layouts) and the SIMD tiles held against it.
+
+- An independent numpy decoder of each layout, written from the header's description, decodes the
+  repacked bytes to exactly gguf-py's dequantization of the original rows (float32, bitwise: both
+  compute d·v (+ m) once per element).
+- The reference tile on the x8 layout does the plain reference's integer sums and float operations:
+  bitwise equal to the plain reference tile.
+- The SIMD tiles compute each block's integer dot exactly and then round d·da·Σ once per block, as
+  the reference does: with one block per row (k = 32) the types without a min term (w = d·v) give
+  the reference's bits. Otherwise they differ from it only in float32 summation order (and, for
+  Q4_1/Q5_1, in how the m·da·Σa term is rounded): order_bound of test_kernels_q32.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernel_oracle import dequantize_ref
+from ktd import _native
+from test_kernels_q32 import ISAS, Q32_TYPES, inputs, order_bound
+
+K = _native.kernels
+HAVE_AVX512 = K.isa_compiled("avx512") and K.isa_supported("avx512")
+X16_TYPES = ["Q5_0", "Q8_0"]  # the AVX-512 kernels' 16-row layouts
+MIN_TYPES = ["Q4_1", "Q5_1"]  # w = d·q + m
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def nibbles(qs: np.ndarray, rows: int) -> np.ndarray:
+    """Nibble layout of R rows (bytes [4 i, R r, 4 t]) → int [R, 32]: the low nibble of byte
+    (i, r, t) is element 4i + t, the high nibble element 16 + 4i + t."""
+    q = qs.reshape(4, rows, 4).astype(np.int64).transpose(1, 0, 2).reshape(rows, 16)
+    return np.concatenate([q & 15, q >> 4], axis=1)
+
+
+def bits_x8(qh: np.ndarray) -> np.ndarray:
+    """qh of the x8 layouts: bit j of byte 4r + t = bit 4 of element 4j + t → int [8, 32]."""
+    h = qh.reshape(8, 4).astype(np.int64)  # [r, t]
+    return np.stack([(h >> j) & 1 for j in range(8)], axis=1).reshape(8, 32) << 4  # [r, j, t]
+
+
+def bits_x16(qh: np.ndarray) -> np.ndarray:
+    """qh of block_q5_0x16: bit 4r + t of u64 j = bit 4 of row r's element 4j + t → int [16, 32]."""
+    h = qh.view(np.uint64).astype(np.uint64)  # [j]
+    b = np.array([[[(int(h[j]) >> (4 * r + t)) & 1 for t in range(4)] for j in range(8)] for r in range(16)])
+    return b.reshape(16, 32) << 4
+
+
+def decode_group(t: str, rows: int, blk: np.ndarray) -> np.ndarray:
+    """One group block → float32 [rows, 32], the weights w = d·v (+ m) as gguf-py computes them."""
+    d = f16(blk[0:2 * rows])[:, None]
+    if rows == 16:  # x16: d[16], then qh (Q5_0) or qs
+        if t == "Q5_0":
+            v = (nibbles(blk[96:352], 16) | bits_x16(blk[32:96])) - 16
+        else:
+            v = (blk[32:544].reshape(8, 16, 4) ^ 0x80).view(np.int8).astype(np.int64)
+            v = v.transpose(1, 0, 2).reshape(16, 32)
+        return d * v.astype(np.float32)
+    off = 16
+    m = None
+    if t in MIN_TYPES:
+        m, off = f16(blk[16:32])[:, None], 32
+    if t == "Q8_0":
+        v = blk[16:272].view(np.int8).astype(np.int64).reshape(8, 8, 4).transpose(1, 0, 2).reshape(8, 32)
+        return d * v.astype(np.float32)
+    if t in ("Q5_0", "Q5_1"):
+        q = nibbles(blk[off + 32:off + 160], 8) | bits_x8(blk[off:off + 32])
+    else:
+        q = nibbles(blk[off:off + 128], 8)
+    if t == "IQ4_NL":
+        return d * IQ4NL_VALUES[q]
+    if m is not None:
+        return d * q.astype(np.float32) + m
+    return d * (q - {"Q4_0": 8, "Q5_0": 16}[t]).astype(np.float32)
+
+
+def decode_repacked(t: str, rows_per_group: int, wp: np.ndarray, rows: int, k: int) -> np.ndarray:
+    nb, groups = k // 32, -(-rows // rows_per_group)
+    blocks = wp.reshape(groups, nb, -1)
+    out = np.zeros((groups * rows_per_group, k), np.float32)
+    for g in range(groups):
+        for b in range(nb):
+            out[g * rows_per_group:(g + 1) * rows_per_group, 32 * b:32 * (b + 1)] = decode_group(t, rows_per_group, blocks[g, b])
+    return out
+
+
+# (type, isa that makes the layout, rows per group)
+LAYOUTS = [(t, "ref", 8) for t in Q32_TYPES] + [(t, "avx512", 16) for t in X16_TYPES]
+
+
+def layout_or_skip(isa: str) -> None:
+    if isa == "avx512" and not HAVE_AVX512:
+        pytest.skip("AVX-512 kernels not compiled or this CPU lacks AVX-512 VNNI/VBMI")
+
+
+@pytest.mark.parametrize("t", Q32_TYPES)
+def test_layouts_registered(t):
+    """The reference has the x8 layout (version 1), every AVX2 entry shares it; the AVX-512 Q5_0/Q8_0
+    entries have the x16 one (version 2)."""
+    assert (K.repack_rows(t, isa="ref"), K.repack_layout(t, isa="ref")) == (8, 1)
+    for isa in ISAS:
+        assert (K.repack_rows(t, isa=isa), K.repack_layout(t, isa=isa)) == (8, 1)
+    if HAVE_AVX512 and t in X16_TYPES:
+        assert (K.repack_rows(t, isa="avx512"), K.repack_layout(t, isa="avx512")) == (16, 2)
+
+
+@pytest.mark.parametrize("t,isa,R", LAYOUTS)
+@pytest.mark.parametrize("rows,k", [(1, 32), (3, 64), (8, 96), (17, 160), (40, 32)])
+def test_layout_decodes_to_gguf_weights(t, isa, R, rows, k):
+    layout_or_skip(isa)
+    w, _ = inputs(t, rows, k, 1, seed=rows * 31 + k, random_bytes=True)
+    wp = K.repack(t, w, rows, k, isa=isa)
+    assert wp.size == -(-rows // R) * R * w.shape[1]
+    got = decode_repacked(t, R, wp, rows, k)
+    want = dequantize_ref(t, w, rows, k).astype(np.float32)
+    np.testing.assert_array_equal(got[:rows].view(np.uint32), want.view(np.uint32))
+    assert (got[rows:] == 0).all()  # the zero rows padding the last group
+
+
+@pytest.mark.parametrize("t,isa,R", LAYOUTS)
+def test_repack_same_bytes_for_every_isa_and_thread_count(t, isa, R):
+    layout_or_skip(isa)
+    rows, k = 43, 32 * 7
+    w, _ = inputs(t, rows, k, 1, seed=5, random_bytes=True)
+    want = K.repack(t, w, rows, k, isa=isa, threads=1)
+    users = [isa] if R == 16 else ISAS  # the x8 repack is the reference's on every ISA
+    for u in users:
+        for threads in (1, 2, 3):
+            np.testing.assert_array_equal(K.repack(t, w, rows, k, isa=u, threads=threads), want)
+
+
+SHAPES = [(1, 32, 1), (7, 32, 3), (17, 160, 5), (33, 1024, 2), (8, 64, 9), (40, 96, 8), (77, 160, 64)]
+
+
+@pytest.mark.parametrize("t", Q32_TYPES)
+@pytest.mark.parametrize("rows,k,n", SHAPES)
+def test_reference_tile_on_layout_is_plain_reference(t, rows, k, n):
+    w, x = inputs(t, rows, k, n, seed=rows * 7 + k + n, random_bytes=True)
+    y = K.matmul_repacked(t, K.repack(t, w, rows, k, isa="ref"), rows, k, x, isa="ref", threads=2)
+    np.testing.assert_array_equal(y.view(np.uint32), K.matmul(t, w, rows, k, x, isa="ref").view(np.uint32))
+
+
+SIMD_LAYOUTS = ([(t, isa) for t in Q32_TYPES for isa in ISAS if isa != "ref"]
+                + [(t, "avx512") for t in X16_TYPES])
+
+
+@pytest.mark.parametrize("t,isa", SIMD_LAYOUTS)
+@pytest.mark.parametrize("rows,k,n", SHAPES)
+def test_simd_tile_on_layout_vs_scalar(t, isa, rows, k, n):
+    layout_or_skip(isa)
+    w, x = inputs(t, rows, k, n, seed=rows * 5 + k + n, random_bytes=True)
+    y = K.matmul_repacked(t, K.repack(t, w, rows, k, isa=isa), rows, k, x, isa=isa)
+    y_ref = K.matmul_repacked(t, K.repack(t, w, rows, k, isa="ref"), rows, k, x, isa="ref")
+    if k == 32 and t not in MIN_TYPES:
+        np.testing.assert_array_equal(y.view(np.uint32), y_ref.view(np.uint32))
+    else:
+        bound = order_bound(t, w, dequantize_ref(t, w, rows, k), x, K.quantize_act(t, x, isa="ref"), k)
+        assert (np.abs(y.astype(np.float64) - y_ref) <= bound).all()
