@@ -258,7 +258,11 @@ class Connections:
             except ConnectionError:
                 return
             if not data:
-                if decoder.partial:  # the peer may only have shut down its writing side
+                truncated = decoder.partial
+                # The partial message's bytes go now: writing to a peer that has gone raises, and
+                # the exception's traceback would keep this frame (and them) until the cyclic GC.
+                del decoder
+                if truncated:  # the peer may only have shut down its writing side
                     conn.send(protocol.error_notification(BadRequest("connection closed inside a message")))
                     await conn.drain()
                 return

@@ -56,54 +56,72 @@ class FrameDecoder:
     ``surrogateescape`` so that framing survives; ``check_value`` turns them into a
     ``bad_request`` for that one message. Raises ``FramingError`` when the stream is lost
     (a value larger than ``max_frame_bytes``, malformed msgpack, nesting beyond msgpack's stack).
+
+    A message is decoded only once all of its bytes are here. msgpack builds a list as soon as
+    it reads an array header, sized by the header's count, so decoding a partial message lets a
+    peer make the daemon hold what its headers claim (1,000 nested array32 headers, 5 KB, claimed
+    64 MB); until then a skipping unpacker, which builds nothing, finds where the message ends
+    and the decoder holds only the message's bytes. A complete message's counts are backed by
+    its bytes.
     """
 
     def __init__(self, max_frame_bytes: int):
         self.max_frame_bytes = max_frame_bytes
-        self._unpacker = msgpack.Unpacker(
-            raw=False, unicode_errors="surrogateescape", max_buffer_size=max_frame_bytes,
-            strict_map_key=False, use_list=True, timestamp=0)
-        self._fed = 0       # bytes fed in total
-        self._boundary = 0  # stream offset just after the last complete message
+        self._scanner = msgpack.Unpacker(max_buffer_size=max_frame_bytes)
+        self._pending = bytearray()  # the bytes of the message being received
+        self._fed = 0                # stream offset of the next byte fed
+        self._boundary = 0           # stream offset where the message being received starts
 
     def feed(self, data: bytes) -> Iterator[Any]:
         view = memoryview(data)
         while view:
             # Feed at most what fits; a value that never completes within the buffer is too large.
-            room = self.max_frame_bytes - self._buffered()
+            room = self.max_frame_bytes - len(self._pending)
             if room <= 0:
                 raise FramingError(TooLarge(f"message larger than {self.max_frame_bytes} bytes"))
             chunk, view = view[:room], view[room:]
             try:
-                self._unpacker.feed(chunk)
-                self._fed += len(chunk)
+                self._scanner.feed(chunk)
             except msgpack.BufferFull:
                 raise FramingError(TooLarge(f"message larger than {self.max_frame_bytes} bytes")) from None
-            yield from self._drain()
+            yield from self._drain(chunk)
 
     @property
     def partial(self) -> bool:
         """True while part of a message has been received (a close now truncates it)."""
-        return self._buffered() > 0
+        return self._boundary < self._fed
 
-    def _buffered(self) -> int:
-        # Bytes of the message being received. Not ``fed - tell()``: the unpacker consumes a
-        # partial message incrementally (tell() advances), so a nested message could otherwise
-        # grow without bound while its buffer stays small.
-        return self._fed - self._boundary
-
-    def _drain(self) -> Iterator[Any]:
+    def _drain(self, chunk: memoryview) -> Iterator[Any]:
+        # chunk holds stream bytes [fed, fed + len); _pending holds [boundary, fed) when the
+        # message started in an earlier chunk. tell() is exact only after a complete message.
+        fed = self._fed
         while True:
             try:
-                value = self._unpacker.unpack()
+                self._scanner.skip()
             except msgpack.OutOfData:
+                self._pending += chunk[max(0, self._boundary - fed):]
+                self._fed = fed + len(chunk)
                 return
-            except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
-                    TypeError) as e:
-                detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-                raise FramingError(BadRequest(f"malformed msgpack ({detail})")) from None
-            self._boundary = self._unpacker.tell()
-            yield value
+            except (msgpack.FormatError, msgpack.StackError, ValueError) as e:
+                raise _malformed(e) from None
+            end = self._scanner.tell()
+            frame = bytes(self._pending) + bytes(chunk[max(0, self._boundary - fed):end - fed])
+            self._pending = bytearray()
+            self._boundary = end
+            yield self._decode(frame)
+
+    def _decode(self, frame: bytes) -> Any:
+        try:
+            return msgpack.unpackb(frame, raw=False, unicode_errors="surrogateescape",
+                                   strict_map_key=False, use_list=True, timestamp=0)
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+                TypeError) as e:
+            raise _malformed(e) from None
+
+
+def _malformed(e: Exception) -> FramingError:
+    detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return FramingError(BadRequest(f"malformed msgpack ({detail})"))
 
 
 @dataclass(frozen=True)
