@@ -36,3 +36,14 @@ def test_the_decoder_still_yields_what_msgpack_decodes():
     d = protocol.FrameDecoder(4096)
     out = [v for i in range(0, len(wire), 7) for v in d.feed(wire[i:i + 7])]
     assert out == values and not d.partial
+
+
+@pytest.mark.parametrize("wire", [b"\x91" * 1000 + b"\xc0", b"\x92" + b"\x91" * 999 + b"\xc0\x00",
+                                  b"\x94\x00\x01" + b"\x91" * 900 + b"\xc0\x90",
+                                  b"\x94\x00\x01\xa6health" + b"\x91" * 900 + b"\x90"])
+def test_deeply_nested_messages_get_a_typed_error(wire):
+    """Finding 7: the error message quoted the message type's repr, which recursed 1,000 levels
+    deep (RecursionError out of dispatch, connection dropped with no answer)."""
+    (value,) = list(protocol.FrameDecoder(1 << 20).feed(wire))
+    with pytest.raises((protocol.BadRequest, protocol.TooLarge)):
+        protocol.parse_request(value, protocol.Limits())

@@ -285,7 +285,10 @@ class Connections:
     def _dispatch(self, conn: Connection, value: Any) -> None:
         try:
             req = protocol.parse_request(value, self.policy.limits)
-        except KtdError as e:
+        except Exception as e:  # a KtdError, or a bug in validation: the peer still gets an answer
+            if not isinstance(e, KtdError):
+                log.exception("internal error validating a message")
+                e = Internal("internal error validating the message")
             self.counters["errors_" + e.code] += 1
             msgid = protocol.request_id(value)
             conn.send(protocol.response(msgid, error=e) if msgid is not None

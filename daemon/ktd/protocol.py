@@ -12,6 +12,7 @@ Nothing here does I/O: the server feeds bytes to a ``FrameDecoder`` and hands th
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,18 @@ CHUNK = "generate.chunk"       # server notification: [msgid, index, text]
 ERROR_NOTIFICATION = "error"   # server notification: [{code, message}] (no msgid to answer)
 MAX_MSGID = (1 << 32) - 1      # msgpack-RPC msgid is a 32-bit unsigned integer
 METHODS = ("hello", "generate", "cancel", "tokenize", "detokenize", "health", "status", "metrics")
+
+
+# Values quoted in error messages come from the peer: their repr is bounded in depth and length
+# (a full repr of 1,000 nested arrays recurses past Python's limit; of a 1 MB array, costs 1 MB).
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlong = 2, 60, 60, 40
+_QUOTE.maxlist = _QUOTE.maxdict = 4
+
+
+def brief(value: Any) -> str:
+    """A short repr of a peer's value for an error message."""
+    return _QUOTE.repr(value)
 
 
 @dataclass(frozen=True)
@@ -148,7 +161,7 @@ def check_value(value: Any, max_depth: int) -> None:
             if isinstance(v, dict):
                 for k, item in v.items():
                     if not isinstance(k, str):
-                        raise BadRequest(f"map key {k!r} is not a string")
+                        raise BadRequest(f"map key {brief(k)} is not a string")
                     stack.append((k, depth + 1))
                     stack.append((item, depth + 1))
             else:
@@ -174,7 +187,7 @@ def parse_request(value: Any, limits: Limits) -> Request:
     if kind == NOTIFICATION and type(kind) is int:
         raise BadRequest("client notifications are not supported; send requests [0, msgid, method, params]")
     if kind != REQUEST or type(kind) is not int:
-        raise BadRequest(f"message type must be 0 (request), got {kind!r}")
+        raise BadRequest(f"message type must be 0 (request), got {brief(kind)}")
     if len(value) != 4:
         raise BadRequest("request must be [0, msgid, method, params]")
     _, msgid, method, params = value
@@ -184,7 +197,7 @@ def parse_request(value: Any, limits: Limits) -> Request:
     if not isinstance(method, str):
         raise BadRequest("method must be a string")
     if method not in METHODS:
-        raise BadRequest(f"unknown method {method!r}")
+        raise BadRequest(f"unknown method {brief(method)}")
     if not isinstance(params, list):
         raise BadRequest("params must be an array: [] or [{name: value, ...}]")
     if len(params) > 1 or (params and not isinstance(params[0], dict)):
@@ -200,11 +213,11 @@ class _Params:
     def __init__(self, method: str, params: dict[str, Any], known: tuple[str, ...]):
         unknown = sorted(set(params) - set(known))
         if unknown:
-            raise BadRequest(f"{method}: unknown parameter {unknown[0]!r} (known: {', '.join(known)})")
+            raise BadRequest(f"{method}: unknown parameter {brief(unknown[0])} (known: {', '.join(known)})")
         self.method, self.p = method, params
 
     def _fail(self, name: str, expected: str) -> BadRequest:
-        return BadRequest(f"{self.method}: {name} must be {expected}, got {self.p[name]!r:.80}")
+        return BadRequest(f"{self.method}: {name} must be {expected}, got {brief(self.p[name])}")
 
     def int(self, name: str, default: Any, lo: int, hi: int) -> Any:
         v = self.p.get(name, default)
@@ -282,7 +295,7 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
     max_tokens = params.get("max_tokens")
     if max_tokens is not None:
         if type(max_tokens) is not int or max_tokens < 1:
-            raise BadRequest(f"generate: max_tokens must be a positive integer, got {max_tokens!r:.80}")
+            raise BadRequest(f"generate: max_tokens must be a positive integer, got {brief(max_tokens)}")
         if max_tokens > limits.max_tokens:
             raise TooLarge(f"generate: max_tokens {max_tokens} exceeds the limit {limits.max_tokens}")
     stop = params.get("stop", [])
