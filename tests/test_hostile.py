@@ -47,3 +47,76 @@ def test_deeply_nested_messages_get_a_typed_error(wire):
     (value,) = list(protocol.FrameDecoder(1 << 20).feed(wire))
     with pytest.raises((protocol.BadRequest, protocol.TooLarge)):
         protocol.parse_request(value, protocol.Limits())
+
+
+# --- the daemon process (fake engine) ---------------------------------------------------------
+
+import os  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+
+import msgpack  # noqa: E402
+
+from daemon_helpers import DaemonProcess, wait_for  # noqa: E402
+
+
+def _connect(d: DaemonProcess) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect(d.socket)
+    return s
+
+
+def _read_until(s: socket.socket, done, unpacker=None) -> list:
+    unpacker = unpacker or msgpack.Unpacker(raw=False)
+    msgs: list = []
+    while not done(msgs):
+        data = s.recv(65536)
+        if not data:
+            break
+        unpacker.feed(data)
+        msgs.extend(unpacker)
+    return msgs
+
+
+def test_a_generate_from_a_client_that_left_at_once_is_not_run():
+    """Finding 3: closing right after sending left the request uncancellable until tokenized;
+    it then ran to max_tokens for nobody."""
+    with DaemonProcess(fake={"step_delay_s": 0.01}, model={"n_seq_max": 2}) as d:
+        for i in range(4):
+            s = _connect(d)
+            s.sendall(protocol.pack([0, 1, "generate", [{"prompt": f"gone {i}", "max_tokens": 150,
+                                                         "ignore_eos": True}]]))
+            s.close()
+        # the daemon logs a connection's end after its requests' tasks have ended
+        assert wait_for(lambda: d.log().count("closed after") >= 4, timeout=30), d.log()
+        with d.client() as c:
+            st = c.status()["scheduler"]
+            assert st["slots_in_use"] == 0 and st["queued"] == 0
+            assert 'ktd_generate_finished_total{reason="length"}' not in c.metrics()
+
+
+def test_cancel_reaches_a_generate_that_is_still_being_tokenized():
+    with DaemonProcess(fake={"step_delay_s": 0.01}) as d:
+        s = _connect(d)
+        s.sendall(protocol.pack([0, 1, "generate", [{"prompt": "x", "max_tokens": 200, "ignore_eos": True}]])
+                  + protocol.pack([0, 2, "cancel", [{"id": 1}]]))
+        msgs = _read_until(s, lambda m: sum(x[0] == 1 for x in m) == 2)
+        s.close()
+        answers = {m[1]: m for m in msgs if m[0] == 1}
+        assert answers[2][2] is None and answers[2][3] == {"cancelled": True}
+        assert answers[1][2]["code"] == "cancelled"
+
+
+def test_a_pipelined_duplicate_msgid_is_refused_not_run_twice():
+    """Finding 4: the same generate msgid twice in one write ran both."""
+    with DaemonProcess(fake={"step_delay_s": 0.005}) as d:
+        s = _connect(d)
+        req = protocol.pack([0, 5, "generate", [{"prompt": "dup", "max_tokens": 8, "ignore_eos": True}]])
+        s.sendall(req + req)
+        msgs = _read_until(s, lambda m: sum(x[0] == 1 for x in m) == 2)
+        s.close()
+        responses = [m for m in msgs if m[0] == 1]
+        assert sorted((m[2] or {}).get("code", "ok") for m in responses) == ["bad_request", "ok"]
+        indexes = [m[2][1] for m in msgs if m[0] == 2]
+        assert indexes == list(range(8))

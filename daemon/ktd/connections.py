@@ -31,7 +31,7 @@ from typing import Any
 
 from ktd import __version__, admission, config as config_mod, protocol
 from ktd.engine_api import Engine
-from ktd.errors import BadRequest, Busy, Internal, KtdError, NotFound, Unauthorized
+from ktd.errors import BadRequest, Busy, Cancelled, Internal, KtdError, NotFound, Unauthorized
 from ktd.events import Deliver, Event, call_sinks
 from ktd.scheduler import Job, Scheduler
 from ktd.sockets import peer_credentials
@@ -102,8 +102,13 @@ class Connection:
         self.cid = cid
         self.reader, self.writer = reader, writer
         self.pid, self.uid, self.gid, self.groups = creds
-        self.active: dict[int, int] = {}          # msgid -> scheduler job id (generate)
+        # msgid -> scheduler job id of a generate request; None while it is parsed and tokenized
+        # (it can be cancelled then too: its msgid goes to ``cancel_early``)
+        self.active: dict[int, int | None] = {}
+        self.cancel_early: set[int] = set()
+        self.closed = False                        # the peer has gone: submit nothing more
         self.tasks: set[asyncio.Task] = set()
+        self.n_requests = 0
 
     def send(self, data: bytes) -> None:
         if not self.writer.is_closing():
@@ -196,13 +201,16 @@ class Connections:
             await self._serve(conn)
         finally:
             del self.open[conn.cid]
+            conn.closed = True
             for rid in conn.active.values():
-                self.scheduler.cancel(rid, "client disconnected")
+                if rid is not None:
+                    self.scheduler.cancel(rid, "client disconnected")
             if conn.active:
                 log.info("connection %d closed: cancelled %d requests", conn.cid, len(conn.active), extra=extra)
             if conn.tasks:  # answers to a peer that only shut down its writing side still go out
                 await asyncio.wait(list(conn.tasks), timeout=5.0)
             conn.writer.close()
+            log.debug("connection %d closed after %d requests", conn.cid, conn.n_requests, extra=extra)
 
     async def close(self, timeout: float) -> None:
         """Let the requests' tasks send their answers (up to ``timeout``), then close every
@@ -295,6 +303,16 @@ class Connections:
                       else protocol.error_notification(e))
             return
         self.counters["requests_" + req.method] += 1
+        conn.n_requests += 1
+        if req.method == "generate":
+            # Claimed here, in arrival order, not in the request's task: two pipelined requests
+            # with one msgid would both pass a check made after the first await.
+            if req.msgid in conn.active:
+                self.counters["errors_bad_request"] += 1
+                conn.send(protocol.response(req.msgid, error=BadRequest(
+                    f"generate: msgid {req.msgid} is already in use on this connection")))
+                return
+            conn.active[req.msgid] = None
         task = asyncio.get_running_loop().create_task(self._handle(conn, req))
         conn.tasks.add(task)
         task.add_done_callback(conn.tasks.discard)
@@ -327,10 +345,13 @@ class Connections:
                     "n_seq_max": self.engine.n_seq_max, "n_vocab": tok.n_vocab}
         if m == "cancel":
             msgid = protocol.parse_cancel(p)
-            rid = conn.active.get(msgid)
-            if rid is None:
+            if msgid not in conn.active:
                 raise NotFound(f"no running generate request with id {msgid} on this connection")
-            self.scheduler.cancel(rid, "cancelled by the client")
+            rid = conn.active[msgid]
+            if rid is None:  # not submitted yet: _generate answers it cancelled instead
+                conn.cancel_early.add(msgid)
+            else:
+                self.scheduler.cancel(rid, "cancelled by the client")
             return {"cancelled": True}
         loop = asyncio.get_running_loop()
         if m == "tokenize":
@@ -346,20 +367,28 @@ class Connections:
     async def _generate(self, conn: Connection, req: protocol.Request) -> None:
         loop = asyncio.get_running_loop()
         label = f"r{next(self._req_ids)}"
-        if req.msgid in conn.active:
-            raise BadRequest(f"generate: msgid {req.msgid} is already in use on this connection")
-        policy = self.policy
-        g = protocol.parse_generate(req.params, policy.limits)
-        prompt = await loop.run_in_executor(None, admission.prompt_tokens, g, self.engine.tokenizer)
-        max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
-                                     n_ctx=self.engine.n_ctx, limits=policy.limits)
-        deadlines = [d for d in (policy.request_deadline_s, g.deadline_s) if d]
-        deadline = time.monotonic() + min(deadlines) if deadlines else None
-        ended: asyncio.Future[None] = loop.create_future()
-        stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label)
-        job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
-                  stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label)
-        rid = conn.active[req.msgid] = self.scheduler.submit(job)
+        try:
+            policy = self.policy
+            g = protocol.parse_generate(req.params, policy.limits)
+            prompt = await loop.run_in_executor(None, admission.prompt_tokens, g, self.engine.tokenizer)
+            max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
+                                         n_ctx=self.engine.n_ctx, limits=policy.limits)
+            if conn.closed:
+                raise Cancelled("client disconnected")
+            if req.msgid in conn.cancel_early:
+                raise Cancelled("cancelled by the client")
+            deadlines = [d for d in (policy.request_deadline_s, g.deadline_s) if d]
+            deadline = time.monotonic() + min(deadlines) if deadlines else None
+            ended: asyncio.Future[None] = loop.create_future()
+            stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label)
+            job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
+                      stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label)
+            rid = conn.active[req.msgid] = self.scheduler.submit(job)
+        except BaseException:
+            conn.active.pop(req.msgid, None)
+            raise
+        finally:
+            conn.cancel_early.discard(req.msgid)
         log.info("%s: generate, %d prompt tokens, max_tokens %d", label, len(prompt), max_tokens,
                  extra=stream.extra)
         try:
