@@ -120,3 +120,50 @@ def test_a_pipelined_duplicate_msgid_is_refused_not_run_twice():
         assert sorted((m[2] or {}).get("code", "ok") for m in responses) == ["bad_request", "ok"]
         indexes = [m[2][1] for m in msgs if m[0] == 2]
         assert indexes == list(range(8))
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_output_a_client_does_not_read_is_bounded():
+    """Finding 2: pipelined detokenize requests whose answers are never read were all read and
+    answered, their answers held in the daemon (linear growth). Now the daemon stops reading a
+    connection whose unsent output is over server.max_unsent_bytes: the client's writes block
+    (what it managed to send is the measure), and every answer still arrives once it reads."""
+    budget = 1 << 20
+    # <|im_start|> (3 bytes on the wire) detokenizes to 12: 50 requests of 240 KB, 48 MB of answers
+    n, per = 50, 80_000
+    with DaemonProcess(server={"max_unsent_bytes": budget, "max_queue": 64}) as d:
+        s = _connect(d)
+        frames = b"".join(protocol.pack([0, i, "detokenize", [{"tokens": [258] * per}]]) for i in range(n))
+        sent = [0]
+
+        def send():
+            view = memoryview(frames)
+            while sent[0] < len(frames):
+                sent[0] += s.send(view[sent[0]:sent[0] + 65536])
+
+        import threading
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        sender.join(5)  # an unbounded daemon takes everything in well under this
+        # what the daemon took: unsent answers (budget), one request in progress and one waiting,
+        # the sockets' buffers
+        assert sender.is_alive() and sent[0] < len(frames) // 2, f"the daemon read {sent[0]} bytes unanswered"
+        msgs = _read_until(s, lambda m: len(m) == n)
+        sender.join(30)
+        s.close()
+        assert sorted(m[1] for m in msgs) == list(range(n))
+        assert all(m[2] is None and m[3]["text"] == "<|im_start|>" * per for m in msgs)
+
+
+def test_an_answer_larger_than_the_output_budget_is_too_large():
+    with DaemonProcess(server={"max_unsent_bytes": 1 << 20, "max_frame_bytes": 4 << 20}) as d, d.client() as c:
+        with pytest.raises(protocol.TooLarge, match="max_unsent_bytes"):
+            c.detokenize([65] * ((1 << 20) + 10))
+        assert c.detokenize([65] * 1000) == "A" * 1000

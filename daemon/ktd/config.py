@@ -89,6 +89,11 @@ class ServerConfig:
     max_frame_bytes: int = _key(1 << 20, "largest accepted msgpack message; beyond: `too_large`, "
                                 "connection closed", kind="int", unit="bytes", min=4096,
                                 max=1 << 30, live=True)
+    max_unsent_bytes: int = _key(16 << 20, "answers a connection has not read yet: beyond this the "
+                                 "daemon reads no more of its requests; an answer larger than this is "
+                                 "`too_large`; a peer twice over (unread generate output) is "
+                                 "disconnected", kind="int", unit="bytes", min=64 << 10,
+                                 max=1 << 30, live=True)
     max_queue: int = _key(64, "requests waiting for a KV slot; beyond: `busy`", kind="int",
                           unit="requests", min=0, max=1 << 20, live=True)
     request_deadline_s: float = _key(600.0, "wall-clock limit of one generate request from arrival; "

@@ -31,7 +31,7 @@ from typing import Any
 
 from ktd import __version__, admission, config as config_mod, protocol
 from ktd.engine_api import Engine
-from ktd.errors import BadRequest, Busy, Cancelled, Internal, KtdError, NotFound, Unauthorized
+from ktd.errors import BadRequest, Busy, Cancelled, Internal, KtdError, NotFound, TooLarge, Unauthorized
 from ktd.events import Deliver, Event, call_sinks
 from ktd.scheduler import Job, Scheduler
 from ktd.sockets import peer_credentials
@@ -43,6 +43,9 @@ READ_CHUNK = 64 * 1024
 _REFUSE_WAIT_S = 2.0        # a refused peer gets this long to send the request we answer
 _LINGER_S = 1.0             # lingering close: drain input this long after shutdown(SHUT_WR)
 _INFLIGHT_SPARE = 64        # unanswered requests per connection beyond running + queued generates
+# Methods whose request and answer can each be as large as a frame (or larger: one token id can
+# detokenize to a long piece): a connection has one of them in progress at a time.
+_HEAVY = frozenset({"tokenize", "detokenize"})
 
 
 def resolve_ids(names: tuple[int | str, ...], kind: str) -> frozenset[int]:
@@ -66,6 +69,7 @@ class Policy:
     limits: protocol.Limits
     max_connections: int
     max_queue: int
+    max_unsent_bytes: int
     request_deadline_s: float | None
     allowed_uids: frozenset[int]     # the daemon's own uid included
     allowed_gids: frozenset[int]
@@ -77,6 +81,7 @@ class Policy:
                                  max_tokens=c.limits.max_tokens, max_messages=c.limits.max_messages,
                                  max_nesting=c.limits.max_nesting, max_stop=c.limits.max_stop)
         return cls(limits=limits, max_connections=c.server.max_connections, max_queue=c.server.max_queue,
+                   max_unsent_bytes=c.server.max_unsent_bytes,
                    request_deadline_s=c.server.request_deadline_s or None,
                    allowed_uids=resolve_ids(c.server.allowed_uids, "user") | {os.getuid()},
                    allowed_gids=resolve_ids(c.server.allowed_gids, "group"))
@@ -98,9 +103,14 @@ def loop_delivery(loop: asyncio.AbstractEventLoop) -> Deliver:
 
 class Connection:
     def __init__(self, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 creds: tuple[int, int, int, frozenset[int]]):
+                 creds: tuple[int, int, int, frozenset[int]], max_unsent: int = 0):
         self.cid = cid
         self.reader, self.writer = reader, writer
+        self.max_unsent = max_unsent               # 0: unbounded (tests without a transport)
+        if max_unsent:
+            # drain() waits while more than this is unsent
+            writer.transport.set_write_buffer_limits(high=max_unsent)
+        self.heavy: asyncio.Task | None = None     # the tokenize/detokenize in progress
         self.pid, self.uid, self.gid, self.groups = creds
         # msgid -> scheduler job id of a generate request; None while it is parsed and tokenized
         # (it can be cancelled then too: its msgid goes to ``cancel_early``)
@@ -113,6 +123,12 @@ class Connection:
     def send(self, data: bytes) -> None:
         if not self.writer.is_closing():
             self.writer.write(data)
+            # Reading stops at max_unsent, but streamed generate output keeps coming: a peer that
+            # lets it pile up to twice the budget is cut off (its requests are then cancelled).
+            if self.max_unsent and self.writer.transport.get_write_buffer_size() > 2 * self.max_unsent:
+                log.warning("connection %d: %d bytes unread by the peer; disconnecting", self.cid,
+                            self.writer.transport.get_write_buffer_size(), extra={"KTD_PEER_UID": self.uid})
+                self.writer.transport.abort()
 
     async def drain(self) -> None:
         if not self.writer.is_closing():
@@ -180,7 +196,7 @@ class Connections:
             log.warning("cannot read peer credentials: %s", e)
             writer.close()
             return
-        conn = Connection(next(self._conn_ids), reader, writer, creds)
+        conn = Connection(next(self._conn_ids), reader, writer, creds, self.policy.max_unsent_bytes)
         extra = {"KTD_PEER_UID": conn.uid, "KTD_PEER_PID": conn.pid}
         policy = self.policy
         if not policy.authorized(conn.uid, conn.gid, conn.groups):
@@ -219,8 +235,10 @@ class Connections:
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
         for conn in list(self.open.values()):
+            # a peer that does not read would hold the shutdown here for ever
             with contextlib.suppress(Exception):
-                await conn.drain()
+                async with asyncio.timeout(_LINGER_S):
+                    await conn.drain()
             conn.writer.close()
 
     async def _refuse(self, conn: Connection, error: KtdError) -> None:
@@ -282,7 +300,9 @@ class Connections:
                     limit = self.engine.n_seq_max + self.policy.max_queue + _INFLIGHT_SPARE
                     while len(conn.tasks) >= limit:
                         await asyncio.wait(list(conn.tasks), return_when=asyncio.FIRST_COMPLETED)
-                    self._dispatch(conn, value)
+                    # Output backpressure: no more requests while the peer leaves answers unread.
+                    await conn.drain()
+                    await self._dispatch(conn, value)
             except protocol.FramingError as e:
                 self.counters["errors_" + e.error.code] += 1
                 log.warning("connection %d: %s; closing", conn.cid, e.error.message,
@@ -290,7 +310,7 @@ class Connections:
                 await self._lingering_close(conn, protocol.error_notification(e.error))
                 return
 
-    def _dispatch(self, conn: Connection, value: Any) -> None:
+    async def _dispatch(self, conn: Connection, value: Any) -> None:
         try:
             req = protocol.parse_request(value, self.policy.limits)
         except Exception as e:  # a KtdError, or a bug in validation: the peer still gets an answer
@@ -313,16 +333,26 @@ class Connections:
                     f"generate: msgid {req.msgid} is already in use on this connection")))
                 return
             conn.active[req.msgid] = None
+        if req.method in _HEAVY:
+            if conn.heavy is not None and not conn.heavy.done():
+                await asyncio.wait([conn.heavy])
         task = asyncio.get_running_loop().create_task(self._handle(conn, req))
         conn.tasks.add(task)
         task.add_done_callback(conn.tasks.discard)
+        if req.method in _HEAVY:
+            conn.heavy = task
 
     async def _handle(self, conn: Connection, req: protocol.Request) -> None:
         try:
             if req.method == "generate":
                 await self._generate(conn, req)
             else:
-                conn.send(protocol.response(req.msgid, await self._call(conn, req)))
+                answer = protocol.response(req.msgid, await self._call(conn, req))
+                budget = self.policy.max_unsent_bytes
+                if len(answer) > budget:
+                    raise TooLarge(f"{req.method}: the answer is {len(answer)} bytes, more than "
+                                   f"server.max_unsent_bytes ({budget})")
+                conn.send(answer)
         except KtdError as e:
             self.counters["errors_" + e.code] += 1
             conn.send(protocol.response(req.msgid, error=e))
