@@ -167,3 +167,25 @@ def test_an_answer_larger_than_the_output_budget_is_too_large():
         with pytest.raises(protocol.TooLarge, match="max_unsent_bytes"):
             c.detokenize([65] * ((1 << 20) + 10))
         assert c.detokenize([65] * 1000) == "A" * 1000
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+def test_repeat_penalty_range_holds_only_values_the_arithmetic_survives():
+    """Finding 8: repeat_penalty 1e-40 was inside the documented (0, 100] and made the penalised
+    logits +inf (float32 x / 1e-40), an `internal` error. The range is now [0.01, 100]: the
+    lowest allowed value multiplies a logit by 100 at most."""
+    import numpy as np
+
+    from ktd.sampling import Sampler, SamplingParams
+    for bad in (1e-300, 1e-40, 0.0099):
+        with pytest.raises(protocol.BadRequest, match="repeat_penalty"):
+            protocol.parse_generate({"prompt": "x", "repeat_penalty": bad}, protocol.Limits())
+    logits = np.linspace(-3e4, 3e4, 64, dtype=np.float32)
+    for penalty in (0.01, 100.0):
+        s = Sampler(SamplingParams(temperature=0.0, repeat_penalty=penalty, penalty_last_n=64))
+        history = list(range(64))
+        # the oracle: the same filter in float64, greedy
+        x = logits.astype(np.float64)
+        x = np.where(x > 0, x / penalty, x * penalty)
+        assert s.sample(logits, history) == int(np.argmax(x))
