@@ -189,3 +189,79 @@ def test_repeat_penalty_range_holds_only_values_the_arithmetic_survives():
         x = logits.astype(np.float64)
         x = np.where(x > 0, x / penalty, x * penalty)
         assert s.sample(logits, history) == int(np.argmax(x))
+
+
+# --- connections: refused peers, what an unprivileged client sees -----------------------------
+
+def _sockets(pid: int) -> int:
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def test_refused_peers_count_against_max_connections():
+    """Finding 11: 300 refused connections held 307 descriptors while `status` said 1: a peer
+    being refused (it gets 2 s to send the request we answer) held a descriptor outside the
+    limit."""
+    with DaemonProcess(server={"max_connections": 4}) as d, d.client() as c:
+        c.health()
+        base = _sockets(d.proc.pid)
+        raws = [_connect(d) for _ in range(12)]
+        try:
+            assert wait_for(lambda: d.log().count("refused peer") >= 9, timeout=10), d.log()
+            held = _sockets(d.proc.pid) - base
+            assert held <= 3, f"{held} peer sockets held with max_connections 4 (1 in use)"
+            assert c.status()["server"]["connections"] <= 4
+        finally:
+            for s in raws:
+                s.close()
+
+
+def _as_uid(uid: int, sock_path: str, request: bytes) -> list:
+    """Connect as another uid (forked child: setgroups/setgid/setuid); its decoded replies."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: only os/socket calls, then _exit
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(10)
+            s.connect(sock_path)
+            s.sendall(request)
+            s.shutdown(socket.SHUT_WR)
+            while chunk := s.recv(65536):
+                os.write(w, chunk)
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    u = msgpack.Unpacker(raw=False)
+    u.feed(data)
+    return list(u)
+
+
+def test_an_unprivileged_client_sees_neither_the_model_path_nor_the_pid():
+    """Finding 11: hello and status gave any allowed client the model's path and the daemon's
+    PID. Only the daemon's own uid and root see them; other allowed peers get the file name."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to run a client as uid 65534")
+    with DaemonProcess(server={"socket_mode": 0o666, "allowed_uids": [0, 65534]}) as d:
+        msgs = _as_uid(65534, d.socket, protocol.pack([0, 1, "hello", []]) + protocol.pack([0, 2, "status", []]))
+        answers = {m[1]: m[3] for m in msgs if m[0] == 1}
+        assert "path" not in answers[1]["model"] and answers[1]["model"]["name"] == "fake"
+        assert "pid" not in answers[2]["server"] and "path" not in answers[2]["model"]
+        assert "socket" not in answers[2]["server"]
+        with d.client() as c:  # the daemon's own uid (root here) sees everything
+            assert c.status()["server"]["pid"] == d.proc.pid
+            assert c.hello()["model"]["path"] == "/dev/null"

@@ -101,6 +101,15 @@ def loop_delivery(loop: asyncio.AbstractEventLoop) -> Deliver:
     return deliver
 
 
+def _unprivileged_model(info: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in info.items() if k != "path"}
+
+
+def _unprivileged_status(doc: Mapping[str, Any]) -> dict[str, Any]:
+    server = {k: v for k, v in doc["server"].items() if k not in ("pid", "socket")}
+    return {**doc, "server": server, "model": _unprivileged_model(doc["model"])}
+
+
 class Connection:
     def __init__(self, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  creds: tuple[int, int, int, frozenset[int]], max_unsent: int = 0):
@@ -112,6 +121,9 @@ class Connection:
             writer.transport.set_write_buffer_limits(high=max_unsent)
         self.heavy: asyncio.Task | None = None     # the tokenize/detokenize in progress
         self.pid, self.uid, self.gid, self.groups = creds
+        # Where the model file and the daemon's process are is for its operators (root, the
+        # daemon's own user); other allowed clients see the model's name.
+        self.privileged = self.uid in (0, os.getuid())
         # msgid -> scheduler job id of a generate request; None while it is parsed and tokenized
         # (it can be cancelled then too: its msgid goes to ``cancel_early``)
         self.active: dict[int, int | None] = {}
@@ -185,6 +197,7 @@ class Connections:
         self.counters = counters
         self.introspect = introspect
         self.open: dict[int, Connection] = {}
+        self.refusing = 0     # refused peers still held (waiting for the request we answer)
         self._conn_ids = itertools.count(1)
         self._req_ids = itertools.count(1)
 
@@ -205,10 +218,10 @@ class Connections:
                         conn.gid, extra=extra)
             await self._refuse(conn, Unauthorized(f"uid {conn.uid} is not allowed to use this daemon"))
             return
-        if len(self.open) >= policy.max_connections:
+        if self.count >= policy.max_connections:
             self.counters["rejected_busy"] += 1
             log.warning("refused peer pid=%d uid=%d: %d connections open", conn.pid, conn.uid,
-                        len(self.open), extra=extra)
+                        self.count, extra=extra)
             await self._refuse(conn, Busy(f"too many connections ({policy.max_connections})"))
             return
         self.open[conn.cid] = conn
@@ -228,6 +241,11 @@ class Connections:
             conn.writer.close()
             log.debug("connection %d closed after %d requests", conn.cid, conn.n_requests, extra=extra)
 
+    @property
+    def count(self) -> int:
+        """Connections held: served ones and refused ones still waiting for their answer."""
+        return len(self.open) + self.refusing
+
     async def close(self, timeout: float) -> None:
         """Let the requests' tasks send their answers (up to ``timeout``), then close every
         connection."""
@@ -242,9 +260,22 @@ class Connections:
             conn.writer.close()
 
     async def _refuse(self, conn: Connection, error: KtdError) -> None:
-        """Answer the peer's first request (or send an error notification), then close."""
-        decoder = protocol.FrameDecoder(self.policy.limits.max_frame_bytes)
+        """Answer the peer's first request (or send an error notification), then close. A refused
+        peer counts against max_connections while it is held; at the limit it gets the error
+        notification at once and is closed without waiting."""
         reply = protocol.error_notification(error)
+        if self.count >= self.policy.max_connections:
+            conn.send(reply)
+            conn.writer.close()
+            return
+        self.refusing += 1
+        try:
+            await self._answer_refused(conn, reply, error)
+        finally:
+            self.refusing -= 1
+
+    async def _answer_refused(self, conn: Connection, reply: bytes, error: KtdError) -> None:
+        decoder = protocol.FrameDecoder(self.policy.limits.max_frame_bytes)
         try:
             async with asyncio.timeout(_REFUSE_WAIT_S):
                 while True:
@@ -367,11 +398,14 @@ class Connections:
         m, p = req.method, req.params
         if m in self.introspect:
             protocol.parse_empty(m, p)
-            return self.introspect[m]()
+            result = self.introspect[m]()
+            return result if conn.privileged or m != "status" else _unprivileged_status(result)
         if m == "hello":
             protocol.parse_empty(m, p)
+            info = self.engine.info()
             return {"protocol": protocol.PROTOCOL_VERSION, "server": f"ktd {__version__}",
-                    "model": self.engine.info(), "n_ctx": self.engine.n_ctx,
+                    "model": info if conn.privileged else _unprivileged_model(info),
+                    "n_ctx": self.engine.n_ctx,
                     "n_seq_max": self.engine.n_seq_max, "n_vocab": tok.n_vocab}
         if m == "cancel":
             msgid = protocol.parse_cancel(p)

@@ -232,7 +232,7 @@ class Daemon:
 
     def _facts(self) -> ServerFacts:
         return ServerFacts(state=self.state, socket=self.socket_path, activated=self.activated,
-                           connections=len(self.connections.open) if self.connections else 0,
+                           connections=self.connections.count if self.connections else 0,
                            reloads=self.reloads, uptime_s=time.monotonic() - self.started)
 
     def _status_text(self) -> str:
@@ -251,7 +251,7 @@ class Daemon:
     def metrics(self) -> dict[str, Any]:
         assert self.instrument is not None and self.connections is not None
         return {"text": self.instrument.metrics(up=self.state == "serving",
-                                                connections=len(self.connections.open))}
+                                                connections=self.connections.count)}
 
 
 def setup_logging(level: str) -> None:
