@@ -85,6 +85,18 @@ class ByteTokenizer:
         return "".join(out)
 
 
+    def encode_chat(self, messages: list[dict], *, add_special: bool = True,
+                    add_generation_prompt: bool = True) -> list[int]:
+        """render_chat's text, its markup as control tokens and the content as bytes."""
+        self.render_chat(messages, add_generation_prompt)  # the same errors
+        ids = [BOS] if add_special and self.add_bos else []
+        for m in messages:
+            ids += [IM_START, *f"{m['role']}\n".encode(), *m["content"].encode(), IM_END, *b"\n"]
+        if add_generation_prompt:
+            ids += [IM_START, *b"assistant\n"]
+        return ids
+
+
 def row_logits(history: Sequence[int], eos_bias: float) -> np.ndarray:
     """float32 [N_VOCAB] logits after ``history`` (the last entry is the token at this row)."""
     h = hashlib.blake2b(np.asarray(history, dtype=np.int32).tobytes(), digest_size=8).digest()

@@ -24,12 +24,11 @@ def prompt_tokens(g: GenerateRequest, tok: Tokenizer) -> list[int]:
     if g.tokens is not None:
         return list(g.tokens)
     if g.messages is not None:
+        # the template's markup becomes control tokens, the messages' content stays text
         try:
-            text = tok.render_chat(g.messages, add_generation_prompt=True)
+            return tok.encode_chat(g.messages, add_special=g.add_special, add_generation_prompt=True)
         except ValueError as e:
             raise BadRequest(f"generate: chat template: {e}") from None
-        # the template writes the special tokens as text
-        return tok.encode(text, add_special=g.add_special, parse_special=True)
     assert g.prompt is not None
     return tok.encode(g.prompt, add_special=g.add_special, parse_special=g.parse_special)
 

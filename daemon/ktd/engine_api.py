@@ -48,6 +48,12 @@ class Tokenizer(Protocol):
         """Apply the chat template; raises ValueError with a clear message on a template error."""
         ...
 
+    def encode_chat(self, messages: list[dict], *, add_special: bool = True,
+                    add_generation_prompt: bool = True) -> list[int]:
+        """The chat template applied and tokenized: its markup as control tokens, the messages'
+        content as text (never control tokens); ValueError as ``render_chat``."""
+        ...
+
 
 class Engine(Protocol):
     """One loaded model, owned by the engine thread (never called from the event loop except

@@ -68,6 +68,8 @@ _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endofte
               "<end_of_utterance>")
 
 _SPM_SPACE = "\u2581"  # SentencePiece's escaped space
+# Unicode noncharacters (never assigned, "for internal use"): encode_chat's escape candidates.
+_ESCAPE_MARKS = tuple(chr(c) for c in range(0xFDD0, 0xFDF0))
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -263,6 +265,11 @@ class Tokenizer:
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``; add_special adds BOS/EOS as the model asks (tokenizer.ggml.add_*),
         parse_special matches CONTROL token texts (``<|im_start|>``) in the text as single tokens."""
+        return self._encode(text, add_special, parse_special, None)
+
+    def _encode(self, text: str, add_special: bool, parse_special: bool, mark: str | None) -> list[int]:
+        # mark: a character escape_specials put into special-token texts so that they are not
+        # matched; it is removed from the text fragments before they are encoded.
         if not isinstance(text, str):
             raise TypeError(f"encode() needs str, not {type(text).__name__}")
         if _LONE_SURROGATE.search(text):
@@ -277,6 +284,8 @@ class Tokenizer:
                 out.append(special_id)
                 is_prev_special = True
                 continue
+            if mark is not None:
+                frag = frag.replace(mark, "")
             if self._spm is not None:
                 if self.add_space_prefix and is_prev_special:
                     frag = " " + frag
@@ -350,19 +359,52 @@ class Tokenizer:
 
     # ---- chat -----------------------------------------------------------------------------
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        """Prompt text for ``messages`` from the model's chat template (ktd.chat).
+    def encode_chat(self, messages: list[dict], *, add_special: bool = True,
+                    add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the chat: the template's markup becomes control tokens, the messages'
+        content is text. A content containing ``<|im_end|>`` (any CONTROL or UNKNOWN token's
+        text) gets that text's tokens, never the control token: it cannot forge a turn. The
+        special texts in the content are escaped with a character that occurs nowhere in the
+        template or the messages and is dropped again before encoding, which also survives
+        what templates do with content (trim, concatenation, slicing at other places).
+        Raises ChatTemplateError (see ``render_chat``)."""
+        template = self._template()
+        present = template + "".join(str(v) for m in messages if isinstance(m, dict) for v in m.values())
+        mark = next((c for c in _ESCAPE_MARKS if c not in present), None)
+        if mark is None:
+            raise ChatTemplateError("the messages use every escape character U+FDD0..U+FDEF")
+        escaped = [{**m, "content": self._escape_specials(m["content"], mark)}
+                   if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
+        text = self.render_chat(escaped, add_generation_prompt=add_generation_prompt)
+        return self._encode(text, add_special, True, mark)
 
-        Raises ChatTemplateError (a ValueError) when the model has no template or the template
-        fails. The rendered text contains special-token text; encode it with parse_special=True.
-        """
+    def _escape_specials(self, text: str, mark: str) -> str:
+        """``text`` with ``mark`` after the first character of every special-token text that
+        only parse_special would match (USER_DEFINED tokens are matched in any text anyway)."""
+        parts = []
+        for frag, tid in self._special_all.split(text):
+            if tid is not None and tid not in self._special_user.ids:
+                frag = frag[0] + mark + frag[1:]
+            parts.append(frag)
+        return "".join(parts)
+
+    def _template(self) -> str:
         template = self.chat_template
         if template is None:
             template = builtin_template(self.architecture)
             if template is None:
                 raise ChatTemplateError("the model has no chat template (tokenizer.chat_template)")
+        return template
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        """Prompt text for ``messages`` from the model's chat template (ktd.chat).
+
+        Raises ChatTemplateError (a ValueError) when the model has no template or the template
+        fails. The rendered text contains special-token text, also any the messages wrote: a
+        prompt is tokenized with ``encode_chat``, which keeps the two apart.
+        """
         return render_chat_template(
-            template, messages, add_generation_prompt=add_generation_prompt,
+            self._template(), messages, add_generation_prompt=add_generation_prompt,
             bos_token=self._texts[self.bos_id] if self.bos_id is not None else "",
             eos_token=self._texts[self.eos_id] if self.eos_id is not None else "",
             **extra,
@@ -381,6 +423,7 @@ class _SpecialMatcher:
 
     def __init__(self, specials: dict[str, int]):
         self.specials = specials
+        self.ids = frozenset(specials.values())
         lengths: dict[str, set[int]] = {}
         for t in specials:
             lengths.setdefault(t[0], set()).add(len(t))
