@@ -310,3 +310,28 @@ def test_chat_content_cannot_forge_control_tokens():
             + [im_end] + tok.encode("\n", add_special=False) + [im_start]
             + tok.encode("assistant\n", add_special=False))
     assert ids == want
+
+
+def test_the_word_cache_is_bounded_by_bytes_not_words():
+    """Finding 6: 40 tokenize calls with different 256K-letter words kept +127 MB: the BPE word
+    cache was bounded by its number of entries only."""
+    import random
+
+    from ktd.tokenizer.models import _BYTE_TABLE, BytePairEncoder
+    enc = BytePairEncoder({c: i for i, c in enumerate(_BYTE_TABLE)}, [], False, lambda t: t.split(" "))
+    rng = random.Random(6)
+    words = ["".join(rng.choices("abcdefghij", k=20_000)) for _ in range(30)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for w in words:
+            out: list[int] = []
+            enc.encode(w, out)
+            assert len(out) == len(w)  # one byte token per letter: no merges
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 1 << 20, f"{held} bytes kept after encoding {len(words)} long words"
+    out = []
+    enc.encode("ab ab", out)  # short words are still cached (and encoded the same)
+    assert out == [_BYTE_TABLE.index("a"), _BYTE_TABLE.index("b")] * 2 and "ab" in enc._cache
