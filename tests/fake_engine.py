@@ -86,7 +86,7 @@ class ByteTokenizer:
 
 
     def encode_chat(self, messages: list[dict], *, add_special: bool = True,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, limits: Any = None) -> list[int]:
         """render_chat's text, its markup as control tokens and the content as bytes."""
         self.render_chat(messages, add_generation_prompt)  # the same errors
         ids = [BOS] if add_special and self.add_bos else []

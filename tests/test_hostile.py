@@ -335,3 +335,38 @@ def test_the_word_cache_is_bounded_by_bytes_not_words():
     out = []
     enc.encode("ab ab", out)  # short words are still cached (and encoded the same)
     assert out == [_BYTE_TABLE.index("a"), _BYTE_TABLE.index("b")] * 2 and "ab" in enc._cache
+
+
+# --- chat templates from the model file -------------------------------------------------------
+
+HOSTILE_TEMPLATES = [
+    "{{ 'x' * 10**9 }}",                                  # string repetition (finding 10)
+    "{{ ['x'] * 10**9 }}",
+    "{{ 10**(10**8) }}",                                  # an integer of 100 million digits
+    "{{ '%999999999s' % 'x' }}",
+    "{{ 'x'|center(999999999) }}",
+    "{{ '{:999999999}'.format('x') }}",
+    "{% set s = 'x' * 1000 %}{% for i in range(10000) %}{{ s }}{% endfor %}",     # 10 MB of output
+    "{% set ns = namespace(s='xx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}"
+    "{{ ns.s|length }}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",  # 10^10 steps
+]
+
+
+@pytest.mark.parametrize("template", HOSTILE_TEMPLATES)
+def test_a_hostile_chat_template_fails_with_a_typed_error(template):
+    """Finding 10: `{{ 'x' * 10**9 }}` in the model's chat template hung rendering (the sandbox
+    does not bound string repetition). Rendering is bounded in output size and time."""
+    from ktd.chat import ChatTemplateError, RenderLimits, render_chat_template
+    with pytest.raises(ChatTemplateError):
+        render_chat_template(template, [{"role": "user", "content": "hi"}],
+                             limits=RenderLimits(max_chars=1 << 20, timeout_s=1.0))
+
+
+def test_bounded_rendering_still_renders_ordinary_templates():
+    from ktd.chat import RenderLimits, render_chat_template
+    msgs = [{"role": "user", "content": "hi " * 1000}]
+    out = render_chat_template(CHATML, msgs, limits=RenderLimits(max_chars=1 << 20, timeout_s=1.0))
+    assert out == "<|im_start|>user\n" + "hi " * 1000 + "<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(Exception, match="characters"):
+        render_chat_template(CHATML, msgs, limits=RenderLimits(max_chars=1000, timeout_s=1.0))

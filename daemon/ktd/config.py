@@ -114,6 +114,13 @@ class LimitsConfig:
                             unit="levels", min=4, max=512, live=True)
     max_stop: int = _key(16, "stop strings per request", kind="int", unit="strings", min=0,
                          max=1024, live=True)
+    chat_template_max_chars: int = _key(1 << 22, "characters a chat template may produce (and build "
+                                        "in one operation) rendering one request; beyond: "
+                                        "`bad_request`", kind="int", unit="characters",
+                                        min=4096, max=1 << 30, live=True)
+    chat_template_timeout_s: float = _key(2.0, "time a chat template may take rendering one "
+                                          "request; beyond: `bad_request`", kind="float", unit="s",
+                                          min=0.01, max=600, live=True)
 
 
 @dataclass(frozen=True)

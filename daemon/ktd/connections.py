@@ -79,7 +79,9 @@ class Policy:
         limits = protocol.Limits(max_frame_bytes=c.server.max_frame_bytes,
                                  max_prompt_tokens=c.limits.max_prompt_tokens,
                                  max_tokens=c.limits.max_tokens, max_messages=c.limits.max_messages,
-                                 max_nesting=c.limits.max_nesting, max_stop=c.limits.max_stop)
+                                 max_nesting=c.limits.max_nesting, max_stop=c.limits.max_stop,
+                                 chat_template_max_chars=c.limits.chat_template_max_chars,
+                                 chat_template_timeout_s=c.limits.chat_template_timeout_s)
         return cls(limits=limits, max_connections=c.server.max_connections, max_queue=c.server.max_queue,
                    max_unsent_bytes=c.server.max_unsent_bytes,
                    request_deadline_s=c.server.request_deadline_s or None,
@@ -434,7 +436,8 @@ class Connections:
         try:
             policy = self.policy
             g = protocol.parse_generate(req.params, policy.limits)
-            prompt = await loop.run_in_executor(None, admission.prompt_tokens, g, self.engine.tokenizer)
+            prompt = await loop.run_in_executor(None, admission.prompt_tokens, g, self.engine.tokenizer,
+                                                policy.limits)
             max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
                                          n_ctx=self.engine.n_ctx, limits=policy.limits)
             if conn.closed:

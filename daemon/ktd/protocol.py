@@ -52,6 +52,8 @@ class Limits:
     max_messages: int = 256
     max_nesting: int = 16
     max_stop: int = 16
+    chat_template_max_chars: int = 1 << 22
+    chat_template_timeout_s: float = 2.0
 
 
 class FramingError(KtdError):

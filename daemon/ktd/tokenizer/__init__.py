@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ktd.chat import ChatTemplateError, builtin_template, render_chat_template
+from ktd.chat import ChatTemplateError, RenderLimits, builtin_template, render_chat_template
 from ktd.tokenizer.metadata import GGUFMetadataError, _read_tokenizer_metadata
 from ktd.tokenizer.models import BYTE_DECODER, BytePairEncoder, SentencePieceEncoder, TokenizerError
 from ktd.tokenizer.pretokenize import PRE_TYPES
@@ -360,7 +360,7 @@ class Tokenizer:
     # ---- chat -----------------------------------------------------------------------------
 
     def encode_chat(self, messages: list[dict], *, add_special: bool = True,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits()) -> list[int]:
         """Token ids of the chat: the template's markup becomes control tokens, the messages'
         content is text. A content containing ``<|im_end|>`` (any CONTROL or UNKNOWN token's
         text) gets that text's tokens, never the control token: it cannot forge a turn. The
@@ -375,7 +375,7 @@ class Tokenizer:
             raise ChatTemplateError("the messages use every escape character U+FDD0..U+FDEF")
         escaped = [{**m, "content": self._escape_specials(m["content"], mark)}
                    if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
-        text = self.render_chat(escaped, add_generation_prompt=add_generation_prompt)
+        text = self.render_chat(escaped, add_generation_prompt=add_generation_prompt, limits=limits)
         return self._encode(text, add_special, True, mark)
 
     def _escape_specials(self, text: str, mark: str) -> str:
@@ -396,7 +396,8 @@ class Tokenizer:
                 raise ChatTemplateError("the model has no chat template (tokenizer.chat_template)")
         return template
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    limits: RenderLimits = RenderLimits(), **extra) -> str:
         """Prompt text for ``messages`` from the model's chat template (ktd.chat).
 
         Raises ChatTemplateError (a ValueError) when the model has no template or the template
@@ -404,7 +405,7 @@ class Tokenizer:
         prompt is tokenized with ``encode_chat``, which keeps the two apart.
         """
         return render_chat_template(
-            self._template(), messages, add_generation_prompt=add_generation_prompt,
+            self._template(), messages, limits=limits, add_generation_prompt=add_generation_prompt,
             bos_token=self._texts[self.bos_id] if self.bos_id is not None else "",
             eos_token=self._texts[self.eos_id] if self.eos_id is not None else "",
             **extra,
