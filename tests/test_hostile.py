@@ -370,3 +370,65 @@ def test_bounded_rendering_still_renders_ordinary_templates():
     assert out == "<|im_start|>user\n" + "hi " * 1000 + "<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(Exception, match="characters"):
         render_chat_template(CHATML, msgs, limits=RenderLimits(max_chars=1000, timeout_s=1.0))
+
+
+# --- the loader: every malformed model is a GGUFError naming the key, at load -----------------
+
+def _bad_model_cases():
+    import gguf
+    VT = gguf.GGUFValueType
+    n = 320  # the tiny llama's vocabulary
+    types = [2, 3, 3] + [6] * 256 + [1] * (n - 259)
+    huge = list(types)
+    huge[300] = 2**31 - 1
+    return {
+        "scalar token_type": ({"tokenizer.ggml.token_type": (5, VT.INT32)}, "tokenizer.ggml.token_type"),
+        "array add_bos_token": ({"tokenizer.ggml.add_bos_token": ([True, False], VT.ARRAY, VT.BOOL)},
+                                "tokenizer.ggml.add_bos_token"),
+        "NaN token_type": ({"tokenizer.ggml.token_type": ([float("nan")] * n, VT.ARRAY, VT.FLOAT32)},
+                           "tokenizer.ggml.token_type"),
+        "token_type 2**31-1": ({"tokenizer.ggml.token_type": (huge, VT.ARRAY, VT.INT32)},
+                               "tokenizer.ggml.token_type"),
+        "scalar scores": ({"tokenizer.ggml.scores": (0.5, VT.FLOAT32)}, "tokenizer.ggml.scores"),
+        "1 token, 320 rows": ({"tokenizer.ggml.tokens": (["a"], VT.ARRAY, VT.STRING),
+                               "tokenizer.ggml.token_type": ([1], VT.ARRAY, VT.INT32),
+                               "tokenizer.ggml.scores": ([0.0], VT.ARRAY, VT.FLOAT32)},
+                              "tokenizer.ggml.tokens"),
+        "NaN rms_epsilon": ({"llama.attention.layer_norm_rms_epsilon": (float("nan"), VT.FLOAT32)},
+                            "layer_norm_rms_epsilon"),
+        "negative rms_epsilon": ({"llama.attention.layer_norm_rms_epsilon": (-1e-5, VT.FLOAT32)},
+                                 "layer_norm_rms_epsilon"),
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from models.tiny_dense import make_model
+    return make_model("llama", tmp_path_factory.mktemp("hostile") / "llama.gguf")
+
+
+@pytest.mark.parametrize("case", list(_bad_model_cases()))
+def test_a_malformed_model_is_a_gguf_error_naming_the_key(case, tiny_llama, tmp_path):
+    """Finding 9: these raised TypeError, ValueError, a 16 GiB allocation, or loaded and failed
+    every request (1-entry vocabulary, NaN logits)."""
+    from gguf_samples import rewrite_gguf
+
+    from ktd import GGUFError
+    from ktd.engine import Engine
+    edits, key = _bad_model_cases()[case]
+    bad = rewrite_gguf(tiny_llama, tmp_path / "bad.gguf", set_kv=edits)
+    with pytest.raises(GGUFError, match=key.replace(".", r"\.")):
+        Engine.open(bad, n_ctx=64)
+
+
+def test_invalid_utf8_in_the_architecture_is_a_gguf_error(tiny_llama, tmp_path):
+    from ktd import GGUFError
+    from ktd.engine import Engine
+    data = open(tiny_llama, "rb").read()
+    key = b"general.architecture"
+    at = data.index(key) + len(key) + 4 + 8  # the value: after its type and length
+    assert data[at:at + 5] == b"llama"
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(data[:at] + b"ll\xffma" + data[at + 5:])
+    with pytest.raises(GGUFError, match="general.architecture"):
+        Engine.open(bad, n_ctx=64)

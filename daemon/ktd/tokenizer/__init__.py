@@ -20,12 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
+from ktd import GGUFError
 from ktd.chat import ChatTemplateError, RenderLimits, builtin_template, render_chat_template
 from ktd.tokenizer.metadata import GGUFMetadataError, _read_tokenizer_metadata
 from ktd.tokenizer.models import BYTE_DECODER, BytePairEncoder, SentencePieceEncoder, TokenizerError
 from ktd.tokenizer.pretokenize import PRE_TYPES
 
-__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "ChatTemplateError"]
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "TokenizerMetadataError", "ChatTemplateError"]
+
+
+class TokenizerMetadataError(TokenizerError, GGUFError):
+    """The model file's tokenizer metadata is malformed or unsupported: a GGUFError, like every
+    other reason a model file cannot be loaded."""
 
 # tokenizer.ggml.token_type values (gguf-py TokenType / llama.h llama_token_type)
 TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL = 1, 2, 3
@@ -116,6 +122,21 @@ class Tokenizer:
                 raise TokenizerError(f"{source}: missing tokenizer metadata key {key!r}")
             return meta[key]
 
+        def fail(key: str, expected: str) -> TokenizerError:
+            return TokenizerError(f"{source}: {key} must be {expected}")
+
+        def flag(key: str, default: bool) -> bool:
+            v = meta.get(key, default)
+            if not isinstance(v, (bool, int)):  # an array, a string
+                raise fail(key, "a boolean")
+            return bool(v)
+
+        def numbers(key: str, kinds: str, expected: str) -> np.ndarray | None:
+            v = meta.get(key)
+            if v is not None and not (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in kinds):
+                raise fail(key, expected)
+            return v
+
         model = need("tokenizer.ggml.model")
         raw_tokens = need("tokenizer.ggml.tokens")
         if not isinstance(raw_tokens, list) or not raw_tokens:
@@ -123,9 +144,12 @@ class Tokenizer:
         n = len(raw_tokens)
         self.n_vocab = n
         self.model = model
-        self.architecture = meta.get("general.architecture")
+        arch = meta.get("general.architecture")
+        if arch is not None and not (isinstance(arch, str) and not _LONE_SURROGATE.search(arch)):
+            raise fail("general.architecture", "a UTF-8 string")
+        self.architecture = arch
 
-        types = meta.get("tokenizer.ggml.token_type")
+        types = numbers("tokenizer.ggml.token_type", "iu", "an integer array")
         if types is not None and len(types) < n:
             raise TokenizerError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries "
                                  f"for {n} tokens")
@@ -144,11 +168,13 @@ class Tokenizer:
         if types is None:
             attrs = [ATTR_NORMAL] * n
         else:
-            table = np.zeros(max(int(types[:n].max(initial=0)), 6) + 1, dtype=np.int64)
+            tv = types[:n].astype(np.int64)
+            if tv.min() < 0 or tv.max() > max(_TYPE_TO_ATTR):
+                raise fail("tokenizer.ggml.token_type", f"token types in [0, {max(_TYPE_TO_ATTR)}]")
+            table = np.zeros(max(_TYPE_TO_ATTR) + 1, dtype=np.int64)  # 0: undefined
             for t, a in _TYPE_TO_ATTR.items():
                 table[t] = a
-            tv = types[:n].astype(np.int64)
-            attrs = np.where((tv >= 0), table[np.clip(tv, 0, None)], ATTR_UNDEFINED).tolist()
+            attrs = table[tv].tolist()
         self._attrs = attrs
 
         def meta_id(key: str, default: int | None) -> int | None:
@@ -162,6 +188,8 @@ class Tokenizer:
         # Vocabulary-type defaults (llama_vocab::impl::load), then metadata overrides.
         if model == "gpt2":
             pre = meta.get("tokenizer.ggml.pre") or "default"
+            if not isinstance(pre, str):
+                raise fail("tokenizer.ggml.pre", "a string")
             if pre not in PRE_TYPES:
                 raise TokenizerError(f"{source}: unsupported pre-tokenizer {pre!r} "
                                      f"(supported: {', '.join(sorted(PRE_TYPES))})")
@@ -175,7 +203,7 @@ class Tokenizer:
             bos_default = eos_default = None
             self.pre = pre
         elif model == "llama":
-            scores = meta.get("tokenizer.ggml.scores")
+            scores = numbers("tokenizer.ggml.scores", "fiu", "a number array")
             if scores is None or len(scores) < n:
                 raise TokenizerError(f"{source}: llama (SentencePiece) tokenizer needs "
                                      f"tokenizer.ggml.scores for every token")
@@ -189,18 +217,16 @@ class Tokenizer:
         else:
             raise TokenizerError(f"{source}: unsupported tokenizer model {model!r} "
                                  "(supported: gpt2, llama)")
-        if "tokenizer.ggml.add_space_prefix" in meta:
-            self.add_space_prefix = bool(meta["tokenizer.ggml.add_space_prefix"])
+        self.add_space_prefix = flag("tokenizer.ggml.add_space_prefix", self.add_space_prefix)
         self.bos_id = meta_id("tokenizer.ggml.bos_token_id", bos_default)
         self.eos_id = meta_id("tokenizer.ggml.eos_token_id", eos_default)
         self.eot_id = meta_id("tokenizer.ggml.eot_token_id", None)
         self.eom_id = meta_id("tokenizer.ggml.eom_token_id", None)
         self.unk_id = meta_id("tokenizer.ggml.unknown_token_id", 0 if model == "llama" else None)
         self.pad_id = meta_id("tokenizer.ggml.padding_token_id", None)
-        if "tokenizer.ggml.add_bos_token" in meta:
-            add_bos = bool(meta["tokenizer.ggml.add_bos_token"])
+        add_bos = flag("tokenizer.ggml.add_bos_token", add_bos)
         self.add_bos = add_bos and self.bos_id is not None
-        self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
+        self.add_eos = flag("tokenizer.ggml.add_eos_token", False) and self.eos_id is not None
         tmpl = meta.get("tokenizer.chat_template")
         self.chat_template = tmpl if isinstance(tmpl, str) else None
 
@@ -254,11 +280,13 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        """The tokenizer of a model file; a malformed or unsupported one is a
+        TokenizerMetadataError (a GGUFError) naming the key."""
         try:
             meta = _read_tokenizer_metadata(path)
-        except GGUFMetadataError as e:
-            raise TokenizerError(str(e)) from e
-        return cls(meta, source=str(path))
+            return cls(meta, source=str(path))
+        except (GGUFMetadataError, TokenizerError) as e:
+            raise TokenizerMetadataError(str(e)) from None
 
     # ---- encoding -------------------------------------------------------------------------
 
