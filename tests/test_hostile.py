@@ -432,3 +432,19 @@ def test_invalid_utf8_in_the_architecture_is_a_gguf_error(tiny_llama, tmp_path):
     bad.write_bytes(data[:at] + b"ll\xffma" + data[at + 5:])
     with pytest.raises(GGUFError, match="general.architecture"):
         Engine.open(bad, n_ctx=64)
+
+
+def test_requests_before_undecodable_bytes_are_answered_before_the_close():
+    """Found by the fuzz campaign: a framing error shut down the writing side while earlier
+    requests' tasks were still running; their answers raised RuntimeError (write after
+    write_eof) and were lost."""
+    with DaemonProcess() as d:
+        for _ in range(5):
+            s = _connect(d)
+            s.sendall(protocol.pack([0, 1, "tokenize", [{"text": "abc", "bogus": 1}]])
+                      + protocol.pack([0, 2, "health", []]) + b"\xc1")
+            msgs = _read_until(s, lambda m: False)  # until the daemon closes
+            s.close()
+            assert [m[1] for m in msgs if m[0] == 1] == [1, 2]
+            assert msgs[-1][:2] == [2, "error"] and msgs[-1][2][0]["code"] == "bad_request"
+        assert "Traceback" not in d.log()

@@ -131,11 +131,13 @@ class Connection:
         self.active: dict[int, int | None] = {}
         self.cancel_early: set[int] = set()
         self.closed = False                        # the peer has gone: submit nothing more
+        self.write_shut = False                    # shutdown(SHUT_WR) sent: nothing more to write
         self.tasks: set[asyncio.Task] = set()
         self.n_requests = 0
 
     def send(self, data: bytes) -> None:
-        if not self.writer.is_closing():
+        # After a lingering close has shut down writing, a request's task may still finish.
+        if not self.writer.is_closing() and not self.write_shut:
             self.writer.write(data)
             # Reading stops at max_unsent, but streamed generate output keeps coming: a peer that
             # lets it pile up to twice the budget is cut off (its requests are then cancelled).
@@ -302,6 +304,7 @@ class Connections:
             await conn.drain()
             if conn.writer.can_write_eof():
                 conn.writer.write_eof()
+                conn.write_shut = True
             async with asyncio.timeout(_LINGER_S):
                 while await conn.reader.read(READ_CHUNK):
                     pass
@@ -340,6 +343,8 @@ class Connections:
                 self.counters["errors_" + e.error.code] += 1
                 log.warning("connection %d: %s; closing", conn.cid, e.error.message,
                             extra={"KTD_PEER_UID": conn.uid})
+                if conn.tasks:  # the requests before the bad bytes are answered first
+                    await asyncio.wait(list(conn.tasks), timeout=5.0)
                 await self._lingering_close(conn, protocol.error_notification(e.error))
                 return
 
