@@ -96,6 +96,9 @@ class ServerConfig:
                                  max=1 << 30, live=True)
     max_queue: int = _key(64, "requests waiting for a KV slot; beyond: `busy`", kind="int",
                           unit="requests", min=0, max=1 << 20, live=True)
+    idle_timeout_s: float = _key(300.0, "a connection with no request in progress that sends nothing "
+                                 "(or only part of a message) for this long is closed; 0 = never",
+                                 kind="float", unit="s", min=0, live=True)
     request_deadline_s: float = _key(600.0, "wall-clock limit of one generate request from arrival; "
                                      "0 = none", kind="float", unit="s", min=0, live=True)
     drain_timeout_s: float = _key(30.0, "on SIGTERM, time running requests get to finish before they "

@@ -70,6 +70,7 @@ class Policy:
     max_connections: int
     max_queue: int
     max_unsent_bytes: int
+    idle_timeout_s: float | None
     request_deadline_s: float | None
     allowed_uids: frozenset[int]     # the daemon's own uid included
     allowed_gids: frozenset[int]
@@ -83,7 +84,7 @@ class Policy:
                                  chat_template_max_chars=c.limits.chat_template_max_chars,
                                  chat_template_timeout_s=c.limits.chat_template_timeout_s)
         return cls(limits=limits, max_connections=c.server.max_connections, max_queue=c.server.max_queue,
-                   max_unsent_bytes=c.server.max_unsent_bytes,
+                   max_unsent_bytes=c.server.max_unsent_bytes, idle_timeout_s=c.server.idle_timeout_s or None,
                    request_deadline_s=c.server.request_deadline_s or None,
                    allowed_uids=resolve_ids(c.server.allowed_uids, "user") | {os.getuid()},
                    allowed_gids=resolve_ids(c.server.allowed_gids, "group"))
@@ -315,9 +316,19 @@ class Connections:
     async def _serve(self, conn: Connection) -> None:
         decoder = protocol.FrameDecoder(self.policy.limits.max_frame_bytes)
         while True:
+            # A peer with nothing in progress may not hold its connection (and a partial
+            # message) for ever: it waits for its bytes at most idle_timeout_s.
+            idle = self.policy.idle_timeout_s if not conn.tasks else None
             try:
-                data = await conn.reader.read(READ_CHUNK)
+                async with asyncio.timeout(idle):
+                    data = await conn.reader.read(READ_CHUNK)
             except ConnectionError:
+                return
+            except TimeoutError:
+                log.info("connection %d: idle for %.0f s; closing", conn.cid, idle,
+                         extra={"KTD_PEER_UID": conn.uid})
+                await self._lingering_close(conn, protocol.error_notification(
+                    BadRequest(f"no request for {idle:g} s (server.idle_timeout_s); closing")))
                 return
             if not data:
                 truncated = decoder.partial
