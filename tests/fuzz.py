@@ -218,7 +218,8 @@ def protocol_campaign(n_frames: int, seed: int = 0) -> Report:
             frames = _batch(rng)
             rep.inputs += len(frames)
             rep.connections += 1
-            msgs, outcome = _exchange(d.socket, b"".join(frames))
+            data = b"".join(frames)
+            msgs, outcome = _exchange(d.socket, data)
             if d.proc.poll() is not None:
                 rep.crashes += 1
                 rep.notes.append(f"daemon exited {d.proc.returncode} at connection {rep.connections}")
@@ -226,9 +227,9 @@ def protocol_campaign(n_frames: int, seed: int = 0) -> Report:
             if outcome == "hang":
                 rep.hangs += 1
                 rep.notes.append(f"hang: connection {rep.connections}, frames {frames[:3]!r:.300}")
-            if not msgs and outcome != "hang":
+            if data and not msgs and outcome != "hang":  # (a mutation can delete everything)
                 rep.unanswered += 1
-                rep.notes.append(f"unanswered: {b''.join(frames)[:120]!r}")
+                rep.notes.append(f"unanswered: {data[:120]!r}")
             for m in msgs:
                 err = m[2] if isinstance(m, list) and len(m) == 4 and m[0] == 1 else (
                     m[2][0] if isinstance(m, list) and len(m) == 3 and m[1] == "error" else None)
