@@ -4,6 +4,7 @@ the real daemon process (the fake engine, or the real one on a generated tiny mo
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -103,3 +104,23 @@ def test_a_model_file_replaced_by_rename_while_serving_changes_nothing(tmp_path,
 def test_a_model_file_truncated_in_place_while_serving_does_not_kill_the_daemon(tmp_path, wtype):
     p = _after_the_file_changes(tmp_path, wtype, "truncate")
     assert p.returncode == 0, f"exit {p.returncode}: {p.stderr[-2000:]}"
+
+
+def test_logs_to_a_full_disk_do_not_stop_the_daemon():
+    """stdout/stderr (the journal's stream, or a log file) on a full disk: every log write fails
+    with ENOSPC; requests are still served and SIGTERM still stops the daemon cleanly."""
+    d = DaemonProcess()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KTD_", "NOTIFY_SOCKET", "LISTEN_",
+                                                                    "WATCHDOG_", "JOURNAL_STREAM"))}
+    try:
+        with open("/dev/full", "wb") as full:
+            d.proc = subprocess.Popen(d.command(), stdout=full, stderr=subprocess.STDOUT, env=env)
+        d.wait_ready()
+        with d.client() as c:
+            assert c.generate("disk full", max_tokens=4, ignore_eos=True)["finish_reason"] == "length"
+            assert c.tokenize("abc", add_special=False) == [97, 98, 99]
+        assert d.stop() == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+        shutil.rmtree(d.dir, ignore_errors=True)
