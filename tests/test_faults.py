@@ -124,3 +124,40 @@ def test_logs_to_a_full_disk_do_not_stop_the_daemon():
         if d.proc.poll() is None:
             d.proc.kill()
         shutil.rmtree(d.dir, ignore_errors=True)
+
+
+def _hugepages_free() -> int:
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["HugePages_Free"].split()[0]) - int(info["HugePages_Rsvd"].split()[0])
+
+
+def _serve_real(model, sock, **env) -> subprocess.Popen:
+    env = dict(os.environ, KTD_MODEL__PATH=str(model), KTD_MODEL__N_CTX="64", KTD_MODEL__THREADS="1",
+               KTD_SERVER__SOCKET_GROUP="null", **env)
+    return subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", str(sock)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_enomem_from_the_huge_page_pool_at_load_falls_back_with_a_log_line(tmp_path):
+    """The arena's mmap(MAP_HUGETLB) fails with ENOMEM when the pool lacks pages: hugepages auto
+    loads on other pages and logs why; hugepages hugetlb (required) is a one-line startup error."""
+    if _hugepages_free() > 0:
+        pytest.skip("the huge page pool has free pages: MAP_HUGETLB would not fail here")
+    from ktd.client import Client
+    from models.tiny_dense import make_model
+    model = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    sock = tmp_path / "ktd.sock"
+    proc = _serve_real(model, sock, KTD_MODEL__HUGEPAGES="auto")
+    try:
+        assert wait_for(lambda: sock.exists() or proc.poll() is not None, 60)
+        with Client(str(sock), timeout=30) as c:
+            assert wait_for(lambda: c.health()["status"] == "ok", 30)
+            assert c.generate("hi", max_tokens=2, ignore_eos=True)["finish_reason"] == "length"
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert "weights memory (hugepages: auto)" in out and "Cannot allocate memory" in out, out
+    proc = _serve_real(model, tmp_path / "ktd2.sock", KTD_MODEL__HUGEPAGES="hugetlb")
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 1 and "cannot load the model" in out and "Traceback" not in out, out
