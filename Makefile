@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
+.PHONY: build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
 
 build: native
 
@@ -119,3 +119,12 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# The fuzz and fault campaign (tests/fuzz.py): >= 100k hostile frames against the daemon and
+# >= 10k mutated model files through the loader, fixed seeds; prints the table (crashes, hangs,
+# unanswered, untyped errors, RSS before/after) and fails on any finding. CI runs a slice of it
+# (tests/test_fuzz.py).
+FUZZ_FRAMES ?= 100000
+FUZZ_FILES ?= 10000
+fuzz: build
+	PYTHONPATH=tests $(PY) tests/fuzz.py --frames $(FUZZ_FRAMES) --files $(FUZZ_FILES)

@@ -85,6 +85,18 @@ class ByteTokenizer:
         return "".join(out)
 
 
+    def encode_chat(self, messages: list[dict], *, add_special: bool = True,
+                    add_generation_prompt: bool = True, limits: Any = None) -> list[int]:
+        """render_chat's text, its markup as control tokens and the content as bytes."""
+        self.render_chat(messages, add_generation_prompt)  # the same errors
+        ids = [BOS] if add_special and self.add_bos else []
+        for m in messages:
+            ids += [IM_START, *f"{m['role']}\n".encode(), *m["content"].encode(), IM_END, *b"\n"]
+        if add_generation_prompt:
+            ids += [IM_START, *b"assistant\n"]
+        return ids
+
+
 def row_logits(history: Sequence[int], eos_bias: float) -> np.ndarray:
     """float32 [N_VOCAB] logits after ``history`` (the last entry is the token at this row)."""
     h = hashlib.blake2b(np.asarray(history, dtype=np.int32).tobytes(), digest_size=8).digest()
@@ -120,15 +132,22 @@ class ForwardCall:
     want_logits: np.ndarray
 
 
+class EngineDied(BaseException):
+    """Not an Exception: the scheduler's per-step handler does not catch it, the engine thread
+    ends (a fault scenario)."""
+
+
 class FakeEngine:
     def __init__(self, *, n_ctx: int = 256, n_seq_max: int = 4, step_delay_s: float = 0.0,
-                 eos_bias: float = -4.0, wedge_after_steps: int | None = None):
+                 eos_bias: float = -4.0, wedge_after_steps: int | None = None,
+                 die_after_steps: int | None = None):
         self.tokenizer = ByteTokenizer()
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.step_delay_s = step_delay_s
         self.eos_bias = eos_bias
         self.wedge_after_steps = wedge_after_steps
+        self.die_after_steps = die_after_steps
         self.kv: list[list[int]] = [[] for _ in range(n_seq_max)]
         self.calls: collections.deque[ForwardCall] = collections.deque(maxlen=10000)
         self.n_forward = 0
@@ -148,6 +167,8 @@ class FakeEngine:
         self.n_forward += 1
         if self.wedge_after_steps is not None and self.n_forward > self.wedge_after_steps:
             self._wedge.wait()  # simulates a hung native forward (never set)
+        if self.die_after_steps is not None and self.n_forward > self.die_after_steps:
+            raise EngineDied("the fake engine's thread ends here")
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         out = []

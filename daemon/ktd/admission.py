@@ -13,23 +13,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ktd.chat import RenderLimits
 from ktd.engine_api import Tokenizer
 from ktd.errors import BadRequest, ContextOverflow, TooLarge
 from ktd.protocol import GenerateRequest, Limits, out_of_vocab
 
 
-def prompt_tokens(g: GenerateRequest, tok: Tokenizer) -> list[int]:
-    """The prompt of ``g`` as token ids: given, rendered by the chat template, or encoded text.
-    Not checked (``admit`` does that). Runs in a worker thread: tokenizing can take a while."""
+def prompt_tokens(g: GenerateRequest, tok: Tokenizer, limits: Limits = Limits()) -> list[int]:
+    """The prompt of ``g`` as token ids: given, rendered by the chat template (within the
+    limits' chat_template bounds), or encoded text. Not checked (``admit`` does that). Runs in a
+    worker thread: tokenizing can take a while."""
     if g.tokens is not None:
         return list(g.tokens)
     if g.messages is not None:
+        # the template's markup becomes control tokens, the messages' content stays text
         try:
-            text = tok.render_chat(g.messages, add_generation_prompt=True)
+            return tok.encode_chat(g.messages, add_special=g.add_special, add_generation_prompt=True,
+                                   limits=RenderLimits(limits.chat_template_max_chars,
+                                                       limits.chat_template_timeout_s))
         except ValueError as e:
             raise BadRequest(f"generate: chat template: {e}") from None
-        # the template writes the special tokens as text
-        return tok.encode(text, add_special=g.add_special, parse_special=True)
     assert g.prompt is not None
     return tok.encode(g.prompt, add_special=g.add_special, parse_special=g.parse_special)
 

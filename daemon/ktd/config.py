@@ -89,8 +89,16 @@ class ServerConfig:
     max_frame_bytes: int = _key(1 << 20, "largest accepted msgpack message; beyond: `too_large`, "
                                 "connection closed", kind="int", unit="bytes", min=4096,
                                 max=1 << 30, live=True)
+    max_unsent_bytes: int = _key(16 << 20, "answers a connection has not read yet: beyond this the "
+                                 "daemon reads no more of its requests; an answer larger than this is "
+                                 "`too_large`; a peer twice over (unread generate output) is "
+                                 "disconnected", kind="int", unit="bytes", min=64 << 10,
+                                 max=1 << 30, live=True)
     max_queue: int = _key(64, "requests waiting for a KV slot; beyond: `busy`", kind="int",
                           unit="requests", min=0, max=1 << 20, live=True)
+    idle_timeout_s: float = _key(300.0, "a connection with no request in progress that sends nothing "
+                                 "(or only part of a message) for this long is closed; 0 = never",
+                                 kind="float", unit="s", min=0, live=True)
     request_deadline_s: float = _key(600.0, "wall-clock limit of one generate request from arrival; "
                                      "0 = none", kind="float", unit="s", min=0, live=True)
     drain_timeout_s: float = _key(30.0, "on SIGTERM, time running requests get to finish before they "
@@ -109,6 +117,13 @@ class LimitsConfig:
                             unit="levels", min=4, max=512, live=True)
     max_stop: int = _key(16, "stop strings per request", kind="int", unit="strings", min=0,
                          max=1024, live=True)
+    chat_template_max_chars: int = _key(1 << 22, "characters a chat template may produce (and build "
+                                        "in one operation) rendering one request; beyond: "
+                                        "`bad_request`", kind="int", unit="characters",
+                                        min=4096, max=1 << 30, live=True)
+    chat_template_timeout_s: float = _key(2.0, "time a chat template may take rendering one "
+                                          "request; beyond: `bad_request`", kind="float", unit="s",
+                                          min=0.01, max=600, live=True)
 
 
 @dataclass(frozen=True)

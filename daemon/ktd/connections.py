@@ -31,7 +31,7 @@ from typing import Any
 
 from ktd import __version__, admission, config as config_mod, protocol
 from ktd.engine_api import Engine
-from ktd.errors import BadRequest, Busy, Internal, KtdError, NotFound, Unauthorized
+from ktd.errors import BadRequest, Busy, Cancelled, Internal, KtdError, NotFound, TooLarge, Unauthorized
 from ktd.events import Deliver, Event, call_sinks
 from ktd.scheduler import Job, Scheduler
 from ktd.sockets import peer_credentials
@@ -43,6 +43,9 @@ READ_CHUNK = 64 * 1024
 _REFUSE_WAIT_S = 2.0        # a refused peer gets this long to send the request we answer
 _LINGER_S = 1.0             # lingering close: drain input this long after shutdown(SHUT_WR)
 _INFLIGHT_SPARE = 64        # unanswered requests per connection beyond running + queued generates
+# Methods whose request and answer can each be as large as a frame (or larger: one token id can
+# detokenize to a long piece): a connection has one of them in progress at a time.
+_HEAVY = frozenset({"tokenize", "detokenize"})
 
 
 def resolve_ids(names: tuple[int | str, ...], kind: str) -> frozenset[int]:
@@ -66,6 +69,8 @@ class Policy:
     limits: protocol.Limits
     max_connections: int
     max_queue: int
+    max_unsent_bytes: int
+    idle_timeout_s: float | None
     request_deadline_s: float | None
     allowed_uids: frozenset[int]     # the daemon's own uid included
     allowed_gids: frozenset[int]
@@ -75,8 +80,11 @@ class Policy:
         limits = protocol.Limits(max_frame_bytes=c.server.max_frame_bytes,
                                  max_prompt_tokens=c.limits.max_prompt_tokens,
                                  max_tokens=c.limits.max_tokens, max_messages=c.limits.max_messages,
-                                 max_nesting=c.limits.max_nesting, max_stop=c.limits.max_stop)
+                                 max_nesting=c.limits.max_nesting, max_stop=c.limits.max_stop,
+                                 chat_template_max_chars=c.limits.chat_template_max_chars,
+                                 chat_template_timeout_s=c.limits.chat_template_timeout_s)
         return cls(limits=limits, max_connections=c.server.max_connections, max_queue=c.server.max_queue,
+                   max_unsent_bytes=c.server.max_unsent_bytes, idle_timeout_s=c.server.idle_timeout_s or None,
                    request_deadline_s=c.server.request_deadline_s or None,
                    allowed_uids=resolve_ids(c.server.allowed_uids, "user") | {os.getuid()},
                    allowed_gids=resolve_ids(c.server.allowed_gids, "group"))
@@ -96,18 +104,48 @@ def loop_delivery(loop: asyncio.AbstractEventLoop) -> Deliver:
     return deliver
 
 
+def _unprivileged_model(info: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in info.items() if k != "path"}
+
+
+def _unprivileged_status(doc: Mapping[str, Any]) -> dict[str, Any]:
+    server = {k: v for k, v in doc["server"].items() if k not in ("pid", "socket")}
+    return {**doc, "server": server, "model": _unprivileged_model(doc["model"])}
+
+
 class Connection:
     def __init__(self, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 creds: tuple[int, int, int, frozenset[int]]):
+                 creds: tuple[int, int, int, frozenset[int]], max_unsent: int = 0):
         self.cid = cid
         self.reader, self.writer = reader, writer
+        self.max_unsent = max_unsent               # 0: unbounded (tests without a transport)
+        if max_unsent:
+            # drain() waits while more than this is unsent
+            writer.transport.set_write_buffer_limits(high=max_unsent)
+        self.heavy: asyncio.Task | None = None     # the tokenize/detokenize in progress
         self.pid, self.uid, self.gid, self.groups = creds
-        self.active: dict[int, int] = {}          # msgid -> scheduler job id (generate)
+        # Where the model file and the daemon's process are is for its operators (root, the
+        # daemon's own user); other allowed clients see the model's name.
+        self.privileged = self.uid in (0, os.getuid())
+        # msgid -> scheduler job id of a generate request; None while it is parsed and tokenized
+        # (it can be cancelled then too: its msgid goes to ``cancel_early``)
+        self.active: dict[int, int | None] = {}
+        self.cancel_early: set[int] = set()
+        self.closed = False                        # the peer has gone: submit nothing more
+        self.write_shut = False                    # shutdown(SHUT_WR) sent: nothing more to write
         self.tasks: set[asyncio.Task] = set()
+        self.n_requests = 0
 
     def send(self, data: bytes) -> None:
-        if not self.writer.is_closing():
+        # After a lingering close has shut down writing, a request's task may still finish.
+        if not self.writer.is_closing() and not self.write_shut:
             self.writer.write(data)
+            # Reading stops at max_unsent, but streamed generate output keeps coming: a peer that
+            # lets it pile up to twice the budget is cut off (its requests are then cancelled).
+            if self.max_unsent and self.writer.transport.get_write_buffer_size() > 2 * self.max_unsent:
+                log.warning("connection %d: %d bytes unread by the peer; disconnecting", self.cid,
+                            self.writer.transport.get_write_buffer_size(), extra={"KTD_PEER_UID": self.uid})
+                self.writer.transport.abort()
 
     async def drain(self) -> None:
         if not self.writer.is_closing():
@@ -164,6 +202,7 @@ class Connections:
         self.counters = counters
         self.introspect = introspect
         self.open: dict[int, Connection] = {}
+        self.refusing = 0     # refused peers still held (waiting for the request we answer)
         self._conn_ids = itertools.count(1)
         self._req_ids = itertools.count(1)
 
@@ -175,7 +214,7 @@ class Connections:
             log.warning("cannot read peer credentials: %s", e)
             writer.close()
             return
-        conn = Connection(next(self._conn_ids), reader, writer, creds)
+        conn = Connection(next(self._conn_ids), reader, writer, creds, self.policy.max_unsent_bytes)
         extra = {"KTD_PEER_UID": conn.uid, "KTD_PEER_PID": conn.pid}
         policy = self.policy
         if not policy.authorized(conn.uid, conn.gid, conn.groups):
@@ -184,10 +223,10 @@ class Connections:
                         conn.gid, extra=extra)
             await self._refuse(conn, Unauthorized(f"uid {conn.uid} is not allowed to use this daemon"))
             return
-        if len(self.open) >= policy.max_connections:
+        if self.count >= policy.max_connections:
             self.counters["rejected_busy"] += 1
             log.warning("refused peer pid=%d uid=%d: %d connections open", conn.pid, conn.uid,
-                        len(self.open), extra=extra)
+                        self.count, extra=extra)
             await self._refuse(conn, Busy(f"too many connections ({policy.max_connections})"))
             return
         self.open[conn.cid] = conn
@@ -196,13 +235,21 @@ class Connections:
             await self._serve(conn)
         finally:
             del self.open[conn.cid]
+            conn.closed = True
             for rid in conn.active.values():
-                self.scheduler.cancel(rid, "client disconnected")
+                if rid is not None:
+                    self.scheduler.cancel(rid, "client disconnected")
             if conn.active:
                 log.info("connection %d closed: cancelled %d requests", conn.cid, len(conn.active), extra=extra)
             if conn.tasks:  # answers to a peer that only shut down its writing side still go out
                 await asyncio.wait(list(conn.tasks), timeout=5.0)
             conn.writer.close()
+            log.debug("connection %d closed after %d requests", conn.cid, conn.n_requests, extra=extra)
+
+    @property
+    def count(self) -> int:
+        """Connections held: served ones and refused ones still waiting for their answer."""
+        return len(self.open) + self.refusing
 
     async def close(self, timeout: float) -> None:
         """Let the requests' tasks send their answers (up to ``timeout``), then close every
@@ -211,14 +258,29 @@ class Connections:
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
         for conn in list(self.open.values()):
+            # a peer that does not read would hold the shutdown here for ever
             with contextlib.suppress(Exception):
-                await conn.drain()
+                async with asyncio.timeout(_LINGER_S):
+                    await conn.drain()
             conn.writer.close()
 
     async def _refuse(self, conn: Connection, error: KtdError) -> None:
-        """Answer the peer's first request (or send an error notification), then close."""
-        decoder = protocol.FrameDecoder(self.policy.limits.max_frame_bytes)
+        """Answer the peer's first request (or send an error notification), then close. A refused
+        peer counts against max_connections while it is held; at the limit it gets the error
+        notification at once and is closed without waiting."""
         reply = protocol.error_notification(error)
+        if self.count >= self.policy.max_connections:
+            conn.send(reply)
+            conn.writer.close()
+            return
+        self.refusing += 1
+        try:
+            await self._answer_refused(conn, reply, error)
+        finally:
+            self.refusing -= 1
+
+    async def _answer_refused(self, conn: Connection, reply: bytes, error: KtdError) -> None:
+        decoder = protocol.FrameDecoder(self.policy.limits.max_frame_bytes)
         try:
             async with asyncio.timeout(_REFUSE_WAIT_S):
                 while True:
@@ -243,6 +305,7 @@ class Connections:
             await conn.drain()
             if conn.writer.can_write_eof():
                 conn.writer.write_eof()
+                conn.write_shut = True
             async with asyncio.timeout(_LINGER_S):
                 while await conn.reader.read(READ_CHUNK):
                     pass
@@ -253,12 +316,26 @@ class Connections:
     async def _serve(self, conn: Connection) -> None:
         decoder = protocol.FrameDecoder(self.policy.limits.max_frame_bytes)
         while True:
+            # A peer with nothing in progress may not hold its connection (and a partial
+            # message) for ever: it waits for its bytes at most idle_timeout_s.
+            idle = self.policy.idle_timeout_s if not conn.tasks else None
             try:
-                data = await conn.reader.read(READ_CHUNK)
+                async with asyncio.timeout(idle):
+                    data = await conn.reader.read(READ_CHUNK)
             except ConnectionError:
                 return
+            except TimeoutError:
+                log.info("connection %d: idle for %.0f s; closing", conn.cid, idle,
+                         extra={"KTD_PEER_UID": conn.uid})
+                await self._lingering_close(conn, protocol.error_notification(
+                    BadRequest(f"no request for {idle:g} s (server.idle_timeout_s); closing")))
+                return
             if not data:
-                if decoder.partial:  # the peer may only have shut down its writing side
+                truncated = decoder.partial
+                # The partial message's bytes go now: writing to a peer that has gone raises, and
+                # the exception's traceback would keep this frame (and them) until the cyclic GC.
+                del decoder
+                if truncated:  # the peer may only have shut down its writing side
                     conn.send(protocol.error_notification(BadRequest("connection closed inside a message")))
                     await conn.drain()
                 return
@@ -270,34 +347,61 @@ class Connections:
                     limit = self.engine.n_seq_max + self.policy.max_queue + _INFLIGHT_SPARE
                     while len(conn.tasks) >= limit:
                         await asyncio.wait(list(conn.tasks), return_when=asyncio.FIRST_COMPLETED)
-                    self._dispatch(conn, value)
+                    # Output backpressure: no more requests while the peer leaves answers unread.
+                    await conn.drain()
+                    await self._dispatch(conn, value)
             except protocol.FramingError as e:
                 self.counters["errors_" + e.error.code] += 1
                 log.warning("connection %d: %s; closing", conn.cid, e.error.message,
                             extra={"KTD_PEER_UID": conn.uid})
+                if conn.tasks:  # the requests before the bad bytes are answered first
+                    await asyncio.wait(list(conn.tasks), timeout=5.0)
                 await self._lingering_close(conn, protocol.error_notification(e.error))
                 return
 
-    def _dispatch(self, conn: Connection, value: Any) -> None:
+    async def _dispatch(self, conn: Connection, value: Any) -> None:
         try:
             req = protocol.parse_request(value, self.policy.limits)
-        except KtdError as e:
+        except Exception as e:  # a KtdError, or a bug in validation: the peer still gets an answer
+            if not isinstance(e, KtdError):
+                log.exception("internal error validating a message")
+                e = Internal("internal error validating the message")
             self.counters["errors_" + e.code] += 1
             msgid = protocol.request_id(value)
             conn.send(protocol.response(msgid, error=e) if msgid is not None
                       else protocol.error_notification(e))
             return
         self.counters["requests_" + req.method] += 1
+        conn.n_requests += 1
+        if req.method == "generate":
+            # Claimed here, in arrival order, not in the request's task: two pipelined requests
+            # with one msgid would both pass a check made after the first await.
+            if req.msgid in conn.active:
+                self.counters["errors_bad_request"] += 1
+                conn.send(protocol.response(req.msgid, error=BadRequest(
+                    f"generate: msgid {req.msgid} is already in use on this connection")))
+                return
+            conn.active[req.msgid] = None
+        if req.method in _HEAVY:
+            if conn.heavy is not None and not conn.heavy.done():
+                await asyncio.wait([conn.heavy])
         task = asyncio.get_running_loop().create_task(self._handle(conn, req))
         conn.tasks.add(task)
         task.add_done_callback(conn.tasks.discard)
+        if req.method in _HEAVY:
+            conn.heavy = task
 
     async def _handle(self, conn: Connection, req: protocol.Request) -> None:
         try:
             if req.method == "generate":
                 await self._generate(conn, req)
             else:
-                conn.send(protocol.response(req.msgid, await self._call(conn, req)))
+                answer = protocol.response(req.msgid, await self._call(conn, req))
+                budget = self.policy.max_unsent_bytes
+                if len(answer) > budget:
+                    raise TooLarge(f"{req.method}: the answer is {len(answer)} bytes, more than "
+                                   f"server.max_unsent_bytes ({budget})")
+                conn.send(answer)
         except KtdError as e:
             self.counters["errors_" + e.code] += 1
             conn.send(protocol.response(req.msgid, error=e))
@@ -312,18 +416,24 @@ class Connections:
         m, p = req.method, req.params
         if m in self.introspect:
             protocol.parse_empty(m, p)
-            return self.introspect[m]()
+            result = self.introspect[m]()
+            return result if conn.privileged or m != "status" else _unprivileged_status(result)
         if m == "hello":
             protocol.parse_empty(m, p)
+            info = self.engine.info()
             return {"protocol": protocol.PROTOCOL_VERSION, "server": f"ktd {__version__}",
-                    "model": self.engine.info(), "n_ctx": self.engine.n_ctx,
+                    "model": info if conn.privileged else _unprivileged_model(info),
+                    "n_ctx": self.engine.n_ctx,
                     "n_seq_max": self.engine.n_seq_max, "n_vocab": tok.n_vocab}
         if m == "cancel":
             msgid = protocol.parse_cancel(p)
-            rid = conn.active.get(msgid)
-            if rid is None:
+            if msgid not in conn.active:
                 raise NotFound(f"no running generate request with id {msgid} on this connection")
-            self.scheduler.cancel(rid, "cancelled by the client")
+            rid = conn.active[msgid]
+            if rid is None:  # not submitted yet: _generate answers it cancelled instead
+                conn.cancel_early.add(msgid)
+            else:
+                self.scheduler.cancel(rid, "cancelled by the client")
             return {"cancelled": True}
         loop = asyncio.get_running_loop()
         if m == "tokenize":
@@ -339,20 +449,29 @@ class Connections:
     async def _generate(self, conn: Connection, req: protocol.Request) -> None:
         loop = asyncio.get_running_loop()
         label = f"r{next(self._req_ids)}"
-        if req.msgid in conn.active:
-            raise BadRequest(f"generate: msgid {req.msgid} is already in use on this connection")
-        policy = self.policy
-        g = protocol.parse_generate(req.params, policy.limits)
-        prompt = await loop.run_in_executor(None, admission.prompt_tokens, g, self.engine.tokenizer)
-        max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
-                                     n_ctx=self.engine.n_ctx, limits=policy.limits)
-        deadlines = [d for d in (policy.request_deadline_s, g.deadline_s) if d]
-        deadline = time.monotonic() + min(deadlines) if deadlines else None
-        ended: asyncio.Future[None] = loop.create_future()
-        stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label)
-        job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
-                  stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label)
-        rid = conn.active[req.msgid] = self.scheduler.submit(job)
+        try:
+            policy = self.policy
+            g = protocol.parse_generate(req.params, policy.limits)
+            prompt = await loop.run_in_executor(None, admission.prompt_tokens, g, self.engine.tokenizer,
+                                                policy.limits)
+            max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
+                                         n_ctx=self.engine.n_ctx, limits=policy.limits)
+            if conn.closed:
+                raise Cancelled("client disconnected")
+            if req.msgid in conn.cancel_early:
+                raise Cancelled("cancelled by the client")
+            deadlines = [d for d in (policy.request_deadline_s, g.deadline_s) if d]
+            deadline = time.monotonic() + min(deadlines) if deadlines else None
+            ended: asyncio.Future[None] = loop.create_future()
+            stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label)
+            job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
+                      stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label)
+            rid = conn.active[req.msgid] = self.scheduler.submit(job)
+        except BaseException:
+            conn.active.pop(req.msgid, None)
+            raise
+        finally:
+            conn.cancel_early.discard(req.msgid)
         log.info("%s: generate, %d prompt tokens, max_tokens %d", label, len(prompt), max_tokens,
                  extra=stream.extra)
         try:

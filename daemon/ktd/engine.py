@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ktd import _native
+from ktd import GGUFError, _native
 from ktd.engine_api import Progress
 from ktd.errors import ContextOverflow
 from ktd.tokenizer import Tokenizer
@@ -47,13 +47,21 @@ class Engine:
         hugepages, hugetlb_page_size, mlock, numa_experts, numa_dense); see ``load`` for the
         config keys they come from."""
         path = os.fspath(path)
-        if progress:
-            progress("loading weights", None)
-        model = _native.Model(path, n_threads=threads, pin=pin, allow_repack=allow_repack, **placement)
-        log_memory(model, placement.get("hugepages", "auto"))
+        # The tokenizer first: its metadata is checked in a fraction of a second, before the
+        # weights are read.
         if progress:
             progress("loading tokenizer", None)
         tokenizer = Tokenizer.from_gguf(path)
+        if progress:
+            progress("loading weights", None)
+        try:
+            model = _native.Model(path, n_threads=threads, pin=pin, allow_repack=allow_repack, **placement)
+        except UnicodeDecodeError as e:  # a native message quoting a name from the file
+            raise GGUFError(f"{path}: a name or string in the file is not valid UTF-8 ({e.reason})") from None
+        if model.n_vocab != tokenizer.n_vocab:  # llama.cpp requires the same (n_vocab = tokens)
+            raise GGUFError(f"{path}: tokenizer.ggml.tokens has {tokenizer.n_vocab} entries but "
+                            f"token_embd.weight has {model.n_vocab} rows")
+        log_memory(model, placement.get("hugepages", "auto"))
         context = _native.Context(model, n_ctx, n_seq_max, n_batch)
         return cls(model, context, tokenizer, path)
 

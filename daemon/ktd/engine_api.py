@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ktd.chat import RenderLimits
+
 
 class StreamDecoder(Protocol):
     """Incremental detokenizer of one sequence."""
@@ -46,6 +48,13 @@ class Tokenizer(Protocol):
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Apply the chat template; raises ValueError with a clear message on a template error."""
+        ...
+
+    def encode_chat(self, messages: list[dict], *, add_special: bool = True,
+                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits()) -> list[int]:
+        """The chat template applied (within ``limits``) and tokenized: its markup as control
+        tokens, the messages' content as text (never control tokens); ValueError as
+        ``render_chat``."""
         ...
 
 

@@ -12,6 +12,7 @@ Nothing here does I/O: the server feeds bytes to a ``FrameDecoder`` and hands th
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,18 @@ MAX_MSGID = (1 << 32) - 1      # msgpack-RPC msgid is a 32-bit unsigned integer
 METHODS = ("hello", "generate", "cancel", "tokenize", "detokenize", "health", "status", "metrics")
 
 
+# Values quoted in error messages come from the peer: their repr is bounded in depth and length
+# (a full repr of 1,000 nested arrays recurses past Python's limit; of a 1 MB array, costs 1 MB).
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlong = 2, 60, 60, 40
+_QUOTE.maxlist = _QUOTE.maxdict = 4
+
+
+def brief(value: Any) -> str:
+    """A short repr of a peer's value for an error message."""
+    return _QUOTE.repr(value)
+
+
 @dataclass(frozen=True)
 class Limits:
     """Bounds on what one request may contain (config sections server + limits)."""
@@ -39,6 +52,8 @@ class Limits:
     max_messages: int = 256
     max_nesting: int = 16
     max_stop: int = 16
+    chat_template_max_chars: int = 1 << 22
+    chat_template_timeout_s: float = 2.0
 
 
 class FramingError(KtdError):
@@ -56,54 +71,72 @@ class FrameDecoder:
     ``surrogateescape`` so that framing survives; ``check_value`` turns them into a
     ``bad_request`` for that one message. Raises ``FramingError`` when the stream is lost
     (a value larger than ``max_frame_bytes``, malformed msgpack, nesting beyond msgpack's stack).
+
+    A message is decoded only once all of its bytes are here. msgpack builds a list as soon as
+    it reads an array header, sized by the header's count, so decoding a partial message lets a
+    peer make the daemon hold what its headers claim (1,000 nested array32 headers, 5 KB, claimed
+    64 MB); until then a skipping unpacker, which builds nothing, finds where the message ends
+    and the decoder holds only the message's bytes. A complete message's counts are backed by
+    its bytes.
     """
 
     def __init__(self, max_frame_bytes: int):
         self.max_frame_bytes = max_frame_bytes
-        self._unpacker = msgpack.Unpacker(
-            raw=False, unicode_errors="surrogateescape", max_buffer_size=max_frame_bytes,
-            strict_map_key=False, use_list=True, timestamp=0)
-        self._fed = 0       # bytes fed in total
-        self._boundary = 0  # stream offset just after the last complete message
+        self._scanner = msgpack.Unpacker(max_buffer_size=max_frame_bytes)
+        self._pending = bytearray()  # the bytes of the message being received
+        self._fed = 0                # stream offset of the next byte fed
+        self._boundary = 0           # stream offset where the message being received starts
 
     def feed(self, data: bytes) -> Iterator[Any]:
         view = memoryview(data)
         while view:
             # Feed at most what fits; a value that never completes within the buffer is too large.
-            room = self.max_frame_bytes - self._buffered()
+            room = self.max_frame_bytes - len(self._pending)
             if room <= 0:
                 raise FramingError(TooLarge(f"message larger than {self.max_frame_bytes} bytes"))
             chunk, view = view[:room], view[room:]
             try:
-                self._unpacker.feed(chunk)
-                self._fed += len(chunk)
+                self._scanner.feed(chunk)
             except msgpack.BufferFull:
                 raise FramingError(TooLarge(f"message larger than {self.max_frame_bytes} bytes")) from None
-            yield from self._drain()
+            yield from self._drain(chunk)
 
     @property
     def partial(self) -> bool:
         """True while part of a message has been received (a close now truncates it)."""
-        return self._buffered() > 0
+        return self._boundary < self._fed
 
-    def _buffered(self) -> int:
-        # Bytes of the message being received. Not ``fed - tell()``: the unpacker consumes a
-        # partial message incrementally (tell() advances), so a nested message could otherwise
-        # grow without bound while its buffer stays small.
-        return self._fed - self._boundary
-
-    def _drain(self) -> Iterator[Any]:
+    def _drain(self, chunk: memoryview) -> Iterator[Any]:
+        # chunk holds stream bytes [fed, fed + len); _pending holds [boundary, fed) when the
+        # message started in an earlier chunk. tell() is exact only after a complete message.
+        fed = self._fed
         while True:
             try:
-                value = self._unpacker.unpack()
+                self._scanner.skip()
             except msgpack.OutOfData:
+                self._pending += chunk[max(0, self._boundary - fed):]
+                self._fed = fed + len(chunk)
                 return
-            except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
-                    TypeError) as e:
-                detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-                raise FramingError(BadRequest(f"malformed msgpack ({detail})")) from None
-            self._boundary = self._unpacker.tell()
-            yield value
+            except (msgpack.FormatError, msgpack.StackError, ValueError) as e:
+                raise _malformed(e) from None
+            end = self._scanner.tell()
+            frame = bytes(self._pending) + bytes(chunk[max(0, self._boundary - fed):end - fed])
+            self._pending = bytearray()
+            self._boundary = end
+            yield self._decode(frame)
+
+    def _decode(self, frame: bytes) -> Any:
+        try:
+            return msgpack.unpackb(frame, raw=False, unicode_errors="surrogateescape",
+                                   strict_map_key=False, use_list=True, timestamp=0)
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+                TypeError) as e:
+            raise _malformed(e) from None
+
+
+def _malformed(e: Exception) -> FramingError:
+    detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return FramingError(BadRequest(f"malformed msgpack ({detail})"))
 
 
 @dataclass(frozen=True)
@@ -130,7 +163,7 @@ def check_value(value: Any, max_depth: int) -> None:
             if isinstance(v, dict):
                 for k, item in v.items():
                     if not isinstance(k, str):
-                        raise BadRequest(f"map key {k!r} is not a string")
+                        raise BadRequest(f"map key {brief(k)} is not a string")
                     stack.append((k, depth + 1))
                     stack.append((item, depth + 1))
             else:
@@ -156,7 +189,7 @@ def parse_request(value: Any, limits: Limits) -> Request:
     if kind == NOTIFICATION and type(kind) is int:
         raise BadRequest("client notifications are not supported; send requests [0, msgid, method, params]")
     if kind != REQUEST or type(kind) is not int:
-        raise BadRequest(f"message type must be 0 (request), got {kind!r}")
+        raise BadRequest(f"message type must be 0 (request), got {brief(kind)}")
     if len(value) != 4:
         raise BadRequest("request must be [0, msgid, method, params]")
     _, msgid, method, params = value
@@ -166,7 +199,7 @@ def parse_request(value: Any, limits: Limits) -> Request:
     if not isinstance(method, str):
         raise BadRequest("method must be a string")
     if method not in METHODS:
-        raise BadRequest(f"unknown method {method!r}")
+        raise BadRequest(f"unknown method {brief(method)}")
     if not isinstance(params, list):
         raise BadRequest("params must be an array: [] or [{name: value, ...}]")
     if len(params) > 1 or (params and not isinstance(params[0], dict)):
@@ -182,11 +215,11 @@ class _Params:
     def __init__(self, method: str, params: dict[str, Any], known: tuple[str, ...]):
         unknown = sorted(set(params) - set(known))
         if unknown:
-            raise BadRequest(f"{method}: unknown parameter {unknown[0]!r} (known: {', '.join(known)})")
+            raise BadRequest(f"{method}: unknown parameter {brief(unknown[0])} (known: {', '.join(known)})")
         self.method, self.p = method, params
 
     def _fail(self, name: str, expected: str) -> BadRequest:
-        return BadRequest(f"{self.method}: {name} must be {expected}, got {self.p[name]!r:.80}")
+        return BadRequest(f"{self.method}: {name} must be {expected}, got {brief(self.p[name])}")
 
     def int(self, name: str, default: Any, lo: int, hi: int) -> Any:
         v = self.p.get(name, default)
@@ -264,7 +297,7 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
     max_tokens = params.get("max_tokens")
     if max_tokens is not None:
         if type(max_tokens) is not int or max_tokens < 1:
-            raise BadRequest(f"generate: max_tokens must be a positive integer, got {max_tokens!r:.80}")
+            raise BadRequest(f"generate: max_tokens must be a positive integer, got {brief(max_tokens)}")
         if max_tokens > limits.max_tokens:
             raise TooLarge(f"generate: max_tokens {max_tokens} exceeds the limit {limits.max_tokens}")
     stop = params.get("stop", [])

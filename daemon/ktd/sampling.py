@@ -54,7 +54,8 @@ class SamplingParams:
             ("top_k", 0 <= self.top_k <= 1 << 20, "in [0, 1048576]"),
             ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
             ("min_p", 0.0 <= self.min_p <= 1.0, "in [0, 1]"),
-            ("repeat_penalty", 0.0 < self.repeat_penalty <= 100.0, "in (0, 100]"),
+            # from 0.01: a positive logit is divided by it, and 100x stays finite in float32
+            ("repeat_penalty", 0.01 <= self.repeat_penalty <= 100.0, "in [0.01, 100]"),
             ("presence_penalty", -100.0 <= self.presence_penalty <= 100.0, "in [-100, 100]"),
             ("frequency_penalty", -100.0 <= self.frequency_penalty <= 100.0, "in [-100, 100]"),
             ("penalty_last_n", 0 <= self.penalty_last_n <= 1 << 20, "in [0, 1048576]"),

@@ -178,6 +178,8 @@ class Daemon:
         while True:
             if self.scheduler.healthy(max_stall_s=interval):
                 systemd.watchdog_ping()
+            elif not self.scheduler.alive:
+                log.error("the engine thread has ended: watchdog not fed")
             else:
                 log.error("engine made no progress for %.1f s with work pending: watchdog not fed",
                           interval)
@@ -232,7 +234,7 @@ class Daemon:
 
     def _facts(self) -> ServerFacts:
         return ServerFacts(state=self.state, socket=self.socket_path, activated=self.activated,
-                           connections=len(self.connections.open) if self.connections else 0,
+                           connections=self.connections.count if self.connections else 0,
                            reloads=self.reloads, uptime_s=time.monotonic() - self.started)
 
     def _status_text(self) -> str:
@@ -242,7 +244,11 @@ class Daemon:
 
     def health(self) -> dict[str, Any]:
         assert self.scheduler is not None
-        return {"status": "ok" if self.state == "serving" and self.scheduler.alive else self.state}
+        if not self.scheduler.alive and self.state == "serving":
+            # the engine thread ended (it raised): nothing will run again; the watchdog is not
+            # fed, and systemd restarts the daemon
+            return {"status": "unhealthy"}
+        return {"status": "ok" if self.state == "serving" else self.state}
 
     def status(self) -> dict[str, Any]:
         assert self.instrument is not None
@@ -251,7 +257,7 @@ class Daemon:
     def metrics(self) -> dict[str, Any]:
         assert self.instrument is not None and self.connections is not None
         return {"text": self.instrument.metrics(up=self.state == "serving",
-                                                connections=len(self.connections.open))}
+                                                connections=self.connections.count)}
 
 
 def setup_logging(level: str) -> None:

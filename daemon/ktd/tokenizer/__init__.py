@@ -20,12 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ktd.chat import ChatTemplateError, builtin_template, render_chat_template
+from ktd import GGUFError
+from ktd.chat import ChatTemplateError, RenderLimits, builtin_template, render_chat_template
 from ktd.tokenizer.metadata import GGUFMetadataError, _read_tokenizer_metadata
 from ktd.tokenizer.models import BYTE_DECODER, BytePairEncoder, SentencePieceEncoder, TokenizerError
 from ktd.tokenizer.pretokenize import PRE_TYPES
 
-__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "ChatTemplateError"]
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "TokenizerMetadataError", "ChatTemplateError"]
+
+
+class TokenizerMetadataError(TokenizerError, GGUFError):
+    """The model file's tokenizer metadata is malformed or unsupported: a GGUFError, like every
+    other reason a model file cannot be loaded."""
 
 # tokenizer.ggml.token_type values (gguf-py TokenType / llama.h llama_token_type)
 TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL = 1, 2, 3
@@ -68,6 +74,8 @@ _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endofte
               "<end_of_utterance>")
 
 _SPM_SPACE = "\u2581"  # SentencePiece's escaped space
+# Unicode noncharacters (never assigned, "for internal use"): encode_chat's escape candidates.
+_ESCAPE_MARKS = tuple(chr(c) for c in range(0xFDD0, 0xFDF0))
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -114,6 +122,21 @@ class Tokenizer:
                 raise TokenizerError(f"{source}: missing tokenizer metadata key {key!r}")
             return meta[key]
 
+        def fail(key: str, expected: str) -> TokenizerError:
+            return TokenizerError(f"{source}: {key} must be {expected}")
+
+        def flag(key: str, default: bool) -> bool:
+            v = meta.get(key, default)
+            if not isinstance(v, (bool, int)):  # an array, a string
+                raise fail(key, "a boolean")
+            return bool(v)
+
+        def numbers(key: str, kinds: str, expected: str) -> np.ndarray | None:
+            v = meta.get(key)
+            if v is not None and not (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in kinds):
+                raise fail(key, expected)
+            return v
+
         model = need("tokenizer.ggml.model")
         raw_tokens = need("tokenizer.ggml.tokens")
         if not isinstance(raw_tokens, list) or not raw_tokens:
@@ -121,9 +144,12 @@ class Tokenizer:
         n = len(raw_tokens)
         self.n_vocab = n
         self.model = model
-        self.architecture = meta.get("general.architecture")
+        arch = meta.get("general.architecture")
+        if arch is not None and not (isinstance(arch, str) and not _LONE_SURROGATE.search(arch)):
+            raise fail("general.architecture", "a UTF-8 string")
+        self.architecture = arch
 
-        types = meta.get("tokenizer.ggml.token_type")
+        types = numbers("tokenizer.ggml.token_type", "iu", "an integer array")
         if types is not None and len(types) < n:
             raise TokenizerError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries "
                                  f"for {n} tokens")
@@ -142,11 +168,13 @@ class Tokenizer:
         if types is None:
             attrs = [ATTR_NORMAL] * n
         else:
-            table = np.zeros(max(int(types[:n].max(initial=0)), 6) + 1, dtype=np.int64)
+            tv = types[:n].astype(np.int64)
+            if tv.min() < 0 or tv.max() > max(_TYPE_TO_ATTR):
+                raise fail("tokenizer.ggml.token_type", f"token types in [0, {max(_TYPE_TO_ATTR)}]")
+            table = np.zeros(max(_TYPE_TO_ATTR) + 1, dtype=np.int64)  # 0: undefined
             for t, a in _TYPE_TO_ATTR.items():
                 table[t] = a
-            tv = types[:n].astype(np.int64)
-            attrs = np.where((tv >= 0), table[np.clip(tv, 0, None)], ATTR_UNDEFINED).tolist()
+            attrs = table[tv].tolist()
         self._attrs = attrs
 
         def meta_id(key: str, default: int | None) -> int | None:
@@ -160,6 +188,8 @@ class Tokenizer:
         # Vocabulary-type defaults (llama_vocab::impl::load), then metadata overrides.
         if model == "gpt2":
             pre = meta.get("tokenizer.ggml.pre") or "default"
+            if not isinstance(pre, str):
+                raise fail("tokenizer.ggml.pre", "a string")
             if pre not in PRE_TYPES:
                 raise TokenizerError(f"{source}: unsupported pre-tokenizer {pre!r} "
                                      f"(supported: {', '.join(sorted(PRE_TYPES))})")
@@ -173,7 +203,7 @@ class Tokenizer:
             bos_default = eos_default = None
             self.pre = pre
         elif model == "llama":
-            scores = meta.get("tokenizer.ggml.scores")
+            scores = numbers("tokenizer.ggml.scores", "fiu", "a number array")
             if scores is None or len(scores) < n:
                 raise TokenizerError(f"{source}: llama (SentencePiece) tokenizer needs "
                                      f"tokenizer.ggml.scores for every token")
@@ -187,18 +217,16 @@ class Tokenizer:
         else:
             raise TokenizerError(f"{source}: unsupported tokenizer model {model!r} "
                                  "(supported: gpt2, llama)")
-        if "tokenizer.ggml.add_space_prefix" in meta:
-            self.add_space_prefix = bool(meta["tokenizer.ggml.add_space_prefix"])
+        self.add_space_prefix = flag("tokenizer.ggml.add_space_prefix", self.add_space_prefix)
         self.bos_id = meta_id("tokenizer.ggml.bos_token_id", bos_default)
         self.eos_id = meta_id("tokenizer.ggml.eos_token_id", eos_default)
         self.eot_id = meta_id("tokenizer.ggml.eot_token_id", None)
         self.eom_id = meta_id("tokenizer.ggml.eom_token_id", None)
         self.unk_id = meta_id("tokenizer.ggml.unknown_token_id", 0 if model == "llama" else None)
         self.pad_id = meta_id("tokenizer.ggml.padding_token_id", None)
-        if "tokenizer.ggml.add_bos_token" in meta:
-            add_bos = bool(meta["tokenizer.ggml.add_bos_token"])
+        add_bos = flag("tokenizer.ggml.add_bos_token", add_bos)
         self.add_bos = add_bos and self.bos_id is not None
-        self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
+        self.add_eos = flag("tokenizer.ggml.add_eos_token", False) and self.eos_id is not None
         tmpl = meta.get("tokenizer.chat_template")
         self.chat_template = tmpl if isinstance(tmpl, str) else None
 
@@ -252,17 +280,24 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        """The tokenizer of a model file; a malformed or unsupported one is a
+        TokenizerMetadataError (a GGUFError) naming the key."""
         try:
             meta = _read_tokenizer_metadata(path)
-        except GGUFMetadataError as e:
-            raise TokenizerError(str(e)) from e
-        return cls(meta, source=str(path))
+            return cls(meta, source=str(path))
+        except (GGUFMetadataError, TokenizerError) as e:
+            raise TokenizerMetadataError(str(e)) from None
 
     # ---- encoding -------------------------------------------------------------------------
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``; add_special adds BOS/EOS as the model asks (tokenizer.ggml.add_*),
         parse_special matches CONTROL token texts (``<|im_start|>``) in the text as single tokens."""
+        return self._encode(text, add_special, parse_special, None)
+
+    def _encode(self, text: str, add_special: bool, parse_special: bool, mark: str | None) -> list[int]:
+        # mark: a character escape_specials put into special-token texts so that they are not
+        # matched; it is removed from the text fragments before they are encoded.
         if not isinstance(text, str):
             raise TypeError(f"encode() needs str, not {type(text).__name__}")
         if _LONE_SURROGATE.search(text):
@@ -277,6 +312,8 @@ class Tokenizer:
                 out.append(special_id)
                 is_prev_special = True
                 continue
+            if mark is not None:
+                frag = frag.replace(mark, "")
             if self._spm is not None:
                 if self.add_space_prefix and is_prev_special:
                     frag = " " + frag
@@ -350,19 +387,53 @@ class Tokenizer:
 
     # ---- chat -----------------------------------------------------------------------------
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        """Prompt text for ``messages`` from the model's chat template (ktd.chat).
+    def encode_chat(self, messages: list[dict], *, add_special: bool = True,
+                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits()) -> list[int]:
+        """Token ids of the chat: the template's markup becomes control tokens, the messages'
+        content is text. A content containing ``<|im_end|>`` (any CONTROL or UNKNOWN token's
+        text) gets that text's tokens, never the control token: it cannot forge a turn. The
+        special texts in the content are escaped with a character that occurs nowhere in the
+        template or the messages and is dropped again before encoding, which also survives
+        what templates do with content (trim, concatenation, slicing at other places).
+        Raises ChatTemplateError (see ``render_chat``)."""
+        template = self._template()
+        present = template + "".join(str(v) for m in messages if isinstance(m, dict) for v in m.values())
+        mark = next((c for c in _ESCAPE_MARKS if c not in present), None)
+        if mark is None:
+            raise ChatTemplateError("the messages use every escape character U+FDD0..U+FDEF")
+        escaped = [{**m, "content": self._escape_specials(m["content"], mark)}
+                   if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
+        text = self.render_chat(escaped, add_generation_prompt=add_generation_prompt, limits=limits)
+        return self._encode(text, add_special, True, mark)
 
-        Raises ChatTemplateError (a ValueError) when the model has no template or the template
-        fails. The rendered text contains special-token text; encode it with parse_special=True.
-        """
+    def _escape_specials(self, text: str, mark: str) -> str:
+        """``text`` with ``mark`` after the first character of every special-token text that
+        only parse_special would match (USER_DEFINED tokens are matched in any text anyway)."""
+        parts = []
+        for frag, tid in self._special_all.split(text):
+            if tid is not None and tid not in self._special_user.ids:
+                frag = frag[0] + mark + frag[1:]
+            parts.append(frag)
+        return "".join(parts)
+
+    def _template(self) -> str:
         template = self.chat_template
         if template is None:
             template = builtin_template(self.architecture)
             if template is None:
                 raise ChatTemplateError("the model has no chat template (tokenizer.chat_template)")
+        return template
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    limits: RenderLimits = RenderLimits(), **extra) -> str:
+        """Prompt text for ``messages`` from the model's chat template (ktd.chat).
+
+        Raises ChatTemplateError (a ValueError) when the model has no template or the template
+        fails. The rendered text contains special-token text, also any the messages wrote: a
+        prompt is tokenized with ``encode_chat``, which keeps the two apart.
+        """
         return render_chat_template(
-            template, messages, add_generation_prompt=add_generation_prompt,
+            self._template(), messages, limits=limits, add_generation_prompt=add_generation_prompt,
             bos_token=self._texts[self.bos_id] if self.bos_id is not None else "",
             eos_token=self._texts[self.eos_id] if self.eos_id is not None else "",
             **extra,
@@ -381,6 +452,7 @@ class _SpecialMatcher:
 
     def __init__(self, specials: dict[str, int]):
         self.specials = specials
+        self.ids = frozenset(specials.values())
         lengths: dict[str, set[int]] = {}
         for t in specials:
             lengths.setdefault(t[0], set()).add(len(t))

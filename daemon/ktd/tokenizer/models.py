@@ -33,6 +33,13 @@ class TokenizerError(ValueError):
     vocabulary cannot represent the text."""
 
 
+# The BPE word cache: words up to this many characters, up to this many bytes in all (an entry's
+# dict slot, key and id tuple objects are about _CACHE_ENTRY_BYTES besides their contents).
+_CACHE_WORD_CHARS = 256
+_CACHE_BYTES = 32 << 20
+_CACHE_ENTRY_BYTES = 200
+
+
 class BytePairEncoder:
     """Byte-level BPE over pre-tokenized words (``tokenizer.ggml.model == "gpt2"``)."""
 
@@ -60,6 +67,7 @@ class BytePairEncoder:
         ranks = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))
         self.ranks = ranks
         self._cache: dict[str, tuple[int, ...]] = {}
+        self._cache_bytes = 0
 
     def encode(self, text: str, out: list[int]) -> None:
         cache = self._cache
@@ -67,8 +75,11 @@ class BytePairEncoder:
             ids = cache.get(word)
             if ids is None:
                 ids = self._encode_word(word)
-                if len(cache) < 100_000:
+                # Words repeat when they are short; a long one is rarely seen twice and would
+                # hold its length plus 8 bytes per id. The cache has a byte budget, not a count.
+                if len(word) <= _CACHE_WORD_CHARS and self._cache_bytes < _CACHE_BYTES:
                     cache[word] = ids
+                    self._cache_bytes += _CACHE_ENTRY_BYTES + len(word) + 8 * len(ids)
             out.extend(ids)
 
     def _encode_word(self, word: str) -> tuple[int, ...]:

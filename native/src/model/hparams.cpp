@@ -122,6 +122,9 @@ HParams read_hparams(const GGUFFile &f, const std::string &arch) {
     hp.head_dim_v = checked_int(gguf_get_uint_or(f, p + "attention.value_length", uint64_t(hp.head_dim_k)),
                                 p + "attention.value_length", 1 << 16);
     hp.norm_eps = gguf_get_float_or(f, p + "attention.layer_norm_rms_epsilon", 1e-5f);
+    // NaN, 0 or a negative epsilon loads and makes every logit NaN (1 / sqrt(mean + eps)).
+    if (!(hp.norm_eps > 0.0f) || !std::isfinite(hp.norm_eps))
+        throw GGUFError(p + "attention.layer_norm_rms_epsilon must be a positive finite number");
     hp.n_ctx_train = int64_t(gguf_get_uint_or(f, p + "context_length", 0));
     hp.attn_scale = 1.0f / std::sqrt(float(hp.head_dim_k));
 
