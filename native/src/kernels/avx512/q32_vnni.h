@@ -101,16 +101,35 @@ void gemm_repacked_r16(int64_t k, const void *wp, size_t group_stride, const voi
         for (int64_t b = 0; b < nb; ++b)
             asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum_vnni(a[b]);
     }
-    const auto tile = [&]<int NC>(int gi, int c0, const block_q8_0 *const *a) {
+    const int n_groups = (nr + kRepackRows16 - 1) / kRepackRows16;
+    // The loops written out rather than through for_each_tile, as in gemm_repacked_k8 (x86/k_repack.h):
+    // the driver changed GCC 12's code for the streaming kernels.
+    const char *xb = static_cast<const char *>(xq);
+    for (int gi = 0; gi < n_groups; ++gi) {
         const auto *g = reinterpret_cast<const typename Traits::GroupBlock *>(static_cast<const char *>(wp) +
                                                                               size_t(gi) * group_stride);
-        const int32_t *off[NC];
-        for (int c = 0; c < NC; ++c) off[c] = asum_off + size_t(c0 + c) * size_t(nb);
-        gemm_group16<Traits, NC>(nb, g, a, off, y + size_t(c0) * ldy + size_t(gi) * kRepackRows16, ldy,
-                                 std::min(kRepackRows16, nr - gi * kRepackRows16));
-    };
-    const int n_groups = (nr + kRepackRows16 - 1) / kRepackRows16;
-    for_each_tile<block_q8_0, kColTile16>(n_groups, 1, xq, x_stride, nc, tile);
+        const int valid = std::min(kRepackRows16, nr - gi * kRepackRows16);
+        for (int c0 = 0; c0 < nc; c0 += kColTile16) {
+            const int ncc = std::min(kColTile16, nc - c0);
+            const block_q8_0 *a[kColTile16];
+            const int32_t *off[kColTile16];
+            for (int c = 0; c < ncc; ++c) {
+                a[c] = reinterpret_cast<const block_q8_0 *>(xb + size_t(c0 + c) * x_stride);
+                off[c] = asum_off + size_t(c0 + c) * size_t(nb);
+            }
+            float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRows16;
+            switch (ncc) {
+                case 1: gemm_group16<Traits, 1>(nb, g, a, off, yg, ldy, valid); break;
+                case 2: gemm_group16<Traits, 2>(nb, g, a, off, yg, ldy, valid); break;
+                case 3: gemm_group16<Traits, 3>(nb, g, a, off, yg, ldy, valid); break;
+                case 4: gemm_group16<Traits, 4>(nb, g, a, off, yg, ldy, valid); break;
+                case 5: gemm_group16<Traits, 5>(nb, g, a, off, yg, ldy, valid); break;
+                case 6: gemm_group16<Traits, 6>(nb, g, a, off, yg, ldy, valid); break;
+                case 7: gemm_group16<Traits, 7>(nb, g, a, off, yg, ldy, valid); break;
+                default: gemm_group16<Traits, 8>(nb, g, a, off, yg, ldy, valid); break;
+            }
+        }
+    }
 }
 
 // The plain-layout tile (weights not repacked): one weight row at a time; each block's 32 q are
