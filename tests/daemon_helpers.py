@@ -6,10 +6,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+import msgpack
 
 from ktd.client import Client
 
@@ -122,3 +125,38 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(interval)
+
+
+def reply_as_uid(uid: int, sock_path: str, request: bytes, *, until_close: bool = False) -> bytes:
+    """Send `request` on the daemon's socket as another uid (a forked child: setgroups/setgid/
+    setuid; needs root) and return the raw reply bytes: the first whole message, or with
+    until_close everything until the daemon closes (the child shuts down its writing side first)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: only os/socket calls, then _exit
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(10)
+            s.connect(sock_path)
+            s.sendall(request)
+            if until_close:
+                s.shutdown(socket.SHUT_WR)
+            unpacker = msgpack.Unpacker(raw=False)
+            while chunk := s.recv(65536):
+                os.write(w, chunk)
+                unpacker.feed(chunk)
+                if not until_close and list(unpacker):
+                    break
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return data

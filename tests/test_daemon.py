@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 import fake_engine
-from daemon_helpers import DaemonProcess, wait_for
+from daemon_helpers import DaemonProcess, reply_as_uid, wait_for
 from ktd import protocol
 from ktd.client import AsyncClient, Busy, Cancelled, Client, ContextOverflow, NotFound, BadRequest
 
@@ -182,47 +182,11 @@ def test_connection_limit():
             b.close()
 
 
-def _as_uid(uid: int, sock_path: str, request: bytes) -> bytes:
-    """Connect as another uid (forked child: setgroups/setgid/setuid) and return the raw reply."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: only os/socket calls, then _exit
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(10)
-            s.connect(sock_path)
-            s.sendall(request)
-            data = b""
-            unpacker = msgpack.Unpacker(raw=False)
-            while True:  # until one whole message or the server closes
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-                unpacker.feed(chunk)
-                if list(unpacker):
-                    break
-            os.write(w, data)
-        finally:
-            os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    return data
-
-
 def test_unauthorized_peer_is_refused_and_logged():
     if os.getuid() != 0:
         pytest.skip("needs root to run a client as uid 65534")
     with DaemonProcess(server={"socket_mode": 0o666, "allowed_uids": [0], "allowed_gids": []}) as d:
-        reply = _as_uid(65534, d.socket, protocol.pack([0, 7, "health", []]))
+        reply = reply_as_uid(65534, d.socket, protocol.pack([0, 7, "health", []]))
         msgs = _unpack_all(reply)
         assert msgs and msgs[0][:2] == [1, 7]
         assert msgs[0][2]["code"] == "unauthorized"
@@ -230,7 +194,7 @@ def test_unauthorized_peer_is_refused_and_logged():
         with d.client() as c:
             assert c.health()["status"] == "ok"
     with DaemonProcess(server={"socket_mode": 0o666, "allowed_uids": [0, 65534]}) as d:
-        reply = _as_uid(65534, d.socket, protocol.pack([0, 7, "health", []]))
+        reply = reply_as_uid(65534, d.socket, protocol.pack([0, 7, "health", []]))
         assert list(_unpack_all(reply))[0] == [1, 7, None, {"status": "ok"}]
 
 

@@ -57,7 +57,7 @@ import time  # noqa: E402
 
 import msgpack  # noqa: E402
 
-from daemon_helpers import DaemonProcess, wait_for  # noqa: E402
+from daemon_helpers import DaemonProcess, reply_as_uid, wait_for  # noqa: E402
 
 
 def _connect(d: DaemonProcess) -> socket.socket:
@@ -221,43 +221,16 @@ def test_refused_peers_count_against_max_connections():
                 s.close()
 
 
-def _as_uid(uid: int, sock_path: str, request: bytes) -> list:
-    """Connect as another uid (forked child: setgroups/setgid/setuid); its decoded replies."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: only os/socket calls, then _exit
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(10)
-            s.connect(sock_path)
-            s.sendall(request)
-            s.shutdown(socket.SHUT_WR)
-            while chunk := s.recv(65536):
-                os.write(w, chunk)
-        finally:
-            os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    u = msgpack.Unpacker(raw=False)
-    u.feed(data)
-    return list(u)
-
-
 def test_an_unprivileged_client_sees_neither_the_model_path_nor_the_pid():
     """Finding 11: hello and status gave any allowed client the model's path and the daemon's
     PID. Only the daemon's own uid and root see them; other allowed peers get the file name."""
     if os.getuid() != 0:
         pytest.skip("needs root to run a client as uid 65534")
     with DaemonProcess(server={"socket_mode": 0o666, "allowed_uids": [0, 65534]}) as d:
-        msgs = _as_uid(65534, d.socket, protocol.pack([0, 1, "hello", []]) + protocol.pack([0, 2, "status", []]))
+        u = msgpack.Unpacker(raw=False)
+        u.feed(reply_as_uid(65534, d.socket, protocol.pack([0, 1, "hello", []]) + protocol.pack([0, 2, "status", []]),
+                            until_close=True))
+        msgs = list(u)
         answers = {m[1]: m[3] for m in msgs if m[0] == 1}
         assert "path" not in answers[1]["model"] and answers[1]["model"]["name"] == "fake"
         assert "pid" not in answers[2]["server"] and "path" not in answers[2]["model"]
