@@ -67,7 +67,7 @@ def test_paired_ratios_and_medians():
     assert c["decode_pct_of_ceiling"]["ktd"] == pytest.approx(42.0)
     assert c["decode_pct_of_ceiling"]["llama.cpp"] == pytest.approx(47.0)
     assert rep["read_bandwidth"] == [{"threads": 1, "bytes_per_s": 20e9}]
-    assert rep["models"] == [{"name": "m", "bytes_per_token": 400_000_000}]
+    assert rep["models"] == [{"name": "m", "bytes_per_token": 400_000_000, "cache_assisted": None}]
     e2e.validate_report(rep)
 
 
@@ -90,6 +90,23 @@ def test_unavailable_engine_gets_no_number_and_its_reason():
     assert "busy" not in table
     rep["config"] = {"cpu_count": 2, "loadavg_start": [6.0, 5.0, 4.0]}
     assert "busy before the run (1-min load average 6.0 on 2 CPUs)" in e2e.format_table(rep)
+
+
+def test_cache_assisted_rows_are_flagged():
+    # 400 MB per token: under 4 x 128 MiB (536.9 MB) -> assisted; over 4 x 32 MiB (134.2 MB) -> not
+    assert e2e.cache_assisted(400_000_000, 128 << 20) is True
+    assert e2e.cache_assisted(400_000_000, 32 << 20) is False
+    assert e2e.cache_assisted(None, 32 << 20) is None and e2e.cache_assisted(400_000_000, None) is None
+    rep = e2e.summarise(model_names=["m"], engines=e2e.ENGINES, threads=[1], tests=["pp128", "tg128"],
+                        samples=PP + TG, unavailable={}, read_bandwidth={1: 20e9},
+                        bytes_per_token={"m": 400_000_000}, llc_bytes=128 << 20)
+    assert rep["models"][0]["cache_assisted"] is True
+    rep["config"] = {"cpu_model_name": "Test CPU", "cpu_family": 25, "cpu_model": 1, "isa": "avx2",
+                     "last_level_cache": {"level": 3, "bytes": 128 << 20}, "cpuid_l3_bytes": 256 << 20}
+    table = e2e.format_table(rep)
+    assert any(line.startswith("m*") for line in table.splitlines())
+    assert "cache-assisted" in table
+    assert "machine: Test CPU (family 25 model 1), kernels avx2, L3 128 MiB per instance (sysfs), CPUID L3 256 MiB" in table
 
 
 def test_overhead_share():
@@ -200,7 +217,15 @@ def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
     assert len(rep["rows"]) == 2 * len(e2e.TESTS)
     assert all(len(r["samples"]) == 2 and r["tokens_per_s"] > 0 for r in rep["rows"])
     assert len(rep["samples"]) == 2 * 2 * len(e2e.TESTS)
-    assert rep["models"] == [{"name": "q", "bytes_per_token": inspect_model(str(path))["bytes_per_token"]["total"]}]
+    bpt = inspect_model(str(path))["bytes_per_token"]["total"]
+    llc = rep["config"]["last_level_cache"]
+    assert rep["models"] == [{"name": "q", "bytes_per_token": bpt,
+                              "cache_assisted": (bpt < 4 * llc["bytes"]) if llc else None}]
+    assert rep["config"]["isa"] in ("ref", "avx2", "avx512") and rep["config"]["cpu_model_name"]
+    # One engine only (--engines ktd): the table prints it, the other column as "-", and says why.
+    table = e2e.format_table(rep)
+    assert "q llama.cpp: not available: not run (--engines)" in table
+    assert table.count("\n") > 2 * len(e2e.TESTS) and "machine: " in table
     assert [bw["threads"] for bw in rep["read_bandwidth"]] == [1, 2]
     assert all(bw["bytes_per_s"] > 0 for bw in rep["read_bandwidth"])
     assert all(c["decode_pct_of_ceiling"]["ktd"] > 0 for c in rep["ceiling"])

@@ -64,3 +64,33 @@ def test_describe_fake_two_node_machine_warns_about_numa_balancing(tmp_path):
     if len(cpus) > 1:
         assert d["thread_pool"]["nodes"] == [0] * half + [1] * (len(cpus) - half)
         assert any("numa_balancing" in w for w in d["warnings"])
+
+
+def test_last_level_cache_from_a_fake_sysfs(tmp_path):
+    cache = tmp_path / "devices/system/cpu/cpu0/cache"
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"),
+                                             (2, "Unified", "2048K"), (3, "Unified", "32768K")]):
+        d = cache / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+        (d / "shared_cpu_list").write_text("0-7\n" if level == 3 else "0\n")
+    assert machine.last_level_cache(str(tmp_path)) == {"level": 3, "bytes": 32 << 20, "shared_cpu_list": "0-7"}
+    (cache / "index3/size").write_text("garbage\n")   # unreadable entries are skipped, not raised
+    assert machine.last_level_cache(str(tmp_path))["level"] == 2
+    assert machine.last_level_cache(str(tmp_path / "nowhere")) is None
+
+
+def test_last_level_cache_matches_lscpu():
+    import shutil
+    import subprocess
+    import pytest
+    if not shutil.which("lscpu"):
+        pytest.skip("lscpu (util-linux) is not installed: no independent figure to compare with")
+    out = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE"], capture_output=True, text=True)
+    sizes = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()[1:] if len(line.split()) == 2}
+    llc = machine.last_level_cache()
+    if not sizes or llc is None:
+        pytest.skip("neither lscpu nor sysfs lists the caches on this machine (some VMs): nothing to compare")
+    assert llc["bytes"] == sizes[f"L{llc['level']}"]

@@ -17,6 +17,55 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+_SIZE_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def last_level_cache(sysfs_root: str = "/sys", cpu: int = 0) -> dict | None:
+    """The largest data/unified cache the kernel lists for ``cpu``: {level, bytes, shared_cpu_list}.
+
+    None where sysfs has no cache directory (some VMs and containers). Benchmarks use it to flag
+    models whose bytes per token a cache of this size holds in part (docs/PERF.md).
+    """
+    best = None
+    for index in sorted(Path(sysfs_root, f"devices/system/cpu/cpu{cpu}/cache").glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+            shared = (index / "shared_cpu_list").read_text().strip() if (index / "shared_cpu_list").exists() else None
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not text:
+            continue
+        try:
+            size = int(text[:-1]) * _SIZE_SUFFIX[text[-1]] if text[-1] in _SIZE_SUFFIX else int(text)
+        except ValueError:
+            continue
+        if best is None or (level, size) > (best["level"], best["bytes"]):
+            best = {"level": level, "bytes": size, "shared_cpu_list": shared}
+    return best
+
+
+def cpuid_l3_bytes() -> int | None:
+    """The L3 size glibc reports from CPUID (``getconf LEVEL3_CACHE_SIZE``), or None.
+
+    It can differ from the sysfs figure: a KVM guest on an AMD EPYC may see the package's total
+    L3 here (hundreds of MiB over many CCDs) and one CCD's 32 MiB in sysfs. Reported beside it so
+    a benchmark reader knows which machine kind the figures come from.
+    """
+    import ctypes
+    import platform
+    if platform.libc_ver()[0] != "glibc":   # the constant below is glibc's numbering
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.sysconf.restype = ctypes.c_long
+        n = libc.sysconf(194)   # _SC_LEVEL3_CACHE_SIZE in glibc's <bits/confname.h>
+    except (OSError, AttributeError):
+        return None
+    return int(n) if n > 0 else None
+
+
 def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
     """The machine as ktd sees it; sizes in bytes, CPU and node ids as the kernel numbers them."""
     from ktd import _native
@@ -51,6 +100,8 @@ def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
             "flags": sorted(name for name, on in features.flags().items() if on),
             "kernel_isa": _native.kernels.active_isa(),
             "kernel_isas_runnable": [i for i in ("ref", "avx2", "avx512") if _native.kernels.isa_compiled(i) and _native.kernels.isa_supported(i)],
+            "last_level_cache": last_level_cache(sysfs_root),
+            "cpuid_l3_bytes": cpuid_l3_bytes(),
         },
         "topology": {
             "numa": topo.numa,
@@ -104,8 +155,10 @@ def summary_lines(d: dict) -> list[str]:
     pools = ", ".join(
         f"{_size(p['page_size'])}: {p['free']}/{p['nr']} free" for p in hp["pools"] if p["node"] == -1
     )
+    llc = cpu.get("last_level_cache")
+    llc_text = f", L{llc['level']} {_size(llc['bytes'])}" if llc else ""
     lines = [
-        f"cpu: {cpu['model_name'] or cpu['vendor']} — kernels: {cpu['kernel_isa']} "
+        f"cpu: {cpu['model_name'] or cpu['vendor']}{llc_text} — kernels: {cpu['kernel_isa']} "
         f"(runnable: {', '.join(cpu['kernel_isas_runnable'])})",
         f"numa: {'yes' if topo['numa'] else 'no'}, {nodes}; usable cpus {len(topo['usable_cpus'])}",
         f"thread pool: {pool['n_threads']} workers on cpus {pool['cpus']}",

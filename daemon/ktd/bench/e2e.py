@@ -16,6 +16,10 @@ Tests, as llama-bench measures them:
 Decode is also reported as % of the DRAM ceiling: read bandwidth (measured in this run with the
 same thread count, streaming a buffer far larger than the L3 cache) ÷ bytes read per token
 (``ktd.inspect``). The per-token cost of the Python harness itself is measured and reported.
+A model whose bytes per token are under 4x the last-level cache is flagged cache-assisted (``*``):
+part of its weight stream comes from the cache, so its % of the ceiling is not comparable with
+other machines. The report names the CPU, its caches and the kernels' ISA; on an AVX-512 machine
+run it again with ``KTD_ISA=avx2 ... --out bench-avx2.json`` to report the AVX2 path too.
 
 Results go to ``bench/results/bench.json`` and a plot ``bench/results/bench.png``.
 """
@@ -46,6 +50,7 @@ TESTS = (*PP_TESTS, TG_TEST)
 TG_PROMPT_TOKENS = 16      # the short prompt before decode (not timed)
 N_CTX = 1024               # >= 512 (pp512) and >= TG_PROMPT_TOKENS + TG_TOKENS
 N_BATCH = 512              # llama.cpp n_batch = n_ubatch: pp512 is one physical batch
+CACHE_ASSIST_FACTOR = 4     # bytes/token under 4x the last-level cache: the row is cache-assisted
 MIN_BW_BYTES = 1 << 30     # read-bandwidth buffer: far larger than any L3 cache (32 MiB here)
 DEFAULT_OUT = Path("bench/results/bench.json")
 # Prompt text (code, as the models are coder models), repeated until long enough.
@@ -154,12 +159,16 @@ def summarise(*, model_names: Sequence[str], engines: Sequence[str], threads: Se
               tests: Sequence[str], samples: list[dict], unavailable: dict[tuple[str, str], str],
               read_bandwidth: dict[int, float], bytes_per_token: dict[str, int | None],
               greedy: dict[tuple[str, str, int], list[int]] | None = None,
-              overhead: list[dict] | None = None, config: dict | None = None) -> dict[str, Any]:
+              overhead: list[dict] | None = None, config: dict | None = None,
+              llc_bytes: int | None = None) -> dict[str, Any]:
     """The report written to bench.json, from the raw per-repetition samples.
 
     samples: {model, engine, threads, test, rep, tokens_per_s}; unavailable: (model, engine) ->
     reason (those rows get tokens_per_s None and the reason); read_bandwidth: threads -> B/s;
-    greedy: (model, engine, threads) -> tg tokens of the first repetition.
+    greedy: (model, engine, threads) -> tg tokens of the first repetition; llc_bytes: the
+    last-level cache a worker sees: a model reading fewer than CACHE_ASSIST_FACTOR times that per
+    token is flagged ``cache_assisted`` (part of its stream comes from the cache, so its % of the
+    DRAM ceiling is not comparable with other machines').
     """
     greedy = greedy or {}
     rows, ratios, ceilings = [], [], []
@@ -191,13 +200,21 @@ def summarise(*, model_names: Sequence[str], engines: Sequence[str], threads: Se
         "schema": SCHEMA,
         "config": config or {},
         "read_bandwidth": [{"threads": t, "bytes_per_s": read_bandwidth.get(t)} for t in threads],
-        "models": [{"name": m, "bytes_per_token": bytes_per_token.get(m)} for m in model_names],
+        "models": [{"name": m, "bytes_per_token": bytes_per_token.get(m),
+                    "cache_assisted": cache_assisted(bytes_per_token.get(m), llc_bytes)} for m in model_names],
         "rows": rows,
         "ratios": ratios,
         "ceiling": ceilings,
         "harness_overhead": overhead or [],
         "samples": samples,
     }
+
+
+def cache_assisted(bytes_per_token: int | None, llc_bytes: int | None) -> bool | None:
+    """True when a cache of llc_bytes can hold a noticeable share of one token's weight stream."""
+    if not bytes_per_token or not llc_bytes:
+        return None
+    return bytes_per_token < CACHE_ASSIST_FACTOR * llc_bytes
 
 
 ROW_KEYS = {"model": str, "engine": str, "threads": int, "test": str}
@@ -233,15 +250,20 @@ def validate_report(report: dict) -> None:
 
 
 def format_table(report: dict) -> str:
-    """The human-readable summary: one line per (model, threads, test)."""
+    """The human-readable summary: one line per (model, threads, test).
+
+    Engines not in the report (``--engines ktd``) print as "-", like an engine that failed.
+    """
     engines = ENGINES
     rows = {(r["model"], r["threads"], r["test"], r["engine"]): r for r in report["rows"]}
+    absent = {"tokens_per_s": None, "unavailable": "not run (--engines)"}
     ratios = {(r["model"], r["threads"], r["test"]): r for r in report["ratios"]}
     ceil = {(c["model"], c["threads"]): c for c in report["ceiling"]}
     head = (f"{'model':22} {'thr':>3} {'test':6} {'ktd t/s':>9} {'llama t/s':>9} {'ktd/llama':>9} "
             f"{'ceiling':>8} {'ktd %ceil':>9} {'llama %ceil':>11}")  # ceiling in tokens/s
     lines = [head, "-" * len(head)]
     notes: dict[str, str] = {}
+    assisted = {m["name"]: m.get("cache_assisted") for m in report["models"]}
 
     def num(x: float | None, fmt: str) -> str:
         width = fmt.split(".")[0]
@@ -250,11 +272,12 @@ def format_table(report: dict) -> str:
     for (model, t, test), rat in ratios.items():
         tps = []
         for e in engines:
-            r = rows[(model, t, test, e)]
+            r = rows.get((model, t, test, e), absent)
             tps.append(r["tokens_per_s"])
             if r["tokens_per_s"] is None:
                 notes[f"{model} {e}"] = r["unavailable"]
-        line = (f"{model:22} {t:3d} {test:6} {num(tps[0], '9.2f')} {num(tps[1], '9.2f')} "
+        name = model[:21] + ("*" if assisted.get(model) else "")
+        line = (f"{name:22} {t:3d} {test:6} {num(tps[0], '9.2f')} {num(tps[1], '9.2f')} "
                 f"{num(rat['ktd_over_llama_cpp'], '9.3f')}")
         if test == TG_TEST:
             c = ceil[(model, t)]
@@ -267,7 +290,9 @@ def format_table(report: dict) -> str:
         lines.append(f"read bandwidth, {bw['threads']} thread(s): {num(gbps, '.2f')} GB/s")
     for m in report["models"]:
         mb = m["bytes_per_token"] / 1e6 if m["bytes_per_token"] else None
-        lines.append(f"{m['name']}: {num(mb, '.1f')} MB read per token")
+        lines.append(f"{m['name']}: {num(mb, '.1f')} MB read per token"
+                     + (" (* cache-assisted: under 4x the last-level cache; its % of the DRAM ceiling"
+                        " is not comparable with other machines)" if m.get("cache_assisted") else ""))
     for ov in report.get("harness_overhead", []):
         where = f"{ov['model']} {ov['engine']}" + (f" {ov['threads']}t" if ov["threads"] else "")
         share = f" ({ov['pct_of_step']:.2f}% of a step)" if ov["pct_of_step"] is not None else ""
@@ -276,6 +301,13 @@ def format_table(report: dict) -> str:
     for what, reason in notes.items():
         lines.append(f"{what}: not available: {reason}")
     cfg = report.get("config", {})
+    if cfg.get("cpu_model_name") is not None:
+        llc = cfg.get("last_level_cache") or {}
+        cpuid_l3 = cfg.get("cpuid_l3_bytes")
+        lines.append(f"machine: {cfg['cpu_model_name']} (family {cfg.get('cpu_family')} model "
+                     f"{cfg.get('cpu_model')}), kernels {cfg.get('isa')}, "
+                     + (f"L{llc['level']} {llc['bytes'] >> 20} MiB per instance (sysfs)" if llc else "no cache in sysfs")
+                     + (f", CPUID L3 {cpuid_l3 >> 20} MiB" if cpuid_l3 and cpuid_l3 != llc.get("bytes") else ""))
     load = cfg.get("loadavg_start", [0.0])[0]   # before the run: others' load, not ours
     if cfg.get("cpu_count") and load > 0.5 * cfg["cpu_count"]:
         lines.append(f"note: the machine was busy before the run (1-min load average {load:.1f} on "
@@ -563,10 +595,12 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
 
 def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[int], tests: Sequence[str],
         reps: int, bw_bytes: int, bw_reps: int) -> dict[str, Any]:
-    from ktd import _native
+    from ktd import _native, machine
     from ktd.inspect import inspect_model
 
     load_start = os.getloadavg()
+    features = _native.cpu_features()
+    llc = machine.last_level_cache()
     read_bandwidth: dict[int, float] = {}
     for t in threads:
         read_bandwidth[t] = _native.kernels.bench_read_bandwidth(bw_bytes, t, bw_reps)
@@ -601,11 +635,14 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         "llama_cpp_python": _version("llama_cpp_python"),
         "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
         "cpu_count": os.cpu_count(), "isa": _native.kernels.active_isa(), "ktd_engine_info": c.engine_info,
+        "cpu_model_name": features.model_name or features.vendor, "cpu_family": features.family,
+        "cpu_model": features.model, "last_level_cache": llc, "cpuid_l3_bytes": machine.cpuid_l3_bytes(),
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return summarise(model_names=[m.name for m in models], engines=engines, threads=threads, tests=tests,
                      samples=c.samples, unavailable=c.unavailable, read_bandwidth=read_bandwidth,
-                     bytes_per_token=bytes_per_token, greedy=c.greedy, overhead=c.overhead, config=config)
+                     bytes_per_token=bytes_per_token, greedy=c.greedy, overhead=c.overhead, config=config,
+                     llc_bytes=llc["bytes"] if llc else None)
 
 
 def _version(dist: str) -> str | None:
