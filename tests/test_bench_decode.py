@@ -37,7 +37,7 @@ def test_summarize_rejects_bad_input(steps, bws, bpt):
 def test_short_run_on_a_real_model(real_model, tmp_path):
     path = real_model("qwen2.5-coder-0.5b")
     out = tmp_path / "decode.json"
-    assert B.main([str(path), "--threads", "1", "--tokens", "2", "--out", str(out)]) == 0
+    assert B.main([str(path), "--threads", "1", "--tokens", "2", "--breakdown", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     from ktd.inspect import inspect_model
 
@@ -45,8 +45,95 @@ def test_short_run_on_a_real_model(real_model, tmp_path):
     assert row["bytes_per_token"] == int(inspect_model(str(path))["bytes_per_token"]["total"])
     assert row["pct_of_ceiling"] == pytest.approx(
         100 * row["bytes_per_token"] / row["median_step_s"] / row["median_read_bandwidth_bytes_per_s"])
+    blocks = {r["block"]: r for r in row["breakdown"]}
+    assert blocks["step"]["bytes_per_token"] == row["bytes_per_token"]
+    assert {"attention_in", "attention", "glu_ffn", "output_head"} <= set(blocks)
+    assert sum(r["ms_per_step"] for b, r in blocks.items() if b != "step") == pytest.approx(
+        blocks["step"]["ms_per_step"], rel=1e-6)
 
 
 def test_main_rejects_bad_arguments(tmp_path):
     assert B.main(["no-such-model.gguf", "--threads", "1", "--out", str(tmp_path / "x.json")]) == 1
     assert B.main(["no-such-model.gguf", "--tokens", "0", "--out", str(tmp_path / "x.json")]) == 1
+
+
+# --- the per-block breakdown (--breakdown) ------------------------------------------------------
+
+from models import synthetic_moe, tiny_dense  # noqa: E402
+
+TINY = [("dense", a) for a in tiny_dense.ARCHS] + [("moe", "qwen3moe"), ("moe", "deepseek2")]
+
+
+def _tiny(kind: str, arch: str, tmp_path) -> str:
+    path = tmp_path / f"{arch}.gguf"
+    if kind == "dense":
+        tiny_dense.make_model(arch, path)
+    else:
+        synthetic_moe.make_model(arch, path, variant="v2" if arch == "deepseek2" else None)
+    return str(path)
+
+
+@pytest.mark.parametrize("kind, arch", TINY)
+def test_block_bytes_add_up_to_inspects_bytes_per_token(kind, arch, tmp_path):
+    """Every tensor lands in one block, and the blocks' bytes add up to ktd inspect's figure."""
+    from ktd.inspect import inspect_model
+
+    path = _tiny(kind, arch, tmp_path)
+    blocks = B.bytes_per_block(path)
+    per_token = inspect_model(path)["bytes_per_token"]
+    assert sum(blocks.values()) == per_token["total"]
+    assert blocks["output_head"] >= per_token["output_head"]
+    assert blocks["moe_ffn"] >= per_token["routed_experts"]
+    assert (blocks["moe_ffn"] > 0) == (kind == "moe")
+    assert (blocks["mla_attention"] > 0) == (arch == "deepseek2")
+
+
+def test_breakdown_arithmetic():
+    # 4 steps of 10 ms; attention_in 8 ms of them in total over the 4 steps (2 ms/step) reading
+    # 10 MB per token: 10e6 / 2e-3 = 5 GB/s = 50 % of 10 GB/s.
+    profile = {"attention_in": (8_000_000, 96), "glu_ffn": (20_000_000, 96), "forward": (36_000_000, 4)}
+    rows = {r["block"]: r for r in B.breakdown(profile, 4, 0.010, {"attention_in": 10_000_000, "glu_ffn": 30_000_000},
+                                                10e9)}
+    a = rows["attention_in"]
+    assert a["ms_per_step"] == pytest.approx(2.0) and a["pct_of_step"] == pytest.approx(20.0)
+    assert a["gb_per_s"] == pytest.approx(5.0) and a["pct_of_bandwidth"] == pytest.approx(50.0)
+    assert rows["glu_ffn"]["pct_of_bandwidth"] == pytest.approx(100 * 30e6 / 5e-3 / 10e9)
+    # forward 9 ms/step, of which 7 in the blocks; the step is 10 ms: 1 ms outside the forward
+    assert rows["forward, outside the blocks"]["ms_per_step"] == pytest.approx(2.0)
+    assert rows["step, outside the forward"]["ms_per_step"] == pytest.approx(1.0)
+    assert rows["step"]["bytes_per_token"] == 40_000_000 and "moe_ffn" not in rows
+    with pytest.raises(ValueError):
+        B.breakdown(profile, 0, 0.01, {}, 1e9)
+
+
+@pytest.mark.parametrize("kind, arch", [("dense", "llama"), ("dense", "gemma3"), ("moe", "deepseek2")])
+def test_native_profile_counts_every_block_and_changes_no_bit(kind, arch, tmp_path):
+    """Profiling on: each block is called once per layer per forward as the layer code says, the
+    parts fit inside the whole, and the logits are bit-identical to a forward without it."""
+    from ktd.engine import Engine
+    from ktd.gguf import GGUFFile
+
+    path = _tiny(kind, arch, tmp_path)
+    logits = []
+    for on in (False, True):
+        eng = Engine.open(path, n_ctx=32, n_seq_max=1, threads=2)
+        eng.context.set_profiling(on)
+        out = [eng.forward(np.arange(5) + 40, np.arange(5), np.zeros(5), np.ones(5, bool))]
+        for i in range(3):
+            out.append(eng.forward(np.array([50 + i]), np.array([5 + i]), np.zeros(1), np.ones(1, bool)))
+        logits.append(np.concatenate([o.ravel() for o in out]))
+        prof = eng.context.profile()
+        if not on:
+            assert all(v == (0, 0) for v in prof.values())
+            continue
+        assert prof["forward"][1] == 4 and prof["embed"][1] == 4 and prof["output_head"][1] == 4
+        attn = "mla_attention" if arch == "deepseek2" else "attention_in"
+        n_layer = int(GGUFFile(path).metadata[f"{arch}.block_count"])
+        assert prof[attn][1] == 4 * n_layer
+        ffn_calls = prof["glu_ffn"][1] + prof["moe_ffn"][1]
+        assert ffn_calls == 4 * n_layer
+        assert (prof["moe_ffn"][1] > 0) == (kind == "moe")
+        assert sum(ns for b, (ns, _) in prof.items() if b != "forward") <= prof["forward"][0]
+        eng.context.reset_profile()
+        assert all(v == (0, 0) for v in eng.context.profile().values())
+    np.testing.assert_array_equal(logits[0], logits[1])

@@ -10,6 +10,16 @@ the same load at the same moment, and the figure reported is the median step aga
 bandwidth: the same statistic on both sides. Comparing a median decode rate with a best-of
 bandwidth taken at another moment (or a figure from another run) understates or overstates the
 percentage by as much as the machine's noise, 10-20% here.
+
+``--breakdown`` also times every block of the forward natively while it decodes
+(``Context.set_profiling``: embedding, norms, residual adds, q/k/v projections, attention over
+the KV cache, output projection, dense FFN, MoE FFN, output head) and prints where a step's time
+goes: per block its milliseconds per step, the weight bytes it streams per token (the GGUF's
+tensors mapped to the block that reads them) and that stream as % of the bandwidth measured in
+the same run; what the forward does outside the blocks and the step's time outside the forward
+(Python, pybind11, argmax) are rows of their own. Block times are means over the steps (the
+native sums divided by the step count) and include each block's hand-over to the thread pool and
+its wait for the slowest worker.
 """
 
 from __future__ import annotations
@@ -27,6 +37,76 @@ import numpy as np
 from ktd.bench import write_results
 
 PROMPT_TOKENS = 16
+
+# Blocks of a forward (native/src/model/profile.h), in the order a layer runs them.
+BLOCKS = ("embed", "norm", "residual_add", "attention_in", "attention", "attention_out", "mla_attention",
+          "glu_ffn", "moe_ffn", "output_head")
+
+
+def bytes_per_block(path: str) -> dict[str, int]:
+    """Weight bytes each forward block streams per decoded token; they sum to ``ktd inspect``'s
+    bytes per token (routed experts at n_expert_used/n_expert of their size, lookup tables none
+    unless tied to the output head)."""
+    from ktd.gguf import GGUFFile
+    from ktd.inspect import LOOKUP_TABLES, OUTPUT_HEAD, TIED_HEAD, bytes_per_token, placement_classes
+
+    f = GGUFFile(path)
+    arch = f.metadata.get("general.architecture")
+    arch = arch.decode() if isinstance(arch, bytes) else arch
+    classes = placement_classes(f)
+    per_token = bytes_per_token(f, arch, classes)
+    head = per_token["output_head_tensor"]
+    mla = any(".attn_kv_a_mqa." in name for name in f.tensors)
+    out = dict.fromkeys(BLOCKS, 0)
+    for t in f.tensors.values():
+        name, cls = t.name, classes[t.name]
+        if name == head:
+            out["output_head"] += t.nbytes
+        elif name in LOOKUP_TABLES or name in (OUTPUT_HEAD, TIED_HEAD):
+            continue                      # one row per token, not counted (as ktd inspect)
+        elif cls == "routed_expert":
+            out["moe_ffn"] += t.nbytes // per_token["n_expert"] * per_token["n_expert_used"]
+        elif cls in ("shared_expert", "router"):
+            out["moe_ffn"] += t.nbytes
+        elif len(t.shape) < 2 or name.startswith("output"):
+            out["output_head" if name.startswith("output") else "norm"] += t.nbytes  # norms, biases: vectors
+        elif ".attn_output." in name:
+            out["attention_out"] += t.nbytes
+        elif ".attn_" in name:
+            out["mla_attention" if mla else "attention_in"] += t.nbytes
+        elif ".ffn_" in name:
+            out["glu_ffn"] += t.nbytes
+        else:
+            raise ValueError(f"{path}: tensor '{name}' belongs to no forward block this breakdown knows")
+    return out
+
+
+def breakdown(profile: dict[str, tuple[int, int]], steps: int, step_seconds: float,
+              block_bytes: dict[str, int], bandwidth: float) -> list[dict[str, Any]]:
+    """Rows {block, ms_per_step, pct_of_step, bytes_per_token, gb_per_s, pct_of_bandwidth} from
+    the native per-block sums over ``steps`` forwards, the mean step (s) and the bandwidth (B/s)."""
+    if steps < 1 or step_seconds <= 0 or bandwidth <= 0:
+        raise ValueError("steps, step time and bandwidth must be positive")
+    rows = []
+
+    def row(name: str, seconds: float, nbytes: int) -> None:
+        rows.append({"block": name, "ms_per_step": seconds * 1e3, "pct_of_step": 100.0 * seconds / step_seconds,
+                     "bytes_per_token": nbytes,
+                     "gb_per_s": nbytes / seconds / 1e9 if nbytes and seconds > 0 else None,
+                     "pct_of_bandwidth": 100.0 * nbytes / seconds / bandwidth if nbytes and seconds > 0 else None})
+
+    parts = 0.0
+    for b in BLOCKS:
+        ns, calls = profile.get(b, (0, 0))
+        if calls == 0 and not block_bytes.get(b):
+            continue
+        parts += ns / steps / 1e9
+        row(b, ns / steps / 1e9, block_bytes.get(b, 0))
+    forward = profile["forward"][0] / steps / 1e9
+    row("forward, outside the blocks", max(forward - parts, 0.0), 0)
+    row("step, outside the forward", max(step_seconds - forward, 0.0), 0)
+    row("step", step_seconds, sum(block_bytes.values()))
+    return rows
 
 
 def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_per_token: int) -> dict[str, Any]:
@@ -51,7 +131,7 @@ def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_
     }
 
 
-def measure(path: str, threads: int, tokens: int) -> dict[str, Any]:
+def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False) -> dict[str, Any]:
     """Interleaved decode steps and bandwidth passes on one model and thread count."""
     from ktd import _native
     from ktd.engine import Engine
@@ -67,15 +147,32 @@ def measure(path: str, threads: int, tokens: int) -> dict[str, Any]:
     logits = eng.forward(prompt, np.arange(n), np.zeros(n), np.arange(n) == n - 1)
     token = int(np.argmax(logits[0]))
     steps, bws = [], []
+    if with_breakdown:
+        eng.context.set_profiling(True)
     for i in range(tokens):
         t0 = time.perf_counter()
         logits = eng.forward(np.array([token]), np.array([n + i]), np.zeros(1), np.ones(1, bool))
         token = int(np.argmax(logits[0]))
         steps.append(time.perf_counter() - t0)
         bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1))
+    result = {"model": os.path.basename(path), "threads": threads, "bytes_per_token": bpt,
+              **summarize(steps, bws, bpt)}
+    if with_breakdown:
+        result["breakdown"] = breakdown(eng.context.profile(), tokens, statistics.fmean(steps),
+                                        bytes_per_block(path), statistics.median(bws))
     del eng  # the weights arena goes before the next thread count maps its own
-    return {"model": os.path.basename(path), "threads": threads, "bytes_per_token": bpt,
-            **summarize(steps, bws, bpt)}
+    return result
+
+
+def format_breakdown(rows: list[dict[str, Any]]) -> str:
+    head = f"  {'block':28} {'ms/step':>8} {'% step':>7} {'MB/token':>9} {'GB/s':>7} {'% of bw':>8}"
+    lines = [head]
+    for r in rows:
+        mb = f"{r['bytes_per_token'] / 1e6:9.1f}" if r["bytes_per_token"] else f"{'-':>9}"
+        gbs = f"{r['gb_per_s']:7.2f}" if r["gb_per_s"] is not None else f"{'-':>7}"
+        pct = f"{r['pct_of_bandwidth']:8.1f}" if r["pct_of_bandwidth"] is not None else f"{'-':>8}"
+        lines.append(f"  {r['block']:28} {r['ms_per_step']:8.3f} {r['pct_of_step']:7.1f} {mb} {gbs} {pct}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model", help="GGUF file or known model name")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--tokens", type=int, default=32, help="decode steps (each followed by a bandwidth pass)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="time every block of the forward and print where a step's time goes")
     ap.add_argument("--out", type=Path, default=Path("bench/results/decode.json"))
     args = ap.parse_args(argv)
     if args.tokens < 1 or any(t < 1 for t in args.threads):
@@ -98,12 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = []
     for t in args.threads:
-        r = measure(path, t, args.tokens)
+        r = measure(path, t, args.tokens, args.breakdown)
         rows.append(r)
         print(f"{r['model']} {t} thread(s): decode {r['tokens_per_s']:.2f} tok/s = "
               f"{r['decode_bytes_per_s'] / 1e9:.2f} GB/s, read bandwidth {r['median_read_bandwidth_bytes_per_s'] / 1e9:.2f}"
               f" GB/s (medians of {r['tokens']} interleaved pairs): {r['pct_of_ceiling']:.1f}% of the ceiling",
               flush=True)
+        if args.breakdown:
+            print(format_breakdown(r["breakdown"]), flush=True)
     write_results(rows, args.out)
     print(f"wrote {args.out}")
     return 0

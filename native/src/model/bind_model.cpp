@@ -311,6 +311,29 @@ static void bind_context_class(py::module_ &m) {
         .def("reset_expert_counts", [](PyContext &c) {
             std::lock_guard<std::mutex> l(c.mu);
             c.ctx->reset_expert_counts();
+        })
+        .def(
+            "set_profiling",
+            [](PyContext &c, bool on) {
+                std::lock_guard<std::mutex> l(c.mu);
+                c.ctx->set_profiling(on);
+            },
+            py::arg("on"), "Time every block of every forward from now on (off: no timing at all)")
+        .def(
+            "profile",
+            [](PyContext &c) {
+                std::lock_guard<std::mutex> l(c.mu);
+                const ForwardProfile &p = c.ctx->profile();
+                py::dict out;
+                for (int i = 0; i < kForwardOps; ++i)
+                    out[forward_op_name(ForwardOp(i))] = py::make_tuple(p.ns[size_t(i)], p.calls[size_t(i)]);
+                return out;
+            },
+            "{block: (nanoseconds, calls)} summed over the forwards since profiling began or the last reset; "
+            "'forward' is the whole forward, the rest its parts (model/profile.h)")
+        .def("reset_profile", [](PyContext &c) {
+            std::lock_guard<std::mutex> l(c.mu);
+            c.ctx->reset_profile();
         });
     bind_context_hooks(cls);
 }

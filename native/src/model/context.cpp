@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "common/float16.h"
 #include "kernels/attention.h"
@@ -99,8 +100,14 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
     seq_len_[size_t(dst)] = n_tokens;
 }
 
+void Context::set_profiling(bool on) {
+    if (on && !profiling_) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
+    if (!on) profiling_.reset();
+}
+
 void Context::forward(const Batch &b, float *logits) {
     if (b.n < 0) throw std::invalid_argument("forward: negative batch size");
+    OpTimer timer(profiling_ ? &profile_ : nullptr, ForwardOp::Forward);
     const HParams &hp = model_.hparams();
     // Validate every row before touching the cache: a rejected batch changes nothing.
     std::vector<int64_t> &next = next_pos_;  // expected next position per sequence, -1: none yet
@@ -143,6 +150,8 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
     const size_t embd_row_bytes = size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0]));
     const uint8_t *embd = model_.file().tensor_data(*w.token_embd);
     const float *ff = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
+    ForwardProfile *prof = profiling_ ? &profile_ : nullptr;
+    std::optional<OpTimer> embed_timer(std::in_place, prof, ForwardOp::Embed);
     for_each_row(pool, n, kMinParallelRows, [&](int64_t i) {
         float *xi = s_.x.data() + i * E;
         w.token_embd_tk->dequantize_row(embd + size_t(b.tokens[r0 + i]) * embd_row_bytes, xi, E);
@@ -153,12 +162,15 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
     });
     // The sequence slots grow before the layers run: attention reads positions [0, p] of each row.
     for (int64_t i = r0; i < r0 + n; ++i) seq_len_[size_t(b.seq_ids[i])] = int64_t(b.positions[i]) + 1;
+    embed_timer.reset();
 
-    backend_->begin_chunk(b.positions + r0, b.seq_ids + r0, n);
+    Backend &be = profiling_ ? *profiling_ : *backend_;
+    be.begin_chunk(b.positions + r0, b.seq_ids + r0, n);
     const ArchSpec &arch = model_.arch();
-    for (int il = 0; il < hp.n_layer; ++il) arch.layer(*backend_, hp, w.layers[size_t(il)], il);
+    for (int il = 0; il < hp.n_layer; ++il) arch.layer(be, hp, w.layers[size_t(il)], il);
 
     // Output head on the marked rows only: gather, norm, logits [n_marked][n_vocab].
+    OpTimer head_timer(prof, ForwardOp::OutputHead);
     int64_t n_out = 0;
     for (int64_t i = 0; i < n; ++i) {
         if (!b.want_logits[r0 + i]) continue;

@@ -22,6 +22,7 @@
 #include "model/attention.h"
 #include "model/hparams.h"
 #include "model/moe.h"
+#include "model/profile.h"
 
 namespace ktd {
 
@@ -264,6 +265,12 @@ public:
         return expert_counts_.data() + size_t(il) * size_t(model_.hparams().moe.n_expert);
     }
 
+    // Per-block timing of every forward while on (model/profile.h); reset() clears the sums.
+    void set_profiling(bool on);
+    bool profiling() const { return profiling_ != nullptr; }
+    const ForwardProfile &profile() const { return profile_; }
+    void reset_profile() { profile_.reset(); }
+
     // Used by the architecture files.
     ForwardScratch &scratch() { return s_; }
     // y [n][rows] = m · x [n][k] (+ bias [rows] on every row when given).
@@ -287,6 +294,8 @@ private:
     std::vector<uint64_t> expert_counts_;  // [n_layer][n_expert]
     ForwardScratch s_;
     std::unique_ptr<Backend> backend_;  // the blocks the layers are composed of (CPU)
+    std::unique_ptr<Backend> profiling_;  // backend_ behind a ProfilingBackend while profiling is on
+    ForwardProfile profile_;
 };
 
 }  // namespace ktd

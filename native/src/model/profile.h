@@ -1,0 +1,102 @@
+// Where a forward's time goes, block by block: a Backend that times each call of the backend it
+// wraps (the decorator Context::forward uses while profiling is on), plus the parts of the forward
+// outside the layers (embedding, output head) and the whole forward. Off by default: the layers
+// then call the CPU backend directly and nothing is timed.
+//
+// Times are wall-clock nanoseconds of the calling thread, which waits for the pool inside every
+// block, so a block's time includes its hand-over to the workers and the wait for the slowest one.
+// Everything the forward does outside these blocks is the forward's time minus their sum.
+#pragma once
+#include <array>
+#include <chrono>
+#include <cstdint>
+
+#include "model/backend.h"
+
+namespace ktd {
+
+enum class ForwardOp : int {
+    Embed, Norm, ResidualAdd, AttentionIn, Attention, AttentionOut, MlaAttention, GluFfn, MoeFfn,
+    OutputHead, Forward, kCount
+};
+inline constexpr int kForwardOps = int(ForwardOp::kCount);
+
+inline const char *forward_op_name(ForwardOp op) {
+    static constexpr const char *names[kForwardOps] = {
+        "embed", "norm", "residual_add", "attention_in", "attention", "attention_out", "mla_attention",
+        "glu_ffn", "moe_ffn", "output_head", "forward"};
+    return names[int(op)];
+}
+
+struct ForwardProfile {
+    std::array<uint64_t, kForwardOps> ns{}, calls{};
+    void reset() { ns.fill(0); calls.fill(0); }
+};
+
+// Adds the time from construction to destruction to one entry of a profile (none when null).
+class OpTimer {
+public:
+    OpTimer(ForwardProfile *p, ForwardOp op) : p_(p), op_(op) {
+        if (p_) t0_ = std::chrono::steady_clock::now();
+    }
+    ~OpTimer() {
+        if (!p_) return;
+        const auto dt = std::chrono::steady_clock::now() - t0_;
+        p_->ns[size_t(op_)] += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
+        p_->calls[size_t(op_)] += 1;
+    }
+    OpTimer(const OpTimer &) = delete;
+    OpTimer &operator=(const OpTimer &) = delete;
+
+private:
+    ForwardProfile *p_;
+    ForwardOp op_;
+    std::chrono::steady_clock::time_point t0_{};
+};
+
+class ProfilingBackend final : public Backend {
+public:
+    ProfilingBackend(Backend &inner, ForwardProfile &p) : in_(inner), p_(p) {}
+
+    void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override {
+        in_.begin_chunk(positions, seq_ids, n);
+    }
+    void norm(const std::vector<float> &w, Act in, Act out) override {
+        OpTimer t(&p_, ForwardOp::Norm);
+        in_.norm(w, in, out);
+    }
+    void residual_add(Act t) override {
+        OpTimer tm(&p_, ForwardOp::ResidualAdd);
+        in_.residual_add(t);
+    }
+    void attention_in(const LayerWeights &w, int il) override {
+        OpTimer t(&p_, ForwardOp::AttentionIn);
+        in_.attention_in(w, il);
+    }
+    void attention(int il) override {
+        OpTimer t(&p_, ForwardOp::Attention);
+        in_.attention(il);
+    }
+    void attention_out(const LayerWeights &w) override {
+        OpTimer t(&p_, ForwardOp::AttentionOut);
+        in_.attention_out(w);
+    }
+    void mla_attention(const LayerWeights &w, int il) override {
+        OpTimer t(&p_, ForwardOp::MlaAttention);
+        in_.mla_attention(w, il);
+    }
+    void glu_ffn(const LayerWeights &w, Glu act) override {
+        OpTimer t(&p_, ForwardOp::GluFfn);
+        in_.glu_ffn(w, act);
+    }
+    void moe_ffn(const LayerWeights &w, int il) override {
+        OpTimer t(&p_, ForwardOp::MoeFfn);
+        in_.moe_ffn(w, il);
+    }
+
+private:
+    Backend &in_;
+    ForwardProfile &p_;
+};
+
+}  // namespace ktd
