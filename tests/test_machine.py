@@ -31,6 +31,8 @@ def test_describe_real_machine():
         assert f"[{d['thp']['enabled']}]" in thp.read_text()
     lines = machine.summary_lines(d)
     assert any(line.startswith("thread pool:") for line in lines)
+    assert set(d["cuda"]) == {"available", "devices", "reason", "library"}
+    assert any(line.startswith("cuda: ") and d["cuda"]["reason"] in line for line in lines)
 
 
 def test_describe_fake_two_node_machine_warns_about_numa_balancing(tmp_path):

@@ -133,6 +133,8 @@ def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
             "defrag": _native.thp_setting("defrag", sysfs_root) or None,
         },
         "numa_balancing": numa_balancing,
+        # The optional CUDA backend (libktd_cuda.so): whether it can run here, or why not.
+        "cuda": _native.cuda_status(),
         "warnings": warnings,
     }
 
@@ -164,5 +166,8 @@ def summary_lines(d: dict) -> list[str]:
         f"thread pool: {pool['n_threads']} workers on cpus {pool['cpus']}",
         f"huge pages: {pools or 'none'}; THP {d['thp']['enabled'] or 'unavailable'}",
     ]
+    cuda = d.get("cuda")
+    if cuda is not None:
+        lines.append(f"cuda: {cuda['reason']}" if cuda["available"] else f"cuda: not used: {cuda['reason']}")
     lines += [f"warning: {w}" for w in d["warnings"]]
     return lines

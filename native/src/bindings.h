@@ -11,4 +11,5 @@ void bind_kernels(pybind11::module_ &m);  // block types and matrix kernels
 void bind_float_kernels(pybind11::module_ &m);  // attention and element-wise kernels per ISA
 void bind_model(pybind11::module_ &m);    // model, context (KV cache), forward
 void bind_sampling(pybind11::module_ &m); // token sampler
+void bind_cuda(pybind11::module_ &m);     // optional CUDA backend: status, block math
 }  // namespace ktd

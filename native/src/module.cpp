@@ -11,4 +11,5 @@ PYBIND11_MODULE(_native, m) {
     ktd::bind_float_kernels(m);
     ktd::bind_model(m);
     ktd::bind_sampling(m);
+    ktd::bind_cuda(m);
 }

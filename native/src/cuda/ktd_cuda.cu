@@ -1,0 +1,153 @@
+// libktd_cuda.so: ktd's optional CUDA backend. Built only where nvcc is found (CMakeLists.txt);
+// ktd._native never links it: it dlopens this library at run time (cuda/bind_cuda.cpp) and asks
+// ktd_cuda_probe() whether a device can be used, so a CPU-only host gets a reason, not a crash.
+//
+// The kernels read the GGUF block formats as they are stored (no re-quantization), through the
+// __host__ __device__ functions of cuda/block_math.h, which the CPU build compiles and tests
+// against gguf-py: the arithmetic here is the arithmetic tested on every CI run.
+//
+// C ABI only (extern "C"), every entry point returns 0 or a CUDA error code and writes a message.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "cuda/block_math.h"
+#include "cuda/ktd_cuda.h"
+
+namespace {
+
+using namespace ktd;
+using namespace ktd::bm;
+
+void set_error(char *msg, size_t n, const char *what, cudaError_t e) {
+    if (msg && n) std::snprintf(msg, n, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+// One thread per 32 activations: x [n][k] → act [n][k/32].
+__global__ void quantize_act_kernel(const float *x, ActQ8 *act, int64_t n_sub) {
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t < n_sub) quantize_act(x + 32 * t, act[t]);
+}
+
+// One warp per (output row, activation row): lanes stride over the row's sub-blocks of 32,
+// then a shuffle reduction. y [n][rows].
+template <class Block>
+__global__ void gemv_q_kernel(const Block *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y) {
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= rows * n) return;
+    const int64_t r = warp % rows, i = warp / rows;
+    const int64_t n_sub = k / 32;
+    const Block *row = w + r * (n_sub / SubsPerBlock<Block>::value);
+    const ActQ8 *a = act + i * n_sub;
+    float acc = 0.0f;
+    for (int64_t t = lane; t < n_sub; t += 32) {
+        Sub32 s;
+        unpack_row_sub(row, t, s);
+        acc += dot(s, a[t]);
+    }
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    if (lane == 0) y[i * rows + r] = acc;
+}
+
+// F32/F16/BF16 weights against float activations, one warp per (row, activation row).
+template <int Type>
+__device__ __forceinline__ float load_weight(const void *w, int64_t idx) {
+    if constexpr (Type == 0) return static_cast<const float *>(w)[idx];
+    else if constexpr (Type == 1) return half_to_float(static_cast<const uint16_t *>(w)[idx]);
+    else return bf16_to_float(static_cast<const uint16_t *>(w)[idx]);
+}
+
+template <int Type>
+__global__ void gemv_f_kernel(const void *w, int64_t rows, int64_t k, const float *x, int64_t n, float *y) {
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= rows * n) return;
+    const int64_t r = warp % rows, i = warp / rows;
+    float acc = 0.0f;
+    for (int64_t j = lane; j < k; j += 32) acc += load_weight<Type>(w, r * k + j) * x[i * k + j];
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    if (lane == 0) y[i * rows + r] = acc;
+}
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t threads) { return unsigned((threads + kThreads - 1) / kThreads); }
+
+template <class Block>
+void launch_q(const void *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y, cudaStream_t st) {
+    gemv_q_kernel<Block><<<blocks_for(rows * n * 32), kThreads, 0, st>>>(static_cast<const Block *>(w), rows, k, act, n, y);
+}
+
+}  // namespace
+
+extern "C" int ktd_cuda_abi_version(void) { return KTD_CUDA_ABI_VERSION; }
+
+extern "C" int ktd_cuda_probe(int *n_devices, char *msg, size_t msg_n) {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (n_devices) *n_devices = e == cudaSuccess ? count : 0;
+    if (e != cudaSuccess) {
+        set_error(msg, msg_n, "cudaGetDeviceCount", e);
+        return int(e);
+    }
+    if (msg && msg_n) {
+        cudaDeviceProp p{};
+        if (count > 0 && cudaGetDeviceProperties(&p, 0) == cudaSuccess)
+            std::snprintf(msg, msg_n, "%d device(s); device 0: %s, compute capability %d.%d, %.1f GiB", count, p.name,
+                          p.major, p.minor, double(p.totalGlobalMem) / double(1ull << 30));
+        else
+            std::snprintf(msg, msg_n, "%d device(s)", count);
+    }
+    return 0;
+}
+
+extern "C" int ktd_cuda_gemv_host(int type, const void *w, int64_t w_bytes, int64_t rows, int64_t k, const float *x,
+                                  int64_t n, float *y, char *msg, size_t msg_n) {
+    if (k % 32 != 0 || rows <= 0 || n <= 0) {
+        if (msg && msg_n) std::snprintf(msg, msg_n, "gemv: k must be a multiple of 32, rows and n positive");
+        return -1;
+    }
+    void *dw = nullptr;
+    float *dx = nullptr, *dy = nullptr;
+    ActQ8 *dact = nullptr;
+    const int64_t n_sub = n * k / 32;
+    cudaError_t e = cudaSuccess;
+    const char *step = "cudaMalloc";
+    do {
+        if ((e = cudaMalloc(&dw, size_t(w_bytes))) != cudaSuccess) break;
+        if ((e = cudaMalloc(&dx, size_t(n * k) * sizeof(float))) != cudaSuccess) break;
+        if ((e = cudaMalloc(&dy, size_t(n * rows) * sizeof(float))) != cudaSuccess) break;
+        if ((e = cudaMalloc(&dact, size_t(n_sub) * sizeof(ActQ8))) != cudaSuccess) break;
+        step = "cudaMemcpy (to device)";
+        if ((e = cudaMemcpy(dw, w, size_t(w_bytes), cudaMemcpyHostToDevice)) != cudaSuccess) break;
+        if ((e = cudaMemcpy(dx, x, size_t(n * k) * sizeof(float), cudaMemcpyHostToDevice)) != cudaSuccess) break;
+        step = "kernel launch";
+        switch (GGMLType(type)) {
+        case GGMLType::F32: gemv_f_kernel<0><<<blocks_for(rows * n * 32), kThreads>>>(dw, rows, k, dx, n, dy); break;
+        case GGMLType::F16: gemv_f_kernel<1><<<blocks_for(rows * n * 32), kThreads>>>(dw, rows, k, dx, n, dy); break;
+        case GGMLType::BF16: gemv_f_kernel<2><<<blocks_for(rows * n * 32), kThreads>>>(dw, rows, k, dx, n, dy); break;
+        default:
+            quantize_act_kernel<<<blocks_for(n_sub), kThreads>>>(dx, dact, n_sub);
+            switch (GGMLType(type)) {
+            case GGMLType::Q4_0: launch_q<block_q4_0>(dw, rows, k, dact, n, dy, nullptr); break;
+            case GGMLType::Q5_0: launch_q<block_q5_0>(dw, rows, k, dact, n, dy, nullptr); break;
+            case GGMLType::Q8_0: launch_q<block_q8_0>(dw, rows, k, dact, n, dy, nullptr); break;
+            case GGMLType::Q4_K: launch_q<block_q4_K>(dw, rows, k, dact, n, dy, nullptr); break;
+            case GGMLType::Q5_K: launch_q<block_q5_K>(dw, rows, k, dact, n, dy, nullptr); break;
+            case GGMLType::Q6_K: launch_q<block_q6_K>(dw, rows, k, dact, n, dy, nullptr); break;
+            default:
+                if (msg && msg_n) std::snprintf(msg, msg_n, "gemv: no CUDA kernel for GGML type %d", type);
+                cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dact);
+                return -1;
+            }
+        }
+        if ((e = cudaGetLastError()) != cudaSuccess) break;
+        step = "cudaMemcpy (to host)";
+        if ((e = cudaMemcpy(y, dy, size_t(n * rows) * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) break;
+    } while (false);
+    if (e != cudaSuccess) set_error(msg, msg_n, step, e);
+    cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dact);
+    return int(e);
+}
