@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
+.PHONY: gpu-check build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
 
 build: native
 
@@ -114,8 +114,18 @@ deb:
 test-deb: deb
 	packaging/test-deb.sh
 
+# On a machine with an NVIDIA GPU (driver R580+ for CUDA 13): build with the CUDA backend required,
+# then run the gpu-marked tests (kernels against the host block math and gguf-py): the device the
+# CUDA runtime reports in bench/results/gpu-status.json, the test results in gpu-check.xml.
+gpu-check:
+	$(MAKE) build
+	@test -f daemon/ktd/libktd_cuda.so || { echo "gpu-check: libktd_cuda.so was not built (no nvcc found)"; exit 1; }
+	@mkdir -p bench/results
+	$(PY) -c 'import json; from ktd import _native; print(json.dumps(_native.cuda_status()))' | tee bench/results/gpu-status.json
+	$(PY) -m pytest -m gpu -rA --junitxml=bench/results/gpu-check.xml tests/test_cuda_block_math.py $(PYTEST_ARGS)
+
 clean:
-	rm -rf build daemon/ktd/_native*.so
+	rm -rf build daemon/ktd/_native*.so daemon/ktd/libktd_cuda.so
 
 distclean: clean
 	rm -rf $(VENV)
