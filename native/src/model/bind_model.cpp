@@ -334,7 +334,29 @@ static void bind_context_class(py::module_ &m) {
         .def("reset_profile", [](PyContext &c) {
             std::lock_guard<std::mutex> l(c.mu);
             c.ctx->reset_profile();
-        });
+        })
+        .def(
+            "set_backend",
+            [](PyContext &c, const std::string &name) {
+                std::lock_guard<std::mutex> l(c.mu);
+                c.ctx->set_backend(name);
+            },
+            py::arg("name"),
+            "'cpu' (default) or 'loopback': the hybrid CPU+accelerator data flow with the CPU playing the "
+            "device (model/hybrid_backend.h)")
+        .def_property_readonly("backend", [](PyContext &c) { return c.ctx->backend_name(); })
+        .def(
+            "hybrid_stats",
+            [](PyContext &c) {
+                std::lock_guard<std::mutex> l(c.mu);
+                const HybridStats st = c.ctx->hybrid_stats();
+                py::dict d;
+                d["bytes_to_host"] = st.bytes_to_host;
+                d["bytes_to_device"] = st.bytes_to_device;
+                d["moe_calls"] = st.moe_calls;
+                return d;
+            },
+            "bytes of activations sent device→host and host→device, and MoE layers run, by the hybrid backend");
     bind_context_hooks(cls);
 }
 

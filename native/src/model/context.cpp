@@ -100,6 +100,24 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
     seq_len_[size_t(dst)] = n_tokens;
 }
 
+void Context::set_backend(const std::string &name) {
+    if (name == backend_name_) return;
+    if (name == "cpu") {
+        backend_ = std::make_unique<CpuBackend>(*this);
+        hybrid_ = nullptr;
+    } else if (name == "loopback") {
+        auto hybrid = std::make_unique<HybridBackend>(*this, std::make_unique<LoopbackDevice>(*this));
+        hybrid_ = hybrid.get();
+        backend_ = std::move(hybrid);
+    } else {
+        throw std::invalid_argument("unknown backend '" + name + "' (cpu, loopback)");
+    }
+    backend_name_ = name;
+    if (profiling_) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
+}
+
+HybridStats Context::hybrid_stats() const { return hybrid_ ? hybrid_->stats() : HybridStats{}; }
+
 void Context::set_profiling(bool on) {
     if (on && !profiling_) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
     if (!on) profiling_.reset();

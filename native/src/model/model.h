@@ -21,6 +21,7 @@
 #include "model/arch.h"
 #include "model/attention.h"
 #include "model/hparams.h"
+#include "model/hybrid_backend.h"
 #include "model/moe.h"
 #include "model/profile.h"
 
@@ -265,6 +266,13 @@ public:
         return expert_counts_.data() + size_t(il) * size_t(model_.hparams().moe.n_expert);
     }
 
+    // The backend the layers run on: "cpu" (the default) or "loopback" (the hybrid data flow of
+    // model/hybrid_backend.h with the device played by the CPU). std::invalid_argument otherwise.
+    void set_backend(const std::string &name);
+    const std::string &backend_name() const { return backend_name_; }
+    // What crossed between device and host since the hybrid backend was set (zeros on "cpu").
+    HybridStats hybrid_stats() const;
+
     // Per-block timing of every forward while on (model/profile.h); reset() clears the sums.
     void set_profiling(bool on);
     bool profiling() const { return profiling_ != nullptr; }
@@ -295,6 +303,8 @@ private:
     ForwardScratch s_;
     std::unique_ptr<Backend> backend_;  // the blocks the layers are composed of (CPU)
     std::unique_ptr<Backend> profiling_;  // backend_ behind a ProfilingBackend while profiling is on
+    std::string backend_name_ = "cpu";
+    const HybridBackend *hybrid_ = nullptr;  // backend_ when it is the hybrid one
     ForwardProfile profile_;
 };
 

@@ -138,7 +138,7 @@ namespace {
 // gate/up, shared gate/up; shared when the quantizer is), and the scratch it runs in. Built before
 // the parallel region; only `gather` changes inside it (set by the plan, read after a barrier).
 struct MoeCall {
-    MoeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y);
+    MoeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part);
     const Model &model;
     const LayerWeights &w;
     const MoeParams &mp;
@@ -156,11 +156,12 @@ struct MoeCall {
     bool gather = false;    // some expert has several tokens: their xq rows are gathered
 };
 
-MoeCall::MoeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, int64_t n_, float *y_)
+MoeCall::MoeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, int64_t n_, float *y_, MoePart part)
     : model(ctx.model()), w(w_), mp(model.hparams().moe), s(ctx.scratch().moe), xn(xn_), y(y_), n(n_),
       E(model.hparams().n_embd), ff(mp.n_ff_exp), P(n_ * mp.n_expert_used),
       ff_sh(w_.ffn_gate_shexp ? w_.ffn_gate_shexp.pw.rows : 0), ne(mp.n_expert), k(mp.n_expert_used),
-      nth(model.pool().size()), n_slice(model.n_slices()), shared(bool(w_.ffn_gate_shexp)), n_fmt(0) {
+      nth(model.pool().size()), n_slice(model.n_slices()),
+      shared(bool(w_.ffn_gate_shexp) && part == MoePart::All), n_fmt(0) {
     f_gate = format_index(fmts, n_fmt, *w.ffn_gate_exps.parts(0)->tk, E);
     f_up = format_index(fmts, n_fmt, *w.ffn_up_exps.parts(0)->tk, E);
     f_sgate = shared ? format_index(fmts, n_fmt, *w.ffn_gate_shexp.pw.tk, E) : -1;
@@ -398,12 +399,12 @@ void moe_region(MoeCall &c, int tid, int nt) {
 
 }  // namespace
 
-void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y) {
+void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part) {
     if (n <= 0) return;
     // Sharded experts (several NUMA nodes) take the general path, whose work items follow the
     // node slices; the decode path's job list assumes one matrix per expert.
-    if (n == 1 && !w.ffn_gate_exps.sharded()) return moe_ffn_decode(ctx, w, il, xn, y);
-    MoeCall c(ctx, w, il, xn, n, y);
+    if (n == 1 && !w.ffn_gate_exps.sharded()) return moe_ffn_decode(ctx, w, il, xn, y, part);
+    MoeCall c(ctx, w, il, xn, n, y, part);
     grow_scratch(c);
     // Router logits [n][n_expert] (a matmul of its own on all threads).
     ThreadPool &pool = c.model.pool();
@@ -412,6 +413,29 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
         pool.run([&](int tid, int nt) { moe_region(c, tid, nt); });
     else
         moe_region(c, 0, 1);
+}
+
+void moe_shared_ffn(const LayerWeights &w, const float *xn, int64_t n, int64_t E, float *y, ThreadPool *pool,
+                    MoeSharedScratch &s) {
+    if (n <= 0) return;
+    if (!w.ffn_gate_shexp) {
+        std::fill(y, y + n * E, 0.0f);
+        return;
+    }
+    const int64_t ff = w.ffn_gate_shexp.pw.rows;
+    grow(s.g, size_t(n * ff));
+    grow(s.u, size_t(n * ff));
+    grow(s.gate, size_t(n));
+    // The same steps as the shared job of moe_ffn: gate and up, swiglu, down, times the gate.
+    matmul(pool, w.ffn_gate_shexp.pw, xn, n, s.g.data(), s.mm);
+    matmul(pool, w.ffn_up_shexp.pw, xn, n, s.u.data(), s.mm);
+    for (int64_t i = 0; i < n; ++i) swiglu(s.g.data() + i * ff, s.u.data() + i * ff, ff);
+    matmul(pool, w.ffn_down_shexp.pw, s.g.data(), n, y, s.mm);
+    const float *sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = sh_gate_w ? shexp_gate(sh_gate_w, xn + i * E, E) : 1.0f;
+        for (int64_t d = 0; d < E; ++d) y[i * E + d] = g * y[i * E + d];
+    }
 }
 
 }  // namespace ktd

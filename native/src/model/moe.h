@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "kernels/kernels.h"
 #include "model/hparams.h"
 
 namespace ktd {
@@ -124,8 +125,24 @@ struct MoeScratch {
 // moe_states) of layer il, slot `after` (0: residual before the FFN, 1: after), when recording is on.
 void moe_record_state(Context &ctx, int il, int after, const float *x_row);
 
+// Which experts a call computes: all (routed + shared, the CPU forward), or the routed ones only
+// (the hybrid split: the shared expert runs beside them on the accelerator, moe_shared_ffn).
+enum class MoePart { All, Routed };
+
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into
 // the context's expert statistics. n <= the context's n_batch.
-void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y);
+void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y,
+             MoePart part = MoePart::All);
+
+// The shared expert alone: y [n][n_embd] = gate · down(silu(gate_sh · xn) ⊙ up_sh · xn) (the
+// sigmoid gate where the layer has one, else 1; zeros without a shared expert), on `pool` (null:
+// the calling thread) with its own scratch. Added to moe_ffn(..., Routed)'s y (y_routed + y_shared,
+// in that order) it gives the bits of moe_ffn(..., All).
+struct MoeSharedScratch {
+    std::vector<float> g, u, gate;
+    MatmulScratch mm;
+};
+void moe_shared_ffn(const LayerWeights &w, const float *xn, int64_t n, int64_t n_embd, float *y, ThreadPool *pool,
+                    MoeSharedScratch &s);
 
 }  // namespace ktd

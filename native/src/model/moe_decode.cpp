@@ -46,7 +46,7 @@ int64_t block_rows(int64_t rows, int64_t n_items) {
 // all jobs and the E down rows, each cut into about kDecodeItemsPerThread · nth blocks (one block
 // per job / one in all on a single thread).
 struct DecodeCall {
-    DecodeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y);
+    DecodeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part);
     const LayerWeights &w;
     const MoeParams &mp;
     ThreadPool &pool;
@@ -66,11 +66,12 @@ struct DecodeCall {
     const float *probs_b = nullptr, *sh_gate_w = nullptr;
 };
 
-DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, float *y_)
+DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, float *y_, MoePart part)
     : w(w_), mp(ctx.model().hparams().moe), pool(ctx.model().pool()), s(ctx.scratch().moe), xn(xn_), y(y_),
-      E(ctx.model().hparams().n_embd), ff(mp.n_ff_exp), ff_sh(w_.ffn_gate_shexp ? w_.ffn_gate_shexp.pw.rows : 0),
-      ne(mp.n_expert), k(mp.n_expert_used), nth(pool.size()), n_jobs(k + (w_.ffn_gate_shexp ? 1 : 0)),
-      shared(bool(w_.ffn_gate_shexp)) {
+      E(ctx.model().hparams().n_embd), ff(mp.n_ff_exp), ff_sh(w_.ffn_gate_shexp && part == MoePart::All ? w_.ffn_gate_shexp.pw.rows : 0),
+      ne(mp.n_expert), k(mp.n_expert_used), nth(pool.size()),
+      n_jobs(k + (w_.ffn_gate_shexp && part == MoePart::All ? 1 : 0)),
+      shared(bool(w_.ffn_gate_shexp) && part == MoePart::All) {
     f_router = format_index(fmts, n_fmt, *w.ffn_gate_inp.pw.tk, E);
     f_gate = format_index(fmts, n_fmt, *w.ffn_gate_exps.mats[0].tk, E);
     f_up = format_index(fmts, n_fmt, *w.ffn_up_exps.mats[0].tk, E);
@@ -214,8 +215,8 @@ void decode_region(const DecodeCall &c, int tid, int nt) {
 
 }  // namespace
 
-void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y) {
-    const DecodeCall c(ctx, w, il, xn, y);
+void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part) {
+    const DecodeCall c(ctx, w, il, xn, y, part);
     decode_prepare(c);
     if (c.nth > 1)
         c.pool.run([&](int tid, int nt) { decode_region(c, tid, nt); });

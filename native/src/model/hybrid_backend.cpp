@@ -1,0 +1,148 @@
+// The hybrid orchestration and its loopback device (see hybrid_backend.h).
+#include "model/hybrid_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "model/cpu_backend.h"
+#include "model/model.h"
+
+namespace ktd {
+
+// --- Stream -----------------------------------------------------------------------------------
+
+Stream::Stream() : thread_([this] { loop(); }) {}
+
+Stream::~Stream() {
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+void Stream::submit(std::function<void()> fn) {
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        queue_.push_back(std::move(fn));
+    }
+    cv_.notify_all();
+}
+
+void Stream::sync() {
+    std::unique_lock<std::mutex> l(mu_);
+    done_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
+    if (error_) {
+        std::exception_ptr e = error_;
+        error_ = nullptr;
+        std::rethrow_exception(e);
+    }
+}
+
+void Stream::loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and nothing left
+        std::function<void()> fn = std::move(queue_.front());
+        queue_.erase(queue_.begin());
+        busy_ = true;
+        l.unlock();
+        try {
+            fn();
+        } catch (...) {
+            std::lock_guard<std::mutex> g(mu_);
+            if (!error_) error_ = std::current_exception();
+        }
+        l.lock();
+        busy_ = false;
+        done_cv_.notify_all();
+    }
+}
+
+// --- LoopbackDevice ---------------------------------------------------------------------------
+
+LoopbackDevice::LoopbackDevice(Context &ctx)
+    : ctx_(ctx), cpu_(std::make_unique<CpuBackend>(ctx)), E_(ctx.model().hparams().n_embd) {}
+
+LoopbackDevice::~LoopbackDevice() = default;
+
+void LoopbackDevice::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    n_ = n;
+    cpu_->begin_chunk(positions, seq_ids, n);
+}
+void LoopbackDevice::norm(const std::vector<float> &w, Act in, Act out) { cpu_->norm(w, in, out); }
+void LoopbackDevice::residual_add(Act t) { cpu_->residual_add(t); }
+void LoopbackDevice::attention_in(const LayerWeights &w, int il) { cpu_->attention_in(w, il); }
+void LoopbackDevice::attention(int il) { cpu_->attention(il); }
+void LoopbackDevice::attention_out(const LayerWeights &w) { cpu_->attention_out(w); }
+void LoopbackDevice::mla_attention(const LayerWeights &w, int il) { cpu_->mla_attention(w, il); }
+void LoopbackDevice::glu_ffn(const LayerWeights &w, Glu act) { cpu_->glu_ffn(w, act); }
+
+void LoopbackDevice::moe_ffn(const LayerWeights &, int) {
+    throw std::logic_error("LoopbackDevice::moe_ffn: routed experts run on the host (HybridBackend)");
+}
+
+float *LoopbackDevice::buf(Act a) {
+    ForwardScratch &s = ctx_.scratch();
+    switch (a) {
+        case Act::X: return s.x.data();
+        case Act::XN: return s.xn.data();
+        case Act::Attn: return s.attn.data();
+        case Act::Tmp: return s.tmp.data();
+    }
+    return nullptr;
+}
+
+void LoopbackDevice::to_host(Act a, float *dst) {
+    std::memcpy(dst, buf(a), size_t(n_ * E_) * sizeof(float));
+}
+
+void LoopbackDevice::add_from_host(Act a, const float *src) {
+    float *d = buf(a);
+    for (int64_t i = 0; i < n_ * E_; ++i) d[i] += src[i];
+}
+
+void LoopbackDevice::shared_expert_async(const LayerWeights &w, Act in, Act out) {
+    const float *x = buf(in);
+    float *y = buf(out);
+    const int64_t n = n_, E = E_;
+    // One thread, as a device stream runs beside the host: single-threaded matmuls, own scratch.
+    stream_.submit([&w, x, y, n, E, this] { moe_shared_ffn(w, x, n, E, y, nullptr, shared_); });
+}
+
+void LoopbackDevice::sync() { stream_.sync(); }
+
+// --- HybridBackend ----------------------------------------------------------------------------
+
+HybridBackend::HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device) : ctx_(ctx), dev_(std::move(device)) {
+    const size_t rows = size_t(ctx.n_batch()) * size_t(ctx.model().hparams().n_embd);
+    host_xn_.resize(rows);
+    host_y_.resize(rows);
+}
+
+void HybridBackend::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    dev_->begin_chunk(positions, seq_ids, n);
+}
+
+void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
+    const int64_t n = dev_->rows(), E = ctx_.model().hparams().n_embd;
+    const uint64_t bytes = uint64_t(n * E) * sizeof(float);
+    dev_->to_host(Act::XN, host_xn_.data());
+    stats_.bytes_to_host += bytes;
+    dev_->shared_expert_async(w, Act::XN, Act::Tmp);
+    try {
+        ::ktd::moe_ffn(ctx_, w, il, host_xn_.data(), n, host_y_.data(), MoePart::Routed);
+    } catch (...) {
+        dev_->sync();  // never leave the stream writing into buffers the caller may free
+        throw;
+    }
+    dev_->sync();
+    dev_->add_from_host(Act::Tmp, host_y_.data());
+    stats_.bytes_to_device += bytes;
+    stats_.moe_calls += 1;
+}
+
+}  // namespace ktd

@@ -1,0 +1,127 @@
+// The hybrid forward (KTransformers' design): everything read every token — attention and its KV
+// cache, norms, dense FFN layers, the shared experts, the output head — runs on an accelerator,
+// and the routed experts run on the CPU pool, from CPU memory. Per MoE layer only activations
+// cross: the normed hidden state XN goes to the host, the routed experts' sum comes back and is
+// added to the shared expert's output, which the device computed meanwhile. Expert weights never
+// move.
+//
+//   device:  ... norm → XN ──to_host──┐            shared expert(XN) → Tmp ─┐
+//   host:                             └→ router + routed experts (pool) → y ─┴→ add_from_host: Tmp += y
+//
+// HybridBackend is that orchestration, written against DeviceBackend: a Backend (the blocks the
+// layers call) plus the copies and the device's stream. LoopbackDevice plays the device on the
+// CPU — its blocks are the CPU backend's, its copies memcpys, its stream one thread — so the
+// split, the copies, the synchronisation and the overlap are tested for every architecture on
+// any machine against the plain CPU forward; a CUDA device plugs into the same place.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "model/backend.h"
+#include "model/moe.h"
+
+namespace ktd {
+
+class Context;
+class CpuBackend;
+
+// What crossed between host and device, in bytes, and how many MoE layers did it.
+struct HybridStats {
+    uint64_t bytes_to_host = 0, bytes_to_device = 0, moe_calls = 0;
+};
+
+class DeviceBackend : public Backend {
+public:
+    // The chunk's rows of activation a (n_embd wide) → dst [n][n_embd] in host memory.
+    virtual void to_host(Act a, float *dst) = 0;
+    // a += src [n][n_embd] from host memory (a copy to the device, then an add there).
+    virtual void add_from_host(Act a, const float *src) = 0;
+    // Start the shared expert of layer w on `in` into `out` on the device's stream (out = 0 when the
+    // layer has none); returns at once. sync() waits for it.
+    virtual void shared_expert_async(const LayerWeights &w, Act in, Act out) = 0;
+    virtual void sync() = 0;
+    virtual int64_t rows() const = 0;  // rows of the current chunk
+};
+
+// One worker thread running submitted work in order: the loopback device's stream.
+class Stream {
+public:
+    Stream();
+    ~Stream();
+    Stream(const Stream &) = delete;
+    Stream &operator=(const Stream &) = delete;
+    void submit(std::function<void()> fn);
+    void sync();  // waits until everything submitted has run; rethrows the first exception
+
+private:
+    void loop();
+    std::mutex mu_;
+    std::condition_variable cv_, done_cv_;
+    std::vector<std::function<void()>> queue_;
+    bool stop_ = false, busy_ = false;
+    std::exception_ptr error_;
+    std::thread thread_;
+};
+
+class LoopbackDevice final : public DeviceBackend {
+public:
+    explicit LoopbackDevice(Context &ctx);
+    ~LoopbackDevice() override;
+
+    void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
+    void norm(const std::vector<float> &w, Act in, Act out) override;
+    void residual_add(Act t) override;
+    void attention_in(const LayerWeights &w, int il) override;
+    void attention(int il) override;
+    void attention_out(const LayerWeights &w) override;
+    void mla_attention(const LayerWeights &w, int il) override;
+    void glu_ffn(const LayerWeights &w, Glu act) override;
+    // A device runs no routed experts: HybridBackend sends them to the host.
+    void moe_ffn(const LayerWeights &w, int il) override;
+
+    void to_host(Act a, float *dst) override;
+    void add_from_host(Act a, const float *src) override;
+    void shared_expert_async(const LayerWeights &w, Act in, Act out) override;
+    void sync() override;
+    int64_t rows() const override { return n_; }
+
+private:
+    float *buf(Act a);
+    Context &ctx_;
+    std::unique_ptr<CpuBackend> cpu_;
+    Stream stream_;
+    MoeSharedScratch shared_;
+    int64_t n_ = 0, E_ = 0;
+};
+
+class HybridBackend final : public Backend {
+public:
+    HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device);
+
+    void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
+    void norm(const std::vector<float> &w, Act in, Act out) override { dev_->norm(w, in, out); }
+    void residual_add(Act t) override { dev_->residual_add(t); }
+    void attention_in(const LayerWeights &w, int il) override { dev_->attention_in(w, il); }
+    void attention(int il) override { dev_->attention(il); }
+    void attention_out(const LayerWeights &w) override { dev_->attention_out(w); }
+    void mla_attention(const LayerWeights &w, int il) override { dev_->mla_attention(w, il); }
+    void glu_ffn(const LayerWeights &w, Glu act) override { dev_->glu_ffn(w, act); }
+    // XN → Tmp: XN to the host; routed experts on the CPU pool while the device runs the shared
+    // expert; their sum back to the device and added.
+    void moe_ffn(const LayerWeights &w, int il) override;
+
+    const HybridStats &stats() const { return stats_; }
+
+private:
+    Context &ctx_;
+    std::unique_ptr<DeviceBackend> dev_;
+    std::vector<float> host_xn_, host_y_;  // [n_batch][n_embd] host-side activations (pinned on CUDA)
+    HybridStats stats_;
+};
+
+}  // namespace ktd
