@@ -74,6 +74,14 @@ class ByteTokenizer:
     def decode_stream(self) -> ByteStreamDecoder:
         return ByteStreamDecoder()
 
+    def token_bytes(self, id: int, *, special: bool = False) -> bytes:
+        if id < 256:
+            return bytes([id])
+        return SPECIAL_TEXT[id].encode() if special else b""
+
+    def is_control(self, id: int) -> bool:
+        return id >= 256
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         out = []
         for m in messages:

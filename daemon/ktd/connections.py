@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ktd import __version__, admission, config as config_mod, protocol
+from ktd import __version__, admission, config as config_mod, grammar, protocol
 from ktd.engine_api import Engine
 from ktd.errors import BadRequest, Busy, Cancelled, Internal, KtdError, NotFound, TooLarge, Unauthorized
 from ktd.events import Deliver, Event, call_sinks
@@ -158,23 +158,30 @@ class _Stream:
     without waking the request's task; the terminal event writes the response and resolves
     ``ended``. Unread output is bounded by max_tokens."""
 
-    __slots__ = ("conn", "msgid", "stream", "parts", "index", "ended", "counters", "label", "extra")
+    __slots__ = ("conn", "msgid", "stream", "parts", "index", "ended", "counters", "label", "extra",
+                 "logprobs")
 
     def __init__(self, conn: Connection, msgid: int, stream: bool, ended: asyncio.Future[None],
                  counters: Counter[str], label: str):
         self.conn, self.msgid, self.stream, self.ended = conn, msgid, stream, ended
         self.parts: list[str] = []
+        self.logprobs: list[dict[str, Any]] | None = None  # unstreamed: those of the chunks
         self.index = 0
         self.counters, self.label = counters, label
         self.extra = {"KTD_REQUEST_ID": label, "KTD_PEER_UID": conn.uid}
 
     def __call__(self, kind: str, payload: Any) -> None:
         if kind == "chunk":
+            text, extra = payload if isinstance(payload, tuple) else (payload, None)
             if self.stream:
-                self.conn.send(protocol.chunk(self.msgid, self.index, payload))
+                self.conn.send(protocol.chunk(self.msgid, self.index, text, extra))
                 self.index += 1
             else:
-                self.parts.append(payload)
+                self.parts.append(text)
+                if extra is not None:
+                    if self.logprobs is None:
+                        self.logprobs = []
+                    self.logprobs.extend(extra["logprobs"])
             return
         if self.ended.done():
             return
@@ -182,6 +189,8 @@ class _Stream:
         if kind == "done":
             if not self.stream:
                 payload["text"] = "".join(self.parts)
+                if self.logprobs is not None:  # every token's, in order
+                    payload["logprobs"] = self.logprobs + payload.get("logprobs", [])
             self.conn.send(protocol.response(self.msgid, payload))
             log.info("%s: %s, %d tokens", self.label, payload["finish_reason"],
                      payload["usage"]["completion_tokens"], extra=self.extra)
@@ -456,6 +465,10 @@ class Connections:
                                                 policy.limits)
             max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
                                          n_ctx=self.engine.n_ctx, limits=policy.limits)
+            constraint = None
+            if g.grammar is not None:  # a bad grammar is answered here, before a slot is taken
+                constraint = await loop.run_in_executor(None, grammar.compile_grammar, g.grammar,
+                                                        self.engine.tokenizer)
             if conn.closed:
                 raise Cancelled("client disconnected")
             if req.msgid in conn.cancel_early:
@@ -465,7 +478,8 @@ class Connections:
             ended: asyncio.Future[None] = loop.create_future()
             stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label)
             job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
-                      stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label)
+                      stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label,
+                      constraint=constraint, top_logprobs=g.top_logprobs)
             rid = conn.active[req.msgid] = self.scheduler.submit(job)
         except BaseException:
             conn.active.pop(req.msgid, None)

@@ -46,6 +46,15 @@ class Tokenizer(Protocol):
 
     def decode_stream(self) -> StreamDecoder: ...
 
+    def token_bytes(self, id: int, *, special: bool = False) -> bytes:
+        """The bytes token ``id`` adds to the text (control tokens: b"", or their text with
+        special=True). The grammars' token table and the logprobs' token texts."""
+        ...
+
+    def is_control(self, id: int) -> bool:
+        """A control token (never text a grammar can produce)."""
+        ...
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Apply the chat template; raises ValueError with a clear message on a template error."""
         ...

@@ -20,13 +20,16 @@ from typing import Any
 import msgpack
 
 from ktd.errors import BadRequest, KtdError, TooLarge
+from ktd.grammar import GrammarSpec
+from ktd.grammar import parse_spec as parse_grammar_spec
 from ktd.sampling import SamplingParams
 
 PROTOCOL_VERSION = 1
 REQUEST, RESPONSE, NOTIFICATION = 0, 1, 2
-CHUNK = "generate.chunk"       # server notification: [msgid, index, text]
+CHUNK = "generate.chunk"       # server notification: [msgid, index, text] or [msgid, index, text, extra]
 ERROR_NOTIFICATION = "error"   # server notification: [{code, message}] (no msgid to answer)
 MAX_MSGID = (1 << 32) - 1      # msgpack-RPC msgid is a 32-bit unsigned integer
+MAX_TOP_LOGPROBS = 20          # top_logprobs bound (the native sampler's, kMaxTopLogprobs)
 METHODS = ("hello", "generate", "cancel", "tokenize", "detokenize", "health", "status", "metrics")
 
 
@@ -263,12 +266,14 @@ class GenerateRequest:
     parse_special: bool = False
     deadline_s: float | None = None      # client's own deadline, capped by the server's
     tokens: tuple[int, ...] | None = field(default=None)  # pre-tokenized prompt
+    grammar: GrammarSpec | None = None   # structured output (ktd.grammar)
+    top_logprobs: int | None = None      # logprobs: alternatives per token (None: no logprobs)
 
 
 _GENERATE_KEYS = ("prompt", "messages", "tokens", "max_tokens", "stop", "stream", "ignore_eos",
                   "add_special", "parse_special", "deadline_s", "temperature", "top_k", "top_p",
                   "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
-                  "penalty_last_n", "seed")
+                  "penalty_last_n", "seed", "grammar", "logprobs", "top_logprobs")
 
 
 def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
@@ -325,11 +330,23 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
         deadline = p.float("deadline_s", 0.0)
         if not 0 < deadline < 1e9:
             raise BadRequest("generate: deadline_s must be a positive number of seconds")
+    grammar = None
+    if params.get("grammar") is not None:
+        grammar = parse_grammar_spec(params["grammar"])
+        if p.bool("ignore_eos", False):
+            raise BadRequest("generate: grammar and ignore_eos exclude each other (the grammar decides where "
+                             "the output may end)")
+    top_logprobs = None
+    if p.bool("logprobs", False):
+        top_logprobs = p.int("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    elif params.get("top_logprobs") is not None:
+        raise BadRequest("generate: top_logprobs needs logprobs: true")
     return GenerateRequest(prompt=prompt, messages=messages, tokens=tokens, sampling=sampling,
                            max_tokens=max_tokens, stop=tuple(stop), stream=p.bool("stream", True),
                            ignore_eos=p.bool("ignore_eos", False),
                            add_special=p.bool("add_special", True),
-                           parse_special=p.bool("parse_special", False), deadline_s=deadline)
+                           parse_special=p.bool("parse_special", False), deadline_s=deadline,
+                           grammar=grammar, top_logprobs=top_logprobs)
 
 
 def parse_cancel(params: dict[str, Any]) -> int:
@@ -383,8 +400,9 @@ def notification(method: str, params: list[Any]) -> bytes:
     return pack([NOTIFICATION, method, params])
 
 
-def chunk(msgid: int, index: int, text: str) -> bytes:
-    return notification(CHUNK, [msgid, index, text])
+def chunk(msgid: int, index: int, text: str, extra: dict[str, Any] | None = None) -> bytes:
+    """A generate.chunk; ``extra`` (a 4th element, only when given): {"logprobs": [...]}."""
+    return notification(CHUNK, [msgid, index, text] if extra is None else [msgid, index, text, extra])
 
 
 def error_notification(error: KtdError) -> bytes:
