@@ -351,3 +351,13 @@ def test_real_model_at_temperature_0_with_a_schema_gives_valid_json(real_engine_
     value = json.loads(c.text)
     jsonschema.validate(value, schema)
     assert value["language"] == "python"
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_bench_grammar_section_runs_on_the_real_model(real_model, capsys):
+    # the plumbing of make bench-sampling's grammar section; no timing is asserted
+    from ktd.bench import sampling as bench
+    out = bench.grammar_cost(str(real_model("qwen2.5-coder-0.5b")), threads=2, reps=40)
+    assert out["tokens"] == 40 and out["documents"] >= 0 and out["step_ms"] > 0
+    assert "of a step" in capsys.readouterr().out

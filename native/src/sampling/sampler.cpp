@@ -379,20 +379,23 @@ int64_t draw_kept(const SamplingKernels &K, const Kept &kept, double u, Workspac
     throw std::logic_error("sampling: nothing to draw from");
 }
 
-// x with the tokens the mask disallows at -inf: in ws.x (x itself when penalise wrote it there).
-// A word of all ones (every token of it allowed) is skipped.
+// x with the tokens the mask disallows at -inf, in ws.x (x itself may be ws.x: penalise wrote it).
+// Per word of 32 tokens: all allowed → copied, none (the common case under a grammar) → filled.
 const float *apply_mask(const float *x, int64_t n, Mask mask, Workspace &ws) {
     if (!mask.words) return x;
     float *y = grow(ws.x, size_t(n));
-    if (x != y) std::memcpy(y, x, size_t(n) * sizeof(float));
-    const int64_t n_words = (n + 31) / 32;
     constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    const int64_t n_words = (n + 31) / 32;
     for (int64_t wi = 0; wi < n_words; ++wi) {
         const uint32_t bits = mask.words[wi];
-        if (bits == ~uint32_t(0)) continue;
-        const int64_t base = wi * 32, end = std::min(n, base + 32);
-        for (int64_t i = base; i < end; ++i)
-            if (!((bits >> (i - base)) & 1u)) y[i] = kMasked;
+        const int64_t base = wi * 32, len = std::min<int64_t>(32, n - base);
+        if (bits == 0) {
+            std::fill(y + base, y + base + len, kMasked);
+        } else if (bits == ~uint32_t(0)) {
+            if (x != y) std::memcpy(y + base, x + base, size_t(len) * sizeof(float));
+        } else {
+            for (int64_t j = 0; j < len; ++j) y[base + j] = (bits >> j) & 1u ? x[base + j] : kMasked;
+        }
     }
     return y;
 }
