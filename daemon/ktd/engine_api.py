@@ -60,10 +60,11 @@ class Tokenizer(Protocol):
         ...
 
     def encode_chat(self, messages: list[dict], *, add_special: bool = True,
-                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits()) -> list[int]:
+                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits(),
+                    tools: list[dict] | None = None) -> list[int]:
         """The chat template applied (within ``limits``) and tokenized: its markup as control
-        tokens, the messages' content as text (never control tokens); ValueError as
-        ``render_chat``."""
+        tokens, the messages' content as text (never control tokens); ``tools``: the template's
+        ``tools`` variable (OpenAI tool definitions). ValueError as ``render_chat``."""
         ...
 
 
