@@ -172,9 +172,9 @@ def run_jobs():
     """run_jobs([(prompt, sampling, constraint_or_None, max_tokens)], n_seq_max) → collectors."""
     made = []
 
-    def run(specs, n_seq_max=4, n_ctx=2048):
+    def run(specs, n_seq_max=4, n_ctx=2048, overlap=True):
         eng = fake_engine.FakeEngine(n_ctx=n_ctx, n_seq_max=n_seq_max)
-        s = Scheduler(eng, prefill_tokens_per_step=64, max_queue=len(specs) + 1)
+        s = Scheduler(eng, prefill_tokens_per_step=64, max_queue=len(specs) + 1, overlap_masks=overlap)
         made.append(s)
         s.start()
         sinks = []
@@ -296,7 +296,8 @@ def test_regex_and_lark_grammars(run_jobs):
             assert re.fullmatch(r"([a-z]|<[0-9]{1,2}>)(,([a-z]|<[0-9]{1,2}>))*,?<?[0-9]{0,2}", res.text), res.text
 
 
-def test_unconstrained_sequences_batched_with_constrained_ones_are_bit_identical(run_jobs):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_unconstrained_sequences_batched_with_constrained_ones_are_bit_identical(run_jobs, overlap):
     tok = fake_engine.ByteTokenizer()
     free = [([fake_engine.BOS, *f"free {i}".encode()], SamplingParams(temperature=[0.0, 0.8, 1.2][i % 3], seed=i),
              None, 40) for i in range(6)]
@@ -306,12 +307,15 @@ def test_unconstrained_sequences_batched_with_constrained_ones_are_bit_identical
     constrained = [([fake_engine.BOS, *f"c {i}".encode()], SamplingParams(temperature=1.0, seed=100 + i, **WIDE),
                     grammar.compile_grammar(grammar.parse_spec({"json_schema": schema}), tok), 40) for i in range(6)]
     mixed = [x for pair in zip(constrained, free) for x in pair]
-    together = run_jobs(mixed, n_seq_max=4)
+    together = run_jobs(mixed, n_seq_max=4, overlap=overlap)
     for a, b in zip(alone, together[1::2]):
         assert a.text == b.text and a.payload["finish_reason"] == b.payload["finish_reason"]
         assert a.payload["usage"] == b.payload["usage"]
     for res in together[0::2]:
         jsonschema.validate(json.loads(res.text), schema)
+    alone_c = run_jobs([(p, smp, grammar.compile_grammar(grammar.parse_spec({"json_schema": schema}), tok), n)
+                        for p, smp, _, n in constrained], n_seq_max=1, overlap=not overlap)
+    assert [r.text for r in alone_c] == [r.text for r in together[0::2]]  # and the constrained ones too
 
 
 # --- the real model ------------------------------------------------------------------------------

@@ -80,12 +80,14 @@ class _Seq:
 
 
 class _MaskWorker:
-    """Computes the grammar masks of a step's constrained rows on a helper thread while the
-    forward runs (llguidance releases the GIL, the forward too). ``start(marked)`` returns a
-    handle, ``wait(handle)`` the masks by row. The time the engine thread waits for them is
-    counted (``wait_seconds``): the masks' cost not hidden behind the forward."""
+    """Computes the grammar masks of a step's constrained rows. With ``overlap`` (the default) on
+    a helper thread while the forward runs (llguidance releases the GIL, the forward too);
+    without, on the engine thread after the forward (``make bench-sampling`` compares the two).
+    ``start(marked)`` returns a handle, ``wait(handle)`` the masks by row. ``wait_seconds``: the
+    engine thread's time spent on masks outside the forward (the cost not hidden)."""
 
-    def __init__(self) -> None:
+    def __init__(self, overlap: bool) -> None:
+        self.overlap = overlap
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.wait_seconds = 0.0
         self.rows = 0
@@ -94,6 +96,8 @@ class _MaskWorker:
         work = [(row, seq.gen.constraint) for row, seq in enumerate(marked) if seq.gen.constraint is not None]
         if not work:
             return None
+        if not self.overlap:
+            return work
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ktd-grammar")
         return self._pool.submit(_fill_masks, work)
@@ -103,7 +107,7 @@ class _MaskWorker:
             return {}
         t0 = time.monotonic()
         try:
-            rows = handle.result()
+            rows = _fill_masks(handle) if isinstance(handle, list) else handle.result()
         finally:
             self.wait_seconds += time.monotonic() - t0
         self.rows += len(rows)
@@ -120,7 +124,7 @@ def _fill_masks(work: list[tuple[int, Constraint]]) -> dict[int, np.ndarray]:
 
 class Scheduler:
     def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int,
-                 deliver: Deliver = deliver_here):
+                 deliver: Deliver = deliver_here, overlap_masks: bool = True):
         self.engine = engine
         self.deliver = deliver
         self._outbox: list[Event] = []             # events of the current step (engine thread)
@@ -147,7 +151,7 @@ class Scheduler:
         self.step_seconds = 0.0
         self.forward_seconds = 0.0
         self.sample_seconds = 0.0
-        self._masks = _MaskWorker()
+        self._masks = _MaskWorker(overlap_masks)  # grammar masks computed during the forward
 
     # --- event-loop side (thread-safe) -------------------------------------------------------
 

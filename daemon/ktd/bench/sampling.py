@@ -12,9 +12,11 @@ The grammar section (``--grammar``, on by default) decodes with the model under 
 Schema (``SCHEMA``: an object of strings, an integer, an enum and an array), greedy, the grammar's
 mask applied, and times per token on the engine thread: the mask (llguidance, thread CPU time),
 the extra cost of the masked sampling over the unmasked one, and the matcher's advance; their sum
-as a share of the step (the target: <= 5 % on the 0.5B model at 2 threads). The daemon computes the
-mask on a helper thread while the forward runs, which hides it where a core is free; this
-measures it serially, the cost when no core is.
+as a share of the step (the target: <= 5 % on the 0.5B model at 2 threads). Then the same request
+through the Scheduler with the mask computed on a helper thread during the forward and after it
+(paired, alternating): the engine thread's time on masks per token outside the forward (the
+daemon overlaps; on a machine whose every core runs the forward the helper thread takes its time
+from the forward's threads instead, which this does not separate).
 
 Both sides are measured in this run, interleaved (a decode step, then one sampling call of
 each mode, repeated): a decode step is one forward of one row of ``--model`` at a growing
@@ -218,7 +220,38 @@ def grammar_cost(model: str, threads: int, reps: int, yardstick: str = "wall") -
           f"{out['advance_ms_median']:.3f} ms")
     print(f"  grammar per token: mean {out['grammar_ms_mean']:.3f} ms = {out['share_of_step_mean']:.2%} of a step "
           f"(median {out['share_of_step_median']:.2%})", flush=True)
+    for overlap in (True, False, True, False):  # paired, alternating
+        r = _in_scheduler(engine, prompt, spec, reps, overlap)
+        key = "overlap" if overlap else "inline"
+        out.setdefault(f"scheduler_{key}_mask_ms", []).append(r)
+    for key, what in (("overlap", "on a helper thread during the forward"), ("inline", "after the forward")):
+        runs = out[f"scheduler_{key}_mask_ms"]
+        print(f"  in the scheduler, mask {what}: the engine thread spent "
+              + ", ".join(f"{ms:.3f}" for ms in runs) + " ms per token on it (2 runs)", flush=True)
     return out
+
+
+def _in_scheduler(engine, prompt: list[int], spec, reps: int, overlap: bool) -> float:
+    """The mask's exposed cost in the daemon's path: one constrained greedy request through the
+    Scheduler, the mask computed during the forward (overlap) or after it; the engine thread's
+    time on it per token (ms)."""
+    import threading
+
+    from ktd import grammar
+    from ktd.scheduler import Job, Scheduler
+
+    engine.free_seq(0)
+    s = Scheduler(engine, prefill_tokens_per_step=512, max_queue=1, overlap_masks=overlap)
+    s.start()
+    done = threading.Event()
+    try:
+        s.submit(Job(client=0, prompt=list(prompt), sampling=SamplingParams(temperature=0.0), max_tokens=reps,
+                     stop=(), ignore_eos=False, sink=lambda kind, payload: kind != "chunk" and done.set(),
+                     constraint=grammar.compile_grammar(spec, engine.tokenizer)))
+        done.wait()
+    finally:
+        s.stop(timeout=60)
+    return s._masks.wait_seconds * 1e3 / max(s._masks.rows, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
