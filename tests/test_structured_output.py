@@ -365,3 +365,16 @@ def test_bench_grammar_section_runs_on_the_real_model(real_model, capsys):
     out = bench.grammar_cost(str(real_model("qwen2.5-coder-0.5b")), threads=2, reps=40)
     assert out["tokens"] == 40 and out["documents"] >= 0 and out["step_ms"] > 0
     assert "of a step" in capsys.readouterr().out
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_a_grammar_whose_first_mask_takes_too_long_is_refused_at_admission(real_model, monkeypatch):
+    # a{1000}{1000} makes llguidance's lexer build states for a million-'a' regex over the 152k
+    # vocabulary: seconds, in the admission's worker thread, never on the engine thread
+    from ktd.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(real_model("qwen2.5-coder-0.5b"))
+    monkeypatch.setattr(grammar, "MAX_FIRST_MASK_S", 0.05)
+    with pytest.raises(BadRequest, match="too complex"):
+        grammar.compile_grammar(grammar.parse_spec({"regex": "a{1000}{1000}"}), tok)
+    grammar.compile_grammar(grammar.parse_spec({"regex": "[a-z]{1,8}"}), tok)  # a small one passes

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,13 @@ def ll_tokenizer(tok: Any) -> Any:
         return llt
 
 
+# The first token mask is computed at admission (in the worker thread that compiles): the lexer
+# builds its states for the vocabulary then (a pathological regex such as a{1000}{1000} takes
+# seconds there, later steps are fast), so no grammar can stall the engine thread on its first
+# step. A grammar whose first mask takes longer than this is refused.
+MAX_FIRST_MASK_S = 2.0
+
+
 class Constraint:
     """The grammar state of one sequence (used by one thread at a time)."""
 
@@ -143,6 +151,7 @@ class Constraint:
         self.matcher = matcher
         self.n_words = (n_vocab + 31) // 32
         self.spec = spec
+        self._first: np.ndarray | None = None  # the first step's mask, computed at admission
 
     def fill(self, words: np.ndarray) -> None:
         """The bitmask of the tokens allowed next into ``words`` (int32 or uint32 [n_words],
@@ -151,12 +160,16 @@ class Constraint:
         self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
 
     def mask(self) -> np.ndarray:
+        if self._first is not None:
+            words, self._first = self._first, None
+            return words
         words = np.empty(self.n_words, np.uint32)
         self.fill(words)
         return words
 
     def advance(self, token: int) -> None:
         """Move on past ``token`` (one the mask allowed). RuntimeError when the matcher refuses it."""
+        self._first = None
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"grammar: token {token} refused: {_one_line(self.matcher.get_error())}")
 
@@ -185,4 +198,16 @@ def compile_grammar(spec: GrammarSpec, tok: Any) -> Constraint:
     matcher = llguidance.LLMatcher(llt, grammar, log_level=0)
     if matcher.is_error():
         raise BadRequest(f"generate: grammar {spec.kind}: {_one_line(matcher.get_error())}")
-    return Constraint(matcher, tok.n_vocab, spec)
+    c = Constraint(matcher, tok.n_vocab, spec)
+    t0 = time.monotonic()
+    first = c.mask()
+    took = time.monotonic() - t0
+    if matcher.is_error():
+        raise BadRequest(f"generate: grammar {spec.kind}: {_one_line(matcher.get_error())}")
+    if took > MAX_FIRST_MASK_S:
+        raise BadRequest(f"generate: grammar {spec.kind} is too complex: its first token mask took {took:.1f} s "
+                         f"(the limit is {MAX_FIRST_MASK_S:g} s)")
+    if not first.any():
+        raise BadRequest(f"generate: grammar {spec.kind} allows no token of this model's vocabulary")
+    c._first = first
+    return c
