@@ -368,3 +368,18 @@ def test_real_qwen_forced_call_validates_against_the_tool_schema(real_model):
         assert name == "get_weather"
         jsonschema.validate(args, WEATHER["function"]["parameters"])
         assert args["city"] == "Paris" and args["unit"] == "celsius"
+
+
+def test_ktctl_tools_and_a_named_choice(daemon, tmp_path):
+    import subprocess
+    import sys
+    f = tmp_path / "tools.json"
+    f.write_text(json.dumps([WEATHER, TIME]))
+    code = "import sys; from ktd.ctl import main; sys.exit(main())"
+    r = subprocess.run([sys.executable, "-c", code, "--socket", daemon.socket, "chat", "-m", "time?", "--tools",
+                        str(f), "--tool-choice", "get_time", "-t", "1", "--seed", "2", "--top-k", "0", "--min-p", "0",
+                        "-n", "200"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    call = json.loads(r.stdout.strip().splitlines()[-1])
+    assert call["function"]["name"] == "get_time"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), TIME["function"]["parameters"])

@@ -35,6 +35,10 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", action="store_true", help="constrain the output to a JSON object")
     p.add_argument("--logprobs", type=int, default=None, metavar="N", help="print each token's log-probability "
                    "and the N (0..20) most likely alternatives to stderr, one JSON line per token")
+    p.add_argument("--tools", metavar="FILE", default=None, help="tools the model may call: a JSON array of "
+                   "{type: function, function: {name, description, parameters}}; calls are printed as JSON")
+    p.add_argument("--tool-choice", default=None, metavar="CHOICE",
+                   help="auto, none, required, or the name of the tool to call")
 
 
 def _read(path: str) -> str:
@@ -66,6 +70,14 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
            "seed": args.seed, "stop": args.stop, "grammar": _grammar(args)}
     if args.logprobs is not None:
         out.update(logprobs=True, top_logprobs=args.logprobs)
+    if args.tools:
+        try:
+            out["tools"] = json.loads(_read(args.tools))
+        except ValueError as e:
+            raise SystemExit(f"ktctl: {args.tools} is not JSON: {e}") from None
+    if args.tool_choice:
+        c = args.tool_choice
+        out["tool_choice"] = c if c in ("auto", "none", "required") else {"type": "function", "function": {"name": c}}
     return out
 
 
@@ -112,6 +124,8 @@ def _stream_to_terminal(client: Client, params: dict[str, Any], no_stream: bool,
             sys.stdout.flush()
         text, result, logprobs = "".join(pieces), s.result or {}, s.logprobs
     sys.stdout.write("\n")
+    for call in result.get("tool_calls", ()):
+        print(json.dumps(call, ensure_ascii=False))
     sys.stdout.flush()
     for entry in logprobs:
         print(json.dumps(entry, ensure_ascii=False), file=sys.stderr)
