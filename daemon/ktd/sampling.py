@@ -17,6 +17,11 @@ The draw takes the kept tokens in increasing id order and the first whose cumula
 exceeds u · (their total), for one ``rng.random()`` u per token. So the same seed gives the same
 tokens, on any ISA (the native passes are bit-identical across ISAs).
 
+A grammar (ktd.grammar) adds a bitmask of the allowed tokens: the native sampler sets the others
+to -inf after the penalties and before the temperature, so no filter setting can draw them.
+Log-probabilities, on request, are of the logits as given (log_softmax before penalties, mask and
+temperature), from the same vector passes.
+
 Cost matters: at n_vocab = 152k a decode step is ~20 ms and sampling must stay under 2 % of it.
 The native sampler makes a few vector passes over the vocabulary and sorts nothing in the common
 cases; ``python -m ktd.bench.sampling`` measures every mode as a share of a real decode step.
