@@ -12,6 +12,7 @@ bugs), records every forward call, and can sleep per call to simulate compute.
 from __future__ import annotations
 
 import codecs
+import json
 import collections
 import hashlib
 import threading
@@ -28,7 +29,7 @@ BOS, EOS, IM_START, IM_END = 256, 257, 258, 259
 N_VOCAB = 260
 SPECIALS = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
 SPECIAL_TEXT = {v: k for k, v in SPECIALS.items()}
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class ByteStreamDecoder:
@@ -49,7 +50,10 @@ class ByteTokenizer:
     bos_id = BOS
     eos_ids = frozenset({EOS, IM_END})
     add_bos = True
-    chat_template = "{% for m in messages %}<|im_start|>{{m.role}}\n{{m.content}}<|im_end|>\n{% endfor %}"
+    # what render_chat writes; tools in the Hermes style (<tool_call>), as Qwen's template
+    chat_template = ("{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}"
+                     "</tools> answer with <tool_call><|im_end|>\n{% endif %}"
+                     "{% for m in messages %}<|im_start|>{{m.role}}\n{{m.content}}<|im_end|>\n{% endfor %}")
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = [BOS] if add_special and self.add_bos else []
@@ -74,24 +78,46 @@ class ByteTokenizer:
     def decode_stream(self) -> ByteStreamDecoder:
         return ByteStreamDecoder()
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        out = []
+    def token_bytes(self, id: int, *, special: bool = False) -> bytes:
+        if id < 256:
+            return bytes([id])
+        return SPECIAL_TEXT[id].encode() if special else b""
+
+    def is_control(self, id: int) -> bool:
+        return id >= 256
+
+    @staticmethod
+    def _turns(messages: list[dict], tools: list[dict] | None) -> list[tuple[str, str]]:
+        """(role, content) of each turn: the tools as a system turn first; an assistant's tool
+        calls written as <tool_call> blocks."""
+        turns = []
+        if tools:
+            turns.append(("system", "<tools>" + "".join(json.dumps(t) for t in tools) + "</tools>"))
         for m in messages:
             if m["role"] not in ROLES:
                 raise ValueError(f"chat template: unsupported role {m['role']!r} (expected one of {ROLES})")
-            out.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+            content = m.get("content") or ""
+            for c in m.get("tool_calls") or ():
+                f = c["function"]
+                content += "<tool_call>" + json.dumps({"name": f["name"], "arguments": f["arguments"]}) + \
+                    "</tool_call>"
+            turns.append((m["role"], content))
+        return turns
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        out = [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in self._turns(messages, tools)]
         if add_generation_prompt:
             out.append("<|im_start|>assistant\n")
         return "".join(out)
 
-
     def encode_chat(self, messages: list[dict], *, add_special: bool = True,
-                    add_generation_prompt: bool = True, limits: Any = None) -> list[int]:
+                    add_generation_prompt: bool = True, limits: Any = None,
+                    tools: list[dict] | None = None) -> list[int]:
         """render_chat's text, its markup as control tokens and the content as bytes."""
-        self.render_chat(messages, add_generation_prompt)  # the same errors
         ids = [BOS] if add_special and self.add_bos else []
-        for m in messages:
-            ids += [IM_START, *f"{m['role']}\n".encode(), *m["content"].encode(), IM_END, *b"\n"]
+        for role, content in self._turns(messages, tools):
+            ids += [IM_START, *f"{role}\n".encode(), *content.encode(), IM_END, *b"\n"]
         if add_generation_prompt:
             ids += [IM_START, *b"assistant\n"]
         return ids

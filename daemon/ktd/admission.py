@@ -17,6 +17,7 @@ from ktd.chat import RenderLimits
 from ktd.engine_api import Tokenizer
 from ktd.errors import BadRequest, ContextOverflow, TooLarge
 from ktd.protocol import GenerateRequest, Limits, out_of_vocab
+from ktd.tools import template_messages
 
 
 def prompt_tokens(g: GenerateRequest, tok: Tokenizer, limits: Limits = Limits()) -> list[int]:
@@ -28,9 +29,13 @@ def prompt_tokens(g: GenerateRequest, tok: Tokenizer, limits: Limits = Limits())
     if g.messages is not None:
         # the template's markup becomes control tokens, the messages' content stays text
         try:
-            return tok.encode_chat(g.messages, add_special=g.add_special, add_generation_prompt=True,
+            # tools: given to the template unless tool_choice is none
+            shown = g.tools is not None and g.tools.choice != "none"
+            return tok.encode_chat(template_messages(g.messages), add_special=g.add_special,
+                                   add_generation_prompt=True,
                                    limits=RenderLimits(limits.chat_template_max_chars,
-                                                       limits.chat_template_timeout_s))
+                                                       limits.chat_template_timeout_s),
+                                   tools=list(g.tools.tools) if shown else None)
         except ValueError as e:
             raise BadRequest(f"generate: chat template: {e}") from None
     assert g.prompt is not None

@@ -48,6 +48,20 @@ def _params(kwargs: dict[str, Any]) -> list[Any]:
     return [p] if p else []
 
 
+def _piece(params: list[Any]) -> Any:
+    """A chunk's text, or (text, extra) when it carries an extra map (logprobs)."""
+    return params[2] if len(params) < 4 else (params[2], params[3])
+
+
+def _take(piece: Any, logprobs: list[dict]) -> str:
+    """The text of a piece; its logprobs entries appended to ``logprobs``."""
+    if isinstance(piece, tuple):
+        text, extra = piece
+        logprobs.extend(extra.get("logprobs", ()))
+        return text
+    return piece
+
+
 def _unpacker() -> msgpack.Unpacker:
     return msgpack.Unpacker(raw=False, max_buffer_size=64 << 20)
 
@@ -105,7 +119,7 @@ class Client:
         if msg[0] == protocol.RESPONSE:
             self._responses[msg[1]] = (msg[2], msg[3])
         elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.CHUNK:
-            self._chunks[msg[2][0]].append(msg[2][2])
+            self._chunks[msg[2][0]].append(_piece(msg[2]))
         elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.ERROR_NOTIFICATION:
             raise from_wire(msg[2][0])
 
@@ -153,19 +167,25 @@ class Client:
 
 
 class Stream:
+    """Text pieces of one streamed generate; ``result`` once iteration ends; ``logprobs``: with
+    ``logprobs=True``, every generated token's entry in order (those of the chunks, then those
+    of the response)."""
+
     def __init__(self, client: Client, msgid: int):
         self.client, self.msgid = client, msgid
         self.result: dict | None = None
+        self.logprobs: list[dict] = []
 
     def __iter__(self) -> Iterator[str]:
         c = self.client
         while True:
             chunks = c._chunks.get(self.msgid)
             if chunks:
-                yield chunks.popleft()
+                yield _take(chunks.popleft(), self.logprobs)
                 continue
             if self.msgid in c._responses:
                 self.result = c.wait(self.msgid)  # raises the typed error, if any
+                self.logprobs.extend(self.result.get("logprobs", ()))
                 return
             c._pump()
 
@@ -234,7 +254,7 @@ class AsyncClient:
                     elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.CHUNK:
                         q = self._streams.get(msg[2][0])
                         if q is not None:
-                            q.put_nowait(msg[2][2])
+                            q.put_nowait(_piece(msg[2]))
                     elif msg[0] == protocol.NOTIFICATION and msg[1] == protocol.ERROR_NOTIFICATION:
                         raise from_wire(msg[2][0])
         except (ConnectionError, KtdError) as e:
@@ -314,6 +334,7 @@ class AsyncStream:
     def __init__(self, client: AsyncClient, msgid: int, queue: asyncio.Queue, fut: asyncio.Future):
         self.client, self.msgid, self._queue, self._fut = client, msgid, queue, fut
         self.result: dict | None = None
+        self.logprobs: list[dict] = []     # as Stream.logprobs
         self.t_first: float | None = None  # time.monotonic() of the first text piece
         self.t_last: float | None = None   # ... and of the last one
 
@@ -334,11 +355,12 @@ class AsyncStream:
                 piece = await self._next()
                 if piece is _END:
                     self.result = await self.client._result(self._fut)
+                    self.logprobs.extend(self.result.get("logprobs", ()))
                     return
                 self.t_last = time.monotonic()
                 if self.t_first is None:
                     self.t_first = self.t_last
-                yield piece
+                yield _take(piece, self.logprobs)
         finally:
             self.client._streams.pop(self.msgid, None)
 

@@ -29,11 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ktd import __version__, admission, config as config_mod, protocol
+from ktd import __version__, admission, config as config_mod, grammar, protocol, tools
 from ktd.engine_api import Engine
 from ktd.errors import BadRequest, Busy, Cancelled, Internal, KtdError, NotFound, TooLarge, Unauthorized
 from ktd.events import Deliver, Event, call_sinks
 from ktd.scheduler import Job, Scheduler
+from ktd.tools import ToolCallParser
 from ktd.sockets import peer_credentials
 
 # The request log keeps the daemon's logger name: journal queries (LOGGER=ktd.server) rely on it.
@@ -156,32 +157,68 @@ class Connection:
 class _Stream:
     """One generate request's sink, on the event loop: a streamed piece is written at once,
     without waking the request's task; the terminal event writes the response and resolves
-    ``ended``. Unread output is bounded by max_tokens."""
+    ``ended``. Unread output is bounded by max_tokens. With tools, ``parser``
+    (ktd.tools.ToolCallParser) takes the calls out of the text before it is sent."""
 
-    __slots__ = ("conn", "msgid", "stream", "parts", "index", "ended", "counters", "label", "extra")
+    __slots__ = ("conn", "msgid", "stream", "parts", "index", "ended", "counters", "label", "extra",
+                 "logprobs", "parser", "pending")
 
     def __init__(self, conn: Connection, msgid: int, stream: bool, ended: asyncio.Future[None],
-                 counters: Counter[str], label: str):
+                 counters: Counter[str], label: str, parser: ToolCallParser | None = None):
         self.conn, self.msgid, self.stream, self.ended = conn, msgid, stream, ended
         self.parts: list[str] = []
+        self.logprobs: list[dict[str, Any]] | None = None  # unstreamed: those of the chunks
         self.index = 0
         self.counters, self.label = counters, label
         self.extra = {"KTD_REQUEST_ID": label, "KTD_PEER_UID": conn.uid}
+        self.parser = parser
+        self.pending: list[dict[str, Any]] = []  # logprobs of text the parser holds back
+
+    def _piece(self, text: str, extra: dict[str, Any] | None) -> None:
+        if self.parser is not None:
+            text = self.parser.feed(text)
+            if extra is not None:
+                self.pending.extend(extra["logprobs"])
+            if not text:
+                return
+            extra, self.pending = ({"logprobs": self.pending}, []) if self.pending else (None, [])
+        self._emit(text, extra)
+
+    def _emit(self, text: str, extra: dict[str, Any] | None) -> None:
+        if self.stream:
+            self.conn.send(protocol.chunk(self.msgid, self.index, text, extra))
+            self.index += 1
+        else:
+            self.parts.append(text)
+            if extra is not None:
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend(extra["logprobs"])
 
     def __call__(self, kind: str, payload: Any) -> None:
         if kind == "chunk":
-            if self.stream:
-                self.conn.send(protocol.chunk(self.msgid, self.index, payload))
-                self.index += 1
-            else:
-                self.parts.append(payload)
+            text, extra = payload if isinstance(payload, tuple) else (payload, None)
+            self._piece(text, extra)
             return
         if self.ended.done():
             return
         self.conn.active.pop(self.msgid, None)
         if kind == "done":
+            if self.parser is not None:
+                rest, calls = self.parser.finish()
+                if rest:
+                    extra, self.pending = ({"logprobs": self.pending}, []) if self.pending else (None, [])
+                    self._emit(rest, extra)
+                if self.pending:  # logprobs of the calls' tokens
+                    payload["logprobs"] = self.pending + payload.get("logprobs", [])
+                    self.pending = []
+                if calls:
+                    payload["tool_calls"] = calls
+                    payload["finish_reason"] = "tool_calls"
             if not self.stream:
                 payload["text"] = "".join(self.parts)
+                if self.logprobs is not None:  # every token's, in order
+                    payload["logprobs"] = self.logprobs + payload.get("logprobs", [])
             self.conn.send(protocol.response(self.msgid, payload))
             log.info("%s: %s, %d tokens", self.label, payload["finish_reason"],
                      payload["usage"]["completion_tokens"], extra=self.extra)
@@ -456,6 +493,18 @@ class Connections:
                                                 policy.limits)
             max_tokens = admission.admit(prompt, g.max_tokens, n_vocab=self.engine.tokenizer.n_vocab,
                                          n_ctx=self.engine.n_ctx, limits=policy.limits)
+            spec, parser = g.grammar, None
+            if g.tools is not None and g.tools.choice != "none":
+                fam = tools.family(self.engine.tokenizer.chat_template)
+                if fam is None:
+                    raise BadRequest("generate: tools: the model's chat template has no tool-call support "
+                                     "(no tools section in a known format: <tool_call>, [TOOL_CALLS], Llama 3)")
+                parser = tools.ToolCallParser(fam)
+                if g.tools.choice in ("required", "function"):
+                    spec = tools.forced_grammar(g.tools, fam)
+            constraint = None
+            if spec is not None:  # a bad grammar is answered here, before a slot is taken
+                constraint = await loop.run_in_executor(None, grammar.compile_grammar, spec, self.engine.tokenizer)
             if conn.closed:
                 raise Cancelled("client disconnected")
             if req.msgid in conn.cancel_early:
@@ -463,9 +512,10 @@ class Connections:
             deadlines = [d for d in (policy.request_deadline_s, g.deadline_s) if d]
             deadline = time.monotonic() + min(deadlines) if deadlines else None
             ended: asyncio.Future[None] = loop.create_future()
-            stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label)
+            stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label, parser)
             job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
-                      stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label)
+                      stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label,
+                      constraint=constraint, top_logprobs=g.top_logprobs)
             rid = conn.active[req.msgid] = self.scheduler.submit(job)
         except BaseException:
             conn.active.pop(req.msgid, None)

@@ -26,12 +26,59 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
     p.add_argument("-v", "--verbose", action="store_true", help="print usage and timings to stderr")
+    o = p.add_mutually_exclusive_group()
+    o.add_argument("--schema", metavar="FILE", default=None, help="constrain the output to JSON valid for this "
+                   "JSON Schema file")
+    o.add_argument("--grammar", metavar="FILE", default=None, help="constrain the output to a grammar file: "
+                   "GBNF (llama.cpp's .gbnf) or Lark (.lark)")
+    o.add_argument("--regex", default=None, help="constrain the output to a regular expression")
+    o.add_argument("--json", action="store_true", help="constrain the output to a JSON object")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N", help="print each token's log-probability "
+                   "and the N (0..20) most likely alternatives to stderr, one JSON line per token")
+    p.add_argument("--tools", metavar="FILE", default=None, help="tools the model may call: a JSON array of "
+                   "{type: function, function: {name, description, parameters}}; calls are printed as JSON")
+    p.add_argument("--tool-choice", default=None, metavar="CHOICE",
+                   help="auto, none, required, or the name of the tool to call")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"ktctl: cannot read {path}: {e}") from None
+
+
+def _grammar(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.schema:
+        try:
+            return {"json_schema": json.loads(_read(args.schema))}
+        except ValueError as e:
+            raise SystemExit(f"ktctl: {args.schema} is not JSON: {e}") from None
+    if args.grammar:
+        return {"lark" if args.grammar.endswith(".lark") else "gbnf": _read(args.grammar)}
+    if args.regex:
+        return {"regex": args.regex}
+    if args.json:
+        return {"json_object": True}
+    return None
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
-    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k,
-            "top_p": args.top_p, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
-            "seed": args.seed, "stop": args.stop}
+    out = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k,
+           "top_p": args.top_p, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
+           "seed": args.seed, "stop": args.stop, "grammar": _grammar(args)}
+    if args.logprobs is not None:
+        out.update(logprobs=True, top_logprobs=args.logprobs)
+    if args.tools:
+        try:
+            out["tools"] = json.loads(_read(args.tools))
+        except ValueError as e:
+            raise SystemExit(f"ktctl: {args.tools} is not JSON: {e}") from None
+    if args.tool_choice:
+        c = args.tool_choice
+        out["tool_choice"] = c if c in ("auto", "none", "required") else {"type": "function", "function": {"name": c}}
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +114,7 @@ def _stream_to_terminal(client: Client, params: dict[str, Any], no_stream: bool,
         text = r["text"]
         sys.stdout.write(text)
         result = r
+        logprobs = r.get("logprobs", [])
     else:
         s = client.stream(**params)
         pieces = []
@@ -74,8 +122,13 @@ def _stream_to_terminal(client: Client, params: dict[str, Any], no_stream: bool,
             pieces.append(piece)
             sys.stdout.write(piece)
             sys.stdout.flush()
-        text, result = "".join(pieces), s.result or {}
+        text, result, logprobs = "".join(pieces), s.result or {}, s.logprobs
     sys.stdout.write("\n")
+    for call in result.get("tool_calls", ()):
+        print(json.dumps(call, ensure_ascii=False))
+    sys.stdout.flush()
+    for entry in logprobs:
+        print(json.dumps(entry, ensure_ascii=False), file=sys.stderr)
     if verbose:
         print(json.dumps({k: result.get(k) for k in ("finish_reason", "usage", "timings")}), file=sys.stderr)
     return text

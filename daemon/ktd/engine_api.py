@@ -46,15 +46,25 @@ class Tokenizer(Protocol):
 
     def decode_stream(self) -> StreamDecoder: ...
 
+    def token_bytes(self, id: int, *, special: bool = False) -> bytes:
+        """The bytes token ``id`` adds to the text (control tokens: b"", or their text with
+        special=True). The grammars' token table and the logprobs' token texts."""
+        ...
+
+    def is_control(self, id: int) -> bool:
+        """A control token (never text a grammar can produce)."""
+        ...
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Apply the chat template; raises ValueError with a clear message on a template error."""
         ...
 
     def encode_chat(self, messages: list[dict], *, add_special: bool = True,
-                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits()) -> list[int]:
+                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits(),
+                    tools: list[dict] | None = None) -> list[int]:
         """The chat template applied (within ``limits``) and tokenized: its markup as control
-        tokens, the messages' content as text (never control tokens); ValueError as
-        ``render_chat``."""
+        tokens, the messages' content as text (never control tokens); ``tools``: the template's
+        ``tools`` variable (OpenAI tool definitions). ValueError as ``render_chat``."""
         ...
 
 

@@ -20,13 +20,17 @@ from typing import Any
 import msgpack
 
 from ktd.errors import BadRequest, KtdError, TooLarge
+from ktd.grammar import GrammarSpec
+from ktd.grammar import parse_spec as parse_grammar_spec
+from ktd.tools import ToolsRequest, parse_tools
 from ktd.sampling import SamplingParams
 
 PROTOCOL_VERSION = 1
 REQUEST, RESPONSE, NOTIFICATION = 0, 1, 2
-CHUNK = "generate.chunk"       # server notification: [msgid, index, text]
+CHUNK = "generate.chunk"       # server notification: [msgid, index, text] or [msgid, index, text, extra]
 ERROR_NOTIFICATION = "error"   # server notification: [{code, message}] (no msgid to answer)
 MAX_MSGID = (1 << 32) - 1      # msgpack-RPC msgid is a 32-bit unsigned integer
+MAX_TOP_LOGPROBS = 20          # top_logprobs bound (the native sampler's, kMaxTopLogprobs)
 METHODS = ("hello", "generate", "cancel", "tokenize", "detokenize", "health", "status", "metrics")
 
 
@@ -263,12 +267,15 @@ class GenerateRequest:
     parse_special: bool = False
     deadline_s: float | None = None      # client's own deadline, capped by the server's
     tokens: tuple[int, ...] | None = field(default=None)  # pre-tokenized prompt
+    grammar: GrammarSpec | None = None   # structured output (ktd.grammar)
+    tools: ToolsRequest | None = None    # tool calls (ktd.tools)
+    top_logprobs: int | None = None      # logprobs: alternatives per token (None: no logprobs)
 
 
 _GENERATE_KEYS = ("prompt", "messages", "tokens", "max_tokens", "stop", "stream", "ignore_eos",
                   "add_special", "parse_special", "deadline_s", "temperature", "top_k", "top_p",
                   "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
-                  "penalty_last_n", "seed")
+                  "penalty_last_n", "seed", "grammar", "logprobs", "top_logprobs", "tools", "tool_choice")
 
 
 def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
@@ -285,9 +292,7 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
         if len(messages) > limits.max_messages:
             raise TooLarge(f"generate: {len(messages)} messages, the limit is {limits.max_messages}")
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
-                    not isinstance(m.get("content"), str):
-                raise BadRequest(f"generate: messages[{i}] must be a map with string role and content")
+            check_message(i, m)
     tokens = None
     if params.get("tokens") is not None:
         t = params["tokens"]
@@ -325,11 +330,55 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
         deadline = p.float("deadline_s", 0.0)
         if not 0 < deadline < 1e9:
             raise BadRequest("generate: deadline_s must be a positive number of seconds")
+    grammar = None
+    if params.get("grammar") is not None:
+        grammar = parse_grammar_spec(params["grammar"])
+        if p.bool("ignore_eos", False):
+            raise BadRequest("generate: grammar and ignore_eos exclude each other (the grammar decides where "
+                             "the output may end)")
+    top_logprobs = None
+    if p.bool("logprobs", False):
+        top_logprobs = p.int("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    elif params.get("top_logprobs") is not None:
+        raise BadRequest("generate: top_logprobs needs logprobs: true")
+    tools = parse_tools(params.get("tools"), params.get("tool_choice"))
+    if tools is not None and tools.choice in ("required", "function") and grammar is not None:
+        raise BadRequest("generate: grammar and a required or named tool_choice exclude each other "
+                         "(the tool call's grammar is the constraint)")
     return GenerateRequest(prompt=prompt, messages=messages, tokens=tokens, sampling=sampling,
                            max_tokens=max_tokens, stop=tuple(stop), stream=p.bool("stream", True),
                            ignore_eos=p.bool("ignore_eos", False),
                            add_special=p.bool("add_special", True),
-                           parse_special=p.bool("parse_special", False), deadline_s=deadline)
+                           parse_special=p.bool("parse_special", False), deadline_s=deadline,
+                           grammar=grammar, top_logprobs=top_logprobs, tools=tools)
+
+
+def check_message(i: int, m: Any) -> None:
+    """One chat message: {role, content: str}; an assistant's may carry tool_calls (OpenAI's shape)
+    with content null; a tool result is {role: "tool", content: str, tool_call_id?, name?}."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise BadRequest(f"generate: messages[{i}] must be a map with string role and content")
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if m["role"] != "assistant":
+            raise BadRequest(f"generate: messages[{i}]: only assistant messages carry tool_calls")
+        if not isinstance(calls, list):
+            raise BadRequest(f"generate: messages[{i}].tool_calls must be an array")
+        for j, c in enumerate(calls):
+            f = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(f, dict) or not isinstance(f.get("name"), str) or \
+                    not isinstance(f.get("arguments", {}), (str, dict)):
+                raise BadRequest(f"generate: messages[{i}].tool_calls[{j}] must be {{\"type\": \"function\", "
+                                 f"\"function\": {{\"name\": str, \"arguments\": str or map}}}}")
+            if not isinstance(c.get("id", ""), str):
+                raise BadRequest(f"generate: messages[{i}].tool_calls[{j}].id must be a string")
+    content = m.get("content")
+    if not isinstance(content, str) and not (content is None and calls):
+        raise BadRequest(f"generate: messages[{i}] must be a map with string role and content "
+                         "(null only for an assistant message with tool_calls)")
+    for key in ("tool_call_id", "name"):
+        if key in m and not isinstance(m[key], str):
+            raise BadRequest(f"generate: messages[{i}].{key} must be a string")
 
 
 def parse_cancel(params: dict[str, Any]) -> int:
@@ -383,8 +432,9 @@ def notification(method: str, params: list[Any]) -> bytes:
     return pack([NOTIFICATION, method, params])
 
 
-def chunk(msgid: int, index: int, text: str) -> bytes:
-    return notification(CHUNK, [msgid, index, text])
+def chunk(msgid: int, index: int, text: str, extra: dict[str, Any] | None = None) -> bytes:
+    """A generate.chunk; ``extra`` (a 4th element, only when given): {"logprobs": [...]}."""
+    return notification(CHUNK, [msgid, index, text] if extra is None else [msgid, index, text, extra])
 
 
 def error_notification(error: KtdError) -> bytes:

@@ -17,6 +17,11 @@ The draw takes the kept tokens in increasing id order and the first whose cumula
 exceeds u · (their total), for one ``rng.random()`` u per token. So the same seed gives the same
 tokens, on any ISA (the native passes are bit-identical across ISAs).
 
+A grammar (ktd.grammar) adds a bitmask of the allowed tokens: the native sampler sets the others
+to -inf after the penalties and before the temperature, so no filter setting can draw them.
+Log-probabilities, on request, are of the logits as given (log_softmax before penalties, mask and
+temperature), from the same vector passes.
+
 Cost matters: at n_vocab = 152k a decode step is ~20 ms and sampling must stay under 2 % of it.
 The native sampler makes a few vector passes over the vocabulary and sorts nothing in the common
 cases; ``python -m ktd.bench.sampling`` measures every mode as a share of a real decode step.
@@ -105,12 +110,22 @@ class Sampler:
         self.params = params
         self._rng = np.random.default_rng(params.seed)
 
-    def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """One token id from float32 ``logits [n_vocab]``; ``history`` = prompt + output so far.
-        ValueError if the logits hold NaN or +inf, or no finite value."""
+    def sample(self, logits: np.ndarray, history: Sequence[int], mask: np.ndarray | None = None) -> int:
+        """One token id from float32 ``logits [n_vocab]``; ``history`` = prompt + output so far;
+        ``mask``: the grammar's bitmask (uint32/int32 words, bit i % 32 of word i // 32 = token i
+        allowed; None: all). ValueError if the logits hold NaN or +inf, or no finite value."""
         p = self.params
         u = self._rng.random() if p.temperature > 0.0 else 0.0
-        return _native.sampling.sample(logits, _window(history, p), *_args(p), u)
+        return _native.sampling.sample(logits, _window(history, p), *_args(p), u, mask=mask)
+
+    def sample_logprobs(self, logits: np.ndarray, history: Sequence[int], n_top: int,
+                        mask: np.ndarray | None = None) -> tuple[int, float, np.ndarray, np.ndarray]:
+        """As ``sample``, and the log-probabilities of the model's distribution at this step
+        (log_softmax of ``logits`` as given: before penalties, mask and temperature):
+        ``(token, its logprob, the n_top most likely ids, their logprobs)``, n_top in [0, 20]."""
+        p = self.params
+        u = self._rng.random() if p.temperature > 0.0 else 0.0
+        return _native.sampling.sample(logits, _window(history, p), *_args(p), u, mask=mask, logprobs=n_top)
 
 
 class StopMatcher:
@@ -174,17 +189,34 @@ class StreamDecoder(Protocol):
     def flush(self) -> str: ...
 
 
+class Constraint(Protocol):
+    """A grammar's state for one sequence (ktd.grammar.Constraint)."""
+
+    def fill(self, words: np.ndarray) -> None: ...
+    def mask(self) -> np.ndarray: ...
+    def advance(self, token: int) -> None: ...
+    @property
+    def done(self) -> bool: ...
+
+
 class Generation:
     """Everything that decides the next token and when a sequence ends, for one request.
 
     ``accept(logits)`` samples a token, appends it, and returns ``(token, text, finish)``:
-    the text that may be streamed now and ``finish`` = None, "stop" (eos token or stop string;
-    neither is part of the text) or "length" (max_tokens reached).
+    the text that may be streamed now and ``finish`` = None, "stop" (eos token, stop string or a
+    complete grammar; eos and stop string are not part of the text) or "length" (max_tokens
+    reached).
+
+    ``constraint``: the grammar (ktd.grammar); ``accept`` takes its bitmask for this step (computed
+    by the caller, possibly while the forward ran) or computes it. ``top_logprobs`` (None: off):
+    each token's log-probability and that many alternatives are appended to ``logprobs`` as
+    ``(token, logprob, top ids, top logprobs)``; the caller takes them (``take_logprobs``).
     """
 
     def __init__(self, params: SamplingParams, *, prompt: Sequence[int], eos_ids: frozenset[int],
                  stop: Sequence[str], max_tokens: int, decoder: StreamDecoder,
-                 ignore_eos: bool = False):
+                 ignore_eos: bool = False, constraint: Constraint | None = None,
+                 top_logprobs: int | None = None):
         self.sampler = Sampler(params)
         self.history = list(prompt)
         self.output: list[int] = []
@@ -192,16 +224,33 @@ class Generation:
         self.matcher = StopMatcher(stop)
         self.max_tokens = max_tokens
         self.decoder = decoder
+        self.constraint = constraint
+        self.top_logprobs = top_logprobs
+        self.logprobs: list[tuple[int, float, np.ndarray, np.ndarray]] = []
 
-    def accept(self, logits: np.ndarray) -> tuple[int, str, str | None]:
-        token = self.sampler.sample(logits, self.history)
+    def take_logprobs(self) -> list[tuple[int, float, np.ndarray, np.ndarray]]:
+        out, self.logprobs = self.logprobs, []
+        return out
+
+    def accept(self, logits: np.ndarray, mask: np.ndarray | None = None) -> tuple[int, str, str | None]:
+        if self.constraint is not None and mask is None:
+            mask = self.constraint.mask()
+        if self.top_logprobs is None:
+            token = self.sampler.sample(logits, self.history, mask)
+        else:
+            token, lp, top_ids, top = self.sampler.sample_logprobs(logits, self.history, self.top_logprobs, mask)
+            self.logprobs.append((token, lp, top_ids, top))
         self.history.append(token)
         self.output.append(token)
         if token in self.eos_ids:
             return token, self.finish(), "stop"
+        if self.constraint is not None:
+            self.constraint.advance(token)
         text = self.matcher.feed(self.decoder.feed(token))
         if self.matcher.stopped:
             return token, text, "stop"
+        if self.constraint is not None and self.constraint.done:
+            return token, text + self.finish(), "stop"
         if len(self.output) >= self.max_tokens:
             text += self.finish()
             return token, text, "stop" if self.matcher.stopped else "length"

@@ -21,6 +21,8 @@ to its event loop with one ``call_soon_threadsafe`` (one loop wakeup per step, n
 from __future__ import annotations
 
 import collections
+import contextlib
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -33,7 +35,7 @@ import numpy as np
 from ktd.engine_api import Engine
 from ktd.errors import Busy, Cancelled, ContextOverflow, Internal, KtdError
 from ktd.events import Deliver, Event, Sink, call_sinks
-from ktd.sampling import Generation, SamplingParams
+from ktd.sampling import Constraint, Generation, SamplingParams
 
 log = logging.getLogger("ktd.scheduler")
 
@@ -58,6 +60,8 @@ class Job:
     sink: Sink
     deadline: float | None = None    # time.monotonic() limit
     label: str = ""                  # request id for logs
+    constraint: Constraint | None = None  # the grammar (ktd.grammar), compiled at admission
+    top_logprobs: int | None = None  # logprobs: alternatives per token (None: off)
     rid: int = field(default=-1)     # assigned by submit
     t_arrival: float = field(default_factory=time.monotonic)
 
@@ -75,9 +79,52 @@ class _Seq:
     cancel_reason: str | None = None
 
 
+class _MaskWorker:
+    """Computes the grammar masks of a step's constrained rows. With ``overlap`` (the default) on
+    a helper thread while the forward runs (llguidance releases the GIL, the forward too);
+    without, on the engine thread after the forward (``make bench-sampling`` compares the two).
+    ``start(marked)`` returns a handle, ``wait(handle)`` the masks by row. ``wait_seconds``: the
+    engine thread's time spent on masks outside the forward (the cost not hidden)."""
+
+    def __init__(self, overlap: bool) -> None:
+        self.overlap = overlap
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.wait_seconds = 0.0
+        self.rows = 0
+
+    def start(self, marked: list[_Seq]) -> Any:
+        work = [(row, seq.gen.constraint) for row, seq in enumerate(marked) if seq.gen.constraint is not None]
+        if not work:
+            return None
+        if not self.overlap:
+            return work
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ktd-grammar")
+        return self._pool.submit(_fill_masks, work)
+
+    def wait(self, handle: Any) -> dict[int, np.ndarray]:
+        if handle is None:
+            return {}
+        t0 = time.monotonic()
+        try:
+            rows = _fill_masks(handle) if isinstance(handle, list) else handle.result()
+        finally:
+            self.wait_seconds += time.monotonic() - t0
+        self.rows += len(rows)
+        return rows
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+def _fill_masks(work: list[tuple[int, Constraint]]) -> dict[int, np.ndarray]:
+    return {row: c.mask() for row, c in work}
+
+
 class Scheduler:
     def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int,
-                 deliver: Deliver = deliver_here):
+                 deliver: Deliver = deliver_here, overlap_masks: bool = True):
         self.engine = engine
         self.deliver = deliver
         self._outbox: list[Event] = []             # events of the current step (engine thread)
@@ -104,6 +151,7 @@ class Scheduler:
         self.step_seconds = 0.0
         self.forward_seconds = 0.0
         self.sample_seconds = 0.0
+        self._masks = _MaskWorker(overlap_masks)  # grammar masks computed during the forward
 
     # --- event-loop side (thread-safe) -------------------------------------------------------
 
@@ -150,6 +198,7 @@ class Scheduler:
             self._lock.notify()
         if self._thread:
             self._thread.join(timeout)
+        self._masks.close()
 
     def reconfigure(self, *, prefill_tokens_per_step: int, max_queue: int) -> None:
         with self._lock:
@@ -263,7 +312,8 @@ class Scheduler:
             slot = self._free_slots.pop()
             gen = Generation(job.sampling, prompt=job.prompt, eos_ids=self.engine.tokenizer.eos_ids,
                              stop=job.stop, max_tokens=job.max_tokens,
-                             decoder=self.engine.tokenizer.decode_stream(), ignore_eos=job.ignore_eos)
+                             decoder=self.engine.tokenizer.decode_stream(), ignore_eos=job.ignore_eos,
+                             constraint=job.constraint, top_logprobs=job.top_logprobs)
             self._running[job.rid] = _Seq(job=job, gen=gen, slot=slot, pending=list(job.prompt),
                                           t_admit=time.monotonic())
 
@@ -315,6 +365,7 @@ class Scheduler:
             if completes:
                 marked.append(seq)
             fed.append((seq, n))
+        masks = self._masks.start(marked)  # the grammars' masks, computed while the forward runs
         t0 = time.monotonic()
         try:
             logits = self.engine.forward(np.asarray(tokens, dtype=np.int32),
@@ -328,6 +379,8 @@ class Scheduler:
             log.exception("forward failed; failing the %d sequences of this step", len(fed))
             for seq, _ in fed:
                 self._finish(seq, error=err)
+            with contextlib.suppress(Exception):  # those sequences have ended
+                self._masks.wait(masks)
             return
         t1 = time.monotonic()
         self.forward_seconds += t1 - t0
@@ -337,9 +390,19 @@ class Scheduler:
             seq.n_past += n
             del seq.pending[:n]
         n_generated = 0
+        try:
+            rows = self._masks.wait(masks)
+        except Exception as e:  # a grammar engine failure: those sequences fail, the others go on
+            log.exception("grammar mask failed")
+            rows = {}
+            for seq in marked:
+                if seq.gen.constraint is not None:
+                    self._finish(seq, error=Internal(f"grammar failure: {e}"))
         for row, seq in enumerate(marked):
+            if seq.job.rid not in self._running:
+                continue
             try:
-                token, text, finish = seq.gen.accept(logits[row])
+                token, text, finish = seq.gen.accept(logits[row], rows.get(row))
             except Exception as e:
                 log.exception("sampling failed for %s", seq.job.label)
                 self._finish(seq, error=Internal(f"sampling failure: {e}"))
@@ -348,7 +411,7 @@ class Scheduler:
             if seq.t_first is None:
                 seq.t_first = t1
             if text:
-                self._emit(seq.job, "chunk", text)
+                self._emit(seq.job, "chunk", self._chunk(seq, text))
                 seq.n_chunks += 1
             if finish is not None:
                 self._finish(seq, finish=finish)
@@ -363,6 +426,25 @@ class Scheduler:
         self.step_seconds += t2 - t_start
         self.counters["generated_tokens"] += n_generated
         self.counters["prompt_tokens"] += len(tokens) - n_decode
+
+    def _chunk(self, seq: _Seq, text: str) -> Any:
+        """A chunk event's payload: the text, or (text, {"logprobs": [...]}) with the log-probabilities
+        of the tokens sampled since the last chunk."""
+        if seq.gen.top_logprobs is None:
+            return text
+        return text, {"logprobs": self._logprob_entries(seq)}
+
+    def _logprob_entries(self, seq: _Seq) -> list[dict[str, Any]]:
+        text = self._token_text
+        return [{"id": t, "token": text(t), "logprob": lp,
+                 "top_logprobs": [{"id": i, "token": text(i), "logprob": v}
+                                  for i, v in zip(ids.tolist(), top.tolist())]}
+                for t, lp, ids, top in seq.gen.take_logprobs()]
+
+    def _token_text(self, token: int) -> str:
+        """A token's text for logprobs (control tokens as their text; bytes that are not UTF-8
+        on their own as U+FFFD)."""
+        return self.engine.tokenizer.token_bytes(token, special=True).decode("utf-8", errors="replace")
 
     def _summary(self, seq: _Seq, now: float) -> dict[str, Any]:
         j = seq.job
@@ -395,4 +477,7 @@ class Scheduler:
             self._emit(seq.job, "error", error)
         else:
             self.counters[f"finished_{finish}"] += 1
-            self._emit(seq.job, "done", {"finish_reason": finish, **summary})
+            result = {"finish_reason": finish, **summary}
+            if seq.gen.top_logprobs is not None:  # those not sent with a chunk
+                result["logprobs"] = self._logprob_entries(seq)
+            self._emit(seq.job, "done", result)

@@ -8,6 +8,16 @@ combinations) is timed on three logit shapes: "peaked" (Zipf-like: what a langua
 usually produces, a few plausible tokens), "flat3" (normal, σ = 3: a nucleus of a few thousand
 tokens) and "flat1" (normal, σ = 1: a nucleus of ~100k tokens, the worst case for top-p).
 
+The grammar section (``--grammar``, on by default) decodes with the model under a typical JSON
+Schema (``SCHEMA``: an object of strings, an integer, an enum and an array), greedy, the grammar's
+mask applied, and times per token on the engine thread: the mask (llguidance, thread CPU time),
+the extra cost of the masked sampling over the unmasked one, and the matcher's advance; their sum
+as a share of the step (the target: <= 5 % on the 0.5B model at 2 threads). Then the same request
+through the Scheduler with the mask computed on a helper thread during the forward and after it
+(paired, alternating): the engine thread's time on masks per token outside the forward (the
+daemon overlaps; on a machine whose every core runs the forward the helper thread takes its time
+from the forward's threads instead, which this does not separate).
+
 Both sides are measured in this run, interleaved (a decode step, then one sampling call of
 each mode, repeated): a decode step is one forward of one row of ``--model`` at a growing
 position; sampling is one ``Sampler.sample`` call. Sampling times are thread CPU time (a busy
@@ -127,6 +137,123 @@ def run(model: str | None, threads: int, reps: int, yardstick: str = "wall") -> 
     return out
 
 
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 60},
+        "language": {"enum": ["python", "c", "c++", "rust", "go"]},
+        "lines": {"type": "integer", "minimum": 1, "maximum": 100000},
+        "description": {"type": "string", "maxLength": 300},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 8},
+    },
+    "required": ["name", "language", "lines", "description", "tags"],
+    "additionalProperties": False,
+}
+
+
+def grammar_cost(model: str, threads: int, reps: int, yardstick: str = "wall") -> dict:
+    """Per-token cost of a JSON Schema grammar beside the decode step of ``model`` (see the module
+    docstring); a greedy decode that starts a new document whenever one is complete."""
+    from ktd import grammar, models
+    from ktd.engine import Engine
+
+    engine = Engine.open(models.fetch(model) if model in models.MODELS else model, n_ctx=reps + 256,
+                         threads=threads)
+    tok = engine.tokenizer
+    prompt = tok.encode_chat([{"role": "user", "content": "Describe a small program you like as JSON with "
+                                                          "name, language, lines, description and tags."}])
+    spec = grammar.parse_spec({"json_schema": SCHEMA})
+    t0 = time.thread_time()
+    constraint = grammar.compile_grammar(spec, tok)  # the tokenizer table is built here, once
+    compile_ms = (time.thread_time() - t0) * 1e3
+    t0 = time.thread_time()
+    grammar.compile_grammar(spec, tok)
+    compile_again_ms = (time.thread_time() - t0) * 1e3
+    sampler = Sampler(SamplingParams(temperature=0.0))
+    logits = engine.forward(np.asarray(prompt, np.int32), np.arange(len(prompt), dtype=np.int32),
+                            np.zeros(len(prompt), np.int32), np.eye(1, len(prompt), len(prompt) - 1, dtype=bool)[0])
+    pos, history = len(prompt), list(prompt)
+    mask_ms, sample_extra_ms, advance_ms, steps, cpu_steps = [], [], [], [], []
+    documents = 0
+    for _ in range(reps):
+        row = logits[0]
+        t0 = time.thread_time()
+        words = constraint.mask()
+        t1 = time.thread_time()
+        token = sampler.sample(row, history, words)
+        t2 = time.thread_time()
+        sampler.sample(row, history)
+        t3 = time.thread_time()
+        if token not in tok.eos_ids:
+            constraint.advance(token)
+        if token in tok.eos_ids or constraint.done:  # a complete document: start the next one
+            constraint.matcher.reset()
+            documents += 1
+        t4 = time.thread_time()
+        mask_ms.append((t1 - t0) * 1e3)
+        sample_extra_ms.append(((t2 - t1) - (t3 - t2)) * 1e3)
+        advance_ms.append((t4 - t3) * 1e3)
+        history.append(token)
+        w0, c0 = time.perf_counter(), time.process_time()
+        logits = engine.forward(np.array([token], np.int32), np.array([pos], np.int32), np.zeros(1, np.int32),
+                                np.ones(1, np.bool_))
+        steps.append((time.perf_counter() - w0) * 1e3)
+        cpu_steps.append((time.process_time() - c0) * 1e3 / threads)
+        pos += 1
+    step_ms = statistics.median(steps if yardstick == "wall" else cpu_steps)
+    total = [a + b + c for a, b, c in zip(mask_ms, sample_extra_ms, advance_ms)]
+    out = {"model": model, "threads": threads, "tokens": reps, "documents": documents,
+           "compile_ms_first": compile_ms, "compile_ms": compile_again_ms, "step_ms": step_ms,
+           "mask_ms_median": statistics.median(mask_ms), "mask_ms_mean": statistics.fmean(mask_ms),
+           "mask_ms_max": max(mask_ms),
+           "masked_sampling_extra_ms_median": statistics.median(sample_extra_ms),
+           "advance_ms_median": statistics.median(advance_ms),
+           "grammar_ms_mean": statistics.fmean(total),
+           "share_of_step_mean": statistics.fmean(total) / step_ms,
+           "share_of_step_median": statistics.median(total) / step_ms}
+    print(f"\nJSON Schema grammar, {model}, {threads} threads, {reps} tokens ({documents} complete documents); "
+          f"decode step {yardstick} median {step_ms:.2f} ms")
+    print(f"  compile: {compile_ms:.1f} ms the first time (with the tokenizer table), {compile_again_ms:.1f} ms after")
+    print(f"  mask per token: median {out['mask_ms_median']:.3f} ms, mean {out['mask_ms_mean']:.3f} ms, "
+          f"max {out['mask_ms_max']:.3f} ms")
+    print(f"  masked sampling, extra: median {out['masked_sampling_extra_ms_median']:.3f} ms; advance: median "
+          f"{out['advance_ms_median']:.3f} ms")
+    print(f"  grammar per token: mean {out['grammar_ms_mean']:.3f} ms = {out['share_of_step_mean']:.2%} of a step "
+          f"(median {out['share_of_step_median']:.2%})", flush=True)
+    for overlap in (True, False, True, False):  # paired, alternating
+        r = _in_scheduler(engine, prompt, spec, reps, overlap)
+        key = "overlap" if overlap else "inline"
+        out.setdefault(f"scheduler_{key}_mask_ms", []).append(r)
+    for key, what in (("overlap", "on a helper thread during the forward"), ("inline", "after the forward")):
+        runs = out[f"scheduler_{key}_mask_ms"]
+        print(f"  in the scheduler, mask {what}: the engine thread spent "
+              + ", ".join(f"{ms:.3f}" for ms in runs) + " ms per token on it (2 runs)", flush=True)
+    return out
+
+
+def _in_scheduler(engine, prompt: list[int], spec, reps: int, overlap: bool) -> float:
+    """The mask's exposed cost in the daemon's path: one constrained greedy request through the
+    Scheduler, the mask computed during the forward (overlap) or after it; the engine thread's
+    time on it per token (ms)."""
+    import threading
+
+    from ktd import grammar
+    from ktd.scheduler import Job, Scheduler
+
+    engine.free_seq(0)
+    s = Scheduler(engine, prefill_tokens_per_step=512, max_queue=1, overlap_masks=overlap)
+    s.start()
+    done = threading.Event()
+    try:
+        s.submit(Job(client=0, prompt=list(prompt), sampling=SamplingParams(temperature=0.0), max_tokens=reps,
+                     stop=(), ignore_eos=False, sink=lambda kind, payload: kind != "chunk" and done.set(),
+                     constraint=grammar.compile_grammar(spec, engine.tokenizer)))
+        done.wait()
+    finally:
+        s.stop(timeout=60)
+    return s._masks.wait_seconds * 1e3 / max(s._masks.rows, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.sampling", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b",
@@ -135,11 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=200, help="decode steps and sampling calls per mode")
     ap.add_argument("--step", choices=["wall", "cpu"], default="wall",
                     help="yardstick: the step's wall time, or its process CPU time / threads (busy machines)")
+    ap.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time a JSON Schema grammar's mask per token (needs --model)")
+    ap.add_argument("--only-grammar", action="store_true", help="only the grammar section")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.reps < 1:
         print("--threads and --reps must be >= 1", file=sys.stderr)
         return 1
-    run(None if args.model == "none" else args.model, args.threads, args.reps, args.step)
+    model = None if args.model == "none" else args.model
+    if not args.only_grammar:
+        run(model, args.threads, args.reps, args.step)
+    if (args.grammar or args.only_grammar) and model:
+        grammar_cost(model, args.threads, args.reps, args.step)
     return 0
 
 

@@ -14,9 +14,11 @@ them with ``errors="replace"`` first.
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -388,23 +390,36 @@ class Tokenizer:
     # ---- chat -----------------------------------------------------------------------------
 
     def encode_chat(self, messages: list[dict], *, add_special: bool = True,
-                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits()) -> list[int]:
+                    add_generation_prompt: bool = True, limits: RenderLimits = RenderLimits(),
+                    tools: list[dict] | None = None) -> list[int]:
         """Token ids of the chat: the template's markup becomes control tokens, the messages'
         content is text. A content containing ``<|im_end|>`` (any CONTROL or UNKNOWN token's
         text) gets that text's tokens, never the control token: it cannot forge a turn. The
         special texts in the content are escaped with a character that occurs nowhere in the
         template or the messages and is dropped again before encoding, which also survives
         what templates do with content (trim, concatenation, slicing at other places).
-        Raises ChatTemplateError (see ``render_chat``)."""
+        ``tools`` (OpenAI's tool definitions) are given to the template as ``tools``; every
+        string in the messages and the tools (tool calls' arguments, tool results, descriptions)
+        is escaped the same way. Raises ChatTemplateError (see ``render_chat``)."""
         template = self._template()
-        present = template + "".join(str(v) for m in messages if isinstance(m, dict) for v in m.values())
+        present = template + json.dumps([messages, tools], ensure_ascii=False, default=str)
         mark = next((c for c in _ESCAPE_MARKS if c not in present), None)
         if mark is None:
             raise ChatTemplateError("the messages use every escape character U+FDD0..U+FDEF")
-        escaped = [{**m, "content": self._escape_specials(m["content"], mark)}
-                   if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
-        text = self.render_chat(escaped, add_generation_prompt=add_generation_prompt, limits=limits)
+        escaped = self._escape_all(messages, mark)
+        extra = {} if tools is None else {"tools": self._escape_all(tools, mark)}
+        text = self.render_chat(escaped, add_generation_prompt=add_generation_prompt, limits=limits, **extra)
         return self._encode(text, add_special, True, mark)
+
+    def _escape_all(self, value: Any, mark: str) -> Any:
+        """``value`` with ``_escape_specials`` applied to every string in it (map keys too)."""
+        if isinstance(value, str):
+            return self._escape_specials(value, mark)
+        if isinstance(value, dict):
+            return {self._escape_all(k, mark): self._escape_all(v, mark) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._escape_all(v, mark) for v in value]
+        return value
 
     def _escape_specials(self, text: str, mark: str) -> str:
         """``text`` with ``mark`` after the first character of every special-token text that

@@ -48,6 +48,27 @@ void check_1d(const py::array &a, const char *what) {
     if (a.ndim() != 1) throw std::invalid_argument(std::string(what) + " must be 1-D");
 }
 
+using Words = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
+
+// The grammar's bitmask (uint32 words, llguidance's layout; int32 arrays are taken bit for bit),
+// checked to cover the vocabulary.
+sampling::Mask mask_of(const std::optional<Words> &words, int64_t n_vocab) {
+    if (!words) return {};
+    check_1d(*words, "mask");
+    if (words->shape(0) < (n_vocab + 31) / 32)
+        throw std::invalid_argument("mask has " + std::to_string(words->shape(0)) + " words, the vocabulary needs " +
+                                    std::to_string((n_vocab + 31) / 32));
+    return {words->data()};
+}
+
+// int32 bitmasks (llguidance.numpy's) viewed as uint32 without a conversion.
+std::optional<Words> words_of(const py::object &mask) {
+    if (mask.is_none()) return std::nullopt;
+    py::array a = py::array::ensure(mask);
+    if (a && a.dtype().is(py::dtype::of<int32_t>())) return Words(a.attr("view")(py::dtype::of<uint32_t>()));
+    return Words::ensure(mask);
+}
+
 }  // namespace
 
 void bind_sampling(py::module_ &m) {
@@ -62,33 +83,53 @@ void bind_sampling(py::module_ &m) {
         "sample",
         [](Floats logits, Ids window, double temperature, int64_t top_k, double top_p, double min_p,
            double repeat_penalty, double presence_penalty, double frequency_penalty, double u,
-           std::optional<std::string> isa) {
+           std::optional<std::string> isa, py::object mask, int logprobs) -> py::object {
             check_1d(logits, "logits");
             check_1d(window, "window");
             const sampling::Params p =
                 params(temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty);
             const SamplingKernels *k = kernels_of(isa);
-            py::gil_scoped_release release;
-            return sampling::sample(logits.data(), logits.shape(0), window.data(), window.shape(0), p, u, k);
+            const std::optional<Words> words = words_of(mask);
+            const sampling::Mask allowed = mask_of(words, logits.shape(0));
+            sampling::Logprobs lp;
+            lp.n_top = logprobs;
+            int32_t token;
+            {
+                py::gil_scoped_release release;
+                token = sampling::sample(logits.data(), logits.shape(0), window.data(), window.shape(0), p, u, k,
+                                         allowed, logprobs >= 0 ? &lp : nullptr);
+            }
+            if (logprobs < 0) return py::int_(token);
+            py::array_t<int32_t> ids(py::ssize_t(lp.top_ids.size()));
+            py::array_t<double> top(py::ssize_t(lp.top.size()));
+            std::copy(lp.top_ids.begin(), lp.top_ids.end(), ids.mutable_data());
+            std::copy(lp.top.begin(), lp.top.end(), top.mutable_data());
+            return py::make_tuple(token, lp.token, ids, top);
         },
         py::arg("logits"), py::arg("window"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
         py::arg("min_p"), py::arg("repeat_penalty"), py::arg("presence_penalty"), py::arg("frequency_penalty"),
-        py::arg("u"), py::arg("isa") = py::none(),
+        py::arg("u"), py::arg("isa") = py::none(), py::arg("mask") = py::none(), py::arg("logprobs") = -1,
         "One token id from float32 logits [n_vocab]; window: recent token ids for the penalties; u in [0, 1) "
-        "(the draw's uniform; ignored when temperature is 0). ValueError on NaN/+inf logits or bad parameters.");
+        "(the draw's uniform; ignored when temperature is 0). mask: the grammar's bitmask (uint32 or int32 words, "
+        "bit i % 32 of word i / 32 = token i allowed), masked tokens are never drawn. logprobs >= 0: returns "
+        "(token, its logprob, top ids int32, their logprobs float64) with that many alternatives (<= 20), "
+        "log_softmax of the logits as given. ValueError on NaN/+inf logits or bad parameters.");
     s.def(
         "candidates",
         [](Floats logits, Ids window, double temperature, int64_t top_k, double top_p, double min_p,
-           double repeat_penalty, double presence_penalty, double frequency_penalty, std::optional<std::string> isa) {
+           double repeat_penalty, double presence_penalty, double frequency_penalty, std::optional<std::string> isa,
+           py::object mask) {
             check_1d(logits, "logits");
             check_1d(window, "window");
             const sampling::Params p =
                 params(temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty);
             const SamplingKernels *k = kernels_of(isa);
+            const std::optional<Words> words = words_of(mask);
+            const sampling::Mask allowed = mask_of(words, logits.shape(0));
             sampling::Candidates c;
             {
                 py::gil_scoped_release release;
-                c = sampling::candidates(logits.data(), logits.shape(0), window.data(), window.shape(0), p, k);
+                c = sampling::candidates(logits.data(), logits.shape(0), window.data(), window.shape(0), p, k, allowed);
             }
             py::array_t<int32_t> ids(py::ssize_t(c.ids.size()));
             py::array_t<float> w(py::ssize_t(c.weights.size()));
@@ -98,7 +139,7 @@ void bind_sampling(py::module_ &m) {
         },
         py::arg("logits"), py::arg("window"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
         py::arg("min_p"), py::arg("repeat_penalty"), py::arg("presence_penalty"), py::arg("frequency_penalty"),
-        py::arg("isa") = py::none(),
+        py::arg("isa") = py::none(), py::arg("mask") = py::none(),
         "(ids int32 ascending, weights float32, top_p_path): the tokens sample() draws from (weight > 0) and "
         "how the top-p cut was found ('', 'heavy', 'middle', 'tail' or 'sort': see sampling/sampler.h).");
     s.def(

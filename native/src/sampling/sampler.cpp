@@ -379,6 +379,61 @@ int64_t draw_kept(const SamplingKernels &K, const Kept &kept, double u, Workspac
     throw std::logic_error("sampling: nothing to draw from");
 }
 
+// x with the tokens the mask disallows at -inf, in ws.x (x itself may be ws.x: penalise wrote it).
+// Per word of 32 tokens: all allowed → copied, none (the common case under a grammar) → filled.
+const float *apply_mask(const float *x, int64_t n, Mask mask, Workspace &ws) {
+    if (!mask.words) return x;
+    float *y = grow(ws.x, size_t(n));
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    const int64_t n_words = (n + 31) / 32;
+    for (int64_t wi = 0; wi < n_words; ++wi) {
+        const uint32_t bits = mask.words[wi];
+        const int64_t base = wi * 32, len = std::min<int64_t>(32, n - base);
+        if (bits == 0) {
+            std::fill(y + base, y + base + len, kMasked);
+        } else if (bits == ~uint32_t(0)) {
+            if (x != y) std::memcpy(y + base, x + base, size_t(len) * sizeof(float));
+        } else {
+            for (int64_t j = 0; j < len; ++j) y[base + j] = (bits >> j) & 1u ? x[base + j] : kMasked;
+        }
+    }
+    return y;
+}
+
+// log p(i) = x_i − max − log Σ e^(x_j − max): max and the log of the sum (float64 over the float32
+// weights the sampler's exp pass computes; weights below e^-87.3 of the best are 0 there, which
+// changes the sum by less than n_vocab · 1e-38).
+struct LogZ {
+    double max = 0.0, log_sum = 0.0;
+    double of(float x) const { return double(x) - max - log_sum; }
+};
+
+LogZ log_probs(const SamplingKernels &K, const float *logits, int64_t n, Logprobs &lp, Workspace &ws) {
+    if (lp.n_top < 0 || lp.n_top > kMaxTopLogprobs)
+        throw std::invalid_argument("sampling: top logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
+    const float m = checked_max(K, logits, n);
+    float *w = grow(ws.w, size_t(n));
+    K.exp_scaled(logits, n, 1.0f, m, w);
+    const int64_t n_blocks = (n + kDrawBlock - 1) / kDrawBlock;
+    double *sums = grow(ws.sums, size_t(n_blocks));
+    K.kept_block_sums(w, n, 0.0f, 0, kDrawBlock, sums);  // every w > 0
+    double total = 0.0;
+    for (int64_t b = 0; b < n_blocks; ++b) total += sums[b];
+    LogZ z{double(m), std::log(total)};
+    const int64_t k = std::min<int64_t>(lp.n_top, n);
+    lp.top_ids.clear();
+    lp.top.clear();
+    if (k > 0) {
+        const int32_t *ids = top_k_ids(K, logits, n, k, ws);
+        lp.top_ids.assign(ids, ids + k);
+        std::sort(lp.top_ids.begin(), lp.top_ids.end(), [logits](int32_t a, int32_t b) {
+            return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+        });
+        for (int32_t id : lp.top_ids) lp.top.push_back(z.of(logits[id]));
+    }
+    return z;
+}
+
 void check(int64_t n_vocab, const Params &p) {
     if (n_vocab < 1 || n_vocab > std::numeric_limits<int32_t>::max())
         throw std::invalid_argument("sampling: n_vocab must be in [1, 2^31), got " + std::to_string(n_vocab));
@@ -395,26 +450,34 @@ void check(int64_t n_vocab, const Params &p) {
 }  // namespace
 
 int32_t sample(const float *logits, int64_t n_vocab, const int64_t *window, int64_t n_window, const Params &p,
-               double u, const SamplingKernels *kernels) {
+               double u, const SamplingKernels *kernels, Mask mask, Logprobs *lp) {
     check(n_vocab, p);
     if (!(u >= 0.0 && u < 1.0)) throw std::invalid_argument("sampling: u must be in [0, 1)");
     Workspace &ws = t_ws;
     const SamplingKernels &K = kernels ? *kernels : sampling_kernels();
-    const float *x = penalise(logits, n_vocab, window, n_window, p, ws);
+    LogZ z;
+    if (lp) z = log_probs(K, logits, n_vocab, *lp, ws);
+    const float *x = apply_mask(penalise(logits, n_vocab, window, n_window, p, ws), n_vocab, mask, ws);
     const float m = checked_max(K, x, n_vocab);
     Kept kept;
-    if (p.temperature == 0.0 || !weights(K, x, n_vocab, m, p, ws, kept)) return first_of_max(K, x, n_vocab, m, ws);
-    filter(K, kept, p, ws);
-    return kept.id(draw_kept(K, kept, u, ws));
+    int32_t token;
+    if (p.temperature == 0.0 || !weights(K, x, n_vocab, m, p, ws, kept)) {
+        token = first_of_max(K, x, n_vocab, m, ws);
+    } else {
+        filter(K, kept, p, ws);
+        token = kept.id(draw_kept(K, kept, u, ws));
+    }
+    if (lp) lp->token = z.of(logits[token]);
+    return token;
 }
 
 Candidates candidates(const float *logits, int64_t n_vocab, const int64_t *window, int64_t n_window,
-                      const Params &p, const SamplingKernels *kernels) {
+                      const Params &p, const SamplingKernels *kernels, Mask mask) {
     check(n_vocab, p);
     if (p.temperature == 0.0) throw std::invalid_argument("sampling: candidates need temperature > 0");
     Workspace &ws = t_ws;
     const SamplingKernels &K = kernels ? *kernels : sampling_kernels();
-    const float *x = penalise(logits, n_vocab, window, n_window, p, ws);
+    const float *x = apply_mask(penalise(logits, n_vocab, window, n_window, p, ws), n_vocab, mask, ws);
     const float m = checked_max(K, x, n_vocab);
     Candidates out;
     Kept kept;

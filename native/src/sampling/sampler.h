@@ -49,15 +49,34 @@ struct Candidates {
     const char *top_p_path = "";
 };
 
+// The tokens a grammar allows at this step: bit (i % 32) of word i / 32 set = token i may be drawn
+// (llguidance's bitmask layout); words [ceil(n_vocab / 32)]. A masked token's logit is -inf before
+// any other step (penalties, temperature, top-k ...), so no setting can draw it.
+struct Mask {
+    const uint32_t *words = nullptr;  // null: every token allowed
+};
+
+// Log-probabilities of the model's distribution at this step: log_softmax of the logits as given
+// (before penalties, the mask and the temperature), float64 from float32 weights.
+constexpr int kMaxTopLogprobs = 20;
+struct Logprobs {
+    int n_top = 0;                  // in: alternatives wanted, [0, kMaxTopLogprobs]
+    double token = 0.0;             // out: the drawn token's log-probability
+    std::vector<int32_t> top_ids;   // out: the n_top most likely tokens (decreasing, ties by id)
+    std::vector<double> top;        // out: their log-probabilities
+};
+
 // One token id. logits [n_vocab] float32 (not modified); window: the recent token ids the penalties
 // look at (ids outside [0, n_vocab) are ignored); u in [0, 1) (unused when greedy).
-// std::invalid_argument on NaN or +inf logits, or when no logit is finite. kernels: the vector
-// passes to use (null: sampling_kernels(), the active ISA's; every ISA gives the same result).
+// std::invalid_argument on NaN or +inf logits, or when no logit is finite (also: the mask allows
+// no finite one). kernels: the vector passes to use (null: sampling_kernels(), the active ISA's;
+// every ISA gives the same result). mask: the grammar's allowed tokens; lp (not null): the
+// log-probabilities are computed into it.
 int32_t sample(const float *logits, int64_t n_vocab, const int64_t *window, int64_t n_window, const Params &p,
-               double u, const SamplingKernels *kernels = nullptr);
+               double u, const SamplingKernels *kernels = nullptr, Mask mask = {}, Logprobs *lp = nullptr);
 // What sample() draws from (temperature > 0).
 Candidates candidates(const float *logits, int64_t n_vocab, const int64_t *window, int64_t n_window,
-                      const Params &p, const SamplingKernels *kernels = nullptr);
+                      const Params &p, const SamplingKernels *kernels = nullptr, Mask mask = {});
 // Position j drawn from weights w [n] (>= 0, not all 0) at u: the first whose cumulative weight
 // exceeds u · Σw, summed per block as sample() does.
 int64_t draw(const float *w, int64_t n, double u, const SamplingKernels *kernels = nullptr);
