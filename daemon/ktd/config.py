@@ -57,6 +57,10 @@ class ModelConfig:
     hugepage_size: str = _key("2M", "page size of reserved huge pages (hugepages: auto or hugetlb)",
                               kind="choice", choices=("2M", "1G"))
     mlock: bool = _key(False, "lock non-hugetlb weights in RAM (needs LimitMEMLOCK)", kind="bool")
+    routing_profile: str = _key("auto", "MoE models: where the routing profile (tokens routed to each "
+                                "expert, summed over runs) is kept: auto ($STATE_DIRECTORY, i.e. "
+                                "/var/lib/ktd, else ~/.local/state/ktd), off, or a directory",
+                                kind="str")
 
 
 @dataclass(frozen=True)

@@ -451,6 +451,12 @@ class Connections:
     async def _call(self, conn: Connection, req: protocol.Request) -> Any:
         tok = self.engine.tokenizer
         m, p = req.method, req.params
+        if m == "profile":
+            reset = protocol.parse_profile(p)
+            if reset and not conn.privileged:
+                raise Unauthorized("profile: only root or the daemon's own user may reset the routing profile")
+            profile = self.introspect.get("profile")
+            return profile(reset) if profile else {"enabled": False, "reason": "not a MoE model"}
         if m in self.introspect:
             protocol.parse_empty(m, p)
             result = self.introspect[m]()

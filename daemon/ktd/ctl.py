@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help in (("status", "daemon, model, slots, memory (JSON)"), ("health", "ok or not (exit status)"),
                        ("metrics", "Prometheus text exposition")):
         sub.add_parser(name, help=help)
+    pr = sub.add_parser("profile", help="MoE routing profile: tokens routed to each expert, summed over runs")
+    pr.add_argument("action", nargs="?", choices=("show", "reset"), default="show",
+                    help="show (default; --json for the whole document) or reset (root or the daemon's user)")
+    pr.add_argument("--json", action="store_true", help="print the profile as JSON")
     t = sub.add_parser("tokenize", help="token ids of a text")
     t.add_argument("text")
     t.add_argument("--no-special", action="store_true", help="do not add BOS")
@@ -228,6 +232,23 @@ async def _bench(path: str, timeout: float, args) -> dict[str, Any]:
             "decode_tokens_per_s": {k: round(v, 2) for k, v in _percentiles(decode).items()}}
 
 
+def cmd_profile(p: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(p, indent=2))
+        return 0
+    if not p.get("enabled"):
+        print(f"no routing profile: {p.get('reason', 'disabled')}")
+        return 0
+    print(f"routing profile {p['path'] or '(not saved)'}: {p['routed']} token routings over "
+          f"{p['n_layer']} layers x {p['n_expert']} experts")
+    if p.get("last_error"):
+        print(f"last write failed: {p['last_error']}")
+    for layer in p["layers"]:
+        top = ", ".join(f"{e}: {100 * c / layer['routed']:.1f}%" for e, c in layer["top"])
+        print(f"  layer {layer['layer']:3d}: {layer['routed']:>10} routed; top experts {top}")
+    return 0
+
+
 def cmd_bench(path: str, timeout: float, args) -> int:
     if args.clients < 1 or args.requests < 1 or args.max_tokens < 1:
         print("ktctl: error: --clients, --requests and --max-tokens must be positive", file=sys.stderr)
@@ -272,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "tokenize":
                 print(json.dumps(client.tokenize(args.text, add_special=not args.no_special)))
                 return 0
+            if args.command == "profile":
+                return cmd_profile(client.call("profile", reset=args.action == "reset"), args.json)
     except KtdError as e:
         print(f"ktctl: error: {e.code}: {e.message}", file=sys.stderr)
         return 1

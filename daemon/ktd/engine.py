@@ -95,6 +95,11 @@ class Engine:
         (dense layers 0). Engine thread only: it waits for a running forward."""
         return self.context.expert_counts()
 
+    def expert_snapshot(self) -> np.ndarray | None:
+        """The routing counts as of the last forward's snapshot (any thread; at most
+        EXPERT_SNAPSHOT_S old; None before the first forward or on a dense model)."""
+        return self._expert_snapshot
+
     def reset_expert_counts(self) -> None:
         self.context.reset_expert_counts()
         self._expert_snapshot = None

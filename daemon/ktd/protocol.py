@@ -31,7 +31,7 @@ CHUNK = "generate.chunk"       # server notification: [msgid, index, text] or [m
 ERROR_NOTIFICATION = "error"   # server notification: [{code, message}] (no msgid to answer)
 MAX_MSGID = (1 << 32) - 1      # msgpack-RPC msgid is a 32-bit unsigned integer
 MAX_TOP_LOGPROBS = 20          # top_logprobs bound (the native sampler's, kMaxTopLogprobs)
-METHODS = ("hello", "generate", "cancel", "tokenize", "detokenize", "health", "status", "metrics")
+METHODS = ("hello", "generate", "cancel", "tokenize", "detokenize", "health", "status", "metrics", "profile")
 
 
 # Values quoted in error messages come from the peer: their repr is bounded in depth and length
@@ -412,6 +412,11 @@ def out_of_vocab(ids: Sequence[int], n_vocab: int) -> int | None:
     if not ids or (min(ids) >= 0 and max(ids) < n_vocab):  # the common case, at C speed
         return None
     return next(x for x in ids if not 0 <= x < n_vocab)
+
+
+def parse_profile(params: dict[str, Any]) -> bool:
+    """profile: whether to reset the routing profile (privileged peers only) before answering."""
+    return _Params("profile", params, ("reset",)).bool("reset", False)
 
 
 def parse_empty(method: str, params: dict[str, Any]) -> None:

@@ -23,12 +23,16 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from ktd import config as config_mod, systemd
+import numpy as np
+
+from ktd import config as config_mod, routing_profile, systemd
 from ktd.connections import READ_CHUNK, Connections, Policy, loop_delivery
 from ktd.engine_api import Engine, EngineFactory
 from ktd.instrument import Instrument, ServerFacts
+from ktd.routing_profile import RoutingProfile
 from ktd.scheduler import Scheduler
 from ktd.sockets import StartupError, listening_socket
 
@@ -67,6 +71,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._policy = Policy.from_config(config)
         self._last_status = ""
+        self.profile: RoutingProfile | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -90,8 +95,11 @@ class Daemon:
                                    prefill_tokens_per_step=self.config.scheduler.prefill_tokens_per_step,
                                    max_queue=sc.max_queue, deliver=loop_delivery(loop))
         self.instrument = Instrument(self.engine, self.scheduler, self.counters)
-        self.connections = Connections(self.engine, self.scheduler, self._policy, self.counters,
-                                       {"health": self.health, "status": self.status, "metrics": self.metrics})
+        self.profile = self._open_profile()
+        introspect = {"health": self.health, "status": self.status, "metrics": self.metrics}
+        if self.profile is not None:
+            introspect["profile"] = self._profile_answer
+        self.connections = Connections(self.engine, self.scheduler, self._policy, self.counters, introspect)
         self.scheduler.start()
         server = await asyncio.start_unix_server(self.connections.accept, sock=sock, limit=READ_CHUNK)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload()))
@@ -99,6 +107,8 @@ class Daemon:
         systemd.ready(self._status_text())
         log.info("serving on %s%s", self.socket_path, " (socket-activated)" if self.activated else "")
         background = [loop.create_task(self._status_loop())]
+        if self.profile is not None:
+            background.append(loop.create_task(self._profile_loop()))
         interval = systemd.watchdog_interval()
         if interval:
             background.append(loop.create_task(self._watchdog_loop(interval)))
@@ -158,6 +168,40 @@ class Daemon:
             raise StartupError(f"cannot load the model: {e}") from None
         log.info("model loaded: %s", engine.info().get("name", "?"))
         return engine
+
+    def _open_profile(self) -> RoutingProfile | None:
+        """The routing profile of a MoE model (model.routing_profile), before serving starts (the
+        engine is idle: its counts can be read here)."""
+        where = self.config.model.routing_profile
+        counts = getattr(self.engine, "expert_counts", None)
+        if where == "off" or counts is None or not self.config.model.path:
+            return None
+        shape = tuple(int(x) for x in np.shape(counts()))
+        if len(shape) != 2 or shape[1] == 0:
+            return None  # a dense model
+        directory = routing_profile.default_dir() if where == "auto" else Path(where)
+        try:
+            key = routing_profile.model_key(self.config.model.path)
+        except (OSError, ValueError) as e:
+            log.warning("routing profile disabled: %s", e)
+            return None
+        return RoutingProfile(directory, key, shape)  # type: ignore[arg-type]
+
+    async def _profile_loop(self) -> None:
+        assert self.profile is not None
+        while True:
+            await asyncio.sleep(routing_profile.SAVE_EVERY_S)
+            self.profile.update(self.engine.expert_snapshot())
+            await asyncio.to_thread(self.profile.save)
+
+    def _profile_answer(self, reset: bool) -> dict[str, Any]:
+        assert self.profile is not None
+        self.profile.update(self.engine.expert_snapshot())
+        if reset:
+            self.profile.reset()
+            self.profile.save()
+            log.info("routing profile reset by a client")
+        return {"enabled": True, **self.profile.summary()}
 
     def _report_progress(self, text: str) -> None:
         log.info("%s", text)
@@ -227,6 +271,10 @@ class Daemon:
             self.scheduler.cancel_all("the daemon is shutting down")
         await self.connections.close(timeout=5.0)  # the cancelled requests' answers go out first
         self.scheduler.stop(timeout=10.0)
+        if self.profile is not None:
+            # The engine thread has ended: the counts are read directly, and written once more.
+            self.profile.update(self.engine.expert_counts())
+            self.profile.save()
         self._unlink_own_socket()
         log.info("stopped")
 
