@@ -174,8 +174,10 @@ def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: i
     }
 
 
-def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8) -> dict[str, Any]:
-    """Everything ``ktd inspect`` reports about a model file, as plain data."""
+def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8, vram: int | None = None,
+                  gpu_experts: str | int = "none") -> dict[str, Any]:
+    """Everything ``ktd inspect`` reports about a model file, as plain data; with ``vram`` (bytes)
+    also the hybrid CPU + GPU placement plan (ktd.placement)."""
     f = GGUFFile(path, willneed=False)  # header only: no readahead of the weights
     arch = _get_str(f, "general.architecture")
 
@@ -224,6 +226,10 @@ def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8) -> dict[str, 
         "bytes_per_token": bytes_per_token(f, arch, classes),
     }
     report["memory_plan"] = memory_plan(f, arch, hparams, n_ctx, n_seq)
+    if vram is not None:
+        from ktd.placement import hybrid_plan
+        report["hybrid_plan"] = hybrid_plan(f.tensors, classes, report["bytes_per_token"]["n_expert"],
+                                            report["memory_plan"]["kv_cache"] or 0, vram, gpu_experts)
     # This machine: CPU features and the kernel ISA they select, topology, huge pages.
     report["machine"] = machine.describe()
     report["numa_plan"] = numa_plan(f, sorted(set(report["machine"]["thread_pool"]["nodes"])), classes)
@@ -310,6 +316,9 @@ def render(r: dict[str, Any]) -> str:
                          f"({_size(p['kv_bytes_per_token'])} per token)")
         if p["unsupported_types"]:
             lines.append(f"  unsupported types  {', '.join(p['unsupported_types'])} (the model cannot be loaded)")
+    if "hybrid_plan" in r:
+        from ktd.placement import render as render_plan
+        lines += render_plan(r["hybrid_plan"])
     if "numa_plan" in r:
         n = r["numa_plan"]
         if n["experts_sharded"]:
