@@ -1,0 +1,252 @@
+// The i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) × Q8_K activations, AVX2.
+// Layouts and definitions in kernels/ref/iq1.cpp, iq2.cpp, iq3.cpp.
+//
+// One scheme for all seven: per sub-block of 32 weights a decoder gathers the grid points (one
+// 64-bit load per 8 weights, or 32-bit per 4) into one vector, applies the signs with vpsignb
+// (sign patterns from a 256-entry table of ±1 bytes), and returns the 32 signed int8 weights q
+// with the int16 scale of each half (16 weights). The dot is then vpmaddubsw(|q|, sign(a, q))
+// (|q| ≤ 62, pairs never saturate), vpmaddwd with the scales, int32 sums per block, and one float
+// multiply-add per block with d · d8 · (the type's constant factor). IQ1_S/IQ1_M fold the ±1/8
+// shift into the integers: q = 8·grid ± 1 (|q| ≤ 9) and a factor 1/8, exact like the reference's
+// split sum.
+#include <immintrin.h>
+
+#include <array>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/blocks.h"
+#include "kernels/iq_grids.h"
+#include "kernels/kernels.h"
+#include "kernels/x86/k_quants.h"
+
+namespace ktd::avx2 {
+namespace {
+
+// kSignBytes[s]: byte j = −1 if bit j of s is set else +1 (vpsignb operand).
+constexpr std::array<uint64_t, 256> make_sign_bytes() {
+    std::array<uint64_t, 256> t{};
+    for (int s = 0; s < 256; ++s)
+        for (int j = 0; j < 8; ++j) t[s] |= uint64_t((s >> j) & 1 ? 0xFF : 0x01) << (8 * j);
+    return t;
+}
+// kSigns7[c]: the 8 sign bits of a 7-bit sign code (iq_signs_from7), as a kSignBytes index.
+constexpr std::array<uint8_t, 128> make_signs7() {
+    std::array<uint8_t, 128> t{};
+    for (int c = 0; c < 128; ++c) t[c] = iq_signs_from7(uint32_t(c));
+    return t;
+}
+constexpr std::array<uint64_t, 256> kSignBytes = make_sign_bytes();
+constexpr std::array<uint8_t, 128> kSigns7 = make_signs7();
+
+inline uint32_t load_u32(const void *p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+inline __m256i gather8x4(const uint64_t *grid, uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
+    return _mm256_set_epi64x(int64_t(grid[i3]), int64_t(grid[i2]), int64_t(grid[i1]), int64_t(grid[i0]));
+}
+inline __m256i signs8x4(uint32_t s0, uint32_t s1, uint32_t s2, uint32_t s3) {
+    return _mm256_set_epi64x(int64_t(kSignBytes[s3]), int64_t(kSignBytes[s2]), int64_t(kSignBytes[s1]),
+                             int64_t(kSignBytes[s0]));
+}
+// Sign bytes for 32 weights from 4 explicit sign bytes (bit j of byte l: weight 8l + j negative).
+inline __m256i signs_from_bytes(uint32_t s) { return signs8x4(s & 0xFF, (s >> 8) & 0xFF, (s >> 16) & 0xFF, s >> 24); }
+// ... and from the 4 7-bit sign codes in bits 0..27 of a.
+inline __m256i signs_from_codes(uint32_t a) {
+    return signs8x4(kSigns7[a & 127], kSigns7[(a >> 7) & 127], kSigns7[(a >> 14) & 127], kSigns7[(a >> 21) & 127]);
+}
+// int16 scales: sc0 in the low lane (weights 0..15), sc1 in the high lane (16..31).
+inline __m256i half_scales(int sc0, int sc1) { return _mm256_set_m128i(_mm_set1_epi16(int16_t(sc1)), _mm_set1_epi16(int16_t(sc0))); }
+
+// Per type: Block, kFactor (the constant in front of d · d8 · Σ), d(block) the float block scale
+// in the dequantizer's form, dequant_factor for the dequantizer (y = (d·s) · (q · dequant_factor)),
+// and decode(block, ib, q, s0, s1): q the 32 signed weights of sub-block ib, s0/s1 the integer
+// scales (2·ls + 1) of its halves.
+struct IQ2XXS {
+    using Block = block_iq2_xxs;
+    static constexpr float kFactor = 0.125f;
+    static float d(const Block &x) { return f16(x.d); }
+    static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
+        const uint32_t a0 = load_u32(x.qs + 4 * ib), a1 = load_u32(x.qs + 4 * ib + 2);
+        const __m256i g = gather8x4(iq2xxs_grid, a0 & 0xFF, (a0 >> 8) & 0xFF, (a0 >> 16) & 0xFF, a0 >> 24);
+        q = _mm256_sign_epi8(g, signs_from_codes(a1));
+        s0 = s1 = 2 * int(a1 >> 28) + 1;
+    }
+};
+
+struct IQ2XS {
+    using Block = block_iq2_xs;
+    static constexpr float kFactor = 0.125f;
+    static float d(const Block &x) { return f16(x.d); }
+    static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
+        const uint16_t *p = x.qs + 4 * ib;
+        const __m256i g = gather8x4(iq2xs_grid, p[0] & 511, p[1] & 511, p[2] & 511, p[3] & 511);
+        q = _mm256_sign_epi8(g, signs8x4(kSigns7[p[0] >> 9], kSigns7[p[1] >> 9], kSigns7[p[2] >> 9], kSigns7[p[3] >> 9]));
+        s0 = 2 * (x.scales[ib] & 0xF) + 1;
+        s1 = 2 * (x.scales[ib] >> 4) + 1;
+    }
+};
+
+struct IQ2S {
+    using Block = block_iq2_s;
+    static constexpr float kFactor = 0.125f;
+    static float d(const Block &x) { return f16(x.d); }
+    static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
+        const uint8_t *p = x.qs + 4 * ib;
+        const uint32_t h = x.qh[ib];
+        const __m256i g = gather8x4(iq2s_grid, p[0] | (h & 3) << 8, p[1] | ((h >> 2) & 3) << 8,
+                                    p[2] | ((h >> 4) & 3) << 8, p[3] | ((h >> 6) & 3) << 8);
+        q = _mm256_sign_epi8(g, signs_from_bytes(load_u32(x.qs + 32 + 4 * ib)));
+        s0 = 2 * (x.scales[ib] & 0xF) + 1;
+        s1 = 2 * (x.scales[ib] >> 4) + 1;
+    }
+};
+
+struct IQ3XXS {
+    using Block = block_iq3_xxs;
+    static constexpr float kFactor = 0.25f;
+    static float d(const Block &x) { return f16(x.d); }
+    static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
+        const uint8_t *p = x.qs + 8 * ib;
+        const __m256i g = _mm256_setr_epi32(int(iq3xxs_grid[p[0]]), int(iq3xxs_grid[p[1]]), int(iq3xxs_grid[p[2]]),
+                                            int(iq3xxs_grid[p[3]]), int(iq3xxs_grid[p[4]]), int(iq3xxs_grid[p[5]]),
+                                            int(iq3xxs_grid[p[6]]), int(iq3xxs_grid[p[7]]));
+        const uint32_t a = load_u32(x.qs + 64 + 4 * ib);
+        q = _mm256_sign_epi8(g, signs_from_codes(a));
+        s0 = s1 = 2 * int(a >> 28) + 1;
+    }
+};
+
+struct IQ3S {
+    using Block = block_iq3_s;
+    static constexpr float kFactor = 1.0f;
+    static float d(const Block &x) { return f16(x.d); }
+    static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
+        const uint8_t *p = x.qs + 8 * ib;
+        const uint32_t h = x.qh[ib];
+        int g32[8];
+        for (int j = 0; j < 8; ++j) g32[j] = int(iq3s_grid[p[j] | ((h >> j) & 1) << 8]);
+        const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g32));
+        q = _mm256_sign_epi8(g, signs_from_bytes(load_u32(x.signs + 4 * ib)));
+        s0 = s1 = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1;
+    }
+};
+
+// q = 8·grid + δ (δ = ±1 per byte) for the ternary grid.
+inline __m256i iq1_values(__m256i g, __m256i delta) { return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta); }
+
+struct IQ1S {
+    using Block = block_iq1_s;
+    static constexpr float kFactor = 0.125f;
+    static float d(const Block &x) { return f16(x.d); }
+    static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
+        const uint8_t *p = x.qs + 4 * ib;
+        const uint32_t h = x.qh[ib];
+        const __m256i g = gather8x4(iq1s_grid, p[0] | (h & 7) << 8, p[1] | ((h >> 3) & 7) << 8,
+                                    p[2] | ((h >> 6) & 7) << 8, p[3] | ((h >> 9) & 7) << 8);
+        q = iq1_values(g, _mm256_set1_epi8(h & 0x8000 ? -1 : 1));
+        s0 = s1 = 2 * int((h >> 12) & 7) + 1;
+    }
+};
+
+struct IQ1M {
+    using Block = block_iq1_m;
+    static constexpr float kFactor = 0.125f;
+    static uint16_t sc(const Block &x, int i) { return uint16_t(x.scales[2 * i] | x.scales[2 * i + 1] << 8); }
+    static float d(const Block &x) {
+        return f16(uint16_t((sc(x, 0) >> 12) | ((sc(x, 1) >> 8) & 0x00F0) | ((sc(x, 2) >> 4) & 0x0F00) | (sc(x, 3) & 0xF000)));
+    }
+    static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
+        const uint8_t *p = x.qs + 4 * ib;
+        const uint32_t h = uint32_t(x.qh[2 * ib]) | uint32_t(x.qh[2 * ib + 1]) << 8;  // 4 nibbles
+        const __m256i g = gather8x4(iq1s_grid, p[0] | (h & 7) << 8, p[1] | ((h >> 4) & 7) << 8,
+                                    p[2] | ((h >> 8) & 7) << 8, p[3] | ((h >> 12) & 7) << 8);
+        const auto dl = [](uint32_t n) { return int64_t(n & 8 ? 0xFFFFFFFFFFFFFFFFULL : 0x0101010101010101ULL); };
+        q = iq1_values(g, _mm256_set_epi64x(dl(h >> 12), dl(h >> 8), dl(h >> 4), dl(h)));
+        const uint32_t s = sc(x, ib / 2) >> (6 * (ib % 2));  // scales of halves 2ib, 2ib + 1
+        s0 = 2 * int(s & 7) + 1;
+        s1 = 2 * int((s >> 3) & 7) + 1;
+    }
+};
+
+template <typename T>
+void dequantize_row(const void *vx, float *y, int64_t k) {
+    const auto *x = static_cast<const typename T::Block *>(vx);
+    for (int64_t b = 0; b < k / QK_K; ++b) {
+        const float d = T::d(x[b]);
+        for (int ib = 0; ib < 8; ++ib) {
+            __m256i q;
+            int s0, s1;
+            T::decode(x[b], ib, q, s0, s1);
+            __m256 v[4];
+            cvt_x32_ps<true>(q, v);
+            float *out = y + b * QK_K + 32 * ib;
+            // gguf-py: (d·(0.5 + ls)·0.25)·grid·sign (IQ2), (d·(0.5 + ls)·0.5)·... (IQ3_XXS),
+            // (d·(1 + 2ls))·... (IQ3_S), (d·(2s + 1))·(grid + δ) (IQ1): the sub-block scale below
+            // is the same float product, and q·(1/8) is exactly grid + δ for IQ1.
+            for (int i = 0; i < 4; ++i) {
+                const int s = i < 2 ? s0 : s1;
+                float ds;
+                __m256 vi = v[i];
+                if constexpr (std::is_same_v<T, IQ1S> || std::is_same_v<T, IQ1M>) {
+                    ds = d * float(s);
+                    vi = _mm256_mul_ps(vi, _mm256_set1_ps(0.125f));
+                } else if constexpr (std::is_same_v<T, IQ3S>) {
+                    ds = d * float(s);
+                } else {
+                    ds = d * (0.5f + float((s - 1) / 2)) * (std::is_same_v<T, IQ3XXS> ? 0.5f : 0.25f);
+                }
+                _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(_mm256_set1_ps(ds), vi));
+            }
+        }
+    }
+}
+
+template <typename T>
+struct Dot {
+    template <int NC>
+    static void dot(int64_t nb, const typename T::Block *w, const block_q8_K *const *a, float *out) {
+        __m256 acc[NC];
+        for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            __m256i sumi[NC];
+            for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
+            for (int ib = 0; ib < 8; ++ib) {
+                __m256i q;
+                int s0, s1;
+                T::decode(w[b], ib, q, s0, s1);
+                const __m256i sc = half_scales(s0, s1);
+                const __m256i aq = _mm256_sign_epi8(q, q);
+                for (int c = 0; c < NC; ++c) {
+                    const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(load256(a[c][b].qs + 32 * ib), q));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sc));
+                }
+            }
+            const float d = T::d(w[b]) * T::kFactor;
+            for (int c = 0; c < NC; ++c)
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+        for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
+    }
+};
+
+template <typename T>
+constexpr TypeKernels entry(GGMLType type) {
+    return TypeKernels{type, GGMLType::Q8_K, dequantize_row<T>, quantize_row_q8_K,
+                       gemm_tile<typename T::Block, Dot<T>>};
+}
+
+}  // namespace
+
+KTD_REGISTER_KERNELS(Isa::AVX2, entry<IQ2XXS>(GGMLType::IQ2_XXS));
+KTD_REGISTER_KERNELS(Isa::AVX2, entry<IQ2XS>(GGMLType::IQ2_XS));
+KTD_REGISTER_KERNELS(Isa::AVX2, entry<IQ2S>(GGMLType::IQ2_S));
+KTD_REGISTER_KERNELS(Isa::AVX2, entry<IQ3XXS>(GGMLType::IQ3_XXS));
+KTD_REGISTER_KERNELS(Isa::AVX2, entry<IQ3S>(GGMLType::IQ3_S));
+KTD_REGISTER_KERNELS(Isa::AVX2, entry<IQ1S>(GGMLType::IQ1_S));
+KTD_REGISTER_KERNELS(Isa::AVX2, entry<IQ1M>(GGMLType::IQ1_M));
+
+}  // namespace ktd::avx2
