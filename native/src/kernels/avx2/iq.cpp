@@ -3,7 +3,7 @@
 //
 // One scheme for all seven: per sub-block of 32 weights a decoder gathers the grid points (one
 // 64-bit load per 8 weights, or 32-bit per 4) into one vector, applies the signs with vpsignb
-// (sign patterns from a 256-entry table of ±1 bytes), and returns the 32 signed int8 weights q
+// (each sign byte spread over its 8 weights' bytes and tested bit by bit), and returns the 32 signed int8 weights q
 // with the int16 scale of each half (16 weights). The dot is then vpmaddubsw(|q|, sign(a, q))
 // (|q| ≤ 62, pairs never saturate), vpmaddwd with the scales, int32 sums per block, and one float
 // multiply-add per block with d · d8 · (the type's constant factor). IQ1_S/IQ1_M fold the ±1/8
@@ -23,20 +23,12 @@
 namespace ktd::avx2 {
 namespace {
 
-// kSignBytes[s]: byte j = −1 if bit j of s is set else +1 (vpsignb operand).
-constexpr std::array<uint64_t, 256> make_sign_bytes() {
-    std::array<uint64_t, 256> t{};
-    for (int s = 0; s < 256; ++s)
-        for (int j = 0; j < 8; ++j) t[s] |= uint64_t((s >> j) & 1 ? 0xFF : 0x01) << (8 * j);
-    return t;
-}
 // kSigns7[c]: the 8 sign bits of a 7-bit sign code (iq_signs_from7), as a kSignBytes index.
 constexpr std::array<uint8_t, 128> make_signs7() {
     std::array<uint8_t, 128> t{};
     for (int c = 0; c < 128; ++c) t[c] = iq_signs_from7(uint32_t(c));
     return t;
 }
-constexpr std::array<uint64_t, 256> kSignBytes = make_sign_bytes();
 constexpr std::array<uint8_t, 128> kSigns7 = make_signs7();
 
 inline uint32_t load_u32(const void *p) {
@@ -48,15 +40,19 @@ inline uint32_t load_u32(const void *p) {
 inline __m256i gather8x4(const uint64_t *grid, uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
     return _mm256_set_epi64x(int64_t(grid[i3]), int64_t(grid[i2]), int64_t(grid[i1]), int64_t(grid[i0]));
 }
-inline __m256i signs8x4(uint32_t s0, uint32_t s1, uint32_t s2, uint32_t s3) {
-    return _mm256_set_epi64x(int64_t(kSignBytes[s3]), int64_t(kSignBytes[s2]), int64_t(kSignBytes[s1]),
-                             int64_t(kSignBytes[s0]));
+// Sign bytes for 32 weights from 4 explicit sign bytes (bit j of byte l: weight 8l + j negative),
+// in SIMD: byte l copied to the 8 bytes of its weights, each tested against its bit.
+inline __m256i signs_from_bytes(uint32_t s) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(int(s)), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+                                                     2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bits = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits), _mm256_set1_epi8(1));
 }
-// Sign bytes for 32 weights from 4 explicit sign bytes (bit j of byte l: weight 8l + j negative).
-inline __m256i signs_from_bytes(uint32_t s) { return signs8x4(s & 0xFF, (s >> 8) & 0xFF, (s >> 16) & 0xFF, s >> 24); }
 // ... and from the 4 7-bit sign codes in bits 0..27 of a.
 inline __m256i signs_from_codes(uint32_t a) {
-    return signs8x4(kSigns7[a & 127], kSigns7[(a >> 7) & 127], kSigns7[(a >> 14) & 127], kSigns7[(a >> 21) & 127]);
+    return signs_from_bytes(uint32_t(kSigns7[a & 127]) | uint32_t(kSigns7[(a >> 7) & 127]) << 8 |
+                            uint32_t(kSigns7[(a >> 14) & 127]) << 16 | uint32_t(kSigns7[(a >> 21) & 127]) << 24);
 }
 // int16 scales: sc0 in the low lane (weights 0..15), sc1 in the high lane (16..31).
 inline __m256i half_scales(int sc0, int sc1) { return _mm256_set_m128i(_mm_set1_epi16(int16_t(sc1)), _mm_set1_epi16(int16_t(sc0))); }
@@ -84,7 +80,8 @@ struct IQ2XS {
     static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
         const uint16_t *p = x.qs + 4 * ib;
         const __m256i g = gather8x4(iq2xs_grid, p[0] & 511, p[1] & 511, p[2] & 511, p[3] & 511);
-        q = _mm256_sign_epi8(g, signs8x4(kSigns7[p[0] >> 9], kSigns7[p[1] >> 9], kSigns7[p[2] >> 9], kSigns7[p[3] >> 9]));
+        q = _mm256_sign_epi8(g, signs_from_bytes(uint32_t(kSigns7[p[0] >> 9]) | uint32_t(kSigns7[p[1] >> 9]) << 8 |
+                                                 uint32_t(kSigns7[p[2] >> 9]) << 16 | uint32_t(kSigns7[p[3] >> 9]) << 24));
         s0 = 2 * (x.scales[ib] & 0xF) + 1;
         s1 = 2 * (x.scales[ib] >> 4) + 1;
     }
@@ -127,9 +124,8 @@ struct IQ3S {
     static void decode(const Block &x, int ib, __m256i &q, int &s0, int &s1) {
         const uint8_t *p = x.qs + 8 * ib;
         const uint32_t h = x.qh[ib];
-        int g32[8];
-        for (int j = 0; j < 8; ++j) g32[j] = int(iq3s_grid[p[j] | ((h >> j) & 1) << 8]);
-        const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g32));
+        const auto gi = [&](int j) { return int(iq3s_grid[p[j] | ((h << (8 - j)) & 256)]); };
+        const __m256i g = _mm256_setr_epi32(gi(0), gi(1), gi(2), gi(3), gi(4), gi(5), gi(6), gi(7));
         q = _mm256_sign_epi8(g, signs_from_bytes(load_u32(x.signs + 4 * ib)));
         s0 = s1 = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1;
     }
@@ -147,7 +143,7 @@ struct IQ1S {
         const uint32_t h = x.qh[ib];
         const __m256i g = gather8x4(iq1s_grid, p[0] | (h & 7) << 8, p[1] | ((h >> 3) & 7) << 8,
                                     p[2] | ((h >> 6) & 7) << 8, p[3] | ((h >> 9) & 7) << 8);
-        q = iq1_values(g, _mm256_set1_epi8(h & 0x8000 ? -1 : 1));
+        q = iq1_values(g, _mm256_set1_epi8(int8_t(1 - int((h >> 14) & 2))));  // bit 15: −1
         s0 = s1 = 2 * int((h >> 12) & 7) + 1;
     }
 };
@@ -164,8 +160,11 @@ struct IQ1M {
         const uint32_t h = uint32_t(x.qh[2 * ib]) | uint32_t(x.qh[2 * ib + 1]) << 8;  // 4 nibbles
         const __m256i g = gather8x4(iq1s_grid, p[0] | (h & 7) << 8, p[1] | ((h >> 4) & 7) << 8,
                                     p[2] | ((h >> 8) & 7) << 8, p[3] | ((h >> 12) & 7) << 8);
-        const auto dl = [](uint32_t n) { return int64_t(n & 8 ? 0xFFFFFFFFFFFFFFFFULL : 0x0101010101010101ULL); };
-        q = iq1_values(g, _mm256_set_epi64x(dl(h >> 12), dl(h >> 8), dl(h >> 4), dl(h)));
+        // δ of group l: −1 where bit 3 of nibble l is set (all bytes of its 64-bit lane), else +1.
+        const __m256i bit3 = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(int64_t(h)), _mm256_setr_epi64x(0, 4, 8, 12)),
+                                              _mm256_set1_epi64x(8));
+        const __m256i neg = _mm256_cmpeq_epi64(bit3, _mm256_set1_epi64x(8));
+        q = iq1_values(g, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
         const uint32_t s = sc(x, ib / 2) >> (6 * (ib % 2));  // scales of halves 2ib, 2ib + 1
         s0 = 2 * int(s & 7) + 1;
         s1 = 2 * int((s >> 3) & 7) + 1;
