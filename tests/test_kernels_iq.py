@@ -139,6 +139,20 @@ def test_matmul_vs_gguf(qt, isa, rows, k, n):
 
 @pytest.mark.parametrize("isa", IQ_ISAS)
 @pytest.mark.parametrize("qt", TYPES)
+def test_prefill_equals_decode_bitwise(qt, isa):
+    """Many columns (the AVX2 tile decodes each row once per block of 64 columns into a buffer)
+    give the same bits as one column at a time (weights decoded in registers)."""
+    rng = np.random.default_rng(21)
+    rows, k, n = 9, 768, 70
+    w = random_weights(qt, rows, k, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    y = K.matmul(qt, w, rows, k, x, isa=isa, threads=2)
+    for c in (0, 3, 4, 5, 63, 64, 69):
+        np.testing.assert_array_equal(K.matmul(qt, w, rows, k, x[c : c + 1], isa=isa), y[c : c + 1])
+
+
+@pytest.mark.parametrize("isa", IQ_ISAS)
+@pytest.mark.parametrize("qt", TYPES)
 def test_matmul_threads_bitwise(qt, isa):
     kernels_or_skip(qt, isa)
     rng = np.random.default_rng(11)

@@ -11,6 +11,7 @@
 // split sum.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <type_traits>
@@ -232,10 +233,74 @@ struct Dot {
     }
 };
 
+// The tile. Up to kMaxCols activation columns (decode): Dot<T> on each row, the weights decoded
+// in registers as they stream in. More (prefill): the decoding would be repeated for every group of
+// kMaxCols columns, and it costs more than the dot products, so each row is decoded once per block
+// of kPrefillCols columns into a per-thread buffer (int8 weights and int16 scales per sub-block,
+// 2 bytes per weight: an L1/L2-sized row) and every column group of the block reads it from
+// there. The arithmetic and its order are Dot<T>'s, so the result is the same bits either way.
+constexpr int kPrefillCols = 64;
+struct DecodedSub {
+    __m256i q, sc;
+};
+
+template <typename T>
+void gemm_tile_iq(int64_t k, const void *w, size_t w_stride, const void *xq, size_t x_stride, float *y, size_t ldy,
+                  int nr, int nc) {
+    using Block = typename T::Block;
+    if (nc <= kMaxCols) {
+        gemm_tile<Block, Dot<T>>(k, w, w_stride, xq, x_stride, y, ldy, nr, nc);
+        return;
+    }
+    const int64_t nb = k / QK_K;
+    thread_local GrowBuffer<DecodedSub> qbuf;
+    thread_local GrowBuffer<float> dbuf;
+    DecodedSub *dec = qbuf.get(size_t(nb) * 8);
+    float *ds = dbuf.get(size_t(nb));
+    const char *xb = static_cast<const char *>(xq);
+    for (int cb = 0; cb < nc; cb += kPrefillCols) {
+        const int cb_end = std::min(nc, cb + kPrefillCols);
+        for (int r = 0; r < nr; ++r) {
+            const auto *wr = reinterpret_cast<const Block *>(static_cast<const char *>(w) + size_t(r) * w_stride);
+            for (int64_t b = 0; b < nb; ++b) {
+                ds[b] = T::d(wr[b]) * T::kFactor;
+                for (int ib = 0; ib < 8; ++ib) {
+                    int s0, s1;
+                    T::decode(wr[b], ib, dec[b * 8 + ib].q, s0, s1);
+                    dec[b * 8 + ib].sc = half_scales(s0, s1);
+                }
+            }
+            for (int c0 = cb; c0 < cb_end; c0 += kMaxCols) {
+                const int ncc = std::min(kMaxCols, cb_end - c0);
+                const block_q8_K *a[kMaxCols];
+                for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_K *>(xb + size_t(c0 + c) * x_stride);
+                with_cols<kMaxCols>(ncc, [&]<int NC>() {
+                    __m256 acc[NC];
+                    for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+                    for (int64_t b = 0; b < nb; ++b) {
+                        __m256i sumi[NC];
+                        for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
+                        for (int ib = 0; ib < 8; ++ib) {
+                            const __m256i q = dec[b * 8 + ib].q, sc = dec[b * 8 + ib].sc;
+                            const __m256i aq = _mm256_sign_epi8(q, q);
+                            for (int c = 0; c < NC; ++c) {
+                                const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(load256(a[c][b].qs + 32 * ib), q));
+                                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sc));
+                            }
+                        }
+                        for (int c = 0; c < NC; ++c)
+                            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(ds[b] * a[c][b].d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+                    }
+                    for (int c = 0; c < NC; ++c) y[size_t(c0 + c) * ldy + size_t(r)] = hsum(acc[c]);
+                });
+            }
+        }
+    }
+}
+
 template <typename T>
 constexpr TypeKernels entry(GGMLType type) {
-    return TypeKernels{type, GGMLType::Q8_K, dequantize_row<T>, quantize_row_q8_K,
-                       gemm_tile<typename T::Block, Dot<T>>};
+    return TypeKernels{type, GGMLType::Q8_K, dequantize_row<T>, quantize_row_q8_K, gemm_tile_iq<T>};
 }
 
 }  // namespace
