@@ -511,6 +511,10 @@ def make_dynamic_iq(arch: str, path: str | os.PathLike[str], *, cfg: MoeConfig, 
                 raw = None if t.tensor_type in (QT.F32, QT.F16) else t.tensor_type
                 w.add_tensor_info(t.name, data.shape, data.dtype, int(t.n_bytes), raw_dtype=raw)
                 plan.append((t, None))
+        if not any(qt for _, qt in plan):
+            w.close()
+            tmp.unlink(missing_ok=True)
+            raise ValueError(f"no routed expert stack of {arch} has rows of whole 256-blocks: nothing to make an i-quant")
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
@@ -572,17 +576,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output file (one arch only)")
     p.add_argument("--check", action="store_true", help="then load and run each file in llama.cpp")
+    p.add_argument("--dynamic-iq", action="store_true",
+                   help="lay the file out like the low-bit dynamic quants: routed experts as random valid i-quant "
+                        "blocks (gate/up IQ1_S, down IQ2_XXS) over the --wtype file (default Q4_K_M)")
     args = p.parse_args(argv)
-    wtype = args.wtype or ("Q4_K_M" if args.preset == "bench" else "F32")
+    wtype = args.wtype or ("Q4_K_M" if args.preset == "bench" or args.dynamic_iq else "F32")
     archs = args.arch or (["deepseek2", "qwen3moe"] if args.preset == "bench" else list(ARCHS))
     if args.out and len(archs) != 1:
         p.error("--out needs exactly one --arch")
     for arch in archs:
         variant = args.variant if args.variant is not None else VARIANTS[arch][0]
-        out = args.out or default_path(arch, args.preset, wtype, variant, args.seed)
+        out = args.out or default_path(arch, args.preset, ("dyn-iq-" if args.dynamic_iq else "") + wtype, variant, args.seed)
         t0 = time.monotonic()
         try:
-            make_model(arch, out, preset=args.preset, wtype=wtype, seed=args.seed, variant=variant)
+            if args.dynamic_iq:
+                make_dynamic_iq(arch, out, cfg=config(arch, args.preset, variant), seed=args.seed, base_wtype=wtype)
+            else:
+                make_model(arch, out, preset=args.preset, wtype=wtype, seed=args.seed, variant=variant)
         except (ValueError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
