@@ -233,3 +233,36 @@ def test_model_shapes(qt, isa):
     x = rng.standard_normal((2, k)).astype(np.float32)
     y = check_matmul(qt, isa, w, rows, k, x, threads=2)
     np.testing.assert_array_equal(y, K.matmul(qt, w, rows, k, x, isa=isa, threads=1))
+
+
+# --- against llama.cpp's own kernels ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ggml():
+    from ktd.bench.ggml_matmul import load
+
+    g, why = load()
+    if g is None:
+        pytest.skip(f"llama.cpp's ggml is not available: {why}")
+    return g
+
+
+@pytest.mark.parametrize("isa", IQ_ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+@pytest.mark.parametrize("rows,k,n", [(7, 512, 1), (33, 1280, 5)])
+def test_matmul_vs_llama_cpp(ggml, qt, isa, rows, k, n):
+    """llama.cpp's ggml_mul_mat on the same bytes (its CPU kernels, Q8_K activations too): the two
+    differ by the float summation order, and by a Q8_K level where the two quantizers round a value
+    differently (bounded per output by the activation rounding bound, as against gguf-py)."""
+    from gguf import GGMLQuantizationType
+
+    rng = np.random.default_rng(rows + k + n)
+    w = random_weights(qt, rows, k, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    want = ggml.matmul(int(GGMLQuantizationType[qt]), w, rows, k, x).astype(np.float64)
+    got = K.matmul(qt, w, rows, k, x, isa=isa).astype(np.float64)
+    wd = dequantize_ref(qt, w, rows, k)
+    mag = np.abs(x.astype(np.float64)) @ np.abs(wd).T
+    err = np.abs(got - want)
+    assert (err <= 1e-5 * mag + 1e-30).all(), f"max excess {np.max(err - 1e-5 * mag):.3g}"
