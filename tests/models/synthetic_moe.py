@@ -430,6 +430,110 @@ def make_model(arch: str, path: str | os.PathLike[str], *, preset: str = "tiny",
     return path
 
 
+# ---- "dynamic" i-quant files (DeepSeek-V3/R1, Qwen3-235B low-bit GGUFs) -------------------------
+
+# The expert stacks' types of the 1.58-bit DeepSeek dynamic quants: gate/up in IQ1_S, down one
+# step up. Everything else comes from llama.cpp's Q4_K_M (Q4_K/Q6_K, with its fallbacks for rows
+# that are no whole number of 256-blocks).
+DYNAMIC_EXPERT_TYPES = {"ffn_gate_exps": "IQ1_S", "ffn_up_exps": "IQ1_S", "ffn_down_exps": "IQ2_XXS"}
+
+# Bytes per 256-block and the offset of the fp16 block scale d (None: IQ1_M, whose d is split over
+# the top nibbles of the 4 uint16 at bytes 48..55).
+_IQ_BLOCKS = {"IQ1_S": (50, 0), "IQ1_M": (56, None), "IQ2_XXS": (66, 0), "IQ2_XS": (74, 0), "IQ2_S": (82, 0),
+              "IQ3_XXS": (98, 0), "IQ3_S": (110, 0)}
+
+
+def set_iq_block_scale(qt: str, blocks: np.ndarray, d: np.ndarray) -> None:
+    """Write fp16 block scales d [nb] into i-quant blocks [nb, size] (in place)."""
+    _, off = _IQ_BLOCKS[qt]
+    bits = d.astype(np.float16).view(np.uint16)
+    if off is not None:
+        blocks[:, off:off + 2] = bits.view(np.uint8).reshape(-1, 2)
+        return
+    sc = blocks[:, 48:56].copy().view(np.uint16).reshape(-1, 4)
+    for i in range(4):
+        sc[:, i] = (sc[:, i] & np.uint16(0x0FFF)) | (((bits >> np.uint16(4 * i)) & np.uint16(0xF)) << np.uint16(12))
+    blocks[:, 48:56] = sc.view(np.uint8).reshape(-1, 8)
+
+
+def random_iq_blocks(qt: str, n_rows: int, k: int, rng: np.random.Generator, std: float) -> np.ndarray:
+    """Random valid `qt` blocks for n_rows rows of k weights ([n_rows, row bytes] uint8) whose
+    dequantized values have about standard deviation `std`. Every bit pattern of the index, sign,
+    scale and shift fields is a valid code, so those bytes are random; the fp16 block scale d is set
+    from gguf-py's dequantization of the same blocks at d = 1 (times a random 0.75..1.25)."""
+    size, _ = _IQ_BLOCKS[qt]
+    if k % 256:
+        raise ValueError(f"{qt} rows need a multiple of 256 weights, not {k}")
+    nb = n_rows * k // 256
+    blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+    set_iq_block_scale(qt, blocks, np.ones(nb, np.float32))
+    unit = gguf.quants.dequantize(blocks[: min(nb, 4096)], QT[qt]).astype(np.float64)
+    d = std / max(float(unit.std()), 1e-30) * rng.uniform(0.75, 1.25, nb)
+    set_iq_block_scale(qt, blocks, d)
+    return blocks.reshape(n_rows, k // 256 * size)
+
+
+def make_dynamic_iq(arch: str, path: str | os.PathLike[str], *, cfg: MoeConfig, seed: int = 0,
+                    expert_types: dict[str, str] | None = None, base_wtype: str = "Q4_K_M") -> Path:
+    """A file laid out like the low-bit "dynamic" quants: llama.cpp's Q4_K_M of the model (or
+    `base_wtype`: F32 isolates the i-quant experts as the only quantized weights), then the
+    routed expert stacks replaced by random valid i-quant blocks (llama.cpp's quantizer refuses
+    IQ1/IQ2 types without an importance matrix), `expert_types` {tensor suffix: type}, default
+    DYNAMIC_EXPERT_TYPES, scaled like the float weights (1/sqrt(fan_in)). Written tensor by tensor."""
+    expert_types = dict(DYNAMIC_EXPERT_TYPES if expert_types is None else expert_types)
+    path = Path(path)
+    base = path.with_name(path.name + ".base.tmp")
+    try:
+        make_model(arch, base, wtype=base_wtype, cfg=cfg, seed=seed)
+        r = gguf.GGUFReader(str(base))
+        tmp = path.with_name(path.name + ".part")
+        w = gguf.GGUFWriter(tmp, arch)
+        for key, f in r.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture":
+                continue
+            if f.types[0] == gguf.GGUFValueType.ARRAY:
+                w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
+            else:
+                w.add_key_value(key, f.contents(), f.types[0])
+        plan = []  # (tensor, new type name or None)
+        for t in r.tensors:
+            suffix = t.name.split(".")[-2] if t.name.count(".") >= 2 else ""
+            qt = expert_types.get(suffix)
+            k = int(t.shape[0])
+            if qt is not None and k % 256 == 0:
+                outer = tuple(int(x) for x in reversed(t.shape[1:]))
+                size, _ = _IQ_BLOCKS[qt]
+                byte_shape = (*outer, k // 256 * size)
+                w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=QT[qt])
+                plan.append((t, qt))
+            else:
+                data = t.data
+                raw = None if t.tensor_type in (QT.F32, QT.F16) else t.tensor_type
+                w.add_tensor_info(t.name, data.shape, data.dtype, int(t.n_bytes), raw_dtype=raw)
+                plan.append((t, None))
+        if not any(qt for _, qt in plan):
+            w.close()
+            tmp.unlink(missing_ok=True)
+            raise ValueError(f"no routed expert stack of {arch} has rows of whole 256-blocks: nothing to make an i-quant")
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t, qt in plan:
+            if qt is None:
+                w.write_tensor_data(np.asarray(t.data))
+                continue
+            k = int(t.shape[0])
+            n_rows = int(np.prod([int(x) for x in t.shape[1:]]))
+            rng = np.random.default_rng([seed, zlib.crc32(t.name.encode()), 1])
+            outer = tuple(int(x) for x in reversed(t.shape[1:]))
+            w.write_tensor_data(random_iq_blocks(qt, n_rows, k, rng, 1.0 / np.sqrt(k)).reshape(*outer, -1))
+        w.close()
+        tmp.replace(path)
+    finally:
+        base.unlink(missing_ok=True)
+    return path
+
+
 def check_llama_cpp(path: str | os.PathLike[str], n_tokens: int = 8) -> np.ndarray:
     """Load `path` in llama.cpp and run `n_tokens` teacher-forced tokens; return their logits
     (n_tokens, n_vocab). Raises RuntimeError if llama.cpp cannot load or run the file or the
@@ -472,17 +576,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output file (one arch only)")
     p.add_argument("--check", action="store_true", help="then load and run each file in llama.cpp")
+    p.add_argument("--dynamic-iq", action="store_true",
+                   help="lay the file out like the low-bit dynamic quants: routed experts as random valid i-quant "
+                        "blocks (gate/up IQ1_S, down IQ2_XXS) over the --wtype file (default Q4_K_M)")
     args = p.parse_args(argv)
-    wtype = args.wtype or ("Q4_K_M" if args.preset == "bench" else "F32")
+    wtype = args.wtype or ("Q4_K_M" if args.preset == "bench" or args.dynamic_iq else "F32")
     archs = args.arch or (["deepseek2", "qwen3moe"] if args.preset == "bench" else list(ARCHS))
     if args.out and len(archs) != 1:
         p.error("--out needs exactly one --arch")
     for arch in archs:
         variant = args.variant if args.variant is not None else VARIANTS[arch][0]
-        out = args.out or default_path(arch, args.preset, wtype, variant, args.seed)
+        out = args.out or default_path(arch, args.preset, ("dyn-iq-" if args.dynamic_iq else "") + wtype, variant, args.seed)
         t0 = time.monotonic()
         try:
-            make_model(arch, out, preset=args.preset, wtype=wtype, seed=args.seed, variant=variant)
+            if args.dynamic_iq:
+                make_dynamic_iq(arch, out, cfg=config(arch, args.preset, variant), seed=args.seed, base_wtype=wtype)
+            else:
+                make_model(arch, out, preset=args.preset, wtype=wtype, seed=args.seed, variant=variant)
         except (ValueError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -10,6 +10,10 @@ interleaved with that case's timing, and the case's percentage uses that figure)
 are real-model shapes stacked until the weights are far larger than the L3 cache, so the weights
 stream from DRAM as in decode. Weights come from gguf-py's quantizer where it has one for the
 type (tiled from a 256-row base), otherwise random bytes (timing does not depend on the values).
+
+Where llama-cpp-python is installed, each case is also timed with llama.cpp's own ggml_mul_mat on
+the same bytes, shape and thread count (ktd/bench/ggml_matmul.py; GEMV rounds interleaved with
+ktd's), printed as a "llama.cpp" row under the case; --no-llama-cpp leaves it out.
 """
 
 from __future__ import annotations
@@ -96,7 +100,22 @@ def prepared(type_name: str, layout: str, w: np.ndarray, rows: int, k: int, thre
     return K.repack(type_name, w, rows, k, threads=threads) if layout == "repacked" else w
 
 
-def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | None, rounds: int = 3) -> list[dict]:
+def _ggml_row(base: dict, sec: float, bw: float) -> dict:
+    gbps = base["gbps"] * base["seconds"] / sec
+    row = dict(base, layout="llama.cpp", isa="ggml", seconds=sec, gbps=gbps, pct_of_bandwidth=100.0 * gbps * 1e9 / bw)
+    if "gflops" in base:
+        row["gflops"] = base["gflops"] * base["seconds"] / sec
+    return row
+
+
+def _print_row(row: dict) -> None:
+    gf = f"{row['gflops']:8.1f}" if "gflops" in row else f"{'':>8}"
+    print(f"{row['type']:7} {row['layout']:9} {row['shape']:25} {row['n']:4} {row['seconds'] * 1e3:9.3f} "
+          f"{row['gbps']:7.2f} {row['pct_of_bandwidth']:6.1f} {gf}", flush=True)
+
+
+def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | None, rounds: int = 3,
+        ggml=None) -> list[dict]:
     isa = K.active_isa()
     types = types or K.supported_types(isa)
     rng = np.random.default_rng(0)
@@ -124,11 +143,14 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                     wl = prepared(t, layout, w, rows, k, threads)
                     # Interleaved with the bandwidth loop (A B A B ...) so both see the same load
                     # on a shared machine; the best of each is compared.
-                    sec, case_bw = float("inf"), 0.0
+                    sec, case_bw, ggml_sec = float("inf"), 0.0, float("inf")
                     for _ in range(rounds):
                         case_bw = max(case_bw, K.bench_read_bandwidth(case_bw_bytes, threads, 2))
                         sec = min(sec, K.bench_matmul(t, wl, rows, k, 1, threads, reps,
                                                       repacked=layout == "repacked"))
+                        if ggml is not None and layout == "plain":
+                            ggml_sec = min(ggml_sec, ggml.time_matmul(int(GGMLQuantizationType[t]), w, rows, k, 1,
+                                                                      threads, reps))
                     gbps = w.nbytes / sec / 1e9
                     row = dict(type=t, layout=layout, isa=isa, shape=label, rows=rows, k=k, n=1, threads=threads,
                                seconds=sec, gbps=gbps, read_bandwidth_gbps=case_bw / 1e9,
@@ -136,6 +158,9 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                     rows_out.append(row)
                     print(f"{t:7} {layout:8} {label:26} {1:4} {sec * 1e3:9.3f} {gbps:7.2f} "
                           f"{row['pct_of_bandwidth']:6.1f} {'':>8}", flush=True)
+                    if ggml_sec < float("inf"):
+                        rows_out.append(_ggml_row(row, ggml_sec, case_bw))
+                        _print_row(rows_out[-1])
                 del w
             label, rows, k = GEMM_SHAPE
             if row_bytes(t, k) is None:
@@ -154,6 +179,10 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                     rows_out.append(row)
                     print(f"{t:7} {layout:8} {label:26} {n:4} {sec * 1e3:9.3f} {gbps:7.2f} "
                           f"{row['pct_of_bandwidth']:6.1f} {gflops:8.1f}", flush=True)
+                    if ggml is not None and layout == "plain":
+                        gsec = ggml.time_matmul(int(GGMLQuantizationType[t]), w, rows, k, n, threads, max(2, reps // 4))
+                        rows_out.append(_ggml_row(row, gsec, bw))
+                        _print_row(rows_out[-1])
     return rows_out
 
 
@@ -164,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=8, help="timed GEMV calls per case (best is kept)")
     ap.add_argument("--types", nargs="+", help="types to run (default: all the active ISA supports)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/kernels.json"))
+    ap.add_argument("--no-llama-cpp", action="store_true", help="leave out llama.cpp's figures (ggml_mul_mat)")
     args = ap.parse_args(argv)
     if any(t < 1 for t in args.threads) or args.reps < 1:
         print("--threads and --reps must be >= 1", file=sys.stderr)
@@ -172,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"no {K.active_isa()} kernels for: {', '.join(unknown)}", file=sys.stderr)
         return 1
-    results = run(args.threads, args.bw_bytes, args.reps, args.types)
+    ggml = None
+    if not args.no_llama_cpp:
+        from ktd.bench.ggml_matmul import load
+
+        ggml, why = load()
+        print(f"llama.cpp figures: {'ggml_mul_mat from llama-cpp-python' if ggml else 'none: ' + why}", flush=True)
+    results = run(args.threads, args.bw_bytes, args.reps, args.types, ggml=ggml)
     write_results(results, args.out)
     print(f"\nwrote {args.out} ({len(results)} rows)")
     return 0

@@ -42,6 +42,30 @@ struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK
 struct block_q8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
 // Non-linear 4-bit with 8 sub-blocks of 32 and 6-bit scales (low 4 bits in scales_l, high 2 in scales_h).
 struct block_iq4_xs { uint16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
+// The i-quants (element orders in kernels/ref/iq1.cpp, iq2.cpp, iq3.cpp; code books in
+// kernels/iq_grids.h). 256 weights each, grouped in 8 sub-blocks of 32.
+// IQ2_XXS, 2.06 bits/weight: per sub-block two uint32 (qs[4ib..4ib+3]): 4 grid indices (bytes),
+// then 4 × 7-bit sign codes and a 4-bit scale.
+struct block_iq2_xxs { uint16_t d; uint16_t qs[QK_K / 8]; };
+// IQ2_XS, 2.31 bits/weight: per 8 weights a uint16 = 9-bit grid index | 7-bit sign code << 9;
+// 4-bit scales per 16 weights.
+struct block_iq2_xs { uint16_t d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; };
+// IQ2_S, 2.56 bits/weight: qs[0..31] low 8 bits of a 10-bit grid index per 8 weights (high 2
+// bits in qh), qs[32..63] their sign bytes; 4-bit scales per 16 weights.
+struct block_iq2_s { uint16_t d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; };
+// IQ3_XXS, 3.06 bits/weight: qs[0..63] one grid index per 4 weights; qs[64..95] per sub-block a
+// uint32 of 4 × 7-bit sign codes and a 4-bit scale.
+struct block_iq3_xxs { uint16_t d; uint8_t qs[3 * QK_K / 8]; };
+// IQ3_S, 3.44 bits/weight: 9-bit grid index per 4 weights (low 8 in qs, bit 8 in qh), explicit
+// sign bits, 4-bit scales per sub-block.
+struct block_iq3_s { uint16_t d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8]; uint8_t scales[QK_K / 64]; };
+// IQ1_S, 1.56 bits/weight: 11-bit index into the ternary grid per 8 weights (low 8 in qs, high 3
+// in qh); per sub-block a 3-bit scale and the sign of the ±1/8 shift in qh.
+struct block_iq1_s { uint16_t d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; };
+// IQ1_M, 1.75 bits/weight: as IQ1_S with the high index bits and shift sign per 8 weights in qh
+// nibbles, 3-bit scales per 16 weights, and the fp16 block scale split over the top nibbles of
+// the 4 uint16 of `scales`.
+struct block_iq1_m { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint8_t scales[QK_K / 32]; };
 // Ternary (BitNet b1.58), 1.6875 bits/weight: 5 trits per byte in qs (240 weights), 4 per byte in qh (16).
 struct block_tq1_0 { uint8_t qs[(QK_K - 4 * QK_K / 64) / 5]; uint8_t qh[QK_K / 64]; uint16_t d; };
 // Ternary, 2 bits/weight: w = d * (q - 1), q in {0, 1, 2}.
@@ -60,6 +84,13 @@ static_assert(sizeof(block_q5_K) == 176);
 static_assert(sizeof(block_q6_K) == 210);
 static_assert(sizeof(block_q8_K) == 292);
 static_assert(sizeof(block_iq4_xs) == 136);
+static_assert(sizeof(block_iq2_xxs) == 66);
+static_assert(sizeof(block_iq2_xs) == 74);
+static_assert(sizeof(block_iq2_s) == 82);
+static_assert(sizeof(block_iq3_xxs) == 98);
+static_assert(sizeof(block_iq3_s) == 110);
+static_assert(sizeof(block_iq1_s) == 50);
+static_assert(sizeof(block_iq1_m) == 56);
 static_assert(sizeof(block_tq1_0) == 54);
 static_assert(sizeof(block_tq2_0) == 66);
 
