@@ -52,6 +52,7 @@ py::dict memory_dict(const Model &x) {
     d["dense_policy"] = l.dense_policy;
     d["dense_note"] = l.dense_note;
     d["dense_bytes"] = l.dense_bytes;
+    d["embd_bytes"] = l.embd_bytes;
     d["page_kind"] = l.page_kind;
     d["page_size"] = l.page_size;
     d["page_reason"] = l.page_reason;
@@ -215,6 +216,9 @@ static void bind_model_class(py::module_ &m) {
         .def_property_readonly("n_expert_used", [](const Model &x) { return x.hparams().moe.n_expert_used; })
         .def_property_readonly("n_params", &Model::n_params)
         .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
+        .def_property_readonly("copied_bytes", &Model::copied_bytes,
+                               "bytes copied into the arenas as they are in the file (types without repacking, "
+                               "token_embd's lookup rows)")
         .def_property_readonly("n_threads", [](const Model &x) { return x.pool().size(); })
         .def(
             "pin_forward_thread",

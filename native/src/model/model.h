@@ -104,6 +104,8 @@ struct LayerWeights {
 struct ModelWeights {
     const GGUFTensorInfo *token_embd = nullptr;  // [n_vocab][n_embd], rows dequantized on lookup
     const TypeKernels *token_embd_tk = nullptr;
+    const uint8_t *token_embd_data = nullptr;    // its rows as in the file, copied into the dense arena
+    std::shared_ptr<const void> token_embd_storage;  // keeps that arena alive
     std::vector<float> output_norm;              // [n_embd]
     Matrix output;                               // [n_vocab][n_embd]; token_embd when tied
     std::vector<float> rope_freqs;               // [n_rot/2] frequency divisors (llama 3.1), optional
@@ -156,6 +158,7 @@ struct MemoryLayout {
     std::string dense_policy;     // "local" (one node), "interleave", "replicate"
     std::string dense_note;       // why the policy could not be applied ("" when it was)
     uint64_t dense_bytes = 0;     // arena bytes of the dense (non-expert) prepared weights (replicate: per copy)
+    uint64_t embd_bytes = 0;      // arena bytes of token_embd's lookup rows (dense arena, one copy)
     std::string page_kind;        // arena_kind_name of the dense arena ("" when no arena)
     size_t page_size = 0;         // its page size, bytes
     std::string page_reason;      // why better page kinds were not used ("" when the first choice worked)
@@ -178,6 +181,9 @@ public:
     const ArchSpec &arch() const { return *arch_; }
     uint64_t n_params() const { return n_params_; }
     uint64_t repacked_bytes() const { return repacked_bytes_; }
+    // Bytes of tensors copied into the arenas as they are in the file (matrices of types without
+    // repacking, token_embd's lookup rows; replicate: one copy counted).
+    uint64_t copied_bytes() const { return copied_bytes_; }
     const MemoryLayout &memory() const { return mem_; }
     // NUMA slice of worker tid: the index of its node in the pool's nodes (0 on one node).
     int n_slices() const { return int(mem_.nodes.size()); }
@@ -196,7 +202,7 @@ private:
     ModelWeights w_;
     const ArchSpec *arch_ = nullptr;
     std::unique_ptr<ThreadPool> pool_;
-    uint64_t n_params_ = 0, repacked_bytes_ = 0;
+    uint64_t n_params_ = 0, repacked_bytes_ = 0, copied_bytes_ = 0;
     MemoryLayout mem_;
     std::vector<int> tid_slice_;  // [n_threads]
 };

@@ -50,7 +50,23 @@ size_t slice_prepared_bytes(const TypeKernels &tk, size_t row_bytes, int64_t row
     return (size_t(rows) * row_bytes + kPreparedAlign - 1) / kPreparedAlign * kPreparedAlign;
 }
 
-// prepare_weights for one slice, into its node's arena (copied when the type does not repack).
+// Copies n bytes over the pool (the arena's fresh pages are first touched by the workers, in
+// parallel, as a repack touches them).
+void parallel_copy(ThreadPool *pool, void *dst, const void *src, size_t n) {
+    constexpr size_t kChunk = size_t(1) << 20;
+    if (!pool || n < 2 * kChunk) {
+        std::memcpy(dst, src, n);
+        return;
+    }
+    const size_t chunks = (n + kChunk - 1) / kChunk;
+    pool->parallel_for(chunks, [&](size_t c0, size_t c1, int) {
+        const size_t b0 = c0 * kChunk, b1 = std::min(n, c1 * kChunk);
+        if (b1 > b0) std::memcpy(static_cast<uint8_t *>(dst) + b0, static_cast<const uint8_t *>(src) + b0, b1 - b0);
+    });
+}
+
+// prepare_weights into an arena, the rows copied as they are when the type does not repack: after
+// the load nothing of a matrix is read from the file's mapping.
 PreparedWeights prepare_slice(ThreadPool *pool, const TypeKernels &tk, const uint8_t *w, size_t row_bytes,
                               int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena) {
     if (rows == 0 || prepared_bytes(tk, rows, k, allow_repack))
@@ -61,7 +77,7 @@ PreparedWeights prepare_slice(ThreadPool *pool, const TypeKernels &tk, const uin
     pw.rows = rows;
     pw.k = k;
     void *out = arena->alloc(size_t(rows) * row_bytes, kPreparedAlign);
-    std::memcpy(out, w, size_t(rows) * row_bytes);
+    parallel_copy(pool, out, w, size_t(rows) * row_bytes);
     pw.data = out;
     pw.storage = std::shared_ptr<const void>(arena, out);
     return pw;
@@ -155,16 +171,23 @@ bool is_matrix(const TensorSpec &s) {
 
 }  // namespace
 
-// Arena bytes the prepared matrices take: the dense arena (or each node's copy, replicate) and,
-// when routed experts are sharded, each node's slices. `tied`: token_embd when it is also the
-// output head (prepared like a dense matrix). Tensors without kernels are left to the loader's error.
+// Arena bytes the prepared matrices take: the dense matrices (in the dense arena, or in each
+// node's copy, replicate) and, when routed experts are sharded, each node's slices. Every matrix
+// is in an arena, repacked or (a type without repacking) copied as it is, and so are the rows of
+// token_embd the embedding lookup reads (embd_bytes, in the dense arena, never replicated): once
+// the model is loaded nothing is read from the file's mapping (a file truncated or rewritten
+// under a serving daemon cannot SIGBUS it). `tied`: token_embd when it is also the output head
+// (prepared like a dense matrix besides). Tensors without kernels are left to the loader's error.
 struct MemoryPlan {
-    size_t dense_bytes = 0, dense_copy_bytes = 0;
+    size_t dense_bytes = 0;  // one copy of the dense matrices
+    size_t embd_bytes = 0;
     std::vector<size_t> slice_bytes;  // [n_slice]
 };
 namespace {
-MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo *tied, int n_slice, bool shard,
-                       bool allow_repack) {
+size_t copied_bytes(uint64_t nbytes) { return (size_t(nbytes) + kPreparedAlign - 1) / kPreparedAlign * kPreparedAlign; }
+
+MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo &embd, const GGUFTensorInfo *tied,
+                       int n_slice, bool shard, bool allow_repack) {
     MemoryPlan p;
     p.slice_bytes.assign(size_t(n_slice), 0);
     auto add = [&](const GGUFTensorInfo &t, bool sharded) {
@@ -179,12 +202,12 @@ MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo 
             }
             return;
         }
-        p.dense_bytes += prepared_bytes(*tk, rows, k, allow_repack) * size_t(t.ne[2]);
-        p.dense_copy_bytes += slice_prepared_bytes(*tk, row_bytes, rows, k, allow_repack) * size_t(t.ne[2]);
+        p.dense_bytes += slice_prepared_bytes(*tk, row_bytes, rows, k, allow_repack) * size_t(t.ne[2]);
     };
     for (const TensorUse &u : uses)
         if (is_matrix(*u.spec)) add(*u.t, shard && u.spec->cls == TensorClass::RoutedExpert);
     if (tied) add(*tied, false);
+    p.embd_bytes = copied_bytes(embd.nbytes);
     return p;
 }
 
@@ -208,18 +231,21 @@ Arenas open_arenas(const MemoryPlan &plan, const ModelOptions &opts, const std::
     aopts.mlock = opts.mlock;
     Arenas a;
     a.copies.resize(replicate ? n_slice : 0);
-    for (size_t sl = 0; sl < a.copies.size() && plan.dense_copy_bytes; ++sl) {
+    for (size_t sl = 0; sl < a.copies.size() && plan.dense_bytes; ++sl) {
         aopts.node = nodes[sl];
         std::string note;
-        a.copies[sl] = open_placed_arena(plan.dense_copy_bytes, aopts, note);
+        a.copies[sl] = open_placed_arena(plan.dense_bytes, aopts, note);
         if (note.empty()) continue;
         if (!mem.dense_note.empty()) mem.dense_note += "; ";
         mem.dense_note += "copy on node " + std::to_string(nodes[sl]) + ": " + note;
     }
     aopts.node = -1;
-    if (plan.dense_bytes && !replicate) {
+    // The dense arena: the dense matrices (not replicated) and token_embd's lookup rows.
+    if (const size_t dense = (replicate ? 0 : plan.dense_bytes) + plan.embd_bytes) {
         if (n_slice > 1) aopts.interleave = nodes;
-        a.dense = open_placed_arena(plan.dense_bytes, aopts, mem.dense_note);
+        std::string note;
+        a.dense = open_placed_arena(dense, aopts, note);
+        if (!note.empty()) mem.dense_note += (mem.dense_note.empty() ? "" : "; ") + note;
         aopts.interleave.clear();
     }
     a.slices.resize(n_slice);
@@ -236,7 +262,8 @@ Arenas open_arenas(const MemoryPlan &plan, const ModelOptions &opts, const std::
             mem.page_size = ar->page_size();
             mem.page_reason = ar->fallback_reason();
         }
-    mem.dense_bytes = replicate ? plan.dense_copy_bytes : plan.dense_bytes;
+    mem.dense_bytes = plan.dense_bytes;
+    mem.embd_bytes = plan.embd_bytes;
     return a;
 }
 
@@ -280,10 +307,19 @@ public:
         const HParams &hp = m_.hp_;
         w.token_embd = f_.find_tensor("token_embd.weight");
         w.token_embd_tk = &kernels_or_throw(*w.token_embd);
-        if (w.output) return;
+        void *embd = a_.dense->alloc(size_t(w.token_embd->nbytes), kPreparedAlign);
+        parallel_copy(m_.pool_.get(), embd, f_.tensor_data(*w.token_embd), size_t(w.token_embd->nbytes));
+        m_.copied_bytes_ += w.token_embd->nbytes;
+        w.token_embd_data = static_cast<const uint8_t *>(embd);
+        w.token_embd_storage = std::shared_ptr<const void>(a_.dense, embd);
+        if (w.output) {
+            f_.release_pages(*w.token_embd);
+            return;
+        }
         const TypeKernels &tk = matmul_kernels_or_throw(*w.token_embd, "token_embd.weight (tied output)");
         w.output.info = w.token_embd;
         w.output.pw = prepare_dense(tk, f_.tensor_data(*w.token_embd), row_bytes(*w.token_embd), hp.n_vocab, hp.n_embd);
+        f_.release_pages(*w.token_embd);
     }
 
 private:
@@ -293,7 +329,7 @@ private:
         const TypeKernels &tk = matmul_kernels_or_throw(t, t.name);
         mat.info = &t;
         mat.pw = prepare_dense(tk, f_.tensor_data(t), row_bytes(t), int64_t(t.ne[1]), int64_t(t.ne[0]));
-        if (mat.pw.repacked) f_.release_pages(t);  // token_embd (read at run time) never gets here
+        f_.release_pages(t);  // repacked or copied: not read from the file again
     }
 
     // A stack of ne[2] matrices, each prepared on its own; routed experts on several nodes: each
@@ -309,7 +345,7 @@ private:
             st.mats.resize(size_t(n_mat));
             for (int64_t e = 0; e < n_mat; ++e)
                 st.mats[size_t(e)] = prepare_dense(tk, src + size_t(e) * size_t(rows) * rb, rb, rows, k);
-            if (!st.mats.empty() && st.mats[0].repacked) f_.release_pages(t);  // all or none repack
+            f_.release_pages(t);
             return;
         }
         const int n_slice = m_.n_slices();
@@ -322,17 +358,19 @@ private:
                 pw = prepare_slice(m_.pool_.get(), tk, src + (size_t(e) * size_t(rows) + size_t(r0)) * rb, rb, r1 - r0,
                                    k, opts_.allow_repack, a_.slices[size_t(sl)]);
                 m_.repacked_bytes_ += pw.repacked_bytes;
+                if (!pw.repacked) m_.copied_bytes_ += size_t(r1 - r0) * rb;
                 m_.mem_.nodes[size_t(sl)].expert_bytes += pw.repacked ? pw.repacked_bytes : size_t(r1 - r0) * rb;
             }
-        if (st.slices[0].repacked) f_.release_pages(t);  // all or none repack
+        f_.release_pages(t);
     }
 
     // A dense matrix: into the dense arena, or (replicate) one copy per node with node_copies
     // telling matmul which copy each worker reads.
     PreparedWeights prepare_dense(const TypeKernels &tk, const uint8_t *src, size_t rb, int64_t rows, int64_t k) {
         if (!replicate_) {
-            PreparedWeights pw = prepare_weights(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.dense);
+            PreparedWeights pw = prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.dense);
             m_.repacked_bytes_ += pw.repacked_bytes;
+            if (!pw.repacked) m_.copied_bytes_ += size_t(rows) * rb;
             return pw;
         }
         auto copies = std::make_shared<PreparedCopies>();
@@ -345,6 +383,7 @@ private:
         PreparedWeights pw = copies->copies[0];
         pw.node_copies = copies;
         m_.repacked_bytes_ += pw.repacked_bytes;
+        if (!pw.repacked) m_.copied_bytes_ += size_t(rows) * rb;
         return pw;
     }
 
@@ -428,11 +467,16 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
 
     const std::vector<TensorUse> uses = check_tensors(m->file_, m->table_, m->hp_);
     const GGUFTensorInfo *tied = m->file_.find_tensor("output.weight") ? nullptr : m->file_.find_tensor("token_embd.weight");
-    const MemoryPlan plan = plan_memory(uses, tied, n_slice, shard, opts.allow_repack);
+    const GGUFTensorInfo *embd = m->file_.find_tensor("token_embd.weight");  // required by every table
+    if (!embd) throw GGUFError("missing tensor token_embd.weight");
+    const MemoryPlan plan = plan_memory(uses, *embd, tied, n_slice, shard, opts.allow_repack);
     WeightLoader loader(*m, opts, open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_), shard, replicate);
     m->w_.layers.resize(size_t(m->hp_.n_layer));
     for (const TensorUse &u : uses) loader.load(u);
     loader.tie_output();
+    // Everything the forward reads is in the arenas now: drop the file's pages from the process
+    // (the header, which names and metadata point into, stays as an anonymous copy).
+    m->file_.detach_data();
     return m;
 }
 
