@@ -227,7 +227,22 @@ def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8) -> dict[str, 
     # This machine: CPU features and the kernel ISA they select, topology, huge pages.
     report["machine"] = machine.describe()
     report["numa_plan"] = numa_plan(f, sorted(set(report["machine"]["thread_pool"]["nodes"])), classes)
+    report["weights_cache"] = weights_cache_report(path)
     return report
+
+
+def weights_cache_report(path: str) -> dict[str, Any]:
+    """The prepared-weights cache entries of this model file (model.weights_cache of the default
+    configuration with its KTD_* overrides): directory, entries (path, bytes, stale), total bytes."""
+    from ktd import config as ktd_config
+    from ktd import weights_cache
+
+    try:
+        d = weights_cache.configured_dir(ktd_config.load(None).model.weights_cache)
+    except ktd_config.ConfigError:
+        d = None
+    es = [{"path": e["path"], "bytes": e["bytes"], "stale": e["stale"]} for e in weights_cache.for_model(d, path)]
+    return {"dir": d, "entries": es, "bytes": sum(e["bytes"] for e in es)}
 
 
 def numa_plan(f: GGUFFile, nodes: list[int], classes: dict[str, str] | None = None) -> dict[str, Any]:
@@ -292,6 +307,14 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"  {type_name:8} {e['count']:5} tensors  {_size(e['bytes'])}")
     lines.append("  placement: " + ", ".join(f"{c} {_size(e['bytes'])} ({e['count']})" for c, e in t["by_class"].items()))
     b = r["bytes_per_token"]
+    wc = r.get("weights_cache")
+    if wc:
+        if wc["dir"] is None:
+            lines.append("weights cache  off (model.weights_cache)")
+        else:
+            stale = sum(1 for e in wc["entries"] if e["stale"])
+            lines.append(f"weights cache  {len(wc['entries'])} entries for this file, {_size(wc['bytes'])} "
+                         f"in {wc['dir']}" + (f" ({stale} stale)" if stale else ""))
     lines.append(f"per token   {_size(b['total'])} of weights read per decoded token")
     lines.append(f"  dense layers   {_size(b['dense'])}")
     if b["n_expert"]:

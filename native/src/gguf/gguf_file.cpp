@@ -305,6 +305,10 @@ void GGUFFile::release_pages(const GGUFTensorInfo &t) const {
     if (last > first) (void)::madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
 }
 
+void GGUFFile::advise_willneed() const {
+    if (base_ && !detached_) (void)::madvise(const_cast<uint8_t *>(base_), size_, MADV_WILLNEED);
+}
+
 void GGUFFile::detach_data() {
     if (detached_ || !base_) return;
     const size_t page = size_t(::sysconf(_SC_PAGESIZE));

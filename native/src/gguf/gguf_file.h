@@ -131,6 +131,9 @@ public:
     // may then be truncated, rewritten or deleted without effect on this process. SysError if the
     // kernel refuses the new mappings (the file mapping is then kept).
     void detach_data();
+    // madvise(MADV_WILLNEED) over the tensor data (open() with willneed = false, then the loader
+    // finds it has to read the tensors after all).
+    void advise_willneed() const;
     bool detached() const { return detached_; }
     // Advice, for a tensor whose bytes the loader has copied (repacked) and will not read again:
     // unmaps its whole pages from this process (MADV_DONTNEED; a partial page shared with a

@@ -22,6 +22,7 @@
 #include "model/attention.h"
 #include "model/hparams.h"
 #include "model/moe.h"
+#include "model/weights_cache.h"
 
 namespace ktd {
 
@@ -138,6 +139,10 @@ struct ModelOptions {
     // weights), dense weights placed per numa_dense.
     bool shard_experts = true;
     NumaDense numa_dense = NumaDense::Interleave;
+    // The prepared-weights cache (weights_cache.h): the directory of its entries, "" = off.
+    std::string cache_dir;
+    // Updated while open() runs (null: not reported).
+    std::shared_ptr<LoadProgress> progress;
 };
 
 // Where the weights went, for the load log and status. nodes: the pool's NUMA nodes, in slice
@@ -185,6 +190,8 @@ public:
     // repacking, token_embd's lookup rows; replicate: one copy counted).
     uint64_t copied_bytes() const { return copied_bytes_; }
     const MemoryLayout &memory() const { return mem_; }
+    // What the load did with the prepared-weights cache.
+    const WeightsCacheStatus &cache() const { return cache_; }
     // NUMA slice of worker tid: the index of its node in the pool's nodes (0 on one node).
     int n_slices() const { return int(mem_.nodes.size()); }
     int slice_of(int tid) const { return tid_slice_[size_t(tid)]; }
@@ -204,6 +211,7 @@ private:
     std::unique_ptr<ThreadPool> pool_;
     uint64_t n_params_ = 0, repacked_bytes_ = 0, copied_bytes_ = 0;
     MemoryLayout mem_;
+    WeightsCacheStatus cache_;
     std::vector<int> tid_slice_;  // [n_threads]
 };
 

@@ -2,13 +2,20 @@
 // architecture's tensor table checked against the file → the memory plan → the weights arenas →
 // every tensor loaded (vectors dequantized, matrices prepared for the kernels: repacked into an
 // arena, one copy per node, or cut into per-node row slices for routed experts).
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <type_traits>
 #include <variant>
 
+#include "common/crc32c.h"
 #include "common/error.h"
+#include "cpu/features.h"
 #include "memory/arena.h"
 #include "memory/numa_policy.h"
 #include "model/model.h"
@@ -67,17 +74,19 @@ void parallel_copy(ThreadPool *pool, void *dst, const void *src, size_t n) {
 
 // prepare_weights into an arena, the rows copied as they are when the type does not repack: after
 // the load nothing of a matrix is read from the file's mapping.
+// fill = false: the allocation only (the arena already holds the bytes: a cache hit).
 PreparedWeights prepare_slice(ThreadPool *pool, const TypeKernels &tk, const uint8_t *w, size_t row_bytes,
-                              int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena) {
+                              int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena,
+                              bool fill) {
     if (rows == 0 || prepared_bytes(tk, rows, k, allow_repack))
-        return prepare_weights(pool, tk, w, row_bytes, rows, k, allow_repack, rows ? arena : nullptr);
+        return prepare_weights(pool, tk, w, row_bytes, rows, k, allow_repack, rows ? arena : nullptr, fill);
     PreparedWeights pw;
     pw.tk = &tk;
     pw.row_bytes = row_bytes;
     pw.rows = rows;
     pw.k = k;
     void *out = arena->alloc(size_t(rows) * row_bytes, kPreparedAlign);
-    parallel_copy(pool, out, w, size_t(rows) * row_bytes);
+    if (fill) parallel_copy(pool, out, w, size_t(rows) * row_bytes);
     pw.data = out;
     pw.storage = std::shared_ptr<const void>(arena, out);
     return pw;
@@ -280,8 +289,10 @@ const TypeKernels &matmul_kernels_or_throw(const GGUFTensorInfo &t, std::string_
 // Loads the checked tensors into the model's weights, preparing matrices into the arenas.
 class WeightLoader {
 public:
-    WeightLoader(Model &m, const ModelOptions &opts, Arenas arenas, bool shard, bool replicate)
-        : m_(m), f_(m.file_), opts_(opts), a_(std::move(arenas)), shard_(shard), replicate_(replicate) {}
+    // attach: the arenas already hold every prepared byte (read from the cache): the same
+    // allocations, nothing read from the file but the vectors, nothing written.
+    WeightLoader(Model &m, const ModelOptions &opts, const Arenas &arenas, bool shard, bool replicate, bool attach)
+        : m_(m), f_(m.file_), opts_(opts), a_(arenas), shard_(shard), replicate_(replicate), fill_(!attach) {}
 
     void load(const TensorUse &u) {
         const GGUFTensorInfo &t = *u.t;
@@ -308,18 +319,18 @@ public:
         w.token_embd = f_.find_tensor("token_embd.weight");
         w.token_embd_tk = &kernels_or_throw(*w.token_embd);
         void *embd = a_.dense->alloc(size_t(w.token_embd->nbytes), kPreparedAlign);
-        parallel_copy(m_.pool_.get(), embd, f_.tensor_data(*w.token_embd), size_t(w.token_embd->nbytes));
+        if (fill_) parallel_copy(m_.pool_.get(), embd, f_.tensor_data(*w.token_embd), size_t(w.token_embd->nbytes));
         m_.copied_bytes_ += w.token_embd->nbytes;
         w.token_embd_data = static_cast<const uint8_t *>(embd);
         w.token_embd_storage = std::shared_ptr<const void>(a_.dense, embd);
         if (w.output) {
-            f_.release_pages(*w.token_embd);
+            if (fill_) f_.release_pages(*w.token_embd);
             return;
         }
         const TypeKernels &tk = matmul_kernels_or_throw(*w.token_embd, "token_embd.weight (tied output)");
         w.output.info = w.token_embd;
         w.output.pw = prepare_dense(tk, f_.tensor_data(*w.token_embd), row_bytes(*w.token_embd), hp.n_vocab, hp.n_embd);
-        f_.release_pages(*w.token_embd);
+        if (fill_) f_.release_pages(*w.token_embd);
     }
 
 private:
@@ -329,7 +340,7 @@ private:
         const TypeKernels &tk = matmul_kernels_or_throw(t, t.name);
         mat.info = &t;
         mat.pw = prepare_dense(tk, f_.tensor_data(t), row_bytes(t), int64_t(t.ne[1]), int64_t(t.ne[0]));
-        f_.release_pages(t);  // repacked or copied: not read from the file again
+        if (fill_) f_.release_pages(t);  // repacked or copied: not read from the file again
     }
 
     // A stack of ne[2] matrices, each prepared on its own; routed experts on several nodes: each
@@ -345,7 +356,7 @@ private:
             st.mats.resize(size_t(n_mat));
             for (int64_t e = 0; e < n_mat; ++e)
                 st.mats[size_t(e)] = prepare_dense(tk, src + size_t(e) * size_t(rows) * rb, rb, rows, k);
-            f_.release_pages(t);
+            if (fill_) f_.release_pages(t);
             return;
         }
         const int n_slice = m_.n_slices();
@@ -356,19 +367,19 @@ private:
                 const auto [r0, r1] = numa_slice_rows(rows, n_slice, sl);
                 PreparedWeights &pw = st.slices[size_t(e) * size_t(n_slice) + size_t(sl)];
                 pw = prepare_slice(m_.pool_.get(), tk, src + (size_t(e) * size_t(rows) + size_t(r0)) * rb, rb, r1 - r0,
-                                   k, opts_.allow_repack, a_.slices[size_t(sl)]);
+                                   k, opts_.allow_repack, a_.slices[size_t(sl)], fill_);
                 m_.repacked_bytes_ += pw.repacked_bytes;
                 if (!pw.repacked) m_.copied_bytes_ += size_t(r1 - r0) * rb;
                 m_.mem_.nodes[size_t(sl)].expert_bytes += pw.repacked ? pw.repacked_bytes : size_t(r1 - r0) * rb;
             }
-        f_.release_pages(t);
+        if (fill_) f_.release_pages(t);
     }
 
     // A dense matrix: into the dense arena, or (replicate) one copy per node with node_copies
     // telling matmul which copy each worker reads.
     PreparedWeights prepare_dense(const TypeKernels &tk, const uint8_t *src, size_t rb, int64_t rows, int64_t k) {
         if (!replicate_) {
-            PreparedWeights pw = prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.dense);
+            PreparedWeights pw = prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.dense, fill_);
             m_.repacked_bytes_ += pw.repacked_bytes;
             if (!pw.repacked) m_.copied_bytes_ += size_t(rows) * rb;
             return pw;
@@ -376,7 +387,8 @@ private:
         auto copies = std::make_shared<PreparedCopies>();
         copies->copy_of_tid = m_.tid_slice_;
         for (size_t sl = 0; sl < a_.copies.size(); ++sl) {
-            copies->copies.push_back(prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.copies[sl]));
+            copies->copies.push_back(
+                prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.copies[sl], fill_));
             const PreparedWeights &c = copies->copies.back();
             m_.mem_.nodes[sl].dense_copy_bytes += c.repacked ? c.repacked_bytes : size_t(rows) * rb;
         }
@@ -390,8 +402,8 @@ private:
     Model &m_;
     const GGUFFile &f_;
     const ModelOptions &opts_;
-    Arenas a_;
-    bool shard_, replicate_;
+    const Arenas &a_;
+    bool shard_, replicate_, fill_;
 };
 
 std::string Model::supported_archs() {
@@ -454,8 +466,66 @@ std::vector<std::pair<std::string, TensorClass>> Model::tensor_classes(const std
     return out;
 }
 
+namespace {
+
+// The arenas in the cache's section order: dense, each node's copy, each node's slices.
+std::vector<Arena *> arena_list(const Arenas &a) {
+    std::vector<Arena *> out;
+    if (a.dense) out.push_back(a.dense.get());
+    for (const auto &c : a.copies)
+        if (c) out.push_back(c.get());
+    for (const auto &sl : a.slices)
+        if (sl) out.push_back(sl.get());
+    return out;
+}
+
+// The cache key's two parts (weights_cache.h): the file's identity and what the layout depends on.
+std::string cache_identity(const GGUFFile &f, const std::string &realpath, const struct stat &st) {
+    return "model=" + realpath + "\nsize=" + std::to_string(st.st_size) +
+           "\nmtime_ns=" + std::to_string(int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec) +
+           "\nheader_crc32c=" + std::to_string(crc32c(f.base(), size_t(f.data_offset()))) + "\n";
+}
+
+std::string cache_layout(const ModelOptions &opts, const std::vector<int> &nodes, bool shard, bool replicate,
+                         const std::vector<Arena *> &arenas) {
+    std::string s = "format=" + std::to_string(kWeightsCacheVersion) + "\nbuild_id=" + native_build_id() +
+                    "\nisa=" + std::string(isa_name(active_isa())) + "\ncpu=" + cpu_features().model_name +
+                    "\nallow_repack=" + (opts.allow_repack ? "1" : "0") + "\nnodes=";
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (i) s += ',';
+        s += std::to_string(nodes[i]);
+    }
+    s += std::string("\nshard_experts=") + (shard ? "1" : "0") + "\nreplicate_dense=" + (replicate ? "1" : "0") +
+         "\narenas=";
+    for (size_t i = 0; i < arenas.size(); ++i) {
+        if (i) s += ',';
+        s += std::to_string(arenas[i]->requested());  // not the page-rounded capacity: any page kind
+    }
+    return s + "\n";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
-    std::unique_ptr<Model> m(new Model(GGUFFile::open(path)));
+    const bool use_cache = !opts.cache_dir.empty();
+    struct stat st {};
+    std::string realpath_s = path;
+    if (use_cache) {
+        // The identity of the file about to be mapped (a rename between the two changes the
+        // header checksum or the size at worst into a miss).
+        if (::stat(path.c_str(), &st) != 0) throw SysError("stat " + path, errno);
+        if (char *rp = ::realpath(path.c_str(), nullptr)) {
+            realpath_s = rp;
+            std::free(rp);
+        }
+    }
+    GGUFOpenOptions gopts;
+    gopts.willneed = !use_cache;  // a cache hit reads only the vectors from the file
+    std::unique_ptr<Model> m(new Model(GGUFFile::open(path, gopts)));
     m->arch_ = &read_arch(m->file_, m->hp_, m->table_);
     m->init_pool(opts);
 
@@ -470,13 +540,81 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     const GGUFTensorInfo *embd = m->file_.find_tensor("token_embd.weight");  // required by every table
     if (!embd) throw GGUFError("missing tensor token_embd.weight");
     const MemoryPlan plan = plan_memory(uses, *embd, tied, n_slice, shard, opts.allow_repack);
-    WeightLoader loader(*m, opts, open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_), shard, replicate);
-    m->w_.layers.resize(size_t(m->hp_.n_layer));
-    for (const TensorUse &u : uses) loader.load(u);
-    loader.tie_output();
+    const Arenas arenas = open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_);
+    const std::vector<Arena *> list = arena_list(arenas);
+
+    // The cache: read every arena's bytes from the entry when its key matches.
+    std::string key;
+    std::vector<uint64_t> cached;
+    WeightsCacheStatus &cs = m->cache_;
+    cs.state = "off";
+    if (use_cache) {
+        const std::string layout = cache_layout(opts, m->pool_->nodes(), shard, replicate, list);
+        key = cache_identity(m->file_, realpath_s, st) + layout;
+        cs.path = weights_cache_path(opts.cache_dir, realpath_s, layout);
+        const auto t0 = std::chrono::steady_clock::now();
+        cached = read_weights_cache(cs.path, key, list, *m->pool_, cs.reason, opts.progress.get());
+        if (!cached.empty()) {
+            cs.state = "hit";
+            cs.seconds = seconds_since(t0);
+        } else {
+            m->file_.advise_willneed();
+        }
+    }
+
+    auto load_all = [&](bool attach) {
+        m->w_ = ModelWeights{};
+        m->n_params_ = m->repacked_bytes_ = m->copied_bytes_ = 0;
+        for (NumaNodeMemory &n : m->mem_.nodes) n.expert_bytes = n.dense_copy_bytes = 0;
+        for (Arena *a : list) a->reset();
+        WeightLoader loader(*m, opts, arenas, shard, replicate, attach);
+        m->w_.layers.resize(size_t(m->hp_.n_layer));
+        LoadProgress *progress = attach ? nullptr : opts.progress.get();
+        if (progress) {
+            uint64_t total = 0;  // the file's tensors the table names (token_embd among them)
+            for (const TensorUse &u : uses) total += u.t->nbytes;
+            progress->start(LoadProgress::Preparing, total);
+        }
+        for (const TensorUse &u : uses) {
+            loader.load(u);
+            if (progress) progress->add(u.t->nbytes);
+        }
+        loader.tie_output();
+    };
+    load_all(!cached.empty());
+    if (!cached.empty()) {
+        // The layout the loader allocated must be the entry's (the key says it is; a mismatch is
+        // a bug in the key: prepared again, never used).
+        for (size_t i = 0; i < list.size(); ++i)
+            if (list[i]->used() != cached[i]) {
+                cs.state = "off";
+                cs.reason = "the entry's section " + std::to_string(i) + " has " + std::to_string(cached[i]) +
+                            " bytes, the layout " + std::to_string(list[i]->used()) + " (not used)";
+                cached.clear();
+                m->file_.advise_willneed();
+                load_all(false);
+                break;
+            }
+    }
+    if (use_cache && cached.empty()) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::string err = write_weights_cache(cs.path, key, list, *m->pool_, opts.progress.get());
+        if (err.empty()) {
+            cs.state = "written";
+            cs.seconds = seconds_since(t0);
+        } else {
+            cs.state = "not written";
+            cs.reason = (cs.reason.empty() ? "" : cs.reason + "; ") + err;
+        }
+    }
+    if (use_cache && cs.state != "not written") {
+        struct stat cst {};
+        if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
+    }
     // Everything the forward reads is in the arenas now: drop the file's pages from the process
     // (the header, which names and metadata point into, stays as an anonymous copy).
     m->file_.detach_data();
+    if (opts.progress) opts.progress->phase = LoadProgress::Done;
     return m;
 }
 
