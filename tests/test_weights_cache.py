@@ -280,3 +280,23 @@ def test_load_progress_reports_phases_and_bytes(tmp_path, monkeypatch):
     m = _native.Model(str(path), n_threads=1, pin=False, cache_dir=str(tmp_path / "c3"), progress=p)
     assert m.cache["state"] == "written" and p.phase == "done"
     assert p.done == p.total == sum(_native.weights_cache_header(m.cache["path"])["section_bytes"])
+
+
+def test_inspect_and_status_show_the_entries(tmp_path, monkeypatch):
+    from ktd.connections import _unprivileged_model
+    from ktd.inspect import inspect_model, render
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    e = _open(path, cache)
+    monkeypatch.setenv("KTD_MODEL__WEIGHTS_CACHE", str(cache))
+    r = inspect_model(str(path))["weights_cache"]
+    assert r["dir"] == str(cache) and [x["path"] for x in r["entries"]] == [e.model.cache["path"]]
+    assert r["bytes"] == os.path.getsize(e.model.cache["path"]) and r["entries"][0]["stale"] == ""
+    assert "weights cache  1 entries for this file, " in render(inspect_model(str(path)))
+    monkeypatch.setenv("KTD_MODEL__WEIGHTS_CACHE", "off")
+    assert inspect_model(str(path))["weights_cache"] == {"dir": None, "entries": [], "bytes": 0}
+    # status: the entry's path names the model's: only privileged peers see it.
+    info = e.info()
+    assert info["weights_cache"]["state"] == "written" and info["weights_cache"]["path"]
+    assert _unprivileged_model(info)["weights_cache"] == {"state": "written", "bytes": info["weights_cache"]["bytes"]}

@@ -68,19 +68,21 @@ class Engine:
     @classmethod
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
              n_batch: int = 512, pin: bool = True, allow_repack: bool = True,
-             progress: Progress | None = None, **placement: Any) -> "Engine":
+             progress: Progress | None = None, tokenizer: Tokenizer | None = None,
+             **placement: Any) -> "Engine":
         """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file.
 
         ``placement``: the native Model's placement options (nodes, smt, sysfs_root, affinity,
         hugepages, hugetlb_page_size, mlock, numa_experts, numa_dense) and ``weights_cache`` (a
         model.weights_cache value: auto, off or a directory; absent = off); see ``load`` for the
-        config keys they come from."""
+        config keys they come from. ``tokenizer``: the file's, when the caller has already read it."""
         path = os.fspath(path)
         # The tokenizer first: its metadata is checked in a fraction of a second, before the
         # weights are read.
-        if progress:
-            progress("loading tokenizer", None)
-        tokenizer = Tokenizer.from_gguf(path)
+        if tokenizer is None:
+            if progress:
+                progress("loading tokenizer", None)
+            tokenizer = Tokenizer.from_gguf(path)
         if progress:
             progress("loading weights", None)
         cache_dir, cache_off = weights_cache.prepare_dir(placement.pop("weights_cache", "off"))

@@ -100,7 +100,7 @@ def run(args) -> int:
         raise UserError("the prompt encodes to no tokens")
     n_ctx = len(prompt) + args.max_tokens
     bar = _progress_bar if sys.stderr.isatty() else None
-    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, **placement)
+    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, tokenizer=tok, **placement)
     if bar:
         sys.stderr.write("\r\x1b[K")
 
