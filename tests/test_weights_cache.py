@@ -300,3 +300,33 @@ def test_inspect_and_status_show_the_entries(tmp_path, monkeypatch):
     info = e.info()
     assert info["weights_cache"]["state"] == "written" and info["weights_cache"]["path"]
     assert _unprivileged_model(info)["weights_cache"] == {"state": "written", "bytes": info["weights_cache"]["bytes"]}
+
+
+def test_the_daemon_writes_a_new_entry_in_the_background(tmp_path, caplog):
+    """The daemon's factory writes the entry after the load, from a thread of its own, while the
+    model serves: the first forward does not wait for it, the entry it leaves is complete."""
+    import time
+
+    from ktd import config as ktd_config
+    from ktd.engine import load
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    reference = _logits(_open(path))
+    cfg = ktd_config.load(text=f"model:\n  path: {path}\n  n_ctx: 32\n  threads: 2\n  weights_cache: {cache}\n",
+                          environ={})
+    with caplog.at_level(logging.INFO, logger="ktd.engine"):
+        e = load(cfg, lambda what, f: None)
+        assert e.model.cache["state"] in ("writing", "written")
+        assert np.array_equal(_logits(e), reference)
+        deadline = time.monotonic() + 60
+        while e.model.cache["state"] == "writing" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert e.model.cache["state"] == "written", e.model.cache
+        assert _native.weights_cache_verify(e.model.cache["path"]) == ""
+        deadline = time.monotonic() + 10
+        while "prepared-weights cache: written" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "prepared-weights cache: written" in caplog.text
+    again = load(cfg, lambda what, f: None)
+    assert again.model.cache["state"] == "hit" and np.array_equal(_logits(again), reference)

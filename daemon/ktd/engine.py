@@ -69,13 +69,15 @@ class Engine:
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
              n_batch: int = 512, pin: bool = True, allow_repack: bool = True,
              progress: Progress | None = None, tokenizer: Tokenizer | None = None,
-             **placement: Any) -> "Engine":
+             cache_in_background: bool = False, **placement: Any) -> "Engine":
         """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file.
 
         ``placement``: the native Model's placement options (nodes, smt, sysfs_root, affinity,
         hugepages, hugetlb_page_size, mlock, numa_experts, numa_dense) and ``weights_cache`` (a
         model.weights_cache value: auto, off or a directory; absent = off); see ``load`` for the
-        config keys they come from. ``tokenizer``: the file's, when the caller has already read it."""
+        config keys they come from. ``tokenizer``: the file's, when the caller has already read it.
+        ``cache_in_background``: a new cache entry is written by a thread of its own after the
+        load (the daemon: it serves meanwhile) rather than before returning."""
         path = os.fspath(path)
         # The tokenizer first: its metadata is checked in a fraction of a second, before the
         # weights are read.
@@ -90,7 +92,7 @@ class Engine:
         reporter = _ProgressReporter(loading, progress) if progress else None
         try:
             model = _native.Model(path, n_threads=threads, pin=pin, allow_repack=allow_repack, cache_dir=cache_dir,
-                                  progress=loading, **placement)
+                                  progress=loading, cache_write_background=cache_in_background, **placement)
         except UnicodeDecodeError as e:  # a native message quoting a name from the file
             raise GGUFError(f"{path}: a name or string in the file is not valid UTF-8 ({e.reason})") from None
         finally:
@@ -101,6 +103,8 @@ class Engine:
                             f"token_embd.weight has {model.n_vocab} rows")
         log_memory(model, placement.get("hugepages", "auto"))
         weights_cache.log_load(model.cache, cache_off)
+        if model.cache["state"] == "writing":
+            weights_cache.log_when_written(model)
         context = _native.Context(model, n_ctx, n_seq_max, n_batch)
         return cls(model, context, tokenizer, path)
 
@@ -203,7 +207,7 @@ def load(config: Any, progress: Progress) -> Engine:
     if not mc.path:
         raise ValueError("model.path is not set")
     return Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
-                       **placement_options(config))
+                       cache_in_background=True, **placement_options(config))
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,9 @@ def log_load(cache: dict[str, Any], why_off: str = "") -> None:
     size = f"{cache['bytes'] / (1 << 20):.0f} MiB"
     if state == "off":
         log.info("prepared-weights cache: off (%s)", why_off or reason or "not configured")
+    elif state == "writing":
+        log.info("prepared-weights cache: %swriting %s in the background",
+                 f"rebuilding ({reason}), " if reason else "", cache["path"])
     elif state == "hit":
         log.info("prepared-weights cache: read %s in %.2f s from %s", size, cache["seconds"], cache["path"])
     elif state == "written":
@@ -70,6 +74,18 @@ def log_load(cache: dict[str, Any], why_off: str = "") -> None:
                  f"rebuilt ({reason}), " if reason else "", size, cache["seconds"], cache["path"])
     else:
         log.warning("prepared-weights cache: running without it: %s", reason)
+
+
+def log_when_written(model: Any, period_s: float = 1.0) -> threading.Thread:
+    """Logs the end of a background write (a daemon thread polling ``model.cache``)."""
+    def wait() -> None:
+        while model.cache["state"] == "writing":
+            time.sleep(period_s)
+        log_load(model.cache)
+
+    t = threading.Thread(target=wait, name="ktd-cache-write", daemon=True)
+    t.start()
+    return t
 
 
 def entries(directory: str) -> list[dict[str, Any]]:

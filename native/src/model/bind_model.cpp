@@ -238,7 +238,8 @@ static void bind_model_class(py::module_ &m) {
                          bool smt, const std::string &sysfs_root, std::vector<int> affinity,
                          const std::string &hugepages, size_t hugetlb_page_size, bool mlock,
                          const std::string &numa_experts, const std::string &numa_dense,
-                         const std::string &cache_dir, std::shared_ptr<LoadProgress> progress) {
+                         const std::string &cache_dir, std::shared_ptr<LoadProgress> progress,
+                         bool cache_write_background) {
                  ModelOptions o;
                  o.n_threads = n_threads;
                  o.pin = pin;
@@ -259,6 +260,7 @@ static void bind_model_class(py::module_ &m) {
                  o.numa_dense = numa_dense == "replicate" ? NumaDense::Replicate : NumaDense::Interleave;
                  o.cache_dir = cache_dir;
                  o.progress = std::move(progress);
+                 o.cache_write_background = cache_write_background;
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
@@ -267,7 +269,7 @@ static void bind_model_class(py::module_ &m) {
              py::arg("affinity") = std::vector<int>{}, py::arg("hugepages") = "auto",
              py::arg("hugetlb_page_size") = kPage2M, py::arg("mlock") = false, py::arg("numa_experts") = "shard",
              py::arg("numa_dense") = "interleave", py::arg("cache_dir") = "",
-             py::arg("progress") = std::shared_ptr<LoadProgress>())
+             py::arg("progress") = std::shared_ptr<LoadProgress>(), py::arg("cache_write_background") = false)
         .def_static("supported_archs", &Model::supported_archs)
         .def_static(
             "tensor_classes",
@@ -312,7 +314,7 @@ static void bind_model_class(py::module_ &m) {
         .def_property_readonly(
             "cache",
             [](const Model &x) {
-                const WeightsCacheStatus &c = x.cache();
+                const WeightsCacheStatus c = x.cache();
                 py::dict d;
                 d["path"] = c.path;
                 d["state"] = c.state;
@@ -322,7 +324,7 @@ static void bind_model_class(py::module_ &m) {
                 return d;
             },
             "What the load did with the prepared-weights cache: path (of the entry), state (off, hit, "
-            "written, not written), reason (why an existing entry was not used, or why none was written), "
+            "writing (in the background), written, not written), reason (why an existing entry was not used, or why none was written), "
             "bytes (of the entry), seconds (reading or writing it)")
         .def_property_readonly(
             "memory", &memory_dict,

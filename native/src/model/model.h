@@ -7,7 +7,10 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <stdexcept>
 #include <string>
@@ -143,6 +146,11 @@ struct ModelOptions {
     std::string cache_dir;
     // Updated while open() runs (null: not reported).
     std::shared_ptr<LoadProgress> progress;
+    // Write a new cache entry from a thread of its own after open() returns (state "writing"
+    // until it is done), instead of before: the model serves meanwhile. One thread, not the pool
+    // (the forward's). Destroying the model cancels an unfinished write (its temporary file is
+    // removed).
+    bool cache_write_background = false;
 };
 
 // Where the weights went, for the load log and status. nodes: the pool's NUMA nodes, in slice
@@ -191,7 +199,11 @@ public:
     uint64_t copied_bytes() const { return copied_bytes_; }
     const MemoryLayout &memory() const { return mem_; }
     // What the load did with the prepared-weights cache.
-    const WeightsCacheStatus &cache() const { return cache_; }
+    WeightsCacheStatus cache() const {
+        std::lock_guard<std::mutex> l(cache_mu_);
+        return cache_;
+    }
+    ~Model();
     // NUMA slice of worker tid: the index of its node in the pool's nodes (0 on one node).
     int n_slices() const { return int(mem_.nodes.size()); }
     int slice_of(int tid) const { return tid_slice_[size_t(tid)]; }
@@ -211,7 +223,10 @@ private:
     std::unique_ptr<ThreadPool> pool_;
     uint64_t n_params_ = 0, repacked_bytes_ = 0, copied_bytes_ = 0;
     MemoryLayout mem_;
-    WeightsCacheStatus cache_;
+    WeightsCacheStatus cache_;  // under cache_mu_ once a background write runs
+    mutable std::mutex cache_mu_;
+    std::atomic<bool> cache_cancel_{false};
+    std::thread cache_writer_;
     std::vector<int> tid_slice_;  // [n_threads]
 };
 

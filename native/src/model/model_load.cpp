@@ -596,26 +596,48 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                 break;
             }
     }
-    if (use_cache && cached.empty()) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const std::string err = write_weights_cache(cs.path, key, list, *m->pool_, opts.progress.get());
-        if (err.empty()) {
-            cs.state = "written";
-            cs.seconds = seconds_since(t0);
-        } else {
-            cs.state = "not written";
-            cs.reason = (cs.reason.empty() ? "" : cs.reason + "; ") + err;
-        }
-    }
-    if (use_cache && cs.state != "not written") {
-        struct stat cst {};
-        if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
-    }
     // Everything the forward reads is in the arenas now: drop the file's pages from the process
     // (the header, which names and metadata point into, stays as an anonymous copy).
     m->file_.detach_data();
+    if (use_cache && cached.empty()) {
+        // A new entry, now or (cache_write_background) from a thread of its own while the model
+        // serves: the arenas are only read from here on.
+        auto write = [](Model *model, std::string entry, std::string k, Arenas keep, ThreadPool *pool,
+                        LoadProgress *progress) {
+            const auto t0 = std::chrono::steady_clock::now();
+            const std::string err =
+                write_weights_cache(entry, k, arena_list(keep), pool, progress, &model->cache_cancel_);
+            struct stat cst {};
+            std::lock_guard<std::mutex> l(model->cache_mu_);
+            WeightsCacheStatus &c = model->cache_;
+            if (err.empty()) {
+                c.state = "written";
+                c.seconds = seconds_since(t0);
+                if (::stat(entry.c_str(), &cst) == 0) c.bytes = uint64_t(cst.st_size);
+            } else {
+                c.state = "not written";
+                c.reason = (c.reason.empty() ? "" : c.reason + "; ") + err;
+            }
+        };
+        if (opts.cache_write_background) {
+            cs.state = "writing";
+            m->cache_writer_ = std::thread(write, m.get(), cs.path, key, arenas, nullptr, nullptr);
+        } else {
+            write(m.get(), cs.path, key, arenas, m->pool_.get(), opts.progress.get());
+        }
+    } else if (!cached.empty()) {
+        struct stat cst {};
+        if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
+    }
     if (opts.progress) opts.progress->phase = LoadProgress::Done;
     return m;
+}
+
+Model::~Model() {
+    if (cache_writer_.joinable()) {
+        cache_cancel_ = true;
+        cache_writer_.join();
+    }
 }
 
 }  // namespace ktd

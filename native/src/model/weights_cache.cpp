@@ -280,7 +280,7 @@ std::vector<uint64_t> read_weights_cache(const std::string &path, const std::str
 }
 
 std::string write_weights_cache(const std::string &path, const std::string &key, const std::vector<Arena *> &arenas,
-                                ThreadPool &pool, LoadProgress *progress) {
+                                ThreadPool *pool, LoadProgress *progress, const std::atomic<bool> *cancel) {
     // The header.
     size_t at = size_t(align_up(48 + key.size(), 8));
     const size_t sections_at = at;
@@ -340,7 +340,12 @@ std::string write_weights_cache(const std::string &path, const std::string &key,
     }
     std::mutex mu;
     std::string error;
-    pool.for_each_item(items.size(), [&](size_t i, int) {
+    auto write_item = [&](size_t i, int) {
+        if (cancel && cancel->load(std::memory_order_relaxed)) {
+            std::lock_guard<std::mutex> l(mu);
+            if (error.empty()) error = "cancelled (the model was closed)";
+            return;
+        }
         const Item it = items[i];
         const uint64_t off = it.c * kChunk, n = std::min(kChunk, arenas[it.s]->used() - off);
         const uint8_t *src = static_cast<const uint8_t *>(arenas[it.s]->base()) + off;
@@ -353,7 +358,10 @@ std::string write_weights_cache(const std::string &path, const std::string &key,
             std::lock_guard<std::mutex> l(mu);
             if (error.empty()) error = errno_text("write " + tmp, e);
         }
-    });
+    };
+    if (pool) pool->for_each_item(items.size(), write_item);
+    else
+        for (size_t i = 0; i < items.size() && error.empty(); ++i) write_item(i, 0);
     if (!error.empty()) return fail(error);
     put<uint32_t>(b, 12, crc32c(b.data() + 16, b.size() - 16));
     if (!pwrite_all(f.fd, b.data(), b.size(), 0)) return fail(errno_text("write " + tmp, errno));

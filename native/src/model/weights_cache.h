@@ -85,8 +85,10 @@ std::vector<uint64_t> read_weights_cache(const std::string &path, const std::str
                                          std::string &reason, LoadProgress *progress = nullptr);
 
 // Writes the arenas' used bytes under path atomically. Returns "" or why it could not.
+// pool null: on the calling thread only. cancel: checked between chunks (then "cancelled").
 std::string write_weights_cache(const std::string &path, const std::string &key, const std::vector<Arena *> &arenas,
-                                ThreadPool &pool, LoadProgress *progress = nullptr);
+                                ThreadPool *pool, LoadProgress *progress = nullptr,
+                                const std::atomic<bool> *cancel = nullptr);
 
 // A cache file's header (ktd cache list/verify). ok = false: `problem` says what is wrong.
 struct WeightsCacheHeader {
