@@ -131,3 +131,14 @@ def test_the_loaded_model_no_longer_maps_its_file(real_model):
     assert sum(t.nbytes for t in matrices) - embd.nbytes <= plain.memory["dense_bytes"] < (
         sum(t.nbytes for t in matrices) - embd.nbytes + 64 * len(matrices))
     assert _mapped_rss(path) == 0
+
+
+def test_inspect_plans_the_arena_the_load_fills(real_model):
+    """ktd inspect's plan (Python, from the tensor table) against the loaded model's figures."""
+    from ktd.inspect import inspect_model
+    path = str(real_model("qwen2.5-coder-0.5b"))
+    plan = inspect_model(path)["memory_plan"]
+    model = _native.Model(path, n_threads=2, allow_repack=True)
+    assert plan["arena_copied_weights"] == model.copied_bytes
+    # Repacking keeps every format's size: the plan's bytes are the file's, the model's the layout's.
+    assert plan["arena_repacked_weights"] == model.repacked_bytes
