@@ -330,3 +330,23 @@ def test_the_daemon_writes_a_new_entry_in_the_background(tmp_path, caplog):
     assert "prepared-weights cache: written" in caplog.text
     again = load(cfg, lambda what, f: None)
     assert again.model.cache["state"] == "hit" and np.array_equal(_logits(again), reference)
+
+
+def test_ktd_inspect_prepare_writes_then_reads_the_entry(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    env = dict(os.environ, KTD_MODEL__WEIGHTS_CACHE=str(cache), KTD_MODEL__THREADS="1")
+
+    def inspect(*extra):
+        return subprocess.run([sys.executable, "-m", "ktd", "inspect", str(path), "--prepare", *extra],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    out = inspect()
+    assert out.returncode == 0, out.stderr
+    [entry] = list(cache.iterdir())
+    assert f"weights cache  written to {entry}" in out.stdout
+    out = inspect("--json")
+    import json
+    c = json.loads(out.stdout)["prepare"]["weights_cache"]
+    assert c["state"] == "hit" and c["path"] == str(entry)
