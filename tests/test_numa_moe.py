@@ -352,6 +352,7 @@ def test_run_takes_placement_from_a_config_file(tiny, tmp_path, capsys, monkeypa
 
     for k in [k for k in os.environ if k.startswith("KTD_")]:
         monkeypatch.delenv(k)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # model.weights_cache auto: not ~/.cache
     path = tiny("qwen3moe", "Q8_0")
     bad = tmp_path / "bad.yaml"
     bad.write_text("numa:\n  experts: mirror\n")
