@@ -350,3 +350,58 @@ def test_ktd_inspect_prepare_writes_then_reads_the_entry(tmp_path):
     import json
     c = json.loads(out.stdout)["prepare"]["weights_cache"]
     assert c["state"] == "hit" and c["path"] == str(entry)
+
+
+def test_a_hit_takes_the_matrices_from_the_entry_not_the_file(tmp_path):
+    """What the key covers, and what a hit reads: the matrices' bytes of the GGUF rewritten in
+    place with the size, mtime, header and tensor table kept is not seen (the file's contents
+    are not hashed: that would cost a full read of the file on every start); the entry's
+    matrices are used, not the file's. `ktd cache prune --all` or touching the file rebuilds."""
+    from ktd.gguf import GGUFFile
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    before = _logits(_open(path, cache))
+    t = GGUFFile(str(path), willneed=False).tensors["blk.0.attn_q.weight"]
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(t.offset)
+        f.write(bytes(t.nbytes))  # zero blocks: a valid Q8_0 matrix of zeros
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = _logits(_open(path))
+    assert not np.array_equal(changed, before)
+    hit = _open(path, cache)
+    assert hit.model.cache["state"] == "hit" and np.array_equal(_logits(hit), before)
+    os.utime(path)  # a new mtime: the entry is stale and rebuilt from the file
+    again = _open(path, cache)
+    assert again.model.cache["state"] == "written" and "mtime_ns" in again.model.cache["reason"]
+    assert np.array_equal(_logits(again), changed)
+
+
+_FULL_DISK = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[3])
+    # Files this process writes may not grow past 64 KiB (EFBIG; Python ignores SIGXFSZ): the
+    # cache entry cannot be written, as on a full disk.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+    from ktd.engine import Engine
+    from test_weights_cache import _logits
+    e = Engine.open(sys.argv[1], n_ctx=32, threads=1, pin=False, weights_cache=sys.argv[2])
+    np.save(sys.stdout.buffer, _logits(e))
+    sys.stderr.write("CACHE " + e.model.cache["state"] + " | " + e.model.cache["reason"] + "\\n")
+""")
+
+
+def test_a_cache_write_that_fails_midway_runs_without_it_and_leaves_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    reference = _logits(_open(path))
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    logits, state = _result(subprocess.Popen([sys.executable, "-c", _FULL_DISK, str(path), str(cache), here],
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+    assert state.startswith("CACHE not written") and "File too large" in state, state
+    assert np.array_equal(logits, reference)
+    assert list(cache.iterdir()) == []  # the temporary file is removed
