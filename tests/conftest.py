@@ -6,6 +6,14 @@ import os
 
 import pytest
 
+# The prepared-weights cache (model.weights_cache, default auto: ~/.cache/ktd/weights) is off for
+# the daemons and `ktd run`s the tests start: every test model is a new temporary file, whose
+# entries would pile up there. The cache's own tests turn it on in a temporary directory.
+os.environ.setdefault("KTD_MODEL__WEIGHTS_CACHE", "off")
+# Likewise the MoE routing profile (model.routing_profile, default auto: ~/.local/state/ktd): its
+# own tests turn it on with a temporary STATE_DIRECTORY.
+os.environ.setdefault("KTD_MODEL__ROUTING_PROFILE", "off")
+
 
 @pytest.fixture(scope="session")
 def real_model():

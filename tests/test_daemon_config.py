@@ -129,12 +129,19 @@ def test_numa_and_memory_keys_reach_the_engine_options():
     from ktd.engine import placement_options
 
     c = config.load(text="model:\n  numa_nodes: [1]\n  smt: true\n  hugepages: off\n  hugepage_size: 1G\n"
-                         "  mlock: true\nnuma:\n  experts: off\n", environ={"KTD_NUMA__DENSE": "replicate"})
+                         "  mlock: true\n  weights_cache: /srv/ktd-cache\nnuma:\n  experts: off\n",
+                    environ={"KTD_NUMA__DENSE": "replicate"})
     assert placement_options(c) == {"nodes": [1], "smt": True, "hugepages": "off", "hugetlb_page_size": 1 << 30,
-                                    "mlock": True, "numa_experts": "off", "numa_dense": "replicate"}
+                                    "mlock": True, "numa_experts": "off", "numa_dense": "replicate",
+                                    "weights_cache": "/srv/ktd-cache"}
     assert placement_options(config.Config())["numa_experts"] == "shard"
     # Unquoted `off` is YAML 1.1 false; quoted it is the string: both mean the choice "off".
     assert config.load(text='numa:\n  experts: "off"\n', environ={}).numa.experts == "off"
     assert config.load(text="model:\n  hugepages: no\n", environ={}).model.hugepages == "off"
+    # model.weights_cache: auto (default), off (unquoted: YAML false), or an absolute directory.
+    assert config.Config().model.weights_cache == "auto"
+    assert config.load(text="model:\n  weights_cache: off\n", environ={}).model.weights_cache == "off"
+    with pytest.raises(config.ConfigError, match="model.weights_cache: expected auto, off or an absolute directory"):
+        config.load(text="model:\n  weights_cache: relative/dir\n", environ={})
     with pytest.raises(config.ConfigError, match="environment KTD_NUMA__EXPERTS: numa.experts: expected one of"):
         config.load(None, environ={"KTD_NUMA__EXPERTS": "yes"})

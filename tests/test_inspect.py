@@ -256,6 +256,7 @@ def test_memory_plan(tmp_path, mla):
     assert plan["kv_cache"] == per_token * 100 * 2
     # Q8_0 has a row-interleaved layout: its 16 x 64 matrix (16 rows x 2 blocks x 34 B) goes to the arena.
     assert plan["arena_repacked_weights"] == 16 * 2 * 34
+    assert plan["arena_copied_weights"] == 0  # no other matrix, no token_embd
     assert plan["arena_hugepages_2M"] == 1
     assert plan["mapped_file"] == path.stat().st_size
     assert plan["unsupported_types"] == []

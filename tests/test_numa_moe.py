@@ -206,13 +206,18 @@ def test_slices_are_contiguous_aligned_balanced_and_placed(tiny, fake_machine, a
             assert "mbind" in n["note"] and "fake topology" in n["note"]
         else:
             assert n["note"] == ""
-    # Dense weights (those repacked into the arena; F32 stays in the file mapping): interleaved
+    # Dense weights (repacked, or copied as they are, into the arena) and token_embd: interleaved
     # over the nodes the kernel has; the others named.
     missing = [i for i in range(n_nodes) if i not in real]
     if missing and mem["dense_bytes"]:
         assert f"no memory on node(s) {','.join(map(str, missing))}" in mem["dense_note"]
     else:
         assert mem["dense_note"] == ""
+
+
+def _gguf_tensor(path, name):
+    from ktd.gguf import GGUFFile
+    return GGUFFile(str(path), willneed=False).tensors[name]
 
 
 def test_one_node_keeps_one_arena_and_no_slices(tiny):
@@ -225,7 +230,10 @@ def test_one_node_keeps_one_arena_and_no_slices(tiny):
     # Experts stay one part per matrix, repacked with everything else in the one arena.
     parts = m._expert_slice_ranges(0, "gate")
     assert all(len(p) == 1 and p[0][2] == 0 for p in parts)
-    # The one arena is sized for everything (each matrix rounded up to 64 bytes).
+    # The one arena is sized for everything it holds, repacked or copied as it is (each matrix
+    # rounded up to 64 bytes): here every matrix repacks, and token_embd's lookup rows are copied.
+    assert m.copied_bytes == _gguf_tensor(path, "token_embd.weight").nbytes
+    assert mem["embd_bytes"] == (m.copied_bytes + 63) // 64 * 64
     assert m.repacked_bytes <= mem["dense_bytes"] < m.repacked_bytes + 64 * 3 * m.n_layer * (m.n_expert + 8)
 
 
@@ -344,6 +352,7 @@ def test_run_takes_placement_from_a_config_file(tiny, tmp_path, capsys, monkeypa
 
     for k in [k for k in os.environ if k.startswith("KTD_")]:
         monkeypatch.delenv(k)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # model.weights_cache auto: not ~/.cache
     path = tiny("qwen3moe", "Q8_0")
     bad = tmp_path / "bad.yaml"
     bad.write_text("numa:\n  experts: mirror\n")

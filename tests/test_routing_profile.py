@@ -88,7 +88,7 @@ def moe_model(tmp_path_factory):
 
 def _start(model: Path, sock: Path, state: Path, preexec=None) -> subprocess.Popen:
     env = dict(os.environ, KTD_MODEL__PATH=str(model), KTD_MODEL__N_CTX="128", KTD_MODEL__N_SEQ_MAX="2",
-               KTD_SERVER__SOCKET_GROUP="null", STATE_DIRECTORY=str(state))
+               KTD_SERVER__SOCKET_GROUP="null", STATE_DIRECTORY=str(state), KTD_MODEL__ROUTING_PROFILE="auto")
     proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", str(sock)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
     deadline = time.monotonic() + 60

@@ -59,8 +59,12 @@ class ModelConfig:
     mlock: bool = _key(False, "lock non-hugetlb weights in RAM (needs LimitMEMLOCK)", kind="bool")
     routing_profile: str = _key("auto", "MoE models: where the routing profile (tokens routed to each "
                                 "expert, summed over runs) is kept: auto ($STATE_DIRECTORY, i.e. "
-                                "/var/lib/ktd, else ~/.local/state/ktd), off, or a directory",
-                                kind="str")
+                                "/var/lib/ktd, else ~/.local/state/ktd), off, or an absolute directory",
+                                kind="dir_or_off")
+    weights_cache: str = _key("auto", "prepared-weights cache (repacked weights kept between starts, checked by "
+                              "checksums, rebuilt when the model, ktd or the placement changes): auto "
+                              "($CACHE_DIRECTORY, i.e. /var/cache/ktd under systemd, else "
+                              "~/.cache/ktd/weights), off, or an absolute directory", kind="dir_or_off")
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,13 @@ def _convert(name: str, meta: Mapping[str, Any], value: Any, where: str) -> Any:
     elif kind == "str":
         if not isinstance(value, str) or not value:
             raise fail("a non-empty string")
+        out = value
+    elif kind == "dir_or_off":
+        # YAML 1.1 reads an unquoted off as false.
+        if value is False:
+            value = "off"
+        if not isinstance(value, str) or not value or (value not in ("auto", "off") and not value.startswith("/")):
+            raise fail("auto, off or an absolute directory")
         out = value
     elif kind == "optstr":
         if value is not None and (not isinstance(value, str) or not value):

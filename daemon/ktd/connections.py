@@ -106,7 +106,10 @@ def loop_delivery(loop: asyncio.AbstractEventLoop) -> Deliver:
 
 
 def _unprivileged_model(info: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in info.items() if k != "path"}
+    out = {k: v for k, v in info.items() if k != "path"}
+    if isinstance(info.get("weights_cache"), Mapping):  # its entry's path and reason name the model's path
+        out["weights_cache"] = {k: v for k, v in info["weights_cache"].items() if k in ("state", "bytes")}
+    return out
 
 
 def _unprivileged_status(doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,17 +8,45 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
 import numpy as np
 
-from ktd import GGUFError, _native
+from ktd import GGUFError, _native, weights_cache
 from ktd.engine_api import Progress
 from ktd.errors import ContextOverflow
 from ktd.tokenizer import Tokenizer
 
 log = logging.getLogger("ktd.engine")
+
+
+class _ProgressReporter:
+    """Reports a native load's progress (phase, bytes) to ``progress`` every PERIOD_S from a
+    thread, while the loading thread waits in the native constructor (the GIL released)."""
+
+    PERIOD_S = 0.5
+
+    def __init__(self, loading: "_native.LoadProgress", progress: Progress):
+        self._loading, self._progress = loading, progress
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ktd-load-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = None
+        while not self._done.wait(self.PERIOD_S):
+            p = self._loading
+            phase, done, total = p.phase, p.done, p.total
+            if phase in ("starting", "done") or not total or (phase, done) == last:
+                continue
+            last = (phase, done)
+            self._progress(f"{phase}: {done / (1 << 30):.2f} of {total / (1 << 30):.2f} GiB", done / total)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 class Engine:
@@ -40,28 +68,43 @@ class Engine:
     @classmethod
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
              n_batch: int = 512, pin: bool = True, allow_repack: bool = True,
-             progress: Progress | None = None, **placement: Any) -> "Engine":
+             progress: Progress | None = None, tokenizer: Tokenizer | None = None,
+             cache_in_background: bool = False, **placement: Any) -> "Engine":
         """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file.
 
         ``placement``: the native Model's placement options (nodes, smt, sysfs_root, affinity,
-        hugepages, hugetlb_page_size, mlock, numa_experts, numa_dense); see ``load`` for the
-        config keys they come from."""
+        hugepages, hugetlb_page_size, mlock, numa_experts, numa_dense) and ``weights_cache`` (a
+        model.weights_cache value: auto, off or a directory; absent = off); see ``load`` for the
+        config keys they come from. ``tokenizer``: the file's, when the caller has already read it.
+        ``cache_in_background``: a new cache entry is written by a thread of its own after the
+        load (the daemon: it serves meanwhile) rather than before returning."""
         path = os.fspath(path)
         # The tokenizer first: its metadata is checked in a fraction of a second, before the
         # weights are read.
-        if progress:
-            progress("loading tokenizer", None)
-        tokenizer = Tokenizer.from_gguf(path)
+        if tokenizer is None:
+            if progress:
+                progress("loading tokenizer", None)
+            tokenizer = Tokenizer.from_gguf(path)
         if progress:
             progress("loading weights", None)
+        cache_dir, cache_off = weights_cache.prepare_dir(placement.pop("weights_cache", "off"))
+        loading = _native.LoadProgress()
+        reporter = _ProgressReporter(loading, progress) if progress else None
         try:
-            model = _native.Model(path, n_threads=threads, pin=pin, allow_repack=allow_repack, **placement)
+            model = _native.Model(path, n_threads=threads, pin=pin, allow_repack=allow_repack, cache_dir=cache_dir,
+                                  progress=loading, cache_write_background=cache_in_background, **placement)
         except UnicodeDecodeError as e:  # a native message quoting a name from the file
             raise GGUFError(f"{path}: a name or string in the file is not valid UTF-8 ({e.reason})") from None
+        finally:
+            if reporter:
+                reporter.stop()
         if model.n_vocab != tokenizer.n_vocab:  # llama.cpp requires the same (n_vocab = tokens)
             raise GGUFError(f"{path}: tokenizer.ggml.tokens has {tokenizer.n_vocab} entries but "
                             f"token_embd.weight has {model.n_vocab} rows")
         log_memory(model, placement.get("hugepages", "auto"))
+        weights_cache.log_load(model.cache, cache_off)
+        if model.cache["state"] == "writing":
+            weights_cache.log_when_written(model)
         context = _native.Context(model, n_ctx, n_seq_max, n_batch)
         return cls(model, context, tokenizer, path)
 
@@ -80,6 +123,7 @@ class Engine:
             "isa": m.isa,
             "threads": int(m.n_threads),
             "repacked_bytes": int(m.repacked_bytes),
+            "weights_cache": {k: m.cache[k] for k in ("state", "path", "bytes", "reason")},
             "numa": numa_summary(m.memory),
             "memory": {"hugepages": {"kind": m.memory["page_kind"] or None,
                                      "page_size": int(m.memory["page_size"]),
@@ -154,11 +198,11 @@ class Engine:
 
 def placement_options(config: Any) -> dict[str, Any]:
     """Engine.open's placement keywords from a ``ktd.config.Config``: model.numa_nodes, smt,
-    hugepages, hugepage_size, mlock and the numa section."""
+    hugepages, hugepage_size, mlock, weights_cache and the numa section."""
     mc, nc = config.model, config.numa
     return {"nodes": list(mc.numa_nodes), "smt": mc.smt, "hugepages": mc.hugepages,
             "hugetlb_page_size": HUGETLB_PAGE_SIZES[mc.hugepage_size], "mlock": mc.mlock,
-            "numa_experts": nc.experts, "numa_dense": nc.dense}
+            "numa_experts": nc.experts, "numa_dense": nc.dense, "weights_cache": mc.weights_cache}
 
 
 def load(config: Any, progress: Progress) -> Engine:
@@ -168,7 +212,7 @@ def load(config: Any, progress: Progress) -> Engine:
     if not mc.path:
         raise ValueError("model.path is not set")
     return Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
-                       **placement_options(config))
+                       cache_in_background=True, **placement_options(config))
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

@@ -148,24 +148,34 @@ def _kv_bytes_per_token(arch: str | None, hp: dict[str, Any]) -> int | None:
 
 
 def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: int, n_seq: int) -> dict[str, Any]:
-    """What loading the model takes: the mapped file, the weights copied into the arena
-    (tensors whose block type has a row-interleaved layout are repacked there at load), the KV
-    cache, and the 2 MiB huge pages the arena would need. Tensor types without kernels are
-    listed: such a model fails at load."""
+    """What loading the model takes: the file (mapped while loading, released after), the weights
+    arena (tensors whose block type has a row-interleaved layout are repacked there at load, the
+    other matrices and token_embd's lookup rows copied as they are; a tied output head is
+    token_embd repacked besides), the KV cache, and the 2 MiB huge pages the arena would need.
+    Tensor types without kernels are listed: such a model fails at load."""
     from ktd import _native
 
     k = _native.kernels
     supported = set(k.supported_types("ref"))
-    repacked = sum(t.nbytes for t in f.tensors.values()
-                   if len(t.shape) >= 2 and t.type_name in supported and k.repack_rows(t.type_name) > 0
-                   and t.name not in LOOKUP_TABLES)
+    def repacks(t) -> bool:
+        return t.type_name in supported and k.repack_rows(t.type_name) > 0
+
+    matrices = [t for t in f.tensors.values() if len(t.shape) >= 2]
+    repacked = sum(t.nbytes for t in matrices if repacks(t) and t.name not in LOOKUP_TABLES)
+    copied = sum(t.nbytes for t in matrices if not repacks(t) and t.name not in LOOKUP_TABLES)
+    embd = f.tensors.get("token_embd.weight")
+    if embd is not None:
+        copied += embd.nbytes  # the rows the embedding lookup reads
+        if "output.weight" not in f.tensors and repacks(embd):
+            repacked += embd.nbytes  # tied: also the output head
     unsupported = sorted({t.type_name for t in f.tensors.values() if t.type_name not in supported})
     kv_per_token = _kv_bytes_per_token(arch, hparams)
     hugepage = 2 << 20
     return {
         "mapped_file": f.file_size,
         "arena_repacked_weights": repacked,
-        "arena_hugepages_2M": -(-repacked // hugepage),
+        "arena_copied_weights": copied,
+        "arena_hugepages_2M": -(-(repacked + copied) // hugepage),
         "kv_bytes_per_token": kv_per_token,
         "n_ctx": n_ctx,
         "n_seq_max": n_seq,
@@ -233,7 +243,22 @@ def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8, vram: int | N
     # This machine: CPU features and the kernel ISA they select, topology, huge pages.
     report["machine"] = machine.describe()
     report["numa_plan"] = numa_plan(f, sorted(set(report["machine"]["thread_pool"]["nodes"])), classes)
+    report["weights_cache"] = weights_cache_report(path)
     return report
+
+
+def weights_cache_report(path: str) -> dict[str, Any]:
+    """The prepared-weights cache entries of this model file (model.weights_cache of the default
+    configuration with its KTD_* overrides): directory, entries (path, bytes, stale), total bytes."""
+    from ktd import config as ktd_config
+    from ktd import weights_cache
+
+    try:
+        d = weights_cache.configured_dir(ktd_config.load(None).model.weights_cache)
+    except ktd_config.ConfigError:
+        d = None
+    es = [{"path": e["path"], "bytes": e["bytes"], "stale": e["stale"]} for e in weights_cache.for_model(d, path)]
+    return {"dir": d, "entries": es, "bytes": sum(e["bytes"] for e in es)}
 
 
 def numa_plan(f: GGUFFile, nodes: list[int], classes: dict[str, str] | None = None) -> dict[str, Any]:
@@ -298,6 +323,14 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"  {type_name:8} {e['count']:5} tensors  {_size(e['bytes'])}")
     lines.append("  placement: " + ", ".join(f"{c} {_size(e['bytes'])} ({e['count']})" for c, e in t["by_class"].items()))
     b = r["bytes_per_token"]
+    wc = r.get("weights_cache")
+    if wc:
+        if wc["dir"] is None:
+            lines.append("weights cache  off (model.weights_cache)")
+        else:
+            stale = sum(1 for e in wc["entries"] if e["stale"])
+            lines.append(f"weights cache  {len(wc['entries'])} entries for this file, {_size(wc['bytes'])} "
+                         f"in {wc['dir']}" + (f" ({stale} stale)" if stale else ""))
     lines.append(f"per token   {_size(b['total'])} of weights read per decoded token")
     lines.append(f"  dense layers   {_size(b['dense'])}")
     if b["n_expert"]:
@@ -308,8 +341,9 @@ def render(r: dict[str, Any]) -> str:
     if "memory_plan" in r:
         p = r["memory_plan"]
         lines.append("memory plan")
-        lines.append(f"  mapped file        {_size(p['mapped_file'])} (read-only, page cache)")
-        lines.append(f"  weights arena      {_size(p['arena_repacked_weights'])} repacked at load "
+        lines.append(f"  model file         {_size(p['mapped_file'])} (read while loading, page cache)")
+        lines.append(f"  weights arena      {_size(p['arena_repacked_weights'])} repacked at load + "
+                     f"{_size(p['arena_copied_weights'])} copied "
                      f"({p['arena_hugepages_2M']} huge pages of 2 MiB for hugepages: hugetlb)")
         if p["kv_cache"] is not None:
             lines.append(f"  KV cache (F16)     {_size(p['kv_cache'])} for {p['n_seq_max']} slots x {p['n_ctx']} tokens "

@@ -1,4 +1,8 @@
-"""``ktd inspect MODEL.gguf``: what a model file holds and what running it will cost."""
+"""``ktd inspect MODEL.gguf``: what a model file holds and what running it will cost.
+
+``--prepare`` also loads it as the daemon would (placement and model.weights_cache from the
+configuration), with a progress bar on a terminal, which leaves its prepared-weights cache entry
+written: run it before a restart to make the restart fast."""
 
 from __future__ import annotations
 
@@ -14,7 +18,41 @@ def register(sub) -> None:
                    help="with --vram: routed experts per MoE layer also in VRAM (a number, hot = as many as fit)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context per sequence for the KV cache figures")
     p.add_argument("--n-seq", type=int, default=8, help="KV-cache slots for the KV cache figures")
+    p.add_argument("--prepare", action="store_true",
+                   help="also load the model (placement and model.weights_cache from --config) and "
+                        "write its prepared-weights cache entry; reports what the load did")
+    p.add_argument("--config", metavar="FILE", default=None, help="ktd.yaml for --prepare (default: built-in "
+                   "defaults with KTD_* overrides)")
     p.set_defaults(func=run)
+
+
+def _prepare(path: str, config_path: str | None) -> dict:
+    import sys
+    import time
+
+    from ktd import _native, weights_cache
+    from ktd import config as ktd_config
+    from ktd.cli import UserError
+    from ktd.commands.run import _progress_bar
+    from ktd.engine import _ProgressReporter, placement_options
+
+    try:
+        cfg = ktd_config.load(config_path)
+    except ktd_config.ConfigError as e:
+        raise UserError(str(e)) from None
+    placement = placement_options(cfg)
+    cache_dir, why_off = weights_cache.prepare_dir(placement.pop("weights_cache"))
+    loading = _native.LoadProgress()
+    reporter = _ProgressReporter(loading, _progress_bar) if sys.stderr.isatty() else None
+    t0 = time.perf_counter()
+    try:
+        model = _native.Model(path, n_threads=cfg.model.threads, cache_dir=cache_dir, progress=loading, **placement)
+    finally:
+        if reporter:
+            reporter.stop()
+            sys.stderr.write("\r\x1b[K")
+    return {"seconds": round(time.perf_counter() - t0, 3), "repacked_bytes": int(model.repacked_bytes),
+            "copied_bytes": int(model.copied_bytes), "weights_cache": {**model.cache, "why_off": why_off}}
 
 
 def run(args) -> int:
@@ -39,5 +77,19 @@ def run(args) -> int:
         if type(e) is not ValueError:   # GGUFError and friends keep their own handling
             raise
         raise UserError(f"inspect: {e}") from None
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    if args.prepare:
+        report["prepare"] = _prepare(args.model, args.config)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(render(report))
+    if args.prepare:
+        p, c = report["prepare"], report["prepare"]["weights_cache"]
+        mib = 1 << 20
+        print(f"prepared    in {p['seconds']:.2f} s: {p['repacked_bytes'] / mib:.1f} MiB repacked, "
+              f"{p['copied_bytes'] / mib:.1f} MiB copied")
+        what = {"hit": "read from", "written": "written to"}.get(c["state"], c["state"])
+        detail = c["path"] if c["state"] in ("hit", "written") else (c["reason"] or c["why_off"])
+        print(f"weights cache  {what} {detail}" + (f" ({c['reason']})" if c["state"] == "written" and c["reason"]
+                                                      else ""))
     return 0

@@ -50,6 +50,16 @@ def chat_prompt_ids(tok, text: str) -> list[int]:
     return ids
 
 
+def _progress_bar(what: str, fraction: float | None) -> None:
+    """The load's progress on a terminal: one line redrawn in place."""
+    if fraction is None:
+        return
+    width = 30
+    n = int(max(0.0, min(1.0, fraction)) * width)
+    sys.stderr.write(f"\r[{'#' * n}{'.' * (width - n)}] {fraction:4.0%} {what}\x1b[K")
+    sys.stderr.flush()
+
+
 def run(args) -> int:
     import numpy as np
 
@@ -89,7 +99,10 @@ def run(args) -> int:
     if not prompt:
         raise UserError("the prompt encodes to no tokens")
     n_ctx = len(prompt) + args.max_tokens
-    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, **placement)
+    bar = _progress_bar if sys.stderr.isatty() else None
+    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, tokenizer=tok, **placement)
+    if bar:
+        sys.stderr.write("\r\x1b[K")
 
     gen = Generation(params, prompt=prompt, eos_ids=tok.eos_ids, stop=[], max_tokens=args.max_tokens,
                      decoder=tok.decode_stream())

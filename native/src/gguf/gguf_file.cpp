@@ -286,6 +286,7 @@ GGUFFile &GGUFFile::operator=(GGUFFile &&o) noexcept {
         version_ = o.version_;
         alignment_ = o.alignment_;
         data_offset_ = o.data_offset_;
+        detached_ = o.detached_;
         // string_views point into the mapping, which does not move: they stay valid.
         kv_ = std::move(o.kv_);
         kv_index_ = std::move(o.kv_index_);
@@ -302,6 +303,31 @@ void GGUFFile::release_pages(const GGUFTensorInfo &t) const {
     const uintptr_t begin = uintptr_t(tensor_data(t)), end = begin + t.nbytes;
     const uintptr_t first = (begin + page - 1) & ~(page - 1), last = end & ~(page - 1);
     if (last > first) (void)::madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+}
+
+void GGUFFile::advise_willneed() const {
+    if (base_ && !detached_) (void)::madvise(const_cast<uint8_t *>(base_), size_, MADV_WILLNEED);
+}
+
+void GGUFFile::detach_data() {
+    if (detached_ || !base_) return;
+    const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+    uint8_t *base = const_cast<uint8_t *>(base_);
+    // The header's pages (the last one may hold the first tensor bytes too: copied with it).
+    const size_t head = std::min<size_t>(size_t(size_), (size_t(data_offset_) + page - 1) / page * page);
+    std::vector<uint8_t> copy(base, base + head);
+    if (head) {
+        void *p = ::mmap(base, head, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        if (p == MAP_FAILED) throw SysError("mmap (anonymous copy of the GGUF header of " + path_ + ")", errno);
+        std::memcpy(base, copy.data(), head);
+        (void)::mprotect(base, head, PROT_READ);
+    }
+    const size_t mapped = (size_t(size_) + page - 1) / page * page;
+    if (mapped > head &&
+        ::mmap(base + head, mapped - head, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+               0) == MAP_FAILED)
+        throw SysError("mmap (reservation over the tensor data of " + path_ + ")", errno);
+    detached_ = true;
 }
 
 void GGUFFile::release() noexcept {

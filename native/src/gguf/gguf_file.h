@@ -10,7 +10,8 @@
 // little-endian bytes), so nothing large is copied and the GGUFFile must outlive them. The
 // mapping is released by the destructor; a GGUFFile is movable, not copyable.
 // Like any file mapping, it assumes the file is not truncated while open (reading a page past the
-// new end would raise SIGBUS); model files are replaced by rename, never rewritten in place.
+// new end would raise SIGBUS). A loader that has copied every tensor it needs calls detach_data():
+// from then on the file is no longer mapped and nothing it does to the file can reach the process.
 //
 // Layout reminder (GGUF v3, little-endian; v2 is identical):
 //   magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv | n_kv × (string key, u32 type, value)
@@ -21,6 +22,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -117,7 +119,22 @@ public:
     // Tensor infos in file order.
     const std::vector<GGUFTensorInfo> &tensors() const { return tensors_; }
     const GGUFTensorInfo *find_tensor(std::string_view name) const;  // nullptr if absent
-    const uint8_t *tensor_data(const GGUFTensorInfo &t) const { return base_ + t.offset; }
+    // Throws std::logic_error after detach_data().
+    const uint8_t *tensor_data(const GGUFTensorInfo &t) const {
+        if (detached_) throw std::logic_error("GGUFFile::tensor_data after detach_data (" + path_ + ")");
+        return base_ + t.offset;
+    }
+    // Ends the file mapping: the header (everything before the tensor data: metadata, tensor
+    // infos, which the string_views and arrays point into) is replaced by an anonymous copy at the
+    // same addresses, the tensor data by an inaccessible reservation (a stray read faults loudly
+    // instead of reading another mapping). Every accessor but tensor_data stays valid; the file
+    // may then be truncated, rewritten or deleted without effect on this process. SysError if the
+    // kernel refuses the new mappings (the file mapping is then kept).
+    void detach_data();
+    // madvise(MADV_WILLNEED) over the tensor data (open() with willneed = false, then the loader
+    // finds it has to read the tensors after all).
+    void advise_willneed() const;
+    bool detached() const { return detached_; }
     // Advice, for a tensor whose bytes the loader has copied (repacked) and will not read again:
     // unmaps its whole pages from this process (MADV_DONTNEED; a partial page shared with a
     // neighbour stays). The page cache keeps them and a later read faults them back in, so
@@ -136,6 +153,7 @@ private:
     uint32_t version_ = 0;
     uint32_t alignment_ = 32;
     uint64_t data_offset_ = 0;
+    bool detached_ = false;
     std::vector<GGUFKeyValue> kv_;
     std::unordered_map<std::string_view, size_t> kv_index_;
     std::vector<GGUFTensorInfo> tensors_;

@@ -145,10 +145,12 @@ constexpr size_t kPreparedAlign = 64;
 size_t prepared_bytes(const TypeKernels &tk, int64_t rows, int64_t k, bool allow_repack = true);
 // arena null: repacked bytes in a heap buffer. Otherwise they are bump-allocated from `arena`
 // (ResourceError when it is full); the result keeps the arena alive. The repack runs on the pool,
-// so the arena's pages are first touched by the workers, in parallel.
+// so the arena's pages are first touched by the workers, in parallel. fill = false (with an
+// arena): the same allocation and result, nothing written (the arena's bytes already hold this
+// repack: the prepared-weights cache).
 PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes,
                                 int64_t rows, int64_t k, bool allow_repack = true,
-                                const std::shared_ptr<Arena> &arena = nullptr);
+                                const std::shared_ptr<Arena> &arena = nullptr, bool fill = true);
 void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t n, float *y, MatmulScratch &scratch);
 
 // Several matrices applied to the same input in one pool region (e.g. a layer's Q, K and V):

@@ -230,7 +230,8 @@ size_t prepared_bytes(const TypeKernels &tk, int64_t rows, int64_t k, bool allow
 }
 
 PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes,
-                                int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena) {
+                                int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena,
+                                bool fill) {
     act_row_size(tk, k);  // validates k
     PreparedWeights pw;
     pw.tk = &tk;
@@ -249,7 +250,7 @@ PreparedWeights prepare_weights(ThreadPool *pool, const TypeKernels &tk, const v
             out = buf.get();
             pw.storage = std::shared_ptr<const void>(buf, out);
         }
-        repack_weights(pool, tk, w, w_row_bytes, rows, k, out);
+        if (fill || !arena) repack_weights(pool, tk, w, w_row_bytes, rows, k, out);
         pw.data = out;
         pw.repacked = true;
         pw.repacked_bytes = bytes;

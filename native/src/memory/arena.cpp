@@ -192,7 +192,7 @@ const char *arena_kind_name(ArenaKind kind) {
     return "unknown";
 }
 
-Arena::Arena(size_t capacity, const ArenaOptions &opts) : node_(opts.node) {
+Arena::Arena(size_t capacity, const ArenaOptions &opts) : requested_(capacity), node_(opts.node) {
     if (capacity == 0) throw std::invalid_argument("arena capacity must be > 0");
     if (opts.hugetlb_page_size != kPage2M && opts.hugetlb_page_size != kPage1G)
         throw std::invalid_argument("hugetlb page size must be 2 MiB or 1 GiB, got " +

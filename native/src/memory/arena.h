@@ -56,9 +56,13 @@ public:
     // Bump allocation: bytes at an address aligned to align (a power of two). Throws
     // ResourceError when the arena is full, std::invalid_argument for a bad align.
     void *alloc(size_t bytes, size_t align = 64);
+    // Forgets every allocation (the pages stay mapped with their bytes): the loader allocating the
+    // same layout again.
+    void reset() { used_ = 0; }
 
     void *base() const { return base_; }
     size_t capacity() const { return capacity_; }  // mapped bytes
+    size_t requested() const { return requested_; }  // the capacity asked for
     size_t used() const { return used_; }
     size_t page_size() const { return page_size_; }  // of the backing (4 KiB for thp/normal)
     ArenaKind kind() const { return kind_; }
@@ -71,7 +75,7 @@ public:
 
 private:
     void *base_ = nullptr;
-    size_t capacity_ = 0, used_ = 0, page_size_ = 4096;
+    size_t capacity_ = 0, requested_ = 0, used_ = 0, page_size_ = 4096;
     ArenaKind kind_ = ArenaKind::Normal;
     int node_ = -1;
     bool locked_ = false;

@@ -9,7 +9,9 @@
 #include "kernels/kernels.h"
 #include "memory/arena.h"
 #include "model/model.h"
+#include "common/crc32c.h"
 #include "model/moe.h"
+#include "model/weights_cache.h"
 
 namespace py = pybind11;
 
@@ -52,6 +54,7 @@ py::dict memory_dict(const Model &x) {
     d["dense_policy"] = l.dense_policy;
     d["dense_note"] = l.dense_note;
     d["dense_bytes"] = l.dense_bytes;
+    d["embd_bytes"] = l.embd_bytes;
     d["page_kind"] = l.page_kind;
     d["page_size"] = l.page_size;
     d["page_reason"] = l.page_reason;
@@ -160,12 +163,83 @@ static void bind_model_hooks(py::module_ &m) {
 
 }
 
+static void bind_weights_cache(py::module_ &m) {
+    py::class_<LoadProgress, std::shared_ptr<LoadProgress>>(
+        m, "LoadProgress", "Progress of a Model load, readable from another thread while it runs")
+        .def(py::init<>())
+        .def_property_readonly("phase",
+                               [](const LoadProgress &p) {
+                                   static const char *names[] = {"starting", "reading the weights cache",
+                                                                 "preparing weights", "writing the weights cache",
+                                                                 "done"};
+                                   const int i = p.phase.load();
+                                   return std::string(i >= 0 && i <= 4 ? names[i] : "?");
+                               })
+        .def_property_readonly("done", [](const LoadProgress &p) { return p.done.load(); })
+        .def_property_readonly("total", [](const LoadProgress &p) { return p.total.load(); });
+    m.def(
+        "weights_cache_header",
+        [](const std::string &path) {
+            WeightsCacheHeader h;
+            {
+                py::gil_scoped_release release;
+                h = read_weights_cache_header(path);
+            }
+            py::dict d;
+            d["ok"] = h.ok;
+            d["problem"] = h.problem;
+            py::dict key;
+            size_t a = 0;
+            while (a < h.key.size()) {
+                const size_t e = std::min(h.key.find('\n', a), h.key.size());
+                const std::string line = h.key.substr(a, e - a);
+                const size_t eq = line.find('=');
+                if (eq != std::string::npos) key[py::str(line.substr(0, eq))] = line.substr(eq + 1);
+                a = e + 1;
+            }
+            d["key"] = key;
+            d["file_bytes"] = h.file_bytes;
+            d["section_bytes"] = h.section_bytes;
+            return d;
+        },
+        py::arg("path"),
+        "The header of a prepared-weights cache file: ok, problem (what is wrong when not ok), key "
+        "{name: value} (model, size, mtime_ns, header_crc32c, format, build_id, isa, ...), file_bytes, "
+        "section_bytes");
+    m.def(
+        "weights_cache_verify",
+        [](const std::string &path) {
+            py::gil_scoped_release release;
+            return verify_weights_cache(path);
+        },
+        py::arg("path"), "Every checksum of a prepared-weights cache file: '' or the first problem");
+    m.def("native_build_id", &native_build_id, "The native module's GNU build id (hex), '' when it has none");
+    m.def(
+        "crc32c",
+        [](py::buffer b, uint32_t crc) {
+            py::buffer_info info = b.request();
+            return crc32c(info.ptr, size_t(info.size * info.itemsize), crc);
+        },
+        py::arg("data"), py::arg("crc") = 0, "CRC-32C of a buffer (continuing crc)");
+    m.def(
+        "crc32c_x4",
+        [](py::buffer b) {
+            py::buffer_info info = b.request();
+            const auto c = crc32c_x4(info.ptr, size_t(info.size * info.itemsize));
+            return py::make_tuple(c[0], c[1], c[2], c[3]);
+        },
+        py::arg("data"), "The cache's block checksum: CRC-32C of the four quarters (common/crc32c.h)");
+    m.def("crc32c_hardware", &crc32c_hardware, "Whether CRC-32C runs on the SSE4.2 instruction");
+}
+
 static void bind_model_class(py::module_ &m) {
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A loaded GGUF model (weights checked and prepared)")
         .def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack, std::vector<int> nodes,
                          bool smt, const std::string &sysfs_root, std::vector<int> affinity,
                          const std::string &hugepages, size_t hugetlb_page_size, bool mlock,
-                         const std::string &numa_experts, const std::string &numa_dense) {
+                         const std::string &numa_experts, const std::string &numa_dense,
+                         const std::string &cache_dir, std::shared_ptr<LoadProgress> progress,
+                         bool cache_write_background) {
                  ModelOptions o;
                  o.n_threads = n_threads;
                  o.pin = pin;
@@ -184,6 +258,9 @@ static void bind_model_class(py::module_ &m) {
                      throw std::invalid_argument("numa_dense must be 'interleave' or 'replicate', got '" + numa_dense +
                                                  "'");
                  o.numa_dense = numa_dense == "replicate" ? NumaDense::Replicate : NumaDense::Interleave;
+                 o.cache_dir = cache_dir;
+                 o.progress = std::move(progress);
+                 o.cache_write_background = cache_write_background;
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
@@ -191,7 +268,8 @@ static void bind_model_class(py::module_ &m) {
              py::arg("nodes") = std::vector<int>{}, py::arg("smt") = false, py::arg("sysfs_root") = "/sys",
              py::arg("affinity") = std::vector<int>{}, py::arg("hugepages") = "auto",
              py::arg("hugetlb_page_size") = kPage2M, py::arg("mlock") = false, py::arg("numa_experts") = "shard",
-             py::arg("numa_dense") = "interleave")
+             py::arg("numa_dense") = "interleave", py::arg("cache_dir") = "",
+             py::arg("progress") = std::shared_ptr<LoadProgress>(), py::arg("cache_write_background") = false)
         .def_static("supported_archs", &Model::supported_archs)
         .def_static(
             "tensor_classes",
@@ -215,6 +293,9 @@ static void bind_model_class(py::module_ &m) {
         .def_property_readonly("n_expert_used", [](const Model &x) { return x.hparams().moe.n_expert_used; })
         .def_property_readonly("n_params", &Model::n_params)
         .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
+        .def_property_readonly("copied_bytes", &Model::copied_bytes,
+                               "bytes copied into the arenas as they are in the file (types without repacking, "
+                               "token_embd's lookup rows)")
         .def_property_readonly("n_threads", [](const Model &x) { return x.pool().size(); })
         .def(
             "pin_forward_thread",
@@ -230,6 +311,21 @@ static void bind_model_class(py::module_ &m) {
             "pinned; OSError if the CPU cannot be taken.")
         .def_property_readonly("forward_cpu", [](const Model &x) { return x.pool().cpu_of(0); },
                                "CPU of the pool's tid 0 (-1 until pin_forward_thread)")
+        .def_property_readonly(
+            "cache",
+            [](const Model &x) {
+                const WeightsCacheStatus c = x.cache();
+                py::dict d;
+                d["path"] = c.path;
+                d["state"] = c.state;
+                d["reason"] = c.reason;
+                d["bytes"] = c.bytes;
+                d["seconds"] = c.seconds;
+                return d;
+            },
+            "What the load did with the prepared-weights cache: path (of the entry), state (off, hit, "
+            "writing (in the background), written, not written), reason (why an existing entry was not used, or why none was written), "
+            "bytes (of the entry), seconds (reading or writing it)")
         .def_property_readonly(
             "memory", &memory_dict,
             "Where the weights went: NUMA nodes (pool order) with their routed-expert bytes and "
@@ -416,6 +512,7 @@ static void bind_context_hooks(py::class_<PyContext> &cls) {
 void bind_model(py::module_ &m) {
     py::register_exception<ContextOverflowError>(m, "ContextOverflow", PyExc_RuntimeError);
     bind_model_hooks(m);
+    bind_weights_cache(m);  // first: Model's constructor takes a LoadProgress
     bind_model_class(m);
     bind_context_class(m);
 }

@@ -166,7 +166,7 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
     // Per row: the embedding x [n][n_embd] and the rotary angles [n][n_rot] (and those of the
     // sliding-window layers, when they differ).
     const size_t embd_row_bytes = size_t(*ggml_row_size(w.token_embd->type, w.token_embd->ne[0]));
-    const uint8_t *embd = model_.file().tensor_data(*w.token_embd);
+    const uint8_t *embd = w.token_embd_data;
     const float *ff = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
     ForwardProfile *prof = profiling_ ? &profile_ : nullptr;
     std::optional<OpTimer> embed_timer(std::in_place, prof, ForwardOp::Embed);

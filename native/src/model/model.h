@@ -7,7 +7,10 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <stdexcept>
 #include <string>
@@ -24,6 +27,7 @@
 #include "model/hybrid_backend.h"
 #include "model/moe.h"
 #include "model/profile.h"
+#include "model/weights_cache.h"
 
 namespace ktd {
 
@@ -106,6 +110,8 @@ struct LayerWeights {
 struct ModelWeights {
     const GGUFTensorInfo *token_embd = nullptr;  // [n_vocab][n_embd], rows dequantized on lookup
     const TypeKernels *token_embd_tk = nullptr;
+    const uint8_t *token_embd_data = nullptr;    // its rows as in the file, copied into the dense arena
+    std::shared_ptr<const void> token_embd_storage;  // keeps that arena alive
     std::vector<float> output_norm;              // [n_embd]
     Matrix output;                               // [n_vocab][n_embd]; token_embd when tied
     std::vector<float> rope_freqs;               // [n_rot/2] frequency divisors (llama 3.1), optional
@@ -138,6 +144,15 @@ struct ModelOptions {
     // weights), dense weights placed per numa_dense.
     bool shard_experts = true;
     NumaDense numa_dense = NumaDense::Interleave;
+    // The prepared-weights cache (weights_cache.h): the directory of its entries, "" = off.
+    std::string cache_dir;
+    // Updated while open() runs (null: not reported).
+    std::shared_ptr<LoadProgress> progress;
+    // Write a new cache entry from a thread of its own after open() returns (state "writing"
+    // until it is done), instead of before: the model serves meanwhile. One thread, not the pool
+    // (the forward's). Destroying the model cancels an unfinished write (its temporary file is
+    // removed).
+    bool cache_write_background = false;
 };
 
 // Where the weights went, for the load log and status. nodes: the pool's NUMA nodes, in slice
@@ -158,6 +173,7 @@ struct MemoryLayout {
     std::string dense_policy;     // "local" (one node), "interleave", "replicate"
     std::string dense_note;       // why the policy could not be applied ("" when it was)
     uint64_t dense_bytes = 0;     // arena bytes of the dense (non-expert) prepared weights (replicate: per copy)
+    uint64_t embd_bytes = 0;      // arena bytes of token_embd's lookup rows (dense arena, one copy)
     std::string page_kind;        // arena_kind_name of the dense arena ("" when no arena)
     size_t page_size = 0;         // its page size, bytes
     std::string page_reason;      // why better page kinds were not used ("" when the first choice worked)
@@ -180,7 +196,16 @@ public:
     const ArchSpec &arch() const { return *arch_; }
     uint64_t n_params() const { return n_params_; }
     uint64_t repacked_bytes() const { return repacked_bytes_; }
+    // Bytes of tensors copied into the arenas as they are in the file (matrices of types without
+    // repacking, token_embd's lookup rows; replicate: one copy counted).
+    uint64_t copied_bytes() const { return copied_bytes_; }
     const MemoryLayout &memory() const { return mem_; }
+    // What the load did with the prepared-weights cache.
+    WeightsCacheStatus cache() const {
+        std::lock_guard<std::mutex> l(cache_mu_);
+        return cache_;
+    }
+    ~Model();
     // NUMA slice of worker tid: the index of its node in the pool's nodes (0 on one node).
     int n_slices() const { return int(mem_.nodes.size()); }
     int slice_of(int tid) const { return tid_slice_[size_t(tid)]; }
@@ -198,8 +223,12 @@ private:
     ModelWeights w_;
     const ArchSpec *arch_ = nullptr;
     std::unique_ptr<ThreadPool> pool_;
-    uint64_t n_params_ = 0, repacked_bytes_ = 0;
+    uint64_t n_params_ = 0, repacked_bytes_ = 0, copied_bytes_ = 0;
     MemoryLayout mem_;
+    WeightsCacheStatus cache_;  // under cache_mu_ once a background write runs
+    mutable std::mutex cache_mu_;
+    std::atomic<bool> cache_cancel_{false};
+    std::thread cache_writer_;
     std::vector<int> tid_slice_;  // [n_threads]
 };
 

@@ -2,13 +2,20 @@
 // architecture's tensor table checked against the file → the memory plan → the weights arenas →
 // every tensor loaded (vectors dequantized, matrices prepared for the kernels: repacked into an
 // arena, one copy per node, or cut into per-node row slices for routed experts).
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <type_traits>
 #include <variant>
 
+#include "common/crc32c.h"
 #include "common/error.h"
+#include "cpu/features.h"
 #include "memory/arena.h"
 #include "memory/numa_policy.h"
 #include "model/model.h"
@@ -50,18 +57,36 @@ size_t slice_prepared_bytes(const TypeKernels &tk, size_t row_bytes, int64_t row
     return (size_t(rows) * row_bytes + kPreparedAlign - 1) / kPreparedAlign * kPreparedAlign;
 }
 
-// prepare_weights for one slice, into its node's arena (copied when the type does not repack).
+// Copies n bytes over the pool (the arena's fresh pages are first touched by the workers, in
+// parallel, as a repack touches them).
+void parallel_copy(ThreadPool *pool, void *dst, const void *src, size_t n) {
+    constexpr size_t kChunk = size_t(1) << 20;
+    if (!pool || n < 2 * kChunk) {
+        std::memcpy(dst, src, n);
+        return;
+    }
+    const size_t chunks = (n + kChunk - 1) / kChunk;
+    pool->parallel_for(chunks, [&](size_t c0, size_t c1, int) {
+        const size_t b0 = c0 * kChunk, b1 = std::min(n, c1 * kChunk);
+        if (b1 > b0) std::memcpy(static_cast<uint8_t *>(dst) + b0, static_cast<const uint8_t *>(src) + b0, b1 - b0);
+    });
+}
+
+// prepare_weights into an arena, the rows copied as they are when the type does not repack: after
+// the load nothing of a matrix is read from the file's mapping.
+// fill = false: the allocation only (the arena already holds the bytes: a cache hit).
 PreparedWeights prepare_slice(ThreadPool *pool, const TypeKernels &tk, const uint8_t *w, size_t row_bytes,
-                              int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena) {
+                              int64_t rows, int64_t k, bool allow_repack, const std::shared_ptr<Arena> &arena,
+                              bool fill) {
     if (rows == 0 || prepared_bytes(tk, rows, k, allow_repack))
-        return prepare_weights(pool, tk, w, row_bytes, rows, k, allow_repack, rows ? arena : nullptr);
+        return prepare_weights(pool, tk, w, row_bytes, rows, k, allow_repack, rows ? arena : nullptr, fill);
     PreparedWeights pw;
     pw.tk = &tk;
     pw.row_bytes = row_bytes;
     pw.rows = rows;
     pw.k = k;
     void *out = arena->alloc(size_t(rows) * row_bytes, kPreparedAlign);
-    std::memcpy(out, w, size_t(rows) * row_bytes);
+    if (fill) parallel_copy(pool, out, w, size_t(rows) * row_bytes);
     pw.data = out;
     pw.storage = std::shared_ptr<const void>(arena, out);
     return pw;
@@ -155,16 +180,23 @@ bool is_matrix(const TensorSpec &s) {
 
 }  // namespace
 
-// Arena bytes the prepared matrices take: the dense arena (or each node's copy, replicate) and,
-// when routed experts are sharded, each node's slices. `tied`: token_embd when it is also the
-// output head (prepared like a dense matrix). Tensors without kernels are left to the loader's error.
+// Arena bytes the prepared matrices take: the dense matrices (in the dense arena, or in each
+// node's copy, replicate) and, when routed experts are sharded, each node's slices. Every matrix
+// is in an arena, repacked or (a type without repacking) copied as it is, and so are the rows of
+// token_embd the embedding lookup reads (embd_bytes, in the dense arena, never replicated): once
+// the model is loaded nothing is read from the file's mapping (a file truncated or rewritten
+// under a serving daemon cannot SIGBUS it). `tied`: token_embd when it is also the output head
+// (prepared like a dense matrix besides). Tensors without kernels are left to the loader's error.
 struct MemoryPlan {
-    size_t dense_bytes = 0, dense_copy_bytes = 0;
+    size_t dense_bytes = 0;  // one copy of the dense matrices
+    size_t embd_bytes = 0;
     std::vector<size_t> slice_bytes;  // [n_slice]
 };
 namespace {
-MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo *tied, int n_slice, bool shard,
-                       bool allow_repack) {
+size_t copied_bytes(uint64_t nbytes) { return (size_t(nbytes) + kPreparedAlign - 1) / kPreparedAlign * kPreparedAlign; }
+
+MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo &embd, const GGUFTensorInfo *tied,
+                       int n_slice, bool shard, bool allow_repack) {
     MemoryPlan p;
     p.slice_bytes.assign(size_t(n_slice), 0);
     auto add = [&](const GGUFTensorInfo &t, bool sharded) {
@@ -179,12 +211,12 @@ MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo 
             }
             return;
         }
-        p.dense_bytes += prepared_bytes(*tk, rows, k, allow_repack) * size_t(t.ne[2]);
-        p.dense_copy_bytes += slice_prepared_bytes(*tk, row_bytes, rows, k, allow_repack) * size_t(t.ne[2]);
+        p.dense_bytes += slice_prepared_bytes(*tk, row_bytes, rows, k, allow_repack) * size_t(t.ne[2]);
     };
     for (const TensorUse &u : uses)
         if (is_matrix(*u.spec)) add(*u.t, shard && u.spec->cls == TensorClass::RoutedExpert);
     if (tied) add(*tied, false);
+    p.embd_bytes = copied_bytes(embd.nbytes);
     return p;
 }
 
@@ -208,18 +240,21 @@ Arenas open_arenas(const MemoryPlan &plan, const ModelOptions &opts, const std::
     aopts.mlock = opts.mlock;
     Arenas a;
     a.copies.resize(replicate ? n_slice : 0);
-    for (size_t sl = 0; sl < a.copies.size() && plan.dense_copy_bytes; ++sl) {
+    for (size_t sl = 0; sl < a.copies.size() && plan.dense_bytes; ++sl) {
         aopts.node = nodes[sl];
         std::string note;
-        a.copies[sl] = open_placed_arena(plan.dense_copy_bytes, aopts, note);
+        a.copies[sl] = open_placed_arena(plan.dense_bytes, aopts, note);
         if (note.empty()) continue;
         if (!mem.dense_note.empty()) mem.dense_note += "; ";
         mem.dense_note += "copy on node " + std::to_string(nodes[sl]) + ": " + note;
     }
     aopts.node = -1;
-    if (plan.dense_bytes && !replicate) {
+    // The dense arena: the dense matrices (not replicated) and token_embd's lookup rows.
+    if (const size_t dense = (replicate ? 0 : plan.dense_bytes) + plan.embd_bytes) {
         if (n_slice > 1) aopts.interleave = nodes;
-        a.dense = open_placed_arena(plan.dense_bytes, aopts, mem.dense_note);
+        std::string note;
+        a.dense = open_placed_arena(dense, aopts, note);
+        if (!note.empty()) mem.dense_note += (mem.dense_note.empty() ? "" : "; ") + note;
         aopts.interleave.clear();
     }
     a.slices.resize(n_slice);
@@ -236,7 +271,8 @@ Arenas open_arenas(const MemoryPlan &plan, const ModelOptions &opts, const std::
             mem.page_size = ar->page_size();
             mem.page_reason = ar->fallback_reason();
         }
-    mem.dense_bytes = replicate ? plan.dense_copy_bytes : plan.dense_bytes;
+    mem.dense_bytes = plan.dense_bytes;
+    mem.embd_bytes = plan.embd_bytes;
     return a;
 }
 
@@ -253,8 +289,10 @@ const TypeKernels &matmul_kernels_or_throw(const GGUFTensorInfo &t, std::string_
 // Loads the checked tensors into the model's weights, preparing matrices into the arenas.
 class WeightLoader {
 public:
-    WeightLoader(Model &m, const ModelOptions &opts, Arenas arenas, bool shard, bool replicate)
-        : m_(m), f_(m.file_), opts_(opts), a_(std::move(arenas)), shard_(shard), replicate_(replicate) {}
+    // attach: the arenas already hold every prepared byte (read from the cache): the same
+    // allocations, nothing read from the file but the vectors, nothing written.
+    WeightLoader(Model &m, const ModelOptions &opts, const Arenas &arenas, bool shard, bool replicate, bool attach)
+        : m_(m), f_(m.file_), opts_(opts), a_(arenas), shard_(shard), replicate_(replicate), fill_(!attach) {}
 
     void load(const TensorUse &u) {
         const GGUFTensorInfo &t = *u.t;
@@ -280,10 +318,19 @@ public:
         const HParams &hp = m_.hp_;
         w.token_embd = f_.find_tensor("token_embd.weight");
         w.token_embd_tk = &kernels_or_throw(*w.token_embd);
-        if (w.output) return;
+        void *embd = a_.dense->alloc(size_t(w.token_embd->nbytes), kPreparedAlign);
+        if (fill_) parallel_copy(m_.pool_.get(), embd, f_.tensor_data(*w.token_embd), size_t(w.token_embd->nbytes));
+        m_.copied_bytes_ += w.token_embd->nbytes;
+        w.token_embd_data = static_cast<const uint8_t *>(embd);
+        w.token_embd_storage = std::shared_ptr<const void>(a_.dense, embd);
+        if (w.output) {
+            if (fill_) f_.release_pages(*w.token_embd);
+            return;
+        }
         const TypeKernels &tk = matmul_kernels_or_throw(*w.token_embd, "token_embd.weight (tied output)");
         w.output.info = w.token_embd;
         w.output.pw = prepare_dense(tk, f_.tensor_data(*w.token_embd), row_bytes(*w.token_embd), hp.n_vocab, hp.n_embd);
+        if (fill_) f_.release_pages(*w.token_embd);
     }
 
 private:
@@ -293,7 +340,7 @@ private:
         const TypeKernels &tk = matmul_kernels_or_throw(t, t.name);
         mat.info = &t;
         mat.pw = prepare_dense(tk, f_.tensor_data(t), row_bytes(t), int64_t(t.ne[1]), int64_t(t.ne[0]));
-        if (mat.pw.repacked) f_.release_pages(t);  // token_embd (read at run time) never gets here
+        if (fill_) f_.release_pages(t);  // repacked or copied: not read from the file again
     }
 
     // A stack of ne[2] matrices, each prepared on its own; routed experts on several nodes: each
@@ -309,7 +356,7 @@ private:
             st.mats.resize(size_t(n_mat));
             for (int64_t e = 0; e < n_mat; ++e)
                 st.mats[size_t(e)] = prepare_dense(tk, src + size_t(e) * size_t(rows) * rb, rb, rows, k);
-            if (!st.mats.empty() && st.mats[0].repacked) f_.release_pages(t);  // all or none repack
+            if (fill_) f_.release_pages(t);
             return;
         }
         const int n_slice = m_.n_slices();
@@ -320,39 +367,43 @@ private:
                 const auto [r0, r1] = numa_slice_rows(rows, n_slice, sl);
                 PreparedWeights &pw = st.slices[size_t(e) * size_t(n_slice) + size_t(sl)];
                 pw = prepare_slice(m_.pool_.get(), tk, src + (size_t(e) * size_t(rows) + size_t(r0)) * rb, rb, r1 - r0,
-                                   k, opts_.allow_repack, a_.slices[size_t(sl)]);
+                                   k, opts_.allow_repack, a_.slices[size_t(sl)], fill_);
                 m_.repacked_bytes_ += pw.repacked_bytes;
+                if (!pw.repacked) m_.copied_bytes_ += size_t(r1 - r0) * rb;
                 m_.mem_.nodes[size_t(sl)].expert_bytes += pw.repacked ? pw.repacked_bytes : size_t(r1 - r0) * rb;
             }
-        if (st.slices[0].repacked) f_.release_pages(t);  // all or none repack
+        if (fill_) f_.release_pages(t);
     }
 
     // A dense matrix: into the dense arena, or (replicate) one copy per node with node_copies
     // telling matmul which copy each worker reads.
     PreparedWeights prepare_dense(const TypeKernels &tk, const uint8_t *src, size_t rb, int64_t rows, int64_t k) {
         if (!replicate_) {
-            PreparedWeights pw = prepare_weights(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.dense);
+            PreparedWeights pw = prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.dense, fill_);
             m_.repacked_bytes_ += pw.repacked_bytes;
+            if (!pw.repacked) m_.copied_bytes_ += size_t(rows) * rb;
             return pw;
         }
         auto copies = std::make_shared<PreparedCopies>();
         copies->copy_of_tid = m_.tid_slice_;
         for (size_t sl = 0; sl < a_.copies.size(); ++sl) {
-            copies->copies.push_back(prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.copies[sl]));
+            copies->copies.push_back(
+                prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.copies[sl], fill_));
             const PreparedWeights &c = copies->copies.back();
             m_.mem_.nodes[sl].dense_copy_bytes += c.repacked ? c.repacked_bytes : size_t(rows) * rb;
         }
         PreparedWeights pw = copies->copies[0];
         pw.node_copies = copies;
         m_.repacked_bytes_ += pw.repacked_bytes;
+        if (!pw.repacked) m_.copied_bytes_ += size_t(rows) * rb;
         return pw;
     }
 
     Model &m_;
     const GGUFFile &f_;
     const ModelOptions &opts_;
-    Arenas a_;
-    bool shard_, replicate_;
+    const Arenas &a_;
+    bool shard_, replicate_, fill_;
 };
 
 std::string Model::supported_archs() {
@@ -415,8 +466,66 @@ std::vector<std::pair<std::string, TensorClass>> Model::tensor_classes(const std
     return out;
 }
 
+namespace {
+
+// The arenas in the cache's section order: dense, each node's copy, each node's slices.
+std::vector<Arena *> arena_list(const Arenas &a) {
+    std::vector<Arena *> out;
+    if (a.dense) out.push_back(a.dense.get());
+    for (const auto &c : a.copies)
+        if (c) out.push_back(c.get());
+    for (const auto &sl : a.slices)
+        if (sl) out.push_back(sl.get());
+    return out;
+}
+
+// The cache key's two parts (weights_cache.h): the file's identity and what the layout depends on.
+std::string cache_identity(const GGUFFile &f, const std::string &realpath, const struct stat &st) {
+    return "model=" + realpath + "\nsize=" + std::to_string(st.st_size) +
+           "\nmtime_ns=" + std::to_string(int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec) +
+           "\nheader_crc32c=" + std::to_string(crc32c(f.base(), size_t(f.data_offset()))) + "\n";
+}
+
+std::string cache_layout(const ModelOptions &opts, const std::vector<int> &nodes, bool shard, bool replicate,
+                         const std::vector<Arena *> &arenas) {
+    std::string s = "format=" + std::to_string(kWeightsCacheVersion) + "\nbuild_id=" + native_build_id() +
+                    "\nisa=" + std::string(isa_name(active_isa())) + "\ncpu=" + cpu_features().model_name +
+                    "\nallow_repack=" + (opts.allow_repack ? "1" : "0") + "\nnodes=";
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (i) s += ',';
+        s += std::to_string(nodes[i]);
+    }
+    s += std::string("\nshard_experts=") + (shard ? "1" : "0") + "\nreplicate_dense=" + (replicate ? "1" : "0") +
+         "\narenas=";
+    for (size_t i = 0; i < arenas.size(); ++i) {
+        if (i) s += ',';
+        s += std::to_string(arenas[i]->requested());  // not the page-rounded capacity: any page kind
+    }
+    return s + "\n";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
-    std::unique_ptr<Model> m(new Model(GGUFFile::open(path)));
+    const bool use_cache = !opts.cache_dir.empty();
+    struct stat st {};
+    std::string realpath_s = path;
+    if (use_cache) {
+        // The identity of the file about to be mapped (a rename between the two changes the
+        // header checksum or the size at worst into a miss).
+        if (::stat(path.c_str(), &st) != 0) throw SysError("stat " + path, errno);
+        if (char *rp = ::realpath(path.c_str(), nullptr)) {
+            realpath_s = rp;
+            std::free(rp);
+        }
+    }
+    GGUFOpenOptions gopts;
+    gopts.willneed = !use_cache;  // a cache hit reads only the vectors from the file
+    std::unique_ptr<Model> m(new Model(GGUFFile::open(path, gopts)));
     m->arch_ = &read_arch(m->file_, m->hp_, m->table_);
     m->init_pool(opts);
 
@@ -428,12 +537,107 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
 
     const std::vector<TensorUse> uses = check_tensors(m->file_, m->table_, m->hp_);
     const GGUFTensorInfo *tied = m->file_.find_tensor("output.weight") ? nullptr : m->file_.find_tensor("token_embd.weight");
-    const MemoryPlan plan = plan_memory(uses, tied, n_slice, shard, opts.allow_repack);
-    WeightLoader loader(*m, opts, open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_), shard, replicate);
-    m->w_.layers.resize(size_t(m->hp_.n_layer));
-    for (const TensorUse &u : uses) loader.load(u);
-    loader.tie_output();
+    const GGUFTensorInfo *embd = m->file_.find_tensor("token_embd.weight");  // required by every table
+    if (!embd) throw GGUFError("missing tensor token_embd.weight");
+    const MemoryPlan plan = plan_memory(uses, *embd, tied, n_slice, shard, opts.allow_repack);
+    const Arenas arenas = open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_);
+    const std::vector<Arena *> list = arena_list(arenas);
+
+    // The cache: read every arena's bytes from the entry when its key matches.
+    std::string key;
+    std::vector<uint64_t> cached;
+    WeightsCacheStatus &cs = m->cache_;
+    cs.state = "off";
+    if (use_cache) {
+        const std::string layout = cache_layout(opts, m->pool_->nodes(), shard, replicate, list);
+        key = cache_identity(m->file_, realpath_s, st) + layout;
+        cs.path = weights_cache_path(opts.cache_dir, realpath_s, layout);
+        const auto t0 = std::chrono::steady_clock::now();
+        cached = read_weights_cache(cs.path, key, list, *m->pool_, cs.reason, opts.progress.get());
+        if (!cached.empty()) {
+            cs.state = "hit";
+            cs.seconds = seconds_since(t0);
+        } else {
+            m->file_.advise_willneed();
+        }
+    }
+
+    auto load_all = [&](bool attach) {
+        m->w_ = ModelWeights{};
+        m->n_params_ = m->repacked_bytes_ = m->copied_bytes_ = 0;
+        for (NumaNodeMemory &n : m->mem_.nodes) n.expert_bytes = n.dense_copy_bytes = 0;
+        for (Arena *a : list) a->reset();
+        WeightLoader loader(*m, opts, arenas, shard, replicate, attach);
+        m->w_.layers.resize(size_t(m->hp_.n_layer));
+        LoadProgress *progress = attach ? nullptr : opts.progress.get();
+        if (progress) {
+            uint64_t total = 0;  // the file's tensors the table names (token_embd among them)
+            for (const TensorUse &u : uses) total += u.t->nbytes;
+            progress->start(LoadProgress::Preparing, total);
+        }
+        for (const TensorUse &u : uses) {
+            loader.load(u);
+            if (progress) progress->add(u.t->nbytes);
+        }
+        loader.tie_output();
+    };
+    load_all(!cached.empty());
+    if (!cached.empty()) {
+        // The layout the loader allocated must be the entry's (the key says it is; a mismatch is
+        // a bug in the key: prepared again, never used).
+        for (size_t i = 0; i < list.size(); ++i)
+            if (list[i]->used() != cached[i]) {
+                cs.state = "off";
+                cs.reason = "the entry's section " + std::to_string(i) + " has " + std::to_string(cached[i]) +
+                            " bytes, the layout " + std::to_string(list[i]->used()) + " (not used)";
+                cached.clear();
+                m->file_.advise_willneed();
+                load_all(false);
+                break;
+            }
+    }
+    // Everything the forward reads is in the arenas now: drop the file's pages from the process
+    // (the header, which names and metadata point into, stays as an anonymous copy).
+    m->file_.detach_data();
+    if (use_cache && cached.empty()) {
+        // A new entry, now or (cache_write_background) from a thread of its own while the model
+        // serves: the arenas are only read from here on.
+        auto write = [](Model *model, std::string entry, std::string k, Arenas keep, ThreadPool *pool,
+                        LoadProgress *progress) {
+            const auto t0 = std::chrono::steady_clock::now();
+            const std::string err =
+                write_weights_cache(entry, k, arena_list(keep), pool, progress, &model->cache_cancel_);
+            struct stat cst {};
+            std::lock_guard<std::mutex> l(model->cache_mu_);
+            WeightsCacheStatus &c = model->cache_;
+            if (err.empty()) {
+                c.state = "written";
+                c.seconds = seconds_since(t0);
+                if (::stat(entry.c_str(), &cst) == 0) c.bytes = uint64_t(cst.st_size);
+            } else {
+                c.state = "not written";
+                c.reason = (c.reason.empty() ? "" : c.reason + "; ") + err;
+            }
+        };
+        if (opts.cache_write_background) {
+            cs.state = "writing";
+            m->cache_writer_ = std::thread(write, m.get(), cs.path, key, arenas, nullptr, nullptr);
+        } else {
+            write(m.get(), cs.path, key, arenas, m->pool_.get(), opts.progress.get());
+        }
+    } else if (!cached.empty()) {
+        struct stat cst {};
+        if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
+    }
+    if (opts.progress) opts.progress->phase = LoadProgress::Done;
     return m;
+}
+
+Model::~Model() {
+    if (cache_writer_.joinable()) {
+        cache_cancel_ = true;
+        cache_writer_.join();
+    }
 }
 
 }  // namespace ktd
