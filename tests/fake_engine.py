@@ -49,6 +49,7 @@ class ByteTokenizer:
     bos_id = BOS
     eos_ids = frozenset({EOS, IM_END})
     add_bos = True
+    fim_ids: dict[str, int] = {}  # no fill-in-the-middle tokens (the gateway refuses `suffix`)
     chat_template = "{% for m in messages %}<|im_start|>{{m.role}}\n{{m.content}}<|im_end|>\n{% endfor %}"
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
