@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="permissions of a Unix listening socket the gateway creates (default 0660)")
     p.add_argument("--graceful-s", type=float, default=10.0, metavar="S",
                    help="on SIGTERM, how long running answers may take to finish (default 10)")
+    p.add_argument("--keep-alive-s", type=float, default=30.0, metavar="S",
+                   help="idle keep-alive HTTP connections are closed after this long (default 30)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -58,7 +60,7 @@ def parse_listen(spec: str) -> tuple[str, str | tuple[str, int]]:
     if spec.startswith("/") or spec.endswith(".sock"):
         return "unix", spec
     host, sep, port = spec.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise StartupError(f"--listen {spec!r}: expected HOST:PORT, [IPv6]:PORT or unix:PATH")
     host = host.strip("[]") or "127.0.0.1"
     return "tcp", (host, int(port))
@@ -187,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
         gw.max_body_bytes = args.max_body_bytes
     config = uvicorn.Config(build_app(gw), http="h11", loop="asyncio", lifespan="off", access_log=False,
                             log_config=None, log_level=args.log_level, server_header=False,
-                            timeout_graceful_shutdown=args.graceful_s, backlog=2048)
+                            timeout_graceful_shutdown=args.graceful_s, backlog=2048,
+                            timeout_keep_alive=args.keep_alive_s)
     where = ", ".join(describe(s) for s in socks)
 
     def ready() -> None:
