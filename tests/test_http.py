@@ -433,3 +433,14 @@ def test_gateway_reconnects_after_daemon_restart(tmp_path):
             assert g.stop() == 0
     finally:
         d.close()
+
+
+def test_ktctl_http_prints_client_settings(gateway):
+    r = subprocess.run([sys.executable, "-m", "ktd.ctl", "http", "--url", gateway.url], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert f"OPENAI_BASE_URL={gateway.url} " in r.stdout and f"OLLAMA_HOST={gateway.root}\n" in r.stdout
+    assert "model 'fake'" in r.stdout or "model fake" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "ktd.ctl", "http", "--url", "http://127.0.0.1:9"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "ktd-http" in r.stderr
