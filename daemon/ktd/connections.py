@@ -240,6 +240,11 @@ class Connections:
         log.debug("connection %d from pid=%d uid=%d", conn.cid, conn.pid, conn.uid, extra=extra)
         try:
             await self._serve(conn)
+        except asyncio.CancelledError:
+            # The daemon is stopping and asyncio.run cancels the tasks of connections still open
+            # (an idle ktd-http, a ktctl): end quietly (Python 3.11's start_unix_server callback
+            # logs a cancelled connection task as an error with a traceback).
+            pass
         finally:
             del self.open[conn.cid]
             conn.closed = True
