@@ -5,7 +5,8 @@ the daemon's (``docs/PROTOCOL.md`` generate options), whose ``bad_request`` beco
 Refused with 400 rather than silently ignored: ``n``/``best_of`` > 1, ``logprobs``, ``echo``,
 ``tools``/``functions``, non-text content parts, ``response_format`` other than text. Accepted and
 ignored: ``user``, ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls`` and
-``logit_bias`` when empty.
+``logit_bias`` when empty. Extensions (llama-server has them too): ``top_k``, ``min_p``,
+``ignore_eos``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ def sampling(body: dict) -> dict[str, Any]:
               "top_p": _number(body, "top_p"), "seed": _integer(body, "seed"),
               "presence_penalty": _number(body, "presence_penalty"),
               "frequency_penalty": _number(body, "frequency_penalty"), "stop": _stop(body)}
+    # Non-standard, as llama-server accepts them: ignore_eos (benchmarks), top_k, min_p.
+    params.update(ignore_eos=_boolean(body, "ignore_eos"), top_k=_integer(body, "top_k"),
+                  min_p=_number(body, "min_p"))
     for name in ("presence_penalty", "frequency_penalty"):
         v = params[name]
         if v is not None and not -2.0 <= v <= 2.0:
