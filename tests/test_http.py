@@ -344,6 +344,23 @@ def test_health_is_503_while_the_daemon_is_away(tmp_path):
         assert g.stop() == 0
 
 
+def test_health_is_503_while_the_daemon_loads(tmp_path):
+    d = DaemonProcess(fake={"load_steps": 4, "load_delay_s": 6.0})
+    d.spawn()
+    try:
+        assert wait_for(lambda: os.path.exists(d.socket), 10)  # bound before the load, as under systemd
+        g = start_gateway(d.socket, d.dir, unix=False)
+        try:
+            r = httpx.get(f"{g.root}/health", timeout=30)
+            assert r.status_code == 503 and r.json()["status"] == "loading" and r.headers["retry-after"]
+            d.wait_ready(60)
+            assert wait_for(lambda: httpx.get(f"{g.root}/health", timeout=30).status_code == 200, 30)
+        finally:
+            assert g.stop() == 0
+    finally:
+        d.close()
+
+
 def test_api_keys(daemon, tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("# id:secret\nalice:0123456789abcdef-alice\nbob:0123456789abcdef-bob\n")
