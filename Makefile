@@ -100,7 +100,8 @@ bench-sampling: build
 	$(PY) -m ktd.bench.sampling $(BENCH_SAMPLING_ARGS)
 
 # The daemon: decode through the socket vs in-process, aggregate tokens/s with 1/2/4/8 streams
-# (ktctl bench), native forward with n rows: bench/results/daemon.json.
+# (ktctl bench), the same through the HTTP gateway (ktd-http; --no-http skips it), native forward
+# with n rows: bench/results/daemon.json.
 # Options: make bench-daemon BENCH_DAEMON_ARGS="--threads 4 --reps 5".
 BENCH_DAEMON_ARGS ?=
 bench-daemon: build
