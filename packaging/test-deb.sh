@@ -100,7 +100,7 @@ installed_layout() {
   in_root getent passwd ktd
   in_root getent group ktd
   in_root getent passwd ktd-http
-  in_root id -nG ktd-http | grep -qw ktd
+  in_root id -nG ktd-http | tr ' ' '\n' | grep -qx ktd
   for f in /usr/bin/ktd /usr/bin/ktctl /opt/ktd/bin/python3.11 /etc/ktd/ktd.yaml \
            /etc/sysctl.d/60-ktd-hugepages.conf /lib/systemd/system/ktd.service /lib/systemd/system/ktd.socket \
            /usr/bin/ktd-http /lib/systemd/system/ktd-http.service /lib/systemd/system/ktd-http.socket \

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from ktd.http.app import ApiKeys, Gateway, KeyFileError, build_app
     from ktd.http.backend import Backend
 
-    logging.getLogger("ktd").handlers[:] = [systemd.log_handler()]
+    logging.getLogger("ktd").handlers[:] = [systemd.log_handler("ktd-http")]
     logging.getLogger("ktd").setLevel(args.log_level.upper())
     logging.getLogger("ktd").propagate = False
     try:
