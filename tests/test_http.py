@@ -10,13 +10,11 @@ counting (tiktoken, which downloads its encodings) is never called, and LangSmit
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest

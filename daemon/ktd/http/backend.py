@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,7 +178,3 @@ async def fim_prompt_tokens(backend: Backend, model: ModelInfo, prefix: str, suf
     pre = await backend.call("tokenize", text=prefix, add_special=False) if prefix else {"tokens": []}
     suf = await backend.call("tokenize", text=suffix, add_special=False) if suffix else {"tokens": []}
     return [*bos["tokens"], fim["prefix"], *pre["tokens"], fim["suffix"], *suf["tokens"], fim["middle"]]
-
-
-def socket_from_env(default: str) -> str:
-    return os.environ.get("KTD_SOCKET") or default

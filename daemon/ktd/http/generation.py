@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,6 @@ class Outcome:
     finish_reason: str
     usage: dict[str, int]
     timings: dict[str, float]
-    started_ns: int
 
 
 class Dialect:
@@ -114,7 +112,6 @@ class GenerationResponse:
         await send({"type": "http.response.body", "body": body})
 
     async def _run(self, send) -> None:
-        started = time.time_ns()
         try:
             gen = await self.backend.stream(dict(self.params))
         except Exception as e:  # noqa: BLE001 - every failure gets an HTTP answer
@@ -155,8 +152,7 @@ class GenerationResponse:
             return
         result = gen.result or {}
         outcome = Outcome(text="".join(texts), finish_reason=result.get("finish_reason", "stop"),
-                          usage=result.get("usage", {}), timings=result.get("timings", {}),
-                          started_ns=started)
+                          usage=result.get("usage", {}), timings=result.get("timings", {}))
         if self.stream:
             if not headers_sent:
                 await self._start_stream(send)
