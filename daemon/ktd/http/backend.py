@@ -112,11 +112,11 @@ class Backend:
 
     async def client(self) -> AsyncClient:
         c = self._client
-        if c is not None and c._closed_error is None:
+        if c is not None and not c.closed:
             return c
         async with self._lock:
             c = self._client
-            if c is not None and c._closed_error is None:
+            if c is not None and not c.closed:
                 return c
             if c is not None:
                 await c.close()
