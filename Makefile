@@ -50,17 +50,26 @@ test-fast: build
 	$(PY) -m pytest -m "not slow and not realmodel" $(PYTEST_ARGS)
 
 # The README's first command: fetch the default model (SHA-256 verified into the cache if absent)
-# and serve it with the daemon in the foreground on ./run/ktd.sock (no root needed; Ctrl-C stops
-# it). MODEL=<known name> picks another model (`ktd fetch --list`); KTD_<SECTION>__<KEY>
+# and serve it with the daemon in the foreground on ./run/ktd.sock, with the HTTP gateway
+# (ktd-http, OpenAI and Ollama APIs) beside it on 127.0.0.1:$(HTTP_PORT); the gateway prints its
+# base URL on a line of its own once it listens. No root needed; Ctrl-C stops both (so does either
+# one exiting). MODEL=<known name> picks another model (`ktd fetch --list`); KTD_<SECTION>__<KEY>
 # environment variables override configuration keys (`ktd config explain`).
 MODEL ?= qwen2.5-coder-0.5b
 RUN_SOCKET := run/ktd.sock
+HTTP_PORT ?= 11435
 run: build
 	@mkdir -p run
 	@path=$$($(PY) -m ktd fetch $(MODEL)) || exit 1; \
 	echo "ktd: serving $$path on $(RUN_SOCKET); in another terminal try:"; \
 	echo "  .venv/bin/ktctl -s $(RUN_SOCKET) chat -m 'Write a Python function that checks whether a number is prime.'"; \
-	KTD_MODEL__PATH="$$path" KTD_SERVER__SOCKET_GROUP=null exec $(PY) -m ktd serve --socket $(RUN_SOCKET)
+	echo "  curl -s http://127.0.0.1:$(HTTP_PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"; \
+	echo "    -d '{\"model\": \"'$$(basename $$path .gguf)'\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'"; \
+	echo "OpenAI-compatible base URL (OPENAI_BASE_URL; Ollama clients: http://127.0.0.1:$(HTTP_PORT)):"; \
+	KTD_MODEL__PATH="$$path" KTD_SERVER__SOCKET_GROUP=null $(PY) -m ktd serve --socket $(RUN_SOCKET) & dpid=$$!; \
+	$(PY) -m ktd http --socket $(RUN_SOCKET) --listen 127.0.0.1:$(HTTP_PORT) & hpid=$$!; \
+	trap 'kill -TERM $$hpid $$dpid 2>/dev/null' INT TERM; \
+	wait -n $$dpid $$hpid; rc=$$?; kill -TERM $$hpid $$dpid 2>/dev/null; wait $$dpid $$hpid; exit $$rc
 
 # In-process generation without the daemon (ktd run): the default model on a demo prompt.
 # RUN_ARGS="--threads 4 --max-tokens 512" overrides.
@@ -91,7 +100,8 @@ bench-sampling: build
 	$(PY) -m ktd.bench.sampling $(BENCH_SAMPLING_ARGS)
 
 # The daemon: decode through the socket vs in-process, aggregate tokens/s with 1/2/4/8 streams
-# (ktctl bench), native forward with n rows: bench/results/daemon.json.
+# (ktctl bench), the same through the HTTP gateway (ktd-http; --no-http skips it), native forward
+# with n rows: bench/results/daemon.json.
 # Options: make bench-daemon BENCH_DAEMON_ARGS="--threads 4 --reps 5".
 BENCH_DAEMON_ARGS ?=
 bench-daemon: build

@@ -85,6 +85,9 @@ rm -rf "$SRC" "$OUT"/ktd_*.deb "$OUT"/ktd_*.buildinfo "$OUT"/ktd_*.changes
 mkdir -p "$SRC"
 cp -r packaging/debian "$SRC/debian"
 cp packaging/systemd/ktd.service packaging/systemd/ktd.socket "$SRC/debian/"
+# The gateway's units: debian/<package>.<name>.<type> for dh_installsystemd --name=ktd-http.
+cp packaging/systemd/ktd-http.service "$SRC/debian/ktd.ktd-http.service"
+cp packaging/systemd/ktd-http.socket "$SRC/debian/ktd.ktd-http.socket"
 cp -r packaging/man "$SRC/man"
 cp packaging/make-venv.sh packaging/sysctl/60-ktd-hugepages.conf "$SRC/"
 # The conffile: config/ktd.yaml with model.path set to the package's models directory.

@@ -3,14 +3,17 @@
 #   lintian              no errors (overrides carry a comment saying why)
 #   install (offline)    the bundle into a minimal Debian 12 root under `unshare -n`
 #   serve                the installed daemon as user ktd on a tiny generated model; the installed
-#                        ktctl's greedy text equals the engine's in-process greedy text
+#                        ktctl's greedy text equals the engine's in-process greedy text; the
+#                        installed gateway (ktd-http, user ktd-http) answers /v1/models and its
+#                        /v1/completions text equals it too, over loopback
 #   upgrade              to a rebuilt newer version, with an edited conffile (edit kept)
 #   remove / purge       /etc/ktd gone after purge; the model and the ktd user kept
 #   units                systemd-analyze verify (any output fails) and security (exposure <= 1.0)
 #                        on the installed units, in a Debian 12 root with systemd
 #   boot                 systemd-nspawn -b of that root: ktd.socket/ktd.service for real
-#                        (READY, socket activation, reload), skipped with the reason if nspawn
-#                        cannot boot here
+#                        (READY, socket activation, reload), and ktd-http.socket/.service
+#                        (disabled by default; enabled, /v1/models answers on 127.0.0.1:11435),
+#                        skipped with the reason if nspawn cannot boot here
 #   piuparts             install/purge test (KTD_SKIP_PIUPARTS=1 skips it)
 # Prints PASS/FAIL/SKIP per check, exits 1 if any check failed. Needs root (chroot, mounts,
 # unshare) and the Debian mirror for the tools and the roots (the install itself is offline).
@@ -96,9 +99,12 @@ installed_layout() {
   set -e
   in_root getent passwd ktd
   in_root getent group ktd
+  in_root getent passwd ktd-http
+  in_root id -nG ktd-http | tr ' ' '\n' | grep -qx ktd
   for f in /usr/bin/ktd /usr/bin/ktctl /opt/ktd/bin/python3.11 /etc/ktd/ktd.yaml \
            /etc/sysctl.d/60-ktd-hugepages.conf /lib/systemd/system/ktd.service /lib/systemd/system/ktd.socket \
-           /usr/share/man/man8/ktd.8.gz /usr/share/man/man1/ktctl.1.gz /usr/share/doc/ktd/copyright \
+           /usr/bin/ktd-http /lib/systemd/system/ktd-http.service /lib/systemd/system/ktd-http.socket \
+           /usr/share/man/man8/ktd-http.8.gz /usr/share/man/man8/ktd.8.gz /usr/share/man/man1/ktctl.1.gz /usr/share/doc/ktd/copyright \
            /usr/share/doc/ktd/changelog.gz; do
     in_root test -e "$f" || { echo "missing $f"; return 1; }
   done
@@ -109,7 +115,7 @@ installed_layout() {
   in_root ktd --version
   in_root ktd config check -q /etc/ktd/ktd.yaml
 }
-check "install: user, files, conffiles, models dir root:ktd 0750, ktd --version" installed_layout
+check "install: users ktd and ktd-http (in group ktd), files, conffiles, models dir root:ktd 0750, ktd --version" installed_layout
 
 # A tiny model, generated in the root by the installed interpreter (numpy + gguf of /opt/ktd)
 # with the build tree's generator.
@@ -180,6 +186,40 @@ for _ in range(n_max):
     batch = [nxt]
 sys.stdout.write(tok.decode(out))
 EOF
+# The gateway as user ktd-http (group ktd) in the root, on a loopback port the kernel picks (the
+# host's network namespace: the daemon's `unshare -n` has no loopback up; the Unix socket path
+# reaches it from any namespace). It prints its base URL on a line of its own.
+gateway_query() {
+  set -e
+  local tag=$1 want=$2 gpid url i
+  chroot "$R" setpriv --reuid=ktd-http --regid=ktd-http --init-groups --reset-env \
+    /usr/bin/ktd-http --socket /run/ktd/ktd.sock --listen 127.0.0.1:0 \
+    >"$WORK/gateway-$tag.out" 2>"$LOGS/gateway-$tag.log" &
+  gpid=$!
+  for i in $(seq 300); do
+    url=$(grep -m1 '^http://127.0.0.1:[0-9]*/v1$' "$WORK/gateway-$tag.out" || true)
+    [ -n "$url" ] && break
+    kill -0 $gpid 2>/dev/null || { cat "$LOGS/gateway-$tag.log"; return 1; }
+    sleep 0.1
+  done
+  echo "gateway: $url"
+  /usr/bin/python3 - "$url" "$want" <<'PYEOF' || { kill $gpid; cat "$LOGS/gateway-$tag.log"; return 1; }
+import json, sys, urllib.request
+url, want = sys.argv[1], sys.argv[2]
+models = json.load(urllib.request.urlopen(url + "/models", timeout=60))
+print("GET /v1/models:", json.dumps(models))
+assert models["data"][0]["id"] == "model", models
+req = urllib.request.Request(url + "/completions", headers={"Content-Type": "application/json"},
+                             data=json.dumps({"model": "model", "prompt": "hello world", "max_tokens": 8,
+                                              "temperature": 0}).encode())
+text = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["text"]
+print("POST /v1/completions:", repr(text))
+assert text == want, (text, want)
+PYEOF
+  kill -TERM $gpid
+  wait $gpid
+  echo "gateway exit status $?"
+}
 serve_and_query() {
   set -e
   local tag=$1
@@ -197,9 +237,10 @@ serve_and_query() {
   cat "$WORK/status-$tag.json"
   /usr/bin/python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["model"]["architecture"] == "llama", s' \
     "$WORK/status-$tag.json"
+  gateway_query "$tag" "$want"
   stop_daemon
 }
-check "serve: daemon as ktd, ktctl health/generate/status (greedy text = in-process engine), SIGTERM exit 0" \
+check "serve: daemon as ktd, ktctl health/generate/status (greedy text = in-process engine), ktd-http as ktd-http: /v1/models, /v1/completions (same text), SIGTERM exit 0" \
   serve_and_query v1
 kill_daemon
 
@@ -271,12 +312,20 @@ systemd_root() {
 check "units: Debian 12 root with systemd (mirror) + the bundle (offline)" systemd_root
 verify_units() {
   local out
-  out=$(unshare -n chroot "$S" systemd-analyze verify --man=no ktd.socket ktd.service 2>&1)
+  out=$(unshare -n chroot "$S" systemd-analyze verify --man=no ktd.socket ktd.service ktd-http.socket ktd-http.service 2>&1)
   local rc=$?
   echo "rc=$rc output: $out"
   [ $rc = 0 ] && [ -z "$out" ]
 }
-check "units: systemd-analyze verify on the installed units prints nothing" verify_units
+check "units: systemd-analyze verify on the installed units (ktd, ktd-http) prints nothing" verify_units
+security_http() {
+  local level
+  level=$(unshare -n chroot "$S" systemd-analyze security --offline=yes --no-pager ktd-http.service 2>&1 \
+    | sed -n 's/.*Overall exposure level for ktd-http.service: \([0-9.]*\).*/\1/p')
+  echo "exposure: ${level:-none}"
+  [ -n "$level" ] && awk -v l="$level" 'BEGIN { exit !(l <= 1.0) }'
+}
+check "units: systemd-analyze security ktd-http.service exposure <= 1.0" security_http
 security() {
   unshare -n chroot "$S" systemd-analyze security --offline=yes --no-pager ktd.service 2>&1 | tail -3
   local level
@@ -313,6 +362,19 @@ sleep 1
 systemctl show -p StatusText --value ktd.service
 systemctl is-active -q ktd.service || ok=0
 journalctl -b -u ktd.service --no-pager | tail -20
+# the HTTP gateway: installed disabled; enabled, its socket starts it on the first request
+[ "$(systemctl is-enabled ktd-http.socket)" = disabled ] || ok=0
+systemctl is-active -q ktd-http.socket && ok=0
+systemctl enable --now ktd-http.socket || ok=0
+/opt/ktd/bin/python -c '
+import json, urllib.request
+m = json.load(urllib.request.urlopen("http://127.0.0.1:11435/v1/models", timeout=120))
+print(m)
+assert m["data"][0]["id"] == "model"
+' || ok=0
+systemctl is-active -q ktd-http.service || ok=0
+systemctl show -p ActiveState -p StatusText ktd-http.service
+journalctl -b -u ktd-http.service --no-pager | tail -10
 [ $ok = 1 ] && echo SELFTEST-PASS || echo SELFTEST-FAIL
 systemctl poweroff --no-block
 EOF
@@ -346,7 +408,7 @@ boot() {
 if [ -n "${KTD_SKIP_BOOT:-}" ]; then
   skip "boot: systemd-nspawn -b (KTD_SKIP_BOOT set)"
 else
-  check "boot: systemd-nspawn -b: ktd.service READY (Type=notify), socket root:ktd 0660, socket activation, reload" boot
+  check "boot: systemd-nspawn -b: ktd.service READY (Type=notify), socket root:ktd 0660, socket activation, reload; ktd-http.socket disabled by default, enabled: /v1/models over loopback" boot
   if ! grep -q 'selftest' "$LOGS/nspawn.log" 2>/dev/null && [ ! -f "$S/root/selftest.log" ]; then
     echo "    (nspawn did not reach the self-test: $(head -3 "$LOGS/nspawn.log" | tr '\n' ' '))"
   fi

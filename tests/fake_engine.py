@@ -50,6 +50,7 @@ class ByteTokenizer:
     bos_id = BOS
     eos_ids = frozenset({EOS, IM_END})
     add_bos = True
+    fim_ids: dict[str, int] = {}  # no fill-in-the-middle tokens (the gateway refuses `suffix`)
     # what render_chat writes; tools in the Hermes style (<tool_call>), as Qwen's template
     chat_template = ("{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}"
                      "</tools> answer with <tool_call><|im_end|>\n{% endif %}"

@@ -22,6 +22,16 @@ def test_units_match_the_daemon():
     assert "ListenStream=/run/ktd/ktd.sock" in socket_unit and "RemoveOnStop=yes" in socket_unit
 
 
+def test_gateway_units():
+    service = open(os.path.join(UNITS, "ktd-http.service")).read()
+    socket_unit = open(os.path.join(UNITS, "ktd-http.socket")).read()
+    assert "ExecStart=/opt/ktd/bin/ktd-http --socket /run/ktd/ktd.sock" in service
+    assert "Type=notify" in service and "User=ktd-http" in service and "SupplementaryGroups=ktd" in service
+    assert "PrivateNetwork=yes" in service  # it only uses the sockets ktd-http.socket passes it
+    listens = [line for line in socket_unit.splitlines() if line.startswith("ListenStream=")]
+    assert listens == ["ListenStream=127.0.0.1:11435"]  # loopback only by default
+
+
 def test_systemd_analyze_verify_prints_nothing(tmp_path):
     tool = shutil.which("systemd-analyze")
     if tool is None:
@@ -30,10 +40,11 @@ def test_systemd_analyze_verify_prints_nothing(tmp_path):
     fake_bin = tmp_path / "ktd"
     fake_bin.write_text("#!/bin/sh\nexit 0\n")
     fake_bin.chmod(0o755)
-    for name in ("ktd.socket", "ktd.service"):
-        text = open(os.path.join(UNITS, name)).read().replace("/opt/ktd/bin/ktd", str(fake_bin))
-        (tmp_path / name).write_text(text)
-    r = subprocess.run([tool, "verify", "--man=no", str(tmp_path / "ktd.socket"), str(tmp_path / "ktd.service")],
+    names = ("ktd.socket", "ktd.service", "ktd-http.socket", "ktd-http.service")
+    for name in names:
+        text = open(os.path.join(UNITS, name)).read().replace("/opt/ktd/bin/ktd-http", str(fake_bin))
+        (tmp_path / name).write_text(text.replace("/opt/ktd/bin/ktd", str(fake_bin)))
+    r = subprocess.run([tool, "verify", "--man=no", *(str(tmp_path / n) for n in names)],
                        capture_output=True, text=True, cwd=tmp_path)
     out = (r.stdout + r.stderr).strip()
     if r.returncode != 0 and ("System has not been booted with systemd" in out or "Failed to connect" in out

@@ -229,6 +229,11 @@ class AsyncClient:
         except (ConnectionError, OSError):
             pass
 
+    @property
+    def closed(self) -> bool:
+        """The connection is gone (closed by the daemon, or an error notification arrived)."""
+        return self._closed_error is not None
+
     async def __aenter__(self) -> AsyncClient:
         return self
 

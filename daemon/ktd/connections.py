@@ -105,6 +105,13 @@ def loop_delivery(loop: asyncio.AbstractEventLoop) -> Deliver:
     return deliver
 
 
+def _fim_tokens(fim_ids: Mapping[str, int]) -> dict[str, int] | None:
+    """hello's ``fim``: the prefix/suffix/middle token ids when the model has all three."""
+    if all(k in fim_ids for k in ("pre", "suf", "mid")):
+        return {"prefix": fim_ids["pre"], "suffix": fim_ids["suf"], "middle": fim_ids["mid"]}
+    return None
+
+
 def _unprivileged_model(info: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in info.items() if k != "path"}
     if isinstance(info.get("weights_cache"), Mapping):  # its entry's path and reason name the model's path
@@ -273,6 +280,11 @@ class Connections:
         log.debug("connection %d from pid=%d uid=%d", conn.cid, conn.pid, conn.uid, extra=extra)
         try:
             await self._serve(conn)
+        except asyncio.CancelledError:
+            # The daemon is stopping and asyncio.run cancels the tasks of connections still open
+            # (an idle ktd-http, a ktctl): end quietly (Python 3.11's start_unix_server callback
+            # logs a cancelled connection task as an error with a traceback).
+            pass
         finally:
             del self.open[conn.cid]
             conn.closed = True
@@ -470,7 +482,8 @@ class Connections:
             return {"protocol": protocol.PROTOCOL_VERSION, "server": f"ktd {__version__}",
                     "model": info if conn.privileged else _unprivileged_model(info),
                     "n_ctx": self.engine.n_ctx,
-                    "n_seq_max": self.engine.n_seq_max, "n_vocab": tok.n_vocab}
+                    "n_seq_max": self.engine.n_seq_max, "n_vocab": tok.n_vocab,
+                    "fim": _fim_tokens(tok.fim_ids)}
         if m == "cancel":
             msgid = protocol.parse_cancel(p)
             if msgid not in conn.active:

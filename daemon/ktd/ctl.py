@@ -1,5 +1,5 @@
 """``ktctl``: command-line client of a running ktd (generate, chat, status, health, metrics,
-tokenize, bench). The socket is --socket, else $KTD_SOCKET, else /run/ktd/ktd.sock."""
+tokenize, bench; ``http`` checks the HTTP gateway). The socket is --socket, else $KTD_SOCKET, else /run/ktd/ktd.sock."""
 
 from __future__ import annotations
 
@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-p", "--prompt", default="Write a short story about a lighthouse keeper.")
     b.add_argument("-n", "--max-tokens", type=int, default=64)
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
+    h = sub.add_parser("http", help="check the HTTP gateway (ktd-http) and print how to point clients at it")
+    h.add_argument("--url", default=None,
+                   help="the gateway's base URL (default $KTD_HTTP_URL, else http://127.0.0.1:11435)")
+    h.add_argument("--api-key", default=None, help="API key (default $KTD_API_KEY), when the gateway wants one")
     return parser
 
 
@@ -269,10 +273,51 @@ def cmd_bench(path: str, timeout: float, args) -> int:
     return 0 if not r["errors"] else 1
 
 
+def cmd_http(args) -> int:
+    """GET /health and /v1/models of the gateway (stdlib only), then the client settings."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    from ktd.http import DEFAULT_PORT
+
+    root = (args.url or os.environ.get("KTD_HTTP_URL") or f"http://127.0.0.1:{DEFAULT_PORT}").rstrip("/")
+    root = root[:-3] if root.endswith("/v1") else root
+    key = args.api_key or os.environ.get("KTD_API_KEY")
+
+    def get(path: str) -> tuple[int, Any]:
+        req = urllib.request.Request(root + path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        try:
+            with urllib.request.urlopen(req, timeout=args.timeout) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    try:
+        code, health = get("/health")
+        mcode, models = get("/v1/models")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"ktctl: error: {root}: {getattr(e, 'reason', e)} (is ktd-http running? "
+              "systemctl enable --now ktd-http.socket)", file=sys.stderr)
+        return 1
+    if mcode == 401:
+        print(f"ktctl: error: {root}: the gateway wants an API key (--api-key or $KTD_API_KEY)", file=sys.stderr)
+        return 1
+    model = models["data"][0]["id"] if mcode == 200 and models.get("data") else "?"
+    print(f"{root}: {health.get('status') if isinstance(health, dict) else code}, model {model}")
+    print(f"OpenAI SDK:  OPENAI_BASE_URL={root}/v1 OPENAI_API_KEY={'<your key>' if key else 'any'}  model={model!r}")
+    print(f"Ollama:      OLLAMA_HOST={root}")
+    print(f"Open WebUI:  OPENAI_API_BASE_URL={root}/v1 (or OLLAMA_BASE_URL={root}); from its container "
+          "use the host's address, not 127.0.0.1")
+    return 0 if code == 200 and mcode == 200 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     path = args.socket or default_socket()
     try:
+        if args.command == "http":
+            return cmd_http(args)
         if args.command == "bench":
             return cmd_bench(path, args.timeout, args)
         with Client(path, timeout=args.timeout) as client:

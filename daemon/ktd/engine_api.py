@@ -37,6 +37,7 @@ class Tokenizer(Protocol):
     eos_ids: frozenset[int]          # ids that end generation (eos, eot, im_end ...)
     add_bos: bool
     chat_template: str | None
+    fim_ids: dict[str, int]          # fill-in-the-middle token ids by role (pre, suf, mid ...); {} if none
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 

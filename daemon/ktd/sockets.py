@@ -87,7 +87,19 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int, frozenset[int]
     pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                         struct.calcsize("3i")))
     groups: frozenset[int] = frozenset()
-    with contextlib.suppress(OSError):
-        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 4 * 1024)
+    try:
+        # Python's getsockopt refuses buffers above 1024 bytes (256 groups; ERANGE beyond)
+        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 1024)
         groups = frozenset(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+    except OSError:  # more than 256 groups, or a kernel without SO_PEERGROUPS: ask /proc
+        groups = _proc_groups(pid)
     return pid, uid, gid, groups
+
+
+def _proc_groups(pid: int) -> frozenset[int]:
+    """The supplementary gids of process ``pid`` (/proc/PID/status ``Groups:``), empty if unknown."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Groups:"):
+                return frozenset(int(g) for g in line.split()[1:])
+    return frozenset()

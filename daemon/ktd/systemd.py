@@ -116,10 +116,10 @@ def under_journal() -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
-def log_handler() -> logging.Handler:
+def log_handler(identifier: str = "ktd") -> logging.Handler:
     """JournalHandler (structured fields from ``extra=``) under systemd, else stderr."""
     if under_journal():
-        return _journal.JournalHandler(SYSLOG_IDENTIFIER="ktd")
+        return _journal.JournalHandler(SYSLOG_IDENTIFIER=identifier)
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s ktd %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {identifier} %(levelname)s %(name)s: %(message)s"))
     return handler

@@ -18,9 +18,16 @@ every figure of that repetition alike (the quoted ratios are medians of per-repe
   and, per request, the decode rate the client sees (same definition as ``inproc``).
   The daemon's metrics give the engine thread's split: forward, sampling, the rest.
 
+- ``http[n]``: the same daemon through ktd-http (``ktd http`` on 127.0.0.1, a kernel-chosen
+  port), driven by ``ktd.bench.http_load`` (a separate process, streamed ``/v1/completions``
+  with ``ignore_eos``) with n concurrent streams: the same figures as ``daemon[n]``, plus the
+  gateway's CPU per token.
+
 Both sides use the same sampling parameters (the protocol defaults, ``ignore_eos``), so the
 socket ratio measures the daemon's overhead (scheduler, event loop, framing, client). Goals
 (issue 6): socket decode ≥ 97 % of in-process; aggregate at 4 streams ≥ 3× one stream.
+(issue 15): HTTP decode (1 stream) ≥ 95 % of in-process; HTTP aggregate at 8 streams within 5 %
+of the socket's.
 """
 
 from __future__ import annotations
@@ -209,6 +216,56 @@ class DaemonRun:
         self.log.close()
 
 
+class GatewayRun:
+    """``python -m ktd http`` in front of ``daemon`` on 127.0.0.1 (a port the kernel picks)."""
+
+    def __init__(self, daemon: DaemonRun):
+        self.daemon = daemon
+        self.log = open(os.path.join(daemon.dir, "gateway.log"), "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "ktd", "http", "--socket", daemon.socket,
+                                      "--listen", "127.0.0.1:0", "--log-level", "warning"],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.proc.stdout.readline().strip()  # its base URL, printed once it listens
+        if not line.startswith("http://"):
+            self.stop()
+            raise SystemExit(f"ktd http did not start: {open(self.log.name).read()[-2000:]}")
+        self.url = line
+
+    def bench(self, streams: int, n_tokens: int) -> dict[str, Any]:
+        before = self.daemon.metrics()
+        cpu_before = _thread_cpu(self.daemon.pid)
+        gw_before = _thread_cpu(self.proc.pid)
+        r = subprocess.run([sys.executable, "-m", "ktd.bench.http_load", self.url, "--streams", str(streams),
+                            "--tokens", str(n_tokens), "--prompt", PROMPT],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise SystemExit(f"http_load failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
+        gw_after = _thread_cpu(self.proc.pid)
+        cpu_after = _thread_cpu(self.daemon.pid)
+        result = json.loads(r.stdout)
+        after = self.daemon.metrics()
+        n = max(1, result["generated_tokens"])
+        loop = cpu_after.get(self.daemon.pid, 0.0) - cpu_before.get(self.daemon.pid, 0.0)
+        gateway = sum(v - gw_before.get(t, 0.0) for t, v in gw_after.items())
+        result["cpu_ms_per_token"] = {"event_loop": round(loop / n * 1e3, 3),
+                                      "gateway": round(gateway / n * 1e3, 3),
+                                      "client": round(result["cpu_s"] / n * 1e3, 3)}
+        steps = (after.get("ktd_steps_total", 0.0) - before.get("ktd_steps_total", 0.0)) or 1.0
+        result["engine_ms_per_step"] = {
+            k: round((after.get(f"ktd_{k}_seconds_total", 0.0) - before.get(f"ktd_{k}_seconds_total", 0.0))
+                     / steps * 1e3, 3) for k in ("step", "forward", "sample")}
+        return result
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.daemon", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="known model name or GGUF path")
@@ -217,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per request")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--no-http", action="store_true", help="skip the HTTP gateway path")
     args = ap.parse_args(argv)
     if min(args.streams) < 1 or args.tokens < 2 or args.reps < 1:
         ap.error("--streams, --tokens (>= 2) and --reps must be positive")
@@ -231,26 +289,41 @@ def main(argv: list[str] | None = None) -> int:
     info = engine.info()
     daemon = DaemonRun(path, args.threads, max(streams))
     reps: list[dict[str, Any]] = []
+    gateway: GatewayRun | None = None
     try:
         daemon.wait_ready()
+        if not args.no_http:
+            gateway = GatewayRun(daemon)
         for rep in range(args.reps):
             row: dict[str, Any] = {"inproc_decode_tokens_per_s": inproc_decode(engine, args.tokens),
                                    "native_rows_per_s": {}, "daemon": {}}
             for n in streams:
                 row["native_rows_per_s"][n] = native_rows(engine, n, args.tokens // 2)
-            for n in streams:
+            for n in streams:  # socket and HTTP alternate per stream count: a load change hits both
                 row["daemon"][n] = daemon.bench(n, args.tokens)
+                if gateway:
+                    row.setdefault("http", {})[n] = gateway.bench(n, args.tokens)
             base = row["daemon"][streams[0]]["tokens_per_s"]
             row["socket_decode_ratio"] = (row["daemon"][streams[0]]["decode_tokens_per_s"]["p50"]
                                           / row["inproc_decode_tokens_per_s"])
             row["daemon_gain"] = {n: row["daemon"][n]["tokens_per_s"] / base for n in streams}
             row["native_gain"] = {n: row["native_rows_per_s"][n] / row["native_rows_per_s"][streams[0]]
                                   for n in streams}
+            if gateway:
+                row["http_decode_ratio"] = (row["http"][streams[0]]["decode_tokens_per_s"]["p50"]
+                                            / row["inproc_decode_tokens_per_s"])
+                row["http_aggregate_ratio"] = {n: row["http"][n]["tokens_per_s"] / row["daemon"][n]["tokens_per_s"]
+                                               for n in streams}
             reps.append(row)
             print(f"rep {rep + 1}/{args.reps}: in-process {row['inproc_decode_tokens_per_s']:.1f} tok/s, "
                   f"socket {row['socket_decode_ratio']:.1%}, daemon gain "
-                  + " ".join(f"{n}:{g:.2f}x" for n, g in row["daemon_gain"].items()), file=sys.stderr)
+                  + " ".join(f"{n}:{g:.2f}x" for n, g in row["daemon_gain"].items())
+                  + (f", http {row['http_decode_ratio']:.1%} of in-process, http/socket aggregate "
+                     + " ".join(f"{n}:{g:.1%}" for n, g in row["http_aggregate_ratio"].items())
+                     if gateway else ""), file=sys.stderr)
     finally:
+        if gateway:
+            gateway.stop()
         daemon.stop()
 
     med = statistics.median
@@ -264,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         "engine_ms_per_step": {n: reps[-1]["daemon"][n]["engine_ms_per_step"] for n in streams},
         "cpu_ms_per_token": {n: reps[-1]["daemon"][n]["cpu_ms_per_token"] for n in streams},
     }
+    if gateway:
+        summary["http_decode_ratio"] = med(r["http_decode_ratio"] for r in reps)
+        summary["http_tokens_per_s"] = {n: med(r["http"][n]["tokens_per_s"] for r in reps) for n in streams}
+        summary["http_aggregate_ratio"] = {n: med(r["http_aggregate_ratio"][n] for r in reps) for n in streams}
+        summary["http_cpu_ms_per_token"] = {n: reps[-1]["http"][n]["cpu_ms_per_token"] for n in streams}
     out = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(["python -m ktd.bench.daemon", *(argv if argv is not None else sys.argv[1:])]),
            "model": info, "threads": args.threads, "tokens": args.tokens, "reps": reps, "summary": summary}
@@ -289,7 +367,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:8d} {summary['daemon_tokens_per_s'][n]:13.1f} {summary['daemon_gain'][n]:6.2f}x "
               f"{summary['native_gain'][n]:11.2f}x {e['step']:8.2f} {e['forward']:8.2f} {e['sample']:8.2f}"
               f"                 {c['event_loop']:6.3f} {c['client']:6.3f}")
-    print(f"(goal: gain >= 3x at 4 streams) -> {args.out}")
+    print("(goal: gain >= 3x at 4 streams)")
+    if gateway:
+        print(f"HTTP decode (1 stream)     {summary['http_decode_ratio']:8.1%} of in-process   (goal >= 95%)")
+        # in CPU terms (less disturbed by a busy machine): the gateway's CPU per token at one
+        # stream against the forward's time per token
+        fwd = summary["engine_ms_per_step"][streams[0]]["forward"]
+        if fwd > 0:
+            g = summary["http_cpu_ms_per_token"][streams[0]]["gateway"]
+            summary["http_gateway_cpu_of_forward"] = g / fwd
+            print(f"gateway CPU (1 stream)     {g:8.3f} ms/token = {g / fwd:.2%} of the forward")
+        print(f"{'streams':>8} {'http tok/s':>11} {'http/socket':>12}   cpu ms/token: {'gateway':>8} {'client':>7}")
+        for n in streams:
+            c = summary["http_cpu_ms_per_token"][n]
+            print(f"{n:8d} {summary['http_tokens_per_s'][n]:11.1f} {summary['http_aggregate_ratio'][n]:11.1%}"
+                  f"                 {c['gateway']:8.3f} {c['client']:7.3f}")
+        print(f"(goal: http/socket aggregate at {streams[-1]} streams >= 95%)")
+    print(f"-> {args.out}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0

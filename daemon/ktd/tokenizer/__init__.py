@@ -117,6 +117,7 @@ class Tokenizer:
     eos_ids: frozenset[int]
     add_bos: bool
     chat_template: str | None
+    fim_ids: dict[str, int]          # fill-in-the-middle tokens by role: pre, suf, mid, pad, rep, sep
 
     def __init__(self, meta: dict, source: str = "<metadata>"):
         def need(key):
@@ -241,13 +242,16 @@ class Tokenizer:
         if self.eom_id is None and "<|eom_id|>" in token_to_id:
             self.eom_id = token_to_id["<|eom_id|>"]
             attrs[self.eom_id] |= ATTR_CONTROL
-        for key, fim_texts, ends in _FIM_TEXTS.values():
+        self.fim_ids: dict[str, int] = {}
+        for role, (key, fim_texts, ends) in _FIM_TEXTS.items():
             fid = meta_id(key, None)
             if fid is None:
                 found = sorted(token_to_id[t] for t in fim_texts if t in token_to_id)
                 if found:
                     fid = found[0]
                     attrs[fid] |= ATTR_CONTROL
+            if fid is not None:
+                self.fim_ids[role] = fid
             if ends and fid is not None:
                 eog.add(fid)
         for t in _EOG_TEXTS:

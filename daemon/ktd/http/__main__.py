@@ -1,0 +1,5 @@
+import sys
+
+from ktd.http.serve import main
+
+sys.exit(main())

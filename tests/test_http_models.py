@@ -1,0 +1,143 @@
+"""ktd-http in front of the daemon running the real engine: a tiny generated llama model (fast
+suite) and the real Qwen2.5-Coder-0.5B-Instruct (realmodel, slow). The reference is ktd.client
+sending the same request to the same daemon at temperature 0; for fill-in-the-middle it is
+ktd.client with the FIM prompt written out as text (Qwen's documented
+``<|fim_prefix|>…<|fim_suffix|>…<|fim_middle|>`` form, parsed with parse_special), an independent
+construction of what the gateway builds from the token ids ``hello`` reports.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from http_helpers import start_gateway
+from ktd.client import Client
+from models.tiny_dense import make_model
+
+openai = pytest.importorskip("openai", reason="the openai package (requirements-dev.txt) is not installed")
+ollama = pytest.importorskip("ollama", reason="the ollama package (requirements-dev.txt) is not installed")
+
+os.environ.setdefault("LANGSMITH_TRACING", "false")
+
+
+def _serve(model_path, workdir) -> tuple[subprocess.Popen, str]:
+    sock = os.path.join(workdir, "ktd.sock")
+    env = dict(os.environ, KTD_MODEL__PATH=str(model_path), KTD_MODEL__N_CTX="512",
+               KTD_MODEL__N_SEQ_MAX="2", KTD_MODEL__THREADS="2", KTD_SERVER__SOCKET_GROUP="null")
+    proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", sock], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with Client(sock, timeout=60) as c:
+                if c.health()["status"] == "ok":
+                    return proc, sock
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"daemon did not start:\n{proc.communicate()[0]}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def served(request, tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("h"))
+    model = request.param(workdir)
+    proc, sock = _serve(model, workdir)
+    g = start_gateway(sock, workdir)
+    yield sock, g, os.path.basename(str(model))[: -len(".gguf")]
+    assert g.stop() == 0
+    proc.terminate()
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+
+
+def _tiny(workdir):
+    return make_model("llama", os.path.join(workdir, "tiny-llama.gguf"), wtype="Q8_0")
+
+
+def _qwen(workdir):
+    from ktd import models
+
+    if not models.is_cached("qwen2.5-coder-0.5b") and os.environ.get("KTD_NO_FETCH"):
+        pytest.skip("real model qwen2.5-coder-0.5b not in cache and KTD_NO_FETCH is set")
+    try:
+        return models.fetch("qwen2.5-coder-0.5b")
+    except models.FetchError as e:
+        pytest.skip(f"cannot fetch real model qwen2.5-coder-0.5b: {e}")
+
+
+def reference(sock, **params) -> dict:
+    with Client(sock, timeout=120) as c:
+        return c.generate(**params)
+
+
+@pytest.mark.parametrize("served", [_tiny], indirect=True, ids=["tiny-llama"])
+def test_tiny_model_completions(served):
+    sock, g, model = served
+    prompt = "hello world"
+    want = reference(sock, prompt=prompt, parse_special=True, temperature=0, max_tokens=16)
+    assert want["usage"]["completion_tokens"] > 0
+    client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0)
+    r = client.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=16)
+    assert r.choices[0].text == want["text"]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (want["usage"]["prompt_tokens"],
+                                                                 want["usage"]["completion_tokens"])
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt=prompt, temperature=0, max_tokens=16, stream=True) if c.choices)
+    assert streamed == want["text"]
+    o = ollama.Client(host=g.root)
+    assert o.generate(model=model, prompt=prompt, raw=True, options={"temperature": 0, "num_predict": 16}
+                      ).response == want["text"]
+    # the tiny vocabulary has no FIM tokens: a clear 400
+    r = httpx.post(f"{g.url}/completions", json={"model": model, "prompt": "a", "suffix": "b"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "fim_unsupported"
+
+
+CHAT = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+@pytest.mark.parametrize("served", [_qwen], indirect=True, ids=["qwen2.5-coder-0.5b"])
+def test_qwen_chat_and_fim_through_the_gateway(served):
+    sock, g, model = served
+    want = reference(sock, messages=CHAT, temperature=0, max_tokens=48)
+    assert "def " in want["text"]  # a sensible answer
+    client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=48)
+    assert r.choices[0].message.content == want["text"]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (want["usage"]["prompt_tokens"],
+                                                                 want["usage"]["completion_tokens"])
+    usage, pieces = None, []
+    for c in client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=48,
+                                            stream=True, stream_options={"include_usage": True}):
+        usage = c.usage or usage
+        pieces += [ch.delta.content or "" for ch in c.choices]
+    assert "".join(pieces) == want["text"] and usage.completion_tokens == want["usage"]["completion_tokens"]
+    o = ollama.Client(host=g.root)
+    assert o.chat(model=model, messages=CHAT, options={"temperature": 0, "num_predict": 48}
+                  ).message.content == want["text"]
+    lc = pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
+    llm = lc.ChatOpenAI(model=model, base_url=g.url, api_key="unused", temperature=0, max_tokens=48,
+                        max_retries=0)
+    assert llm.invoke(CHAT[0]["content"]).content == want["text"]
+
+    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(2, 3))\n"
+    fim_text = f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
+    want = reference(sock, prompt=fim_text, parse_special=True, temperature=0, max_tokens=16)
+    assert "a + b" in want["text"]
+    r = client.completions.create(model=model, prompt=prefix, suffix=suffix, temperature=0, max_tokens=16)
+    assert r.choices[0].text == want["text"]
+    assert r.usage.prompt_tokens == want["usage"]["prompt_tokens"]
+    r = o.generate(model=model, prompt=prefix, suffix=suffix, options={"temperature": 0, "num_predict": 16})
+    assert r.response == want["text"]
+    show = o.show(model)
+    assert "insert" in show.capabilities
