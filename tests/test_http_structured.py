@@ -222,3 +222,22 @@ def test_ollama_bad_format_is_a_400(gateway):
     r = httpx.post(f"{gateway.root}/api/chat", timeout=30,
                    json={"model": "fake", "messages": MSGS, "format": "yaml", "stream": False})
     assert r.status_code == 400 and "format" in r.json()["error"]
+
+
+def test_ollama_stream_and_whole_render_calls_that_ollamas_types_parse():
+    """The Ollama dialect's streamed (NDJSON) and whole answers for an outcome holding a call (the
+    daemon's OpenAI-shaped call) parse with the ollama package's own response types."""
+    from ktd.http.generation import Outcome
+    from ktd.http.ollama import ChatDialect
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "CET"}'}}
+    out = Outcome(text="", finish_reason="tool_calls", usage={"prompt_tokens": 3, "completion_tokens": 9},
+                  timings={}, tool_calls=[call])
+    d = ChatDialect("fake")
+    lines = [json.loads(x) for x in d.end(out).decode().splitlines()]
+    parts = [ollama.ChatResponse(**x) for x in lines]
+    calls = [c for p in parts for c in p.message.tool_calls or ()]
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [("get_time", {"tz": "CET"})]
+    assert parts[-1].done and parts[-1].done_reason == "stop"
+    whole = ollama.ChatResponse(**d.whole(out))
+    assert dict(whole.message.tool_calls[0].function.arguments) == {"tz": "CET"}
