@@ -334,9 +334,8 @@ def legacy_logprobs(entries: list[dict], offset: int = 0) -> dict[str, Any]:
 
 
 class ChatDialect(_OpenAIDialect):
-    def __init__(self, model: str, include_usage: bool, logprobs: bool = False):
+    def __init__(self, model: str, include_usage: bool):
         super().__init__(model, include_usage, "chatcmpl")
-        self.logprobs = logprobs
 
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
