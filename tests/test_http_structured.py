@@ -140,6 +140,15 @@ def test_openai_logprobs_equal_ktd_client(daemon, client):
     assert lp.tokens == [e["token"] for e in want_c["logprobs"]]
     assert lp.token_logprobs == [e["logprob"] for e in want_c["logprobs"]]
     assert lp.top_logprobs == [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in want_c["logprobs"]]
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    toks, vals, offs = [], [], []
+    for chunk in client.completions.create(model="fake", prompt="Once", logprobs=2, stream=True, **kw):
+        for ch in chunk.choices:
+            if ch.logprobs:
+                toks += ch.logprobs.tokens
+                vals += ch.logprobs.token_logprobs
+                offs += ch.logprobs.text_offset
+    assert (toks, vals, offs) == (lp.tokens, lp.token_logprobs, lp.text_offset)
 
 
 @pytest.mark.parametrize("body, param", [
