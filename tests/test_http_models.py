@@ -141,3 +141,77 @@ def test_qwen_chat_and_fim_through_the_gateway(served):
     assert r.response == want["text"]
     show = o.show(model)
     assert "insert" in show.capabilities
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+@pytest.mark.parametrize("served", [_qwen], indirect=True, ids=["qwen2.5-coder-0.5b"])
+def test_qwen_structured_output_tools_and_logprobs_through_the_gateway(served):
+    import json
+
+    import jsonschema
+
+    sock, g, model = served
+    client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0)
+    ask = [{"role": "user", "content": "Invent a person; answer in JSON with name and age."}]
+    r = client.chat.completions.create(model=model, messages=ask, temperature=0, max_tokens=60,
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "person", "schema": PERSON, "strict": True}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+
+    weather = [{"role": "user", "content": "What is the weather in Paris in celsius?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model=model, messages=weather, tools=[WEATHER], tool_choice=named,
+                                       temperature=0, max_tokens=80)
+    assert r.choices[0].finish_reason == "tool_calls"
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    with Client(sock, timeout=120) as c:
+        want = c.call("generate", stream=False, messages=weather, tools=[WEATHER], tool_choice=named,
+                      temperature=0, max_tokens=80)
+    assert call.function.arguments == want["tool_calls"][0]["function"]["arguments"]
+    args = ""
+    for chunk in client.chat.completions.create(model=model, messages=weather, tools=[WEATHER],
+                                                tool_choice=named, temperature=0, max_tokens=80, stream=True):
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or ():
+                assert d.index == 0 and (d.function.name in (None, "get_weather"))
+                args += d.function.arguments or ""
+    assert args == call.function.arguments
+
+    # logprobs: the gateway's equal ktd.client's for the same request
+    with Client(sock, timeout=120) as c:
+        want = c.call("generate", stream=False, messages=CHAT, temperature=0, max_tokens=8, logprobs=True,
+                      top_logprobs=3)
+    r = client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=8, logprobs=True,
+                                       top_logprobs=3)
+    got = r.choices[0].logprobs.content
+    assert [(x.token, x.logprob) for x in got] == [(e["token"], e["logprob"]) for e in want["logprobs"]]
+    assert [[t.token for t in x.top_logprobs] for x in got] == \
+        [[t["token"] for t in e["top_logprobs"]] for e in want["logprobs"]]
+    assert all(x.top_logprobs[0].token == x.token for x in got)  # temperature 0: the top-1 is drawn
+
+    o = ollama.Client(host=g.root)
+    r = o.chat(model=model, messages=ask, format=PERSON, options={"temperature": 0, "num_predict": 60})
+    jsonschema.validate(json.loads(r.message.content), PERSON)
+    r = o.chat(model=model, messages=weather, tools=[WEATHER], options={"temperature": 0, "num_predict": 80})
+    for call in r.message.tool_calls or ():  # Ollama has no tool_choice: the 0.5B model may answer in text
+        jsonschema.validate(dict(call.function.arguments), WEATHER["function"]["parameters"])
+
+    lc = pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
+    llm = lc.ChatOpenAI(model=model, base_url=g.url, api_key="unused", temperature=0, max_tokens=80,
+                        max_retries=0)
+    msg = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke(weather[0]["content"])
+    assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
+    jsonschema.validate(msg.tool_calls[0]["args"], WEATHER["function"]["parameters"])

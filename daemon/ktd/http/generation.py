@@ -31,11 +31,14 @@ class Outcome:
     finish_reason: str
     usage: dict[str, int]
     timings: dict[str, float]
+    tool_calls: list[dict] | None = None   # the daemon's (OpenAI's shape), when the reply holds calls
+    logprobs: list[dict] | None = None     # every token's entry, when the request asked for them
+    logprobs_tail: list[dict] | None = None  # streamed: the entries no piece carried (held-back text)
 
 
 class Dialect:
     """How one API renders a generation. ``media_type`` of the streamed body; ``piece`` → bytes of
-    one text delta; ``first`` → bytes sent before the first delta (may be b""); ``end`` → the
+    one text delta (with the daemon's logprobs entries of its tokens, when asked); ``first`` → bytes sent before the first delta (may be b""); ``end`` → the
     closing bytes of a stream; ``whole`` → the JSON body of a non-streamed answer;
     ``error_body`` → (status, headers, body bytes) of an error before the stream starts;
     ``stream_error`` → bytes that report an error after the stream started."""
@@ -45,7 +48,7 @@ class Dialect:
     def first(self) -> bytes:
         return b""
 
-    def piece(self, text: str) -> bytes:
+    def piece(self, text: str, logprobs: list[dict] | None = None) -> bytes:
         raise NotImplementedError
 
     def end(self, outcome: Outcome) -> bytes:
@@ -119,18 +122,21 @@ class GenerationResponse:
             return
         pieces = gen.__aiter__()
         texts: list[str] = []
+        n_lp = 0  # gen.logprobs entries already sent with a piece
         headers_sent = False
         try:
             try:
                 async for piece in pieces:
-                    if not piece:
+                    lps = gen.logprobs[n_lp:]
+                    if not piece and not lps:
                         continue
+                    n_lp += len(lps)
                     texts.append(piece)
                     if self.stream:
                         if not headers_sent:
                             await self._start_stream(send)
                             headers_sent = True
-                        await send({"type": "http.response.body", "body": self.dialect.piece(piece),
+                        await send({"type": "http.response.body", "body": self.dialect.piece(piece, lps or None),
                                     "more_body": True})
             except asyncio.CancelledError:
                 if self._disconnected and gen.result is None:
@@ -152,7 +158,10 @@ class GenerationResponse:
             return
         result = gen.result or {}
         outcome = Outcome(text="".join(texts), finish_reason=result.get("finish_reason", "stop"),
-                          usage=result.get("usage", {}), timings=result.get("timings", {}))
+                          usage=result.get("usage", {}), timings=result.get("timings", {}),
+                          tool_calls=result.get("tool_calls") or None,
+                          logprobs=list(gen.logprobs) if self.params.get("logprobs") else None,
+                          logprobs_tail=gen.logprobs[n_lp:] if self.params.get("logprobs") else None)
         if self.stream:
             if not headers_sent:
                 await self._start_stream(send)

@@ -9,11 +9,18 @@ frequency_penalty. Options that configure Ollama's runner (num_ctx, num_thread, 
 accepted and ignored: ktd's configuration is /etc/ktd/ktd.yaml. ``keep_alive`` is accepted and
 ignored: the daemon keeps its one model loaded for its lifetime (``keep_alive: 0`` unloads
 nothing).
+
+``format`` ("json" or a JSON Schema object) becomes the daemon's ``grammar``; ``tools`` (the same
+shape as OpenAI's) and tool-call/tool-result messages pass to the daemon, and its calls come
+back in Ollama's shape (``message.tool_calls[].function`` with ``arguments`` as an object);
+``logprobs``/``top_logprobs`` give each chunk's (or the whole answer's) ``logprobs`` entries
+``{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import hashlib
 from typing import Any
 
@@ -79,17 +86,56 @@ def _check_common(body: dict) -> bool:
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise bad_request("stream must be a boolean")
-    fmt = body.get("format")
-    if fmt not in (None, ""):
-        raise bad_request("format (JSON mode / structured output) is not supported by ktd")
-    if body.get("tools"):
-        raise bad_request("tools (function calling) are not supported by ktd")
     if body.get("images"):
         raise bad_request("images are not supported by ktd (text models only)")
     ka = body.get("keep_alive")
     if ka is not None and (isinstance(ka, bool) or not isinstance(ka, (str, int, float))):
         raise bad_request("keep_alive must be a duration string or a number of seconds")
     return stream
+
+
+def structured(body: dict) -> dict[str, Any]:
+    """``format``, ``tools`` and ``logprobs``/``top_logprobs`` as the daemon's generate options."""
+    out: dict[str, Any] = {}
+    fmt = body.get("format")
+    if fmt == "json":
+        out["grammar"] = {"json_object": True}
+    elif isinstance(fmt, dict):
+        out["grammar"] = {"json_schema": fmt}
+    elif fmt not in (None, ""):
+        raise bad_request('format must be "json" or a JSON Schema object')
+    ts = body.get("tools")
+    if ts:
+        if not isinstance(ts, list) or not all(isinstance(t, dict) for t in ts):
+            raise bad_request("tools must be an array of objects")
+        out["tools"] = ts
+    lp = body.get("logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        raise bad_request("logprobs must be a boolean")
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise bad_request("top_logprobs must be an integer in [0, 20]")
+    if lp:
+        out.update(logprobs=True, top_logprobs=top or 0)
+    return out
+
+
+def _logprobs(entries: list[dict] | None) -> list[dict[str, Any]]:
+    def one(e: dict) -> dict[str, Any]:
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
+    return [{**one(e), "top_logprobs": [one(t) for t in e.get("top_logprobs", ())]} for e in entries or ()]
+
+
+def _ollama_calls(calls: list[dict]) -> list[dict[str, Any]]:
+    out = []
+    for c in calls:
+        args = c["function"].get("arguments", "{}")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            args = {}
+        out.append({"id": c.get("id"), "function": {"name": c["function"]["name"], "arguments": args}})
+    return out
 
 
 async def resolve_model(backend: Backend, body: dict) -> ModelInfo:
@@ -125,30 +171,53 @@ class _OllamaDialect(Dialect):
                 "eval_duration": int(t.get("decode_ms", 0) * ns)}
 
 
+def _lp(entries: list[dict] | None) -> dict[str, Any]:
+    return {"logprobs": _logprobs(entries)} if entries else {}
+
+
 class ChatDialect(_OllamaDialect):
-    def piece(self, text: str) -> bytes:
+    def piece(self, text: str, logprobs: list[dict] | None = None) -> bytes:
         return json_bytes({"model": self.model, "created_at": _now(),
-                           "message": {"role": "assistant", "content": text}, "done": False}) + b"\n"
+                           "message": {"role": "assistant", "content": text}, "done": False,
+                           **_lp(logprobs)}) + b"\n"
+
+    def _message(self, text: str, outcome: Outcome) -> dict[str, Any]:
+        m: dict[str, Any] = {"role": "assistant", "content": text}
+        if outcome.tool_calls:
+            m["tool_calls"] = _ollama_calls(outcome.tool_calls)
+        return m
 
     def end(self, outcome: Outcome) -> bytes:
-        return json_bytes({"model": self.model, "created_at": _now(),
-                           "message": {"role": "assistant", "content": ""}, **self._final(outcome)}) + b"\n"
+        out = b""
+        if outcome.tool_calls or outcome.logprobs_tail:  # as Ollama: the calls in a chunk of their own
+            out = json_bytes({"model": self.model, "created_at": _now(), "message": self._message("", outcome),
+                              "done": False, **_lp(outcome.logprobs_tail)}) + b"\n"
+        return out + json_bytes({"model": self.model, "created_at": _now(),
+                                 "message": {"role": "assistant", "content": ""}, **self._final(outcome)}) + b"\n"
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
-        return {"model": self.model, "created_at": _now(),
-                "message": {"role": "assistant", "content": outcome.text}, **self._final(outcome)}
+        return {"model": self.model, "created_at": _now(), "message": self._message(outcome.text, outcome),
+                **self._final(outcome), **_lp(outcome.logprobs)}
+
+    def _final(self, outcome: Outcome) -> dict[str, Any]:
+        f = super()._final(outcome)
+        if f["done_reason"] == "tool_calls":
+            f["done_reason"] = "stop"  # Ollama ends a reply with calls as "stop"
+        return f
 
 
 class GenerateDialect(_OllamaDialect):
-    def piece(self, text: str) -> bytes:
-        return json_bytes({"model": self.model, "created_at": _now(), "response": text, "done": False}) + b"\n"
+    def piece(self, text: str, logprobs: list[dict] | None = None) -> bytes:
+        return json_bytes({"model": self.model, "created_at": _now(), "response": text, "done": False,
+                           **_lp(logprobs)}) + b"\n"
 
     def end(self, outcome: Outcome) -> bytes:
         return json_bytes({"model": self.model, "created_at": _now(), "response": "",
-                           **self._final(outcome)}) + b"\n"
+                           **self._final(outcome), **_lp(outcome.logprobs_tail)}) + b"\n"
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
-        return {"model": self.model, "created_at": _now(), "response": outcome.text, **self._final(outcome)}
+        return {"model": self.model, "created_at": _now(), "response": outcome.text, **self._final(outcome),
+                **_lp(outcome.logprobs)}
 
 
 def _loaded(model: str, key: str, empty: str) -> dict[str, Any]:
@@ -156,7 +225,21 @@ def _loaded(model: str, key: str, empty: str) -> dict[str, Any]:
     return {"model": model, "created_at": _now(), key: empty, "done": True, "done_reason": "load"}
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _message_calls(i: int, calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise bad_request(f"messages[{i}].tool_calls must be an array")
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) \
+                or not isinstance(f.get("arguments", {}), (dict, str)):
+            raise bad_request(f"messages[{i}].tool_calls[{j}] must be {{\"function\": {{\"name\", \"arguments\"}}}}")
+        out.append({"id": str(c.get("id") or f"call_{i}_{j}"), "type": "function",
+                    "function": {"name": f["name"], "arguments": f.get("arguments", {})}})
+    return out
+
+
+def _messages(body: dict) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if messages is None:
         return []
@@ -165,13 +248,16 @@ def _messages(body: dict) -> list[dict[str, str]]:
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                or not isinstance(m.get("content", ""), str):
+                or not isinstance(m.get("content") or "", str):
             raise bad_request(f"messages[{i}] must be an object with string role and content")
         if m.get("images"):
             raise bad_request("images are not supported by ktd (text models only)")
+        msg: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
         if m.get("tool_calls"):
-            raise bad_request("tool calls are not supported by ktd")
-        out.append({"role": m["role"], "content": m.get("content", "")})
+            msg["tool_calls"] = _message_calls(i, m["tool_calls"])
+        if m["role"] == "tool" and isinstance(m.get("tool_name", m.get("name")), str):
+            msg["name"] = m.get("tool_name", m.get("name"))
+        out.append(msg)
     return out
 
 
@@ -179,7 +265,7 @@ async def chat(backend: Backend, body: dict, on_done=None):
     model = await resolve_model(backend, body)
     stream = _check_common(body)
     messages = _messages(body)
-    params = options(body)
+    params = {**options(body), **structured(body)}
     if not messages:
         return _loaded(body["model"], "message", {"role": "assistant", "content": ""})
     return GenerationResponse(backend, {"messages": messages, **params}, ChatDialect(body["model"]),
@@ -189,7 +275,7 @@ async def chat(backend: Backend, body: dict, on_done=None):
 async def generate(backend: Backend, body: dict, on_done=None):
     model = await resolve_model(backend, body)
     stream = _check_common(body)
-    params = options(body)
+    params = {**options(body), **structured(body)}
     prompt, suffix, system = body.get("prompt", ""), body.get("suffix"), body.get("system")
     for name, v in (("prompt", prompt), ("suffix", suffix), ("system", system)):
         if v is not None and not isinstance(v, str):

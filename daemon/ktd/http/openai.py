@@ -2,10 +2,14 @@
 
 Request fields are checked for type here (a wrong type is a 400 naming the field); ranges are
 the daemon's (``docs/PROTOCOL.md`` generate options), whose ``bad_request`` becomes a 400 too.
-Refused with 400 rather than silently ignored: ``n``/``best_of`` > 1, ``logprobs``, ``echo``,
-``tools``/``functions``, non-text content parts, ``response_format`` other than text. Accepted and
-ignored: ``user``, ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls`` and
-``logit_bias`` when empty. Extensions (llama-server has them too): ``top_k``, ``min_p``,
+Mapped onto the daemon's generate options: ``response_format`` (json_object, json_schema) →
+``grammar``; ``tools``/``tool_choice`` and tool-call/tool-result messages → the daemon's (whose
+answer is already in OpenAI's tool-call shape); ``logprobs``/``top_logprobs`` (chat) and
+``logprobs: N`` (completions, the legacy shape) → ``logprobs``/``top_logprobs``.
+Refused with 400 rather than silently ignored: ``n``/``best_of`` > 1, ``echo``, the legacy
+``functions``/``function_call``, non-text content parts. Accepted and ignored: ``user``,
+``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls`` (a reply may hold several calls
+under ``auto``; ``required`` forces exactly one) and ``logit_bias`` when empty. Extensions (llama-server has them too): ``top_k``, ``min_p``,
 ``ignore_eos``.
 """
 
@@ -18,7 +22,8 @@ from typing import Any
 from ktd.http.backend import Backend, HTTPFailure, ModelInfo, bad_request, fim_prompt_tokens
 from ktd.http.generation import Dialect, GenerationResponse, Outcome, json_bytes
 
-FINISH = {"stop": "stop", "length": "length"}
+FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
+MAX_TOP_LOGPROBS = 20  # the daemon's limit (OpenAI's chat API allows 20, its completions API 5)
 
 
 def error_body(f: HTTPFailure) -> dict[str, Any]:
@@ -76,20 +81,112 @@ def _refuse(body: dict) -> None:
         if n is not None and n != 1:
             raise bad_request(f"{name} = {n}: ktd generates one choice per request (send {n} requests)",
                               name, "unsupported_value")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise bad_request("logprobs are not supported by ktd", "logprobs", "unsupported_parameter")
     if body.get("echo"):
         raise bad_request("echo is not supported by ktd", "echo", "unsupported_parameter")
-    for name in ("tools", "functions"):
+    for name in ("functions", "function_call"):
         if body.get(name):
-            raise bad_request(f"{name} (function calling) is not supported by ktd", name,
-                              "unsupported_parameter")
+            raise bad_request(f"{name} (the deprecated function calling) is not supported by ktd: send "
+                              "tools and tool_choice", name, "unsupported_parameter")
     if body.get("logit_bias"):
         raise bad_request("logit_bias is not supported by ktd", "logit_bias", "unsupported_parameter")
+
+
+def response_format(body: dict) -> dict[str, Any] | None:
+    """The daemon's ``grammar`` for OpenAI's ``response_format`` (None: free text)."""
     rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise bad_request("response_format other than {\"type\": \"text\"} is not supported by ktd",
-                          "response_format", "unsupported_parameter")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise bad_request("response_format must be an object with a string type", "response_format",
+                          "invalid_type")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("name"), str) or not js["name"]:
+            raise bad_request("response_format.json_schema must be an object with a name (and a schema)",
+                              "response_format", "invalid_type")
+        schema = js.get("schema", {})
+        if not isinstance(schema, dict):
+            raise bad_request("response_format.json_schema.schema must be an object (a JSON Schema)",
+                              "response_format", "invalid_type")
+        if js.get("strict") not in (None, True, False):
+            raise bad_request("response_format.json_schema.strict must be a boolean", "response_format",
+                              "invalid_type")
+        # strict or not, the schema is enforced: the output always validates
+        return {"json_schema": schema or {"type": "object"}}
+    raise bad_request(f"response_format.type {kind!r}: expected text, json_object or json_schema",
+                      "response_format")
+
+
+def tools(body: dict) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` for the daemon, checked for shape; the daemon checks the rest."""
+    out: dict[str, Any] = {}
+    ts = body.get("tools")
+    if ts is not None:
+        if not isinstance(ts, list) or not all(isinstance(t, dict) for t in ts):
+            raise bad_request("tools must be an array of objects", "tools", "invalid_type")
+        names = []
+        for i, t in enumerate(ts):
+            f = t.get("function")
+            if t.get("type") != "function" or not isinstance(f, dict) or not isinstance(f.get("name"), str):
+                raise bad_request(f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                                  "{\"name\": ..., \"parameters\": ...}}", "tools", "invalid_type")
+            names.append(f["name"])
+        if ts:
+            out["tools"] = ts
+    else:
+        names = []
+    choice = body.get("tool_choice")
+    if choice is None:
+        return out
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise bad_request(f"tool_choice {choice!r}: expected auto, none, required or "
+                              "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    elif isinstance(choice, dict):
+        f = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise bad_request("tool_choice must be auto, none, required or "
+                              "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice",
+                              "invalid_type")
+        if f["name"] not in names:
+            raise bad_request(f"tool_choice names the function {f['name']!r}, which is not among the tools "
+                              f"({', '.join(names) or 'none given'})", "tool_choice")
+        choice = {"type": "function", "function": {"name": f["name"]}}
+    else:
+        raise bad_request("tool_choice must be a string or an object", "tool_choice", "invalid_type")
+    if not out and choice == "none":
+        return out  # no tools, none chosen: nothing to tell the daemon
+    if not out:
+        raise bad_request(f"tool_choice {choice!r} needs tools", "tool_choice")
+    out["tool_choice"] = choice
+    return out
+
+
+def chat_logprobs(body: dict) -> dict[str, Any]:
+    lp = _boolean(body, "logprobs")
+    top = _integer(body, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+    if top and not lp:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    return {"logprobs": True, "top_logprobs": top or 0} if lp else {}
+
+
+def completion_logprobs(body: dict) -> dict[str, Any]:
+    v = body.get("logprobs")
+    if v is None or v is False:
+        return {}
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad_request("logprobs must be an integer (the number of alternatives per token)", "logprobs",
+                          "invalid_type")
+    if not 0 <= v <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
+    return {"logprobs": True, "top_logprobs": v}
 
 
 def sampling(body: dict) -> dict[str, Any]:
@@ -123,7 +220,22 @@ def stream_flags(body: dict) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def chat_messages(body: dict) -> list[dict[str, str]]:
+def _tool_calls(where: str, calls: Any) -> list[dict]:
+    if not isinstance(calls, list):
+        raise bad_request(f"{where}.tool_calls must be an array", f"{where}.tool_calls", "invalid_type")
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) \
+                or not isinstance(f.get("arguments", "{}"), (str, dict)):
+            raise bad_request(f"{where}.tool_calls[{j}] must be {{\"id\", \"type\": \"function\", "
+                              "\"function\": {\"name\", \"arguments\"}}", f"{where}.tool_calls", "invalid_type")
+        out.append({"id": str(c.get("id") or f"call_{j}"), "type": "function",
+                    "function": {"name": f["name"], "arguments": f.get("arguments", "{}")}})
+    return out
+
+
+def chat_messages(body: dict) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty array", "messages", "invalid_type")
@@ -134,10 +246,10 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
             raise bad_request(f"{where} must be an object with a string role", where, "invalid_type")
         role = "system" if m["role"] == "developer" else m["role"]
         content = m.get("content")
+        if m.get("function_call"):
+            raise bad_request(f"{where}: function_call (deprecated) is not supported by ktd: send tool_calls",
+                              where, "unsupported_parameter")
         if content is None:
-            if m.get("tool_calls") or m.get("function_call"):
-                raise bad_request(f"{where}: tool calls are not supported by ktd", where,
-                                  "unsupported_parameter")
             content = ""
         elif isinstance(content, list):
             texts = []
@@ -150,7 +262,16 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
         elif not isinstance(content, str):
             raise bad_request(f"{where}.content must be a string or an array of text parts",
                               f"{where}.content", "invalid_type")
-        out.append({"role": role, "content": content})
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(where, m["tool_calls"])
+            if m.get("content") is None:
+                msg["content"] = None
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if isinstance(m.get(key), str):
+                    msg[key] = m[key]
+        out.append(msg)
     return out
 
 
@@ -190,6 +311,28 @@ class _OpenAIDialect(Dialect):
         return self._event({**self._head(), "choices": [], "usage": _usage(outcome.usage)})
 
 
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="surrogatepass"))
+
+
+def chat_logprobs_content(entries: list[dict]) -> list[dict[str, Any]]:
+    """The daemon's logprobs entries in OpenAI's chat shape (``choices[].logprobs.content``)."""
+    return [{"token": e["token"], "logprob": e["logprob"], "bytes": _token_bytes(e["token"]),
+             "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": _token_bytes(t["token"])}
+                              for t in e.get("top_logprobs", ())]} for e in entries]
+
+
+def legacy_logprobs(entries: list[dict], offset: int = 0) -> dict[str, Any]:
+    """The daemon's logprobs entries in the completions API's legacy shape."""
+    offsets, at = [], offset
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", ())} for e in entries],
+            "text_offset": offsets}
+
+
 class ChatDialect(_OpenAIDialect):
     def __init__(self, model: str, include_usage: bool):
         super().__init__(model, include_usage, "chatcmpl")
@@ -198,8 +341,9 @@ class ChatDialect(_OpenAIDialect):
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model, "system_fingerprint": None}
 
-    def _chunk(self, delta: dict, finish: str | None) -> bytes:
-        chunk = {**self._head(), "choices": [{"index": 0, "delta": delta, "logprobs": None,
+    def _chunk(self, delta: dict, finish: str | None, logprobs: list[dict] | None = None) -> bytes:
+        lp = {"content": chat_logprobs_content(logprobs), "refusal": None} if logprobs else None
+        chunk = {**self._head(), "choices": [{"index": 0, "delta": delta, "logprobs": lp,
                                               "finish_reason": finish}]}
         if self.include_usage:
             chunk["usage"] = None
@@ -208,47 +352,64 @@ class ChatDialect(_OpenAIDialect):
     def first(self) -> bytes:
         return self._chunk({"role": "assistant", "content": ""}, None)
 
-    def piece(self, text: str) -> bytes:
-        return self._chunk({"content": text}, None)
+    def piece(self, text: str, logprobs: list[dict] | None = None) -> bytes:
+        return self._chunk({"content": text}, None, logprobs)
 
     def end(self, outcome: Outcome) -> bytes:
-        return (self._chunk({}, FINISH.get(outcome.finish_reason, "stop")) + self._usage_event(outcome)
+        out = b""
+        if outcome.logprobs_tail:  # tokens of held-back text (a tool call): their entries, no content
+            out += self._chunk({}, None, outcome.logprobs_tail)
+        for i, call in enumerate(outcome.tool_calls or ()):
+            # one delta per call, whole (OpenAI's clients concatenate the arguments of each index)
+            out += self._chunk({"tool_calls": [{"index": i, **call}]}, None)
+        return (out + self._chunk({}, FINISH.get(outcome.finish_reason, "stop")) + self._usage_event(outcome)
                 + b"data: [DONE]\n\n")
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "refusal": None}
+        if outcome.tool_calls:
+            message["tool_calls"] = outcome.tool_calls
+            message["content"] = outcome.text or None
+        lp = ({"content": chat_logprobs_content(outcome.logprobs), "refusal": None}
+              if outcome.logprobs is not None else None)
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "system_fingerprint": None,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": outcome.text,
-                                                     "refusal": None},
-                             "logprobs": None, "finish_reason": FINISH.get(outcome.finish_reason, "stop")}],
+                "choices": [{"index": 0, "message": message,
+                             "logprobs": lp, "finish_reason": FINISH.get(outcome.finish_reason, "stop")}],
                 "usage": _usage(outcome.usage)}
 
 
 class CompletionDialect(_OpenAIDialect):
     def __init__(self, model: str, include_usage: bool):
         super().__init__(model, include_usage, "cmpl")
+        self.offset = 0  # text_offset of the next streamed token
 
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "system_fingerprint": None}
 
-    def _chunk(self, text: str, finish: str | None) -> bytes:
-        chunk = {**self._head(), "choices": [{"index": 0, "text": text, "logprobs": None,
+    def _chunk(self, text: str, finish: str | None, logprobs: list[dict] | None = None) -> bytes:
+        lp = None
+        if logprobs:
+            lp = legacy_logprobs(logprobs, self.offset)
+            self.offset += sum(len(e["token"]) for e in logprobs)
+        chunk = {**self._head(), "choices": [{"index": 0, "text": text, "logprobs": lp,
                                               "finish_reason": finish}]}
         if self.include_usage:
             chunk["usage"] = None
         return self._event(chunk)
 
-    def piece(self, text: str) -> bytes:
-        return self._chunk(text, None)
+    def piece(self, text: str, logprobs: list[dict] | None = None) -> bytes:
+        return self._chunk(text, None, logprobs)
 
     def end(self, outcome: Outcome) -> bytes:
-        return (self._chunk("", FINISH.get(outcome.finish_reason, "stop")) + self._usage_event(outcome)
-                + b"data: [DONE]\n\n")
+        return (self._chunk("", FINISH.get(outcome.finish_reason, "stop"), outcome.logprobs_tail)
+                + self._usage_event(outcome) + b"data: [DONE]\n\n")
 
     def whole(self, outcome: Outcome) -> dict[str, Any]:
+        lp = legacy_logprobs(outcome.logprobs) if outcome.logprobs is not None else None
         return {**self._head(),
-                "choices": [{"index": 0, "text": outcome.text, "logprobs": None,
+                "choices": [{"index": 0, "text": outcome.text, "logprobs": lp,
                              "finish_reason": FINISH.get(outcome.finish_reason, "stop")}],
                 "usage": _usage(outcome.usage)}
 
@@ -256,7 +417,10 @@ class CompletionDialect(_OpenAIDialect):
 async def chat_completions(backend: Backend, body: dict, on_done=None) -> GenerationResponse:
     model = await resolve_model(backend, body)
     stream, include_usage = stream_flags(body)
-    params = {"messages": chat_messages(body), **sampling(body)}
+    params = {"messages": chat_messages(body), **sampling(body), **tools(body), **chat_logprobs(body)}
+    grammar = response_format(body)
+    if grammar is not None:
+        params["grammar"] = grammar
     return GenerationResponse(backend, params, ChatDialect(body["model"], include_usage), stream=stream,
                               on_done=on_done)
 
@@ -264,7 +428,10 @@ async def chat_completions(backend: Backend, body: dict, on_done=None) -> Genera
 async def completions(backend: Backend, body: dict, on_done=None) -> GenerationResponse:
     model = await resolve_model(backend, body)
     stream, include_usage = stream_flags(body)
-    params = sampling(body)
+    params = {**sampling(body), **completion_logprobs(body)}
+    grammar = response_format(body)  # not in OpenAI's completions API; llama-server's extension
+    if grammar is not None:
+        params["grammar"] = grammar
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
