@@ -465,7 +465,8 @@ class Connections:
             ended: asyncio.Future[None] = loop.create_future()
             stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label)
             job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
-                      stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label)
+                      stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label,
+                      cache_prompt=g.cache_prompt)
             rid = conn.active[req.msgid] = self.scheduler.submit(job)
         except BaseException:
             conn.active.pop(req.msgid, None)

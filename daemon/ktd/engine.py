@@ -24,13 +24,16 @@ log = logging.getLogger("ktd.engine")
 class Engine:
     """One loaded model with ``n_seq_max`` KV slots of ``n_ctx`` tokens each."""
 
-    def __init__(self, model: "_native.Model", context: "_native.Context", tokenizer: Tokenizer, path: str):
+    def __init__(self, model: "_native.Model", context: "_native.Context", tokenizer: Tokenizer, path: str,
+                 cache_slots: int = 0):
         self.model = model
         self.context = context
         self.tokenizer = tokenizer
         self.path = path
         self.n_ctx = context.n_ctx
-        self.n_seq_max = context.n_seq_max
+        self.n_kv_slots = context.n_seq_max
+        self.n_seq_max = self.n_kv_slots - cache_slots
+        self.kv_bytes_per_token = context.kv_bytes_per_token
         self.n_vocab = model.n_vocab
         # Routing statistics as last copied by the engine thread (info() runs on the event loop
         # and must not wait for the context lock a running forward holds).
@@ -39,10 +42,11 @@ class Engine:
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
-             n_batch: int = 512, pin: bool = True, allow_repack: bool = True,
+             n_batch: int = 512, pin: bool = True, allow_repack: bool = True, cache_slots: int = 0,
              progress: Progress | None = None, **placement: Any) -> "Engine":
         """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file.
 
+        ``cache_slots``: KV slots beyond ``n_seq_max`` for the prefix cache (``ktd.prefix_cache``).
         ``placement``: the native Model's placement options (nodes, smt, sysfs_root, affinity,
         hugepages, hugetlb_page_size, mlock, numa_experts, numa_dense); see ``load`` for the
         config keys they come from."""
@@ -62,8 +66,8 @@ class Engine:
             raise GGUFError(f"{path}: tokenizer.ggml.tokens has {tokenizer.n_vocab} entries but "
                             f"token_embd.weight has {model.n_vocab} rows")
         log_memory(model, placement.get("hugepages", "auto"))
-        context = _native.Context(model, n_ctx, n_seq_max, n_batch)
-        return cls(model, context, tokenizer, path)
+        context = _native.Context(model, n_ctx, n_seq_max + cache_slots, n_batch)
+        return cls(model, context, tokenizer, path, cache_slots)
 
     def info(self) -> dict[str, Any]:
         m = self.model
@@ -77,6 +81,7 @@ class Engine:
             "n_embd": int(m.n_embd),
             "n_ctx": int(self.n_ctx),
             "n_seq_max": int(self.n_seq_max),
+            "prefix_cache_slots": int(self.n_kv_slots - self.n_seq_max),
             "isa": m.isa,
             "threads": int(m.n_threads),
             "repacked_bytes": int(m.repacked_bytes),
@@ -163,7 +168,7 @@ def load(config: Any, progress: Progress) -> Engine:
     if not mc.path:
         raise ValueError("model.path is not set")
     return Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
-                       **placement_options(config))
+                       cache_slots=config.prefix_cache.slots, **placement_options(config))
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

@@ -263,12 +263,13 @@ class GenerateRequest:
     parse_special: bool = False
     deadline_s: float | None = None      # client's own deadline, capped by the server's
     tokens: tuple[int, ...] | None = field(default=None)  # pre-tokenized prompt
+    cache_prompt: bool = True            # prefix cache: reuse a cached prefix, keep this KV
 
 
 _GENERATE_KEYS = ("prompt", "messages", "tokens", "max_tokens", "stop", "stream", "ignore_eos",
                   "add_special", "parse_special", "deadline_s", "temperature", "top_k", "top_p",
                   "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
-                  "penalty_last_n", "seed")
+                  "penalty_last_n", "seed", "cache_prompt")
 
 
 def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
@@ -329,7 +330,8 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
                            max_tokens=max_tokens, stop=tuple(stop), stream=p.bool("stream", True),
                            ignore_eos=p.bool("ignore_eos", False),
                            add_special=p.bool("add_special", True),
-                           parse_special=p.bool("parse_special", False), deadline_s=deadline)
+                           parse_special=p.bool("parse_special", False), deadline_s=deadline,
+                           cache_prompt=p.bool("cache_prompt", True))
 
 
 def parse_cancel(params: dict[str, Any]) -> int:
