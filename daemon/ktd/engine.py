@@ -130,6 +130,18 @@ class Engine:
             self._expert_snapshot_at = time.monotonic()
         return logits
 
+    def score(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
+              targets: np.ndarray) -> np.ndarray:
+        """Perplexity: runs a batch like ``forward`` and returns float64 [n_scored], the negative
+        log-likelihood -log softmax(logits of row i)[targets[i]] of every row with targets[i] >= 0
+        (-1: not scored), computed natively (the logits never reach Python). ContextOverflow as
+        forward; ValueError for a bad row or target."""
+        try:
+            return self.context.score(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+                                      np.asarray(seq_ids, np.int32), np.asarray(targets, np.int32))
+        except _native.ContextOverflow as e:
+            raise ContextOverflow(str(e)) from None
+
     def pin_forward_thread(self) -> bool:
         """On a pool that spans several NUMA nodes, pin the calling thread, which must run every
         forward from now on (the pool's tid 0), to the pool's first CPU, as the pool pins its

@@ -99,7 +99,7 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
     seq_len_[size_t(dst)] = n_tokens;
 }
 
-void Context::forward(const Batch &b, float *logits) {
+void Context::check_batch(const Batch &b) {
     if (b.n < 0) throw std::invalid_argument("forward: negative batch size");
     const HParams &hp = model_.hparams();
     // Validate every row before touching the cache: a rejected batch changes nothing.
@@ -124,6 +124,11 @@ void Context::forward(const Batch &b, float *logits) {
                                         " (positions of a sequence must be consecutive)");
         nx = p + 1;
     }
+}
+
+void Context::forward(const Batch &b, float *logits) {
+    check_batch(b);
+    const HParams &hp = model_.hparams();
     int64_t out_row = 0;
     for (int64_t r0 = 0; r0 < b.n; r0 += n_batch_) {
         const int64_t n = std::min(n_batch_, b.n - r0);
