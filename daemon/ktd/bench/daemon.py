@@ -24,7 +24,8 @@ tests/data/perplexity.txt and the start of the README) to discuss, the next four
 about it; replies greedy (48 tokens). Each turn is sent twice, in
 alternating order: with ``cache_prompt: false`` (the whole history prefilled) and with the cache
 (only what follows the previous turn's KV). Reported per turn: time to first token (the daemon's
-``timings.ttft_ms``) of both and ``usage.cached_tokens``; the replies of both must be identical.
+``timings.ttft_ms``) of both, ``usage.cached_tokens``, and whether both replies are identical
+(greedy; the history continues with the cached run's reply).
 
 Both sides use the same sampling parameters (the protocol defaults, ``ignore_eos``), so the
 socket ratio measures the daemon's overhead (scheduler, event loop, framing, client). Goals
@@ -252,9 +253,8 @@ def prefix_cache_bench(daemon: DaemonRun, reps: int) -> dict[str, Any]:
                     r = c.generate(messages=messages, max_tokens=PREFIX_REPLY_TOKENS, temperature=0.0,
                                    ignore_eos=True, cache_prompt=cached)
                     out[cached] = r
-                if out[True]["text"] != out[False]["text"]:
-                    raise SystemExit(f"turn {t + 1}: the reply differs with the prefix cache")
-                turns.append({"prompt_tokens": out[True]["usage"]["prompt_tokens"],
+                turns.append({"same_reply": out[True]["text"] == out[False]["text"],
+                              "prompt_tokens": out[True]["usage"]["prompt_tokens"],
                               "cached_tokens": out[True]["usage"].get("cached_tokens", 0),
                               "ttft_ms_uncached": out[False]["timings"]["ttft_ms"],
                               "ttft_ms_cached": out[True]["timings"]["ttft_ms"]})
@@ -268,7 +268,8 @@ def prefix_cache_bench(daemon: DaemonRun, reps: int) -> dict[str, Any]:
         ca = med(r[t]["ttft_ms_cached"] for r in rows)
         summary.append({"turn": t + 1, "prompt_tokens": rows[0][t]["prompt_tokens"],
                         "cached_tokens": rows[0][t]["cached_tokens"], "ttft_ms_uncached": un,
-                        "ttft_ms_cached": ca, "speedup": un / ca if ca else None})
+                        "ttft_ms_cached": ca, "speedup": un / ca if ca else None,
+                        "same_reply": all(r[t]["same_reply"] for r in rows)})
     return {"reps": rows, "summary": summary}
 
 
@@ -287,10 +288,11 @@ def main_prefix_cache(args: argparse.Namespace, argv: list[str] | None) -> int:
            "load_avg": os.getloadavg(), **res}
     print(f"model {os.path.basename(path)}, {args.threads or 'all'} threads, replies of {PREFIX_REPLY_TOKENS} "
           f"tokens, median of {args.reps} conversations (load average {os.getloadavg()[0]:.1f})")
-    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'TTFT no cache':>14} {'TTFT cache':>11} {'speedup':>8}")
+    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'TTFT no cache':>14} {'TTFT cache':>11} {'speedup':>8} "
+          f"{'same reply':>10}")
     for r in res["summary"]:
         print(f"{r['turn']:4d} {r['prompt_tokens']:7d} {r['cached_tokens']:7d} {r['ttft_ms_uncached']:11.0f} ms "
-              f"{r['ttft_ms_cached']:8.0f} ms {r['speedup']:7.1f}x")
+              f"{r['ttft_ms_cached']:8.0f} ms {r['speedup']:7.1f}x {'yes' if r['same_reply'] else 'NO':>10}")
     target = args.out if args.out != DEFAULT_OUT else DEFAULT_OUT.with_name("prefix_cache.json")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(out, indent=1) + "\n")
