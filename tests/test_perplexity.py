@@ -186,3 +186,17 @@ def test_perplexity_matches_llama_cpp_within_half_a_percent(real_model, name):
     print(f"\n{name}: ktd PPL {r.ppl:.4f}, llama.cpp {ref:.4f} ({(r.ppl / ref - 1) * 100:+.3f}%)")
     assert r.n_chunks == len(toks) // n_ctx == 6
     assert abs(r.ppl / ref - 1) < PPL_REL_TOL[name]
+
+
+def test_bench_perplexity_agrees_with_llama_cpp_on_a_tiny_model(tiny, tmp_path):
+    """ktd.bench.perplexity's llama.cpp side (llama_decode with logits for the second half only)
+    on a tiny F32 model: both engines near-exact, so the PPLs agree closely."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) is not installed; "
+                        "run tools/oracle.sh")
+    from ktd.bench import perplexity as B
+
+    text = tmp_path / "t.txt"
+    text.write_text(open(os.path.join(ROOT, "tests", "data", "perplexity.txt"), encoding="utf-8").read()[:2000])
+    r = B.compare("tiny-llama", str(tiny("llama")), str(text), n_ctx=64, threads=1, n_chunks=4)
+    assert r["n_chunks"] == 4 and r["n_scored"] == 4 * 31
+    assert abs(r["rel_diff"]) < 5e-3, r["ppl"]
