@@ -167,18 +167,21 @@ class EngineDied(BaseException):
 class FakeEngine:
     def __init__(self, *, n_ctx: int = 256, n_seq_max: int = 4, step_delay_s: float = 0.0,
                  eos_bias: float = -4.0, wedge_after_steps: int | None = None,
-                 die_after_steps: int | None = None):
+                 die_after_steps: int | None = None, cache_slots: int = 0):
         self.tokenizer = ByteTokenizer()
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
+        self.n_kv_slots = n_seq_max + cache_slots   # the prefix cache's slots follow the running ones
+        self.kv_bytes_per_token = 100
         self.step_delay_s = step_delay_s
         self.eos_bias = eos_bias
         self.wedge_after_steps = wedge_after_steps
         self.die_after_steps = die_after_steps
-        self.kv: list[list[int]] = [[] for _ in range(n_seq_max)]
+        self.kv: list[list[int]] = [[] for _ in range(self.n_kv_slots)]
         self.calls: collections.deque[ForwardCall] = collections.deque(maxlen=10000)
         self.n_forward = 0
         self.freed: list[int] = []
+        self.copies: list[tuple[int, int, int]] = []
         self._wedge = threading.Event()
 
     def info(self) -> dict[str, Any]:
@@ -200,7 +203,7 @@ class FakeEngine:
             time.sleep(self.step_delay_s)
         out = []
         for t, p, s, w in zip(tokens.tolist(), positions.tolist(), seq_ids.tolist(), want_logits.tolist()):
-            if not 0 <= s < self.n_seq_max:
+            if not 0 <= s < self.n_kv_slots:
                 raise ValueError(f"forward: seq id {s} out of range")
             if p >= self.n_ctx:
                 raise ContextOverflow(f"position {p} >= n_ctx {self.n_ctx}")
@@ -223,7 +226,10 @@ class FakeEngine:
         self.freed.append(seq_id)
 
     def copy_seq(self, src: int, dst: int, n_tokens: int) -> None:
+        if not 0 <= n_tokens <= len(self.kv[src]):
+            raise ValueError(f"copy_seq: {n_tokens} tokens, seq {src} holds {len(self.kv[src])}")
         self.kv[dst] = list(self.kv[src][:n_tokens])
+        self.copies.append((src, dst, n_tokens))
 
 
 def factory(**options):
@@ -235,6 +241,7 @@ def factory(**options):
         for i in range(n_steps):
             progress(f"loading fake weights {i + 1}/{n_steps}", (i + 1) / n_steps)
             time.sleep(load_delay / max(n_steps, 1))
-        return FakeEngine(n_ctx=config.model.n_ctx, n_seq_max=config.model.n_seq_max, **options)
+        return FakeEngine(n_ctx=config.model.n_ctx, n_seq_max=config.model.n_seq_max,
+                          cache_slots=config.prefix_cache.slots, **options)
 
     return make

@@ -222,3 +222,29 @@ def test_pipelined_flood_is_answered_in_full(daemon):
     sender.join()
     raw.close()
     assert ids == set(range(n))
+
+
+def test_prefix_cache_through_the_socket_chat_turns_and_opt_out(daemon):
+    """A chat re-sent with one more turn starts from the previous turn's KV (usage.cached_tokens,
+    status, metrics); the text is the uncached greedy text; cache_prompt false opts out."""
+    tok = fake_engine.ByteTokenizer()
+    with daemon.client() as c:
+        before = c.status()["scheduler"]["prefix_cache"]
+        assert before["slots"] == 4  # the default prefix_cache.slots
+        messages = [{"role": "user", "content": "prefix cache turn one"}]
+        r1 = c.generate(messages=messages, temperature=0, max_tokens=10, ignore_eos=True)
+        messages += [{"role": "assistant", "content": r1["text"]}, {"role": "user", "content": "and two"}]
+        r2 = c.generate(messages=messages, temperature=0, max_tokens=10, ignore_eos=True)
+        prompt2 = tok.encode_chat(messages)
+        assert r2["text"] == tok.decode(fake_engine.reference_greedy(prompt2, 10, stop_at_eos=False))
+        # turn one's prompt and the 9 reply tokens fed back, then <|im_end|> differs from what was sampled
+        assert r2["usage"]["cached_tokens"] >= r1["usage"]["prompt_tokens"]
+        r3 = c.generate(messages=messages, temperature=0, max_tokens=10, ignore_eos=True, cache_prompt=False)
+        assert r3["usage"]["cached_tokens"] == 0 and r3["text"] == r2["text"]
+        with pytest.raises(BadRequest, match="cache_prompt"):
+            c.generate("x", cache_prompt="yes")
+        after = c.status()["scheduler"]["prefix_cache"]
+        assert after["hits"] >= before["hits"] + 1
+        metrics = c.metrics()
+        assert f"ktd_prefix_cache_hits_total {after['hits']}" in metrics.splitlines()
+        assert "ktd_prefix_cache_bytes" in metrics

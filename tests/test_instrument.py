@@ -30,7 +30,9 @@ Shared_Hugetlb:        0 kB
 FACTS = instrument.ServerFacts(state="serving", socket="/run/ktd/ktd.sock", activated=True,
                                connections=3, reloads=2, uptime_s=12.34567)
 STATS = {"slots_total": 4, "slots_in_use": 1, "queued": 2, "max_queue": 8, "steps": 17,
-         "tokens_per_s": 12.25, "idle": False}
+         "tokens_per_s": 12.25, "idle": False,
+         "prefix_cache": {"slots": 4, "entries": 2, "tokens_held": 300, "bytes_held": 3686400,
+                          "max_bytes": 1 << 30, "hits": 7, "misses": 3, "evictions": 1, "cached_tokens": 2100}}
 
 
 def test_proc_parsers_keep_the_shown_fields_in_bytes_and_counts():
@@ -84,10 +86,13 @@ def test_metrics_text_is_prometheus_exposition():
                    "ktd_generated_tokens_total 40", "ktd_prompt_tokens_total 0", "ktd_steps_total 17",
                    "ktd_step_seconds_total 1.5", "ktd_forward_seconds_total 1.25", "ktd_sample_seconds_total 0.125",
                    "ktd_tokens_per_second 12.25", "ktd_slots_in_use 1", "ktd_slots_total 4",
-                   "ktd_queue_length 2", "ktd_connections 3"):
+                   "ktd_queue_length 2", "ktd_connections 3", "ktd_prefix_cache_hits_total 7",
+                   "ktd_prefix_cache_misses_total 3", "ktd_prefix_cache_evictions_total 1",
+                   "ktd_prefix_cache_cached_tokens_total 2100", "ktd_prefix_cache_bytes 3686400",
+                   "ktd_prefix_cache_entries 2"):
         assert sample in lines, sample
     names = [line.split()[2] for line in lines if line.startswith("# TYPE")]
-    assert len(names) == len(set(names)) == 16
+    assert len(names) == len(set(names)) == 22
     assert "ktd_up 0" in instrument.metrics_text(up=False, requests={}, scheduler={}, stats=STATS,
                                                  seconds={"step": 0, "forward": 0, "sample": 0},
                                                  connections=0).splitlines()

@@ -80,7 +80,8 @@ def test_steps_mix_decode_tokens_of_several_sequences_with_a_prefill_chunk(make)
                          (late, long_prompt, 5)):
         ref = fake_engine.reference_greedy(prompt, n, stop_at_eos=False)
         assert "".join(c.chunks) == tok.decode(ref)
-        assert c.payload["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": n}
+        assert c.payload["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": n,
+                                           "cached_tokens": 0}
 
 
 def test_new_request_joins_without_waiting(make):
@@ -277,3 +278,157 @@ def test_the_engines_implement_every_member_of_the_engine_protocol():
     assert not [m for m in members - set(engine_api.Engine.__annotations__) if not hasattr(engine.Engine, m)]
     assert not [m for m in protocol_members(engine_api.Tokenizer) if not hasattr(fake.tokenizer, m)]
     assert fake.pin_forward_thread() is False and fake.forward_cpu == -1
+
+
+# --- prefix cache (ktd.prefix_cache): the fake engine checks every position against its slot's
+# history, so a sequence started from the wrong KV (or a stale tail) fails the forward, and its
+# logits hash the whole history, so reused KV of another prompt would change the text.
+
+def _text(tokens):
+    return fake_engine.ByteTokenizer().decode(tokens)
+
+
+def _run(s, prompt, max_tokens=12, **kw):
+    c = Collector()
+    s.submit(Job(client=kw.pop("client", 1), prompt=prompt, sampling=GREEDY, max_tokens=max_tokens, stop=(),
+                 ignore_eos=True, sink=c, **kw))
+    kind, payload = c.wait()
+    assert kind == "done", payload
+    return "".join(c.chunks), payload["usage"]
+
+
+def _chat_turns(n_turns, seed=0):
+    """Prompts of a multi-turn chat: each the previous prompt + its greedy reply + a new message."""
+    rng = np.random.default_rng(seed)
+    prompt = [fake_engine.BOS] + rng.integers(97, 123, 20).tolist()
+    turns = []
+    for _ in range(n_turns):
+        turns.append(list(prompt))
+        reply = fake_engine.reference_greedy(prompt, 12, stop_at_eos=False)
+        prompt = prompt + reply + rng.integers(97, 123, 15).tolist()
+    return turns
+
+
+def test_prefix_cache_multi_turn_chat_prefills_only_the_new_turn(make):
+    eng, s = make(prefill=16, n_seq_max=2, cache_slots=2)
+    prev = 0
+    for i, prompt in enumerate(_chat_turns(4)):
+        text, usage = _run(s, prompt)
+        assert text == _text(fake_engine.reference_greedy(prompt, 12, stop_at_eos=False))
+        # the previous turn's KV: its prompt and all but the last generated token
+        assert usage["cached_tokens"] == (0 if i == 0 else prev + 11)
+        prev = len(prompt)
+    st = s.stats()["prefix_cache"]
+    assert st["hits"] == 3 and st["misses"] == 1 and st["entries"] == 1
+    assert st["bytes_held"] == st["tokens_held"] * eng.kv_bytes_per_token
+    assert st["tokens_held"] == len(prompt) + 11
+    assert eng.copies == []  # each turn took the previous turn's slot: nothing copied
+    # the prompt tokens computed: the first prompt, then per turn only what the cache lacked
+    turns = _chat_turns(4)
+    computed = sum(int((~c.want_logits).sum()) + int(c.want_logits.sum()) for c in eng.calls)
+    assert computed == len(turns[0]) + sum(len(t) - (len(p) + 11) for p, t in zip(turns, turns[1:])) + 4 * 11  # + decode rows
+
+
+def test_prefix_cache_greedy_output_identical_with_and_without(make):
+    prompts = _chat_turns(3, seed=1) + _chat_turns(2, seed=2) + _chat_turns(3, seed=1)[1:]
+    outs = {}
+    for slots in (0, 3):
+        eng, s = make(prefill=7, n_seq_max=2, cache_slots=slots)
+        outs[slots] = [_run(s, p) for p in prompts]
+        if slots:
+            assert sum(u["cached_tokens"] > 0 for _, u in outs[slots]) >= 4
+        else:
+            assert all(u["cached_tokens"] == 0 for _, u in outs[slots])
+    assert [t for t, _ in outs[0]] == [t for t, _ in outs[3]]
+
+
+def test_prefix_cache_interleaved_unrelated_prompts_never_share_kv(make):
+    eng, s = make(prefill=8, n_seq_max=1, cache_slots=2)
+    rng = np.random.default_rng(5)
+    bases = [[fake_engine.BOS] + rng.integers(97, 123, 24).tolist() for _ in range(3)]
+    for rnd in range(3):
+        for b, base in enumerate(bases):
+            prompt = base + [65 + rnd, 66 + b]
+            text, usage = _run(s, prompt, max_tokens=6)
+            assert text == _text(fake_engine.reference_greedy(prompt, 6, stop_at_eos=False))
+            # only this base's own earlier KV can match beyond BOS; never more than the base
+            assert usage["cached_tokens"] in (0, 1, len(base), len(base) + 1)
+    # an entry of one base never served a prompt of another for more than BOS
+    for src, dst, n in eng.copies:
+        assert n <= len(bases[0]) + 1
+
+
+def test_prefix_cache_shared_system_prompt_copies_and_keeps_the_entry(make):
+    eng, s = make(prefill=64, n_seq_max=3, cache_slots=2, step_delay_s=0.002)
+    system = [fake_engine.BOS] + list(b"You are a terse assistant. Answer in one line.")
+    _run(s, system + list(b"first"))
+    # three concurrent requests sharing the system prompt with the cached one
+    cs = [Collector() for _ in range(3)]
+    prompts = [system + list(f"question {i}".encode()) for i in range(3)]
+    for p, c in zip(prompts, cs):
+        s.submit(job(p, c, max_tokens=10))
+    for p, c in zip(prompts, cs):
+        kind, payload = c.wait()
+        assert kind == "done"
+        assert "".join(c.chunks) == _text(fake_engine.reference_greedy(p, 10, stop_at_eos=False))
+        assert payload["usage"]["cached_tokens"] == len(system)
+    assert len(eng.copies) == 3 and all(n == len(system) for _, _, n in eng.copies)
+    assert s.stats()["prefix_cache"]["hits"] == 3
+
+
+def test_prefix_cache_evicts_lru_under_a_tiny_byte_budget(make):
+    eng, s = make(prefill=64, n_seq_max=1, cache_slots=3)
+    s.prefix.max_bytes = 50 * eng.kv_bytes_per_token  # room for 50 tokens of KV
+    rng = np.random.default_rng(9)
+    a, b, c = ([fake_engine.BOS] + rng.integers(97, 123, 20).tolist() for _ in range(3))
+    _run(s, a, max_tokens=4)                 # 24 tokens kept
+    _run(s, b, max_tokens=4)                 # 48 kept
+    assert s.stats()["prefix_cache"]["entries"] == 2
+    _run(s, c, max_tokens=4)                 # 72 > 50: a (least recently used) evicted
+    st = s.stats()["prefix_cache"]
+    assert st["evictions"] == 1 and st["entries"] == 2 and st["bytes_held"] <= s.prefix.max_bytes
+    _, usage = _run(s, b + [120], max_tokens=2)
+    assert usage["cached_tokens"] == len(b)        # b survived (copied from: the entry stays)
+    _, usage = _run(s, a + [120], max_tokens=2)
+    assert usage["cached_tokens"] <= 1             # a is gone: only BOS could match
+    # an entry larger than the whole budget is not kept
+    _run(s, [fake_engine.BOS] + rng.integers(97, 123, 60).tolist(), max_tokens=2)
+    assert s.stats()["prefix_cache"]["bytes_held"] <= s.prefix.max_bytes
+
+
+def test_prefix_cache_slot_limit_and_opt_out(make):
+    eng, s = make(prefill=64, n_seq_max=1, cache_slots=1)
+    rng = np.random.default_rng(3)
+    a, b = ([fake_engine.BOS] + rng.integers(97, 123, 20).tolist() for _ in range(2))
+    _run(s, a, max_tokens=3)
+    _run(s, b, max_tokens=3)                 # one slot: a evicted
+    assert s.stats()["prefix_cache"]["evictions"] == 1
+    _, usage = _run(s, b + [100], max_tokens=3, cache_prompt=False)
+    assert usage["cached_tokens"] == 0       # opted out: nothing reused ...
+    reply = fake_engine.reference_greedy(b, 3, stop_at_eos=False)
+    _, usage = _run(s, b + reply + [101], max_tokens=3)
+    assert usage["cached_tokens"] == len(b) + 2   # ... nothing stored over b's entry (b + 2 of its reply)
+
+
+def test_prefix_cache_off_uses_no_extra_slot(make):
+    eng, s = make(n_seq_max=2)
+    p = [fake_engine.BOS, 70, 71, 72]
+    _run(s, p)
+    _, usage = _run(s, p + [73])
+    assert usage["cached_tokens"] == 0 and eng.copies == []
+    assert s.stats()["prefix_cache"] == {"slots": 0, "entries": 0, "tokens_held": 0, "bytes_held": 0,
+                                         "max_bytes": 0, "hits": 0, "misses": 0, "evictions": 0,
+                                         "cached_tokens": 0}
+
+
+def test_prefix_cache_cancelled_sequence_is_kept_engine_failure_is_not(make):
+    eng, s = make(prefill=64, n_seq_max=1, cache_slots=2, step_delay_s=0.01)
+    p = [fake_engine.BOS] + list(b"a prompt that is cancelled")
+    c = Collector()
+    rid = s.submit(job(p, c, max_tokens=1000))
+    time.sleep(0.1)
+    s.cancel(rid)
+    assert c.wait()[0] == "error"
+    text, usage = _run(s, p + [33], max_tokens=3)
+    assert usage["cached_tokens"] == len(p)
+    assert text == _text(fake_engine.reference_greedy(p + [33], 3, stop_at_eos=False))

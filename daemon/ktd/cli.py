@@ -14,7 +14,7 @@ import sys
 from ktd import __version__
 
 # Subcommand modules, in the order they appear in --help.
-COMMANDS = ["inspect", "fetch", "config", "serve", "http", "run", "cache"]
+COMMANDS = ["inspect", "fetch", "config", "serve", "http", "run", "cache", "perplexity"]
 
 
 class UserError(Exception):

@@ -143,6 +143,18 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class PrefixCacheConfig:
+    slots: int = _key(4, "KV slots, beyond model.n_seq_max, that keep finished sequences so that a "
+                      "request starting with the same tokens (a chat re-sent with a new turn, a shared "
+                      "system prompt) computes only the rest; least recently used first out; 0 = off. "
+                      "Each may hold up to model.n_ctx tokens of KV (memory touched as used)",
+                      kind="int", unit="slots", min=0, max=4096)
+    max_bytes: int = _key(2 << 30, "KV bytes the kept sequences may hold in all (tokens x the model's "
+                          "KV bytes per token); beyond: least recently used evicted; 0 = bounded by "
+                          "the slots only", kind="int", unit="bytes", min=0, max=1 << 50)
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str = _key("info", "log level", kind="choice", live=True,
                       choices=("debug", "info", "warning", "error"))
@@ -155,6 +167,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 

@@ -537,7 +537,8 @@ class Connections:
             stream = _Stream(conn, req.msgid, g.stream, ended, self.counters, label, parser)
             job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
                       stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label,
-                      constraint=constraint, top_logprobs=g.top_logprobs)
+                      constraint=constraint, top_logprobs=g.top_logprobs,
+                      cache_prompt=g.cache_prompt)
             rid = conn.active[req.msgid] = self.scheduler.submit(job)
         except BaseException:
             conn.active.pop(req.msgid, None)

@@ -23,6 +23,8 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=None)
     p.add_argument("--repeat-penalty", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--no-cache-prompt", action="store_true",
+                   help="neither reuse nor keep cached prompt KV for this request (cache_prompt: false)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
     p.add_argument("-v", "--verbose", action="store_true", help="print usage and timings to stderr")
@@ -67,7 +69,8 @@ def _grammar(args: argparse.Namespace) -> dict[str, Any] | None:
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     out = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k,
            "top_p": args.top_p, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
-           "seed": args.seed, "stop": args.stop, "grammar": _grammar(args)}
+           "seed": args.seed, "stop": args.stop, "grammar": _grammar(args),
+           "cache_prompt": False if args.no_cache_prompt else None}
     if args.logprobs is not None:
         out.update(logprobs=True, top_logprobs=args.logprobs)
     if args.tools:

@@ -52,13 +52,16 @@ class _ProgressReporter:
 class Engine:
     """One loaded model with ``n_seq_max`` KV slots of ``n_ctx`` tokens each."""
 
-    def __init__(self, model: "_native.Model", context: "_native.Context", tokenizer: Tokenizer, path: str):
+    def __init__(self, model: "_native.Model", context: "_native.Context", tokenizer: Tokenizer, path: str,
+                 cache_slots: int = 0):
         self.model = model
         self.context = context
         self.tokenizer = tokenizer
         self.path = path
         self.n_ctx = context.n_ctx
-        self.n_seq_max = context.n_seq_max
+        self.n_kv_slots = context.n_seq_max
+        self.n_seq_max = self.n_kv_slots - cache_slots
+        self.kv_bytes_per_token = context.kv_bytes_per_token
         self.n_vocab = model.n_vocab
         # Routing statistics as last copied by the engine thread (info() runs on the event loop
         # and must not wait for the context lock a running forward holds).
@@ -67,11 +70,12 @@ class Engine:
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
-             n_batch: int = 512, pin: bool = True, allow_repack: bool = True,
+             n_batch: int = 512, pin: bool = True, allow_repack: bool = True, cache_slots: int = 0,
              progress: Progress | None = None, tokenizer: Tokenizer | None = None,
              cache_in_background: bool = False, **placement: Any) -> "Engine":
         """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file.
 
+        ``cache_slots``: KV slots beyond ``n_seq_max`` for the prefix cache (``ktd.prefix_cache``).
         ``placement``: the native Model's placement options (nodes, smt, sysfs_root, affinity,
         hugepages, hugetlb_page_size, mlock, numa_experts, numa_dense) and ``weights_cache`` (a
         model.weights_cache value: auto, off or a directory; absent = off); see ``load`` for the
@@ -105,8 +109,8 @@ class Engine:
         weights_cache.log_load(model.cache, cache_off)
         if model.cache["state"] == "writing":
             weights_cache.log_when_written(model)
-        context = _native.Context(model, n_ctx, n_seq_max, n_batch)
-        return cls(model, context, tokenizer, path)
+        context = _native.Context(model, n_ctx, n_seq_max + cache_slots, n_batch)
+        return cls(model, context, tokenizer, path, cache_slots)
 
     def info(self) -> dict[str, Any]:
         m = self.model
@@ -120,6 +124,7 @@ class Engine:
             "n_embd": int(m.n_embd),
             "n_ctx": int(self.n_ctx),
             "n_seq_max": int(self.n_seq_max),
+            "prefix_cache_slots": int(self.n_kv_slots - self.n_seq_max),
             "isa": m.isa,
             "threads": int(m.n_threads),
             "repacked_bytes": int(m.repacked_bytes),
@@ -174,6 +179,18 @@ class Engine:
             self._expert_snapshot_at = time.monotonic()
         return logits
 
+    def score(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
+              targets: np.ndarray) -> np.ndarray:
+        """Perplexity: runs a batch like ``forward`` and returns float64 [n_scored], the negative
+        log-likelihood -log softmax(logits of row i)[targets[i]] of every row with targets[i] >= 0
+        (-1: not scored), computed natively (the logits never reach Python). ContextOverflow as
+        forward; ValueError for a bad row or target."""
+        try:
+            return self.context.score(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+                                      np.asarray(seq_ids, np.int32), np.asarray(targets, np.int32))
+        except _native.ContextOverflow as e:
+            raise ContextOverflow(str(e)) from None
+
     def pin_forward_thread(self) -> bool:
         """On a pool that spans several NUMA nodes, pin the calling thread, which must run every
         forward from now on (the pool's tid 0), to the pool's first CPU, as the pool pins its
@@ -212,7 +229,8 @@ def load(config: Any, progress: Progress) -> Engine:
     if not mc.path:
         raise ValueError("model.path is not set")
     return Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
-                       cache_in_background=True, **placement_options(config))
+                       cache_in_background=True, cache_slots=config.prefix_cache.slots,
+                       **placement_options(config))
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

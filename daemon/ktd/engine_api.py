@@ -76,7 +76,10 @@ class Engine(Protocol):
 
     tokenizer: Tokenizer
     n_ctx: int                       # per-sequence context limit (tokens)
-    n_seq_max: int                   # KV slots; seq ids are 0 .. n_seq_max-1
+    n_seq_max: int                   # KV slots for running sequences (at most n_seq_max at once)
+    n_kv_slots: int                  # KV slots in all, seq ids 0 .. n_kv_slots-1: n_seq_max + those
+                                     # the prefix cache holds finished sequences in (ktd.prefix_cache)
+    kv_bytes_per_token: int          # KV memory of one token of one sequence (prefix cache budget)
 
     @property
     def forward_cpu(self) -> int:
@@ -106,7 +109,7 @@ class Engine(Protocol):
     def free_seq(self, seq_id: int) -> None: ...
 
     def copy_seq(self, src: int, dst: int, n_tokens: int) -> None:
-        """Prefix reuse: the first n_tokens of src's KV become dst's (optional use)."""
+        """Prefix reuse: the first n_tokens of src's KV become dst's (the prefix cache)."""
         ...
 
 

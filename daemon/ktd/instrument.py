@@ -148,6 +148,17 @@ def metrics_text(*, up: bool, requests: Mapping[str, int], scheduler: Mapping[st
     m.add("slots_in_use", "gauge", "KV slots holding a sequence", [("", stats["slots_in_use"])])
     m.add("slots_total", "gauge", "KV slots", [("", stats["slots_total"])])
     m.add("queue_length", "gauge", "requests waiting for a slot", [("", stats["queued"])])
+    pc = stats.get("prefix_cache") or {}
+    m.add("prefix_cache_hits_total", "counter", "generate requests that started from a cached prefix",
+          [("", pc.get("hits", 0))])
+    m.add("prefix_cache_misses_total", "counter", "generate requests that found no cached prefix "
+          "(prefix cache on, cache_prompt true)", [("", pc.get("misses", 0))])
+    m.add("prefix_cache_evictions_total", "counter", "cached sequences evicted (slots or max_bytes)",
+          [("", pc.get("evictions", 0))])
+    m.add("prefix_cache_cached_tokens_total", "counter", "prompt tokens taken from the prefix cache "
+          "instead of computed", [("", pc.get("cached_tokens", 0))])
+    m.add("prefix_cache_bytes", "gauge", "KV bytes held by the prefix cache", [("", pc.get("bytes_held", 0))])
+    m.add("prefix_cache_entries", "gauge", "sequences held by the prefix cache", [("", pc.get("entries", 0))])
     m.add("connections", "gauge", "open client connections", [("", connections)])
     return m.text()
 

@@ -270,12 +270,14 @@ class GenerateRequest:
     grammar: GrammarSpec | None = None   # structured output (ktd.grammar)
     tools: ToolsRequest | None = None    # tool calls (ktd.tools)
     top_logprobs: int | None = None      # logprobs: alternatives per token (None: no logprobs)
+    cache_prompt: bool = True            # prefix cache: reuse a cached prefix, keep this KV
 
 
 _GENERATE_KEYS = ("prompt", "messages", "tokens", "max_tokens", "stop", "stream", "ignore_eos",
                   "add_special", "parse_special", "deadline_s", "temperature", "top_k", "top_p",
                   "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
-                  "penalty_last_n", "seed", "grammar", "logprobs", "top_logprobs", "tools", "tool_choice")
+                  "penalty_last_n", "seed", "grammar", "logprobs", "top_logprobs", "tools", "tool_choice",
+                  "cache_prompt")
 
 
 def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
@@ -350,7 +352,8 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
                            ignore_eos=p.bool("ignore_eos", False),
                            add_special=p.bool("add_special", True),
                            parse_special=p.bool("parse_special", False), deadline_s=deadline,
-                           grammar=grammar, top_logprobs=top_logprobs, tools=tools)
+                           grammar=grammar, top_logprobs=top_logprobs, tools=tools,
+                           cache_prompt=p.bool("cache_prompt", True))
 
 
 def check_message(i: int, m: Any) -> None:

@@ -35,6 +35,7 @@ import numpy as np
 from ktd.engine_api import Engine
 from ktd.errors import Busy, Cancelled, ContextOverflow, Internal, KtdError
 from ktd.events import Deliver, Event, Sink, call_sinks
+from ktd.prefix_cache import PrefixCache
 from ktd.sampling import Constraint, Generation, SamplingParams
 
 log = logging.getLogger("ktd.scheduler")
@@ -62,6 +63,7 @@ class Job:
     label: str = ""                  # request id for logs
     constraint: Constraint | None = None  # the grammar (ktd.grammar), compiled at admission
     top_logprobs: int | None = None  # logprobs: alternatives per token (None: off)
+    cache_prompt: bool = True        # reuse a cached prefix and keep this sequence's KV (prefix cache)
     rid: int = field(default=-1)     # assigned by submit
     t_arrival: float = field(default_factory=time.monotonic)
 
@@ -77,6 +79,9 @@ class _Seq:
     t_admit: float = 0.0
     t_first: float | None = None
     cancel_reason: str | None = None
+    kv: list[int] = field(default_factory=list)  # tokens whose KV the slot holds (prefix cache)
+    n_cached: int = 0                # prompt tokens taken from the prefix cache
+    attached: bool = False           # the prefix cache was consulted (after admission)
 
 
 class _MaskWorker:
@@ -124,7 +129,7 @@ def _fill_masks(work: list[tuple[int, Constraint]]) -> dict[int, np.ndarray]:
 
 class Scheduler:
     def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int,
-                 deliver: Deliver = deliver_here, overlap_masks: bool = True):
+                 deliver: Deliver = deliver_here, overlap_masks: bool = True, prefix_cache_bytes: int = 0):
         self.engine = engine
         self.deliver = deliver
         self._outbox: list[Event] = []             # events of the current step (engine thread)
@@ -135,6 +140,9 @@ class Scheduler:
         self._cancels: dict[int, str] = {}         # rid -> reason, applied at the next step
         self._running: dict[int, _Seq] = {}        # rid -> seq (engine thread; size read under lock)
         self._free_slots = list(range(engine.n_seq_max - 1, -1, -1))
+        # KV slots beyond n_seq_max hold finished sequences for reuse (ktd.prefix_cache).
+        self.prefix = PrefixCache(engine, slots=list(range(engine.n_seq_max, engine.n_kv_slots)),
+                                  max_bytes=prefix_cache_bytes, bytes_per_token=engine.kv_bytes_per_token)
         self._ids = itertools.count(1)
         self._admissions = itertools.count()
         self._last_admit: dict[int, int] = {}      # client -> admission number of its last job
@@ -232,6 +240,7 @@ class Scheduler:
                 "steps": self.steps,
                 "tokens_per_s": sum(n for _, n in tps) / _TPS_WINDOW_S,
                 "idle": self.idle,
+                "prefix_cache": self.prefix.stats(),
             }
 
     # --- engine thread ----------------------------------------------------------------------
@@ -256,6 +265,7 @@ class Scheduler:
                     cancels, self._cancels = self._cancels, {}
                     self._apply_cancels(cancels)
                     self._admit()
+                self._attach_prefixes()
                 self._expire()
                 self._flush()  # cancellations and expiries are answered before the forward
                 if self._running:
@@ -291,7 +301,8 @@ class Scheduler:
             else:
                 self.counters["finished_cancelled"] += 1
                 self._emit(job, "error", Cancelled(reason, data={"usage": {"prompt_tokens": len(job.prompt),
-                                                                    "completion_tokens": 0}}))
+                                                                    "completion_tokens": 0,
+                                                                    "cached_tokens": 0}}))
         self._waiting = kept
         for rid, reason in cancels.items():
             seq = self._running.get(rid)
@@ -388,6 +399,7 @@ class Scheduler:
         self.last_progress = t1
         for seq, n in fed:
             seq.n_past += n
+            seq.kv.extend(seq.pending[:n])
             del seq.pending[:n]
         n_generated = 0
         try:
@@ -457,7 +469,8 @@ class Scheduler:
             n_dec = len(seq.gen.output) - 1
             if n_dec > 0 and now > seq.t_first:
                 timings["decode_tokens_per_s"] = round(n_dec / (now - seq.t_first), 3)
-        return {"usage": {"prompt_tokens": len(j.prompt), "completion_tokens": len(seq.gen.output)},
+        return {"usage": {"prompt_tokens": len(j.prompt), "completion_tokens": len(seq.gen.output),
+                          "cached_tokens": seq.n_cached},
                 "timings": timings}
 
     def _finish(self, seq: _Seq, *, finish: str | None = None, error: KtdError | None = None) -> None:
@@ -465,11 +478,7 @@ class Scheduler:
         with self._lock:
             if self._running.pop(seq.job.rid, None) is None:
                 return
-            try:
-                self.engine.free_seq(seq.slot)
-            except Exception:
-                log.exception("free_seq(%d) failed", seq.slot)
-            self._free_slots.append(seq.slot)
+            self._free_slots.append(self._release_slot(seq, error))
         summary = self._summary(seq, time.monotonic())
         if error is not None:
             self.counters[f"finished_{error.code}"] += 1
@@ -481,3 +490,42 @@ class Scheduler:
             if seq.gen.top_logprobs is not None:  # those not sent with a chunk
                 result["logprobs"] = self._logprob_entries(seq)
             self._emit(seq.job, "done", result)
+
+    # --- prefix cache (ktd.prefix_cache) -------------------------------------------------------
+
+    def _attach_prefixes(self) -> None:
+        """Newly admitted sequences start from the longest cached prefix of their prompt (outside
+        the lock: a copy of a long prefix takes milliseconds)."""
+        if not self.prefix.enabled:
+            return
+        for seq in list(self._running.values()):
+            if seq.attached:
+                continue
+            seq.attached = True
+            if not seq.job.cache_prompt:
+                continue
+            try:
+                r = self.prefix.take(seq.job.prompt, seq.slot)
+            except Exception:  # a failed copy: compute the whole prompt instead
+                log.exception("prefix cache: reuse failed for %s", seq.job.label)
+                self.engine.free_seq(seq.slot)
+                continue
+            if r.n_cached:
+                seq.slot = r.slot
+                seq.n_past = seq.n_cached = r.n_cached
+                seq.kv = list(seq.job.prompt[:r.n_cached])
+                seq.pending = list(seq.job.prompt[r.n_cached:])
+
+    def _release_slot(self, seq: _Seq, error: KtdError | None) -> int:
+        """Under the lock: the slot the scheduler gets back for a finished sequence. Its KV goes
+        to the prefix cache when it is intact (a normal end or a cancellation between steps; not
+        after an engine failure) and the request allows it; the slot handed back is free."""
+        slot = seq.slot
+        try:
+            if (seq.job.cache_prompt and seq.attached and (error is None or isinstance(error, Cancelled))
+                    and len(seq.kv) == seq.n_past):
+                slot = self.prefix.put(seq.kv, seq.slot)
+            self.engine.free_seq(slot)
+        except Exception:
+            log.exception("releasing KV slot %d failed", slot)
+        return slot

@@ -93,7 +93,8 @@ class Daemon:
             raise
         self.scheduler = Scheduler(self.engine,
                                    prefill_tokens_per_step=self.config.scheduler.prefill_tokens_per_step,
-                                   max_queue=sc.max_queue, deliver=loop_delivery(loop))
+                                   max_queue=sc.max_queue, deliver=loop_delivery(loop),
+                                   prefix_cache_bytes=self.config.prefix_cache.max_bytes)
         self.instrument = Instrument(self.engine, self.scheduler, self.counters)
         self.profile = self._open_profile()
         introspect = {"health": self.health, "status": self.status, "metrics": self.metrics}

@@ -22,6 +22,14 @@ every figure of that repetition alike (the quoted ratios are medians of per-repe
   port), driven by ``ktd.bench.http_load`` (a separate process, streamed ``/v1/completions``
   with ``ignore_eos``) with n concurrent streams: the same figures as ``daemon[n]``, plus the
   gateway's CPU per token.
+``--prefix-cache`` measures the prefix cache instead (issue 16): a 5-turn chat re-sent in full
+every turn, as chat clients do: the first user turn is a ~2,500-token document (the text of
+tests/data/perplexity.txt and the start of the README) to discuss, the next four short questions
+about it; replies greedy (48 tokens). Each turn is sent twice, in
+alternating order: with ``cache_prompt: false`` (the whole history prefilled) and with the cache
+(only what follows the previous turn's KV). Reported per turn: time to first token (the daemon's
+``timings.ttft_ms``) of both, ``usage.cached_tokens``, and whether both replies are identical
+(greedy; the history continues with the cached run's reply).
 
 Both sides use the same sampling parameters (the protocol defaults, ``ignore_eos``), so the
 socket ratio measures the daemon's overhead (scheduler, event loop, framing, client). Goals
@@ -130,10 +138,10 @@ def _thread_cpu(pid: int) -> dict[int, float]:
 class DaemonRun:
     """``python -m ktd serve`` on a private socket, for the duration of the benchmark."""
 
-    def __init__(self, model: str, threads: int, n_seq_max: int):
+    def __init__(self, model: str, threads: int, n_seq_max: int, n_ctx: int = N_CTX):
         self.dir = tempfile.mkdtemp(prefix="ktd-bench-", dir="/tmp")
         self.socket = os.path.join(self.dir, "ktd.sock")
-        config = {"model": {"path": model, "n_ctx": N_CTX, "n_seq_max": n_seq_max, "threads": threads},
+        config = {"model": {"path": model, "n_ctx": n_ctx, "n_seq_max": n_seq_max, "threads": threads},
                   "server": {"socket": self.socket, "socket_group": None},
                   "logging": {"level": "warning"}}
         self.config = os.path.join(self.dir, "ktd.yaml")
@@ -265,6 +273,87 @@ class GatewayRun:
             self.proc.wait()
         self.log.close()
 
+PREFIX_TURNS = 5
+PREFIX_REPLY_TOKENS = 48
+
+
+PREFIX_QUESTIONS = ["Who kept the light during the great storm, and how did she keep it secret?",
+                    "What did the inspector do when he read the log?",
+                    "How did the light itself change over the years?",
+                    "What does the second essay say about disagreeing measurements?"]
+
+
+def _turns() -> list[str]:
+    root = Path(__file__).resolve().parents[3]
+    doc = "\n\n".join(open(root / f, encoding="utf-8").read()
+                        for f in ("tests/data/perplexity.txt", "README.md") if (root / f).exists())[:11000]
+    return [f"Read this document; I will ask questions about it.\n\n{doc}\n\nFirst: what is the first story about?",
+            *PREFIX_QUESTIONS]
+
+
+def prefix_cache_bench(daemon: DaemonRun, reps: int) -> dict[str, Any]:
+    """Per turn, median over ``reps`` conversations: TTFT without and with the prefix cache."""
+    from ktd.client import Client
+
+    rows: list[list[dict[str, Any]]] = []
+    with Client(daemon.socket, timeout=600) as c:
+        for rep in range(reps):
+            messages: list[dict[str, str]] = []
+            turns = []
+            for t, content in enumerate(_turns()):
+                # a new conversation per repetition: the first turn differs, nothing is reused across reps
+                messages.append({"role": "user", "content": f"[{rep}] {content}" if t == 0 else content})
+                out = {}
+                for cached in ((False, True) if (rep + t) % 2 == 0 else (True, False)):
+                    r = c.generate(messages=messages, max_tokens=PREFIX_REPLY_TOKENS, temperature=0.0,
+                                   ignore_eos=True, cache_prompt=cached)
+                    out[cached] = r
+                turns.append({"same_reply": out[True]["text"] == out[False]["text"],
+                              "prompt_tokens": out[True]["usage"]["prompt_tokens"],
+                              "cached_tokens": out[True]["usage"].get("cached_tokens", 0),
+                              "ttft_ms_uncached": out[False]["timings"]["ttft_ms"],
+                              "ttft_ms_cached": out[True]["timings"]["ttft_ms"]})
+                messages.append({"role": "assistant", "content": out[True]["text"]})
+                print(f"rep {rep + 1}/{reps} turn {t + 1}: {turns[-1]}", file=sys.stderr)
+            rows.append(turns)
+    med = statistics.median
+    summary = []
+    for t in range(PREFIX_TURNS):
+        un = med(r[t]["ttft_ms_uncached"] for r in rows)
+        ca = med(r[t]["ttft_ms_cached"] for r in rows)
+        summary.append({"turn": t + 1, "prompt_tokens": rows[0][t]["prompt_tokens"],
+                        "cached_tokens": rows[0][t]["cached_tokens"], "ttft_ms_uncached": un,
+                        "ttft_ms_cached": ca, "speedup": un / ca if ca else None,
+                        "same_reply": all(r[t]["same_reply"] for r in rows)})
+    return {"reps": rows, "summary": summary}
+
+
+def main_prefix_cache(args: argparse.Namespace, argv: list[str] | None) -> int:
+    path = _model_path(args.model)
+    daemon = DaemonRun(path, args.threads, 1, n_ctx=8192)
+    try:
+        daemon.wait_ready()
+        res = prefix_cache_bench(daemon, args.reps)
+    finally:
+        daemon.stop()
+    out = {"schema": "ktd.bench.prefix_cache/1",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join(["python -m ktd.bench.daemon", *(argv if argv is not None else sys.argv[1:])]),
+           "model": os.path.basename(path), "threads": args.threads, "reply_tokens": PREFIX_REPLY_TOKENS,
+           "load_avg": os.getloadavg(), **res}
+    print(f"model {os.path.basename(path)}, {args.threads or 'all'} threads, replies of {PREFIX_REPLY_TOKENS} "
+          f"tokens, median of {args.reps} conversations (load average {os.getloadavg()[0]:.1f})")
+    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'TTFT no cache':>14} {'TTFT cache':>11} {'speedup':>8} "
+          f"{'same reply':>10}")
+    for r in res["summary"]:
+        print(f"{r['turn']:4d} {r['prompt_tokens']:7d} {r['cached_tokens']:7d} {r['ttft_ms_uncached']:11.0f} ms "
+              f"{r['ttft_ms_cached']:8.0f} ms {r['speedup']:7.1f}x {'yes' if r['same_reply'] else 'NO':>10}")
+    target = args.out if args.out != DEFAULT_OUT else DEFAULT_OUT.with_name("prefix_cache.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"-> {target}")
+    return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.daemon", description=__doc__.split("\n")[0])
@@ -275,7 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-http", action="store_true", help="skip the HTTP gateway path")
+    ap.add_argument("--prefix-cache", action="store_true",
+                    help="measure the prefix cache instead: TTFT per turn of a 5-turn chat, with and without "
+                         "(bench/results/prefix_cache.json)")
     args = ap.parse_args(argv)
+    if args.prefix_cache:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        return main_prefix_cache(args, argv)
     if min(args.streams) < 1 or args.tokens < 2 or args.reps < 1:
         ap.error("--streams, --tokens (>= 2) and --reps must be positive")
     streams = sorted(set(args.streams))

@@ -386,6 +386,37 @@ static void bind_context_class(py::module_ &m) {
             },
             py::arg("tokens"), py::arg("positions"), py::arg("seq_ids"), py::arg("want_logits"),
             "One batch step; returns float32 [n_marked, n_vocab] (GIL released)")
+        .def(
+            "score",
+            [](PyContext &c, py::handle tokens, py::handle positions, py::handle seq_ids, py::handle targets) {
+                auto t = vec1d<int32_t>(tokens, "tokens");
+                auto p = vec1d<int32_t>(positions, "positions");
+                auto s = vec1d<int32_t>(seq_ids, "seq_ids");
+                auto g = vec1d<int32_t>(targets, "targets");
+                const int64_t n = t.shape(0);
+                if (p.shape(0) != n || s.shape(0) != n || g.shape(0) != n)
+                    throw std::invalid_argument("tokens, positions, seq_ids and targets must have the same length");
+                int64_t n_scored = 0;
+                for (int64_t i = 0; i < n; ++i) n_scored += g.data()[i] >= 0 ? 1 : 0;
+                py::array_t<double> out(n_scored);
+                Batch b;
+                b.tokens = t.data();
+                b.positions = p.data();
+                b.seq_ids = s.data();
+                b.n = n;
+                const int32_t *tg = g.data();
+                double *dst = out.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    std::lock_guard<std::mutex> lock(c.mu);
+                    c.ctx->score(b, tg, dst);
+                }
+                return out;
+            },
+            py::arg("tokens"), py::arg("positions"), py::arg("seq_ids"), py::arg("targets"),
+            "Runs a batch like forward and returns float64 [n_scored]: -log softmax(logits of row i)[targets[i]] "
+            "for each row with targets[i] >= 0, in row order (-1: not scored); the logits stay native (GIL "
+            "released)")
         .def("free_seq", [](PyContext &c, int s) { std::lock_guard<std::mutex> l(c.mu); c.ctx->free_seq(s); })
         .def("copy_seq", [](PyContext &c, int src, int dst, int64_t n) {
             std::lock_guard<std::mutex> l(c.mu);

@@ -123,9 +123,8 @@ void Context::set_profiling(bool on) {
     if (!on) profiling_.reset();
 }
 
-void Context::forward(const Batch &b, float *logits) {
+void Context::check_batch(const Batch &b) {
     if (b.n < 0) throw std::invalid_argument("forward: negative batch size");
-    OpTimer timer(profiling_ ? &profile_ : nullptr, ForwardOp::Forward);
     const HParams &hp = model_.hparams();
     // Validate every row before touching the cache: a rejected batch changes nothing.
     std::vector<int64_t> &next = next_pos_;  // expected next position per sequence, -1: none yet
@@ -149,6 +148,12 @@ void Context::forward(const Batch &b, float *logits) {
                                         " (positions of a sequence must be consecutive)");
         nx = p + 1;
     }
+}
+
+void Context::forward(const Batch &b, float *logits) {
+    OpTimer timer(profiling_ ? &profile_ : nullptr, ForwardOp::Forward);
+    check_batch(b);
+    const HParams &hp = model_.hparams();
     int64_t out_row = 0;
     for (int64_t r0 = 0; r0 < b.n; r0 += n_batch_) {
         const int64_t n = std::min(n_batch_, b.n - r0);

@@ -276,6 +276,13 @@ public:
     // rows, in row order, to `logits` [n_marked][n_vocab]. ContextOverflowError if a position is
     // >= n_ctx; std::invalid_argument for any other bad row (nothing is computed then).
     void forward(const Batch &batch, float *logits);
+    // Perplexity (score.cpp): runs `batch` like forward (its want_logits is ignored) and, for every
+    // row i with targets[i] >= 0, writes -log softmax(logits of row i)[targets[i]] to nll[k], k the
+    // rank of row i among those rows. The logits stay here: rows are run in pieces of at most
+    // n_batch rows and kScoreRows scored rows, each piece's scored logits reduced to one number per
+    // row. std::invalid_argument for a target outside [-1, n_vocab) or a bad row, before any row runs.
+    static constexpr int64_t kScoreRows = 128;
+    void score(const Batch &batch, const int32_t *targets, double *nll);
     void free_seq(int seq_id);
     void copy_seq(int src, int dst, int64_t n_tokens);
     int64_t seq_len(int seq_id) const;
@@ -319,6 +326,7 @@ public:
 
 private:
     void forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits);
+    void check_batch(const Batch &b);  // every row of a batch valid (forward's checks)
     void check_seq(int seq_id, const char *what) const;
 
     const Model &model_;
