@@ -3,13 +3,12 @@
 # ${KTD_ARM64_ROOT:-~/.cache/ktd/arm64-root}: debootstrap --arch=arm64 (minbase) with Debian's arm64
 # python3, numpy, msgpack, yaml, pytest and the Python headers; the second stage runs under
 # qemu-user-static through binfmt_misc. Needs root, debootstrap, qemu-user-static and a Debian
-# mirror (KTD_DEBIAN_MIRROR). gguf-py (pure Python, the kernel tests' oracle) is copied in from
-# the development venv at the version pinned in requirements-dev.txt.
+# mirror (KTD_DEBIAN_MIRROR).
 set -euo pipefail
 ROOT=${KTD_ARM64_ROOT:-$HOME/.cache/ktd/arm64-root}
 MIRROR=${KTD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PY=${KTD_PYTHON:-python3}
-PKGS=python3,python3-numpy,python3-msgpack,python3-yaml,python3-pytest,python3-dev,pybind11-dev
+PKGS=python3,python3-numpy,python3-msgpack,python3-yaml,python3-jinja2,python3-pytest,python3-dev,pybind11-dev
 
 "$(dirname "$0")/binfmt.sh"
 if [ ! -x "$ROOT/usr/bin/python3" ]; then
@@ -21,9 +20,13 @@ if [ ! -x "$ROOT/usr/bin/python3" ]; then
     debootstrap --arch=arm64 --variant=minbase --include=$PKGS bookworm "$ROOT.partial" "$MIRROR"
     mv "$ROOT.partial" "$ROOT"
 fi
-# gguf-py: pure Python; the same copy the x86 tests use.
-GGUF=$("$PY" -c 'import gguf, os; print(os.path.dirname(gguf.__file__))')
+# gguf-py (pure Python, not packaged by Debian 12) at the version the x86 tests use
+# (requirements-dev.txt), copied from the development venv to /opt/ktd-pylib.
+SITE=$("$PY" -c 'import gguf, os; print(os.path.dirname(os.path.dirname(gguf.__file__)))')
 mkdir -p "$ROOT/opt/ktd-pylib"
-rm -rf "$ROOT/opt/ktd-pylib/gguf"
-cp -r "$GGUF" "$ROOT/opt/ktd-pylib/gguf"
+for item in gguf; do
+    rm -rf "$ROOT/opt/ktd-pylib/$item"
+    [ -e "$SITE/$item" ] && cp -r "$SITE/$item" "$ROOT/opt/ktd-pylib/$item"
+done
+find "$ROOT/opt/ktd-pylib" -name __pycache__ -prune -exec rm -rf {} +
 echo "arm64 root ready: $ROOT"

@@ -20,7 +20,7 @@ endif()
 set(CMAKE_CXX_FLAGS_INIT "-idirafter ${KTD_ARM64_ROOT}/usr/include")
 set(Python_INCLUDE_DIR "${KTD_ARM64_ROOT}/usr/include/python3.11" CACHE PATH "" FORCE)
 set(Python_SOABI "cpython-311-aarch64-linux-gnu" CACHE STRING "" FORCE)
-# pybind11 would ask the host interpreter (x86-64) for the module suffix.
-set(PYTHON_MODULE_EXTENSION ".cpython-311-aarch64-linux-gnu.so" CACHE INTERNAL "" FORCE)
-set(PYTHON_MODULE_DEBUG_POSTFIX "" CACHE INTERNAL "" FORCE)
+# pybind11 asks the host interpreter (x86-64) for the module suffix: CMakeLists.txt sets this one
+# on the module instead.
+set(KTD_PYTHON_EXT_SUFFIX ".cpython-311-aarch64-linux-gnu.so")
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
