@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb
+.PHONY: gpu-check build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64
 
 build: native
 
@@ -123,6 +123,18 @@ deb:
 
 test-deb: deb
 	packaging/test-deb.sh
+
+# aarch64 without ARM hardware (root; tools/arm64/): cross-compile the native module with Debian's
+# g++-aarch64-linux-gnu into build/arm64 and run the ARM-relevant tests in an arm64 Debian 12 root
+# (~/.cache/ktd/arm64-root, made once by debootstrap) under qemu-user, with -cpu max (dotprod) and
+# -cpu cortex-a57 (no dotprod: the fallbacks). Correctness only: emulated speed means nothing.
+# KTD_ARM64_TESTS / KTD_ARM64_CPUS / PYTEST_ARGS narrow or widen it.
+test-arm64: venv
+	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64-static >/dev/null && command -v debootstrap >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      g++-aarch64-linux-gnu qemu-user-static binfmt-support debootstrap file >/dev/null; }
+	CMAKE=$(CURDIR)/$(VENV)/bin/cmake NINJA=$(CURDIR)/$(VENV)/bin/ninja KTD_HOST_PYTHON=$(CURDIR)/$(PY) \
+	  PYTEST_ARGS="$(PYTEST_ARGS)" tools/arm64/test-arm64.sh
 
 # On a machine with an NVIDIA GPU (driver R580+ for CUDA 13): build with the CUDA backend required,
 # then run the gpu-marked tests (kernels against the host block math and gguf-py): the device the

@@ -57,3 +57,45 @@ def test_no_weak_symbol_shared_between_isa_and_baseline(objects, isa):
     base = set().union(*(_weak_symbols(o) for o in objects["base"]))
     wide = set().union(*(_weak_symbols(o) for o in objects[isa]))
     assert sorted(base & wide) == []
+
+
+# --- the aarch64 cross build (build/arm64, made by `make test-arm64`) -------------------------
+
+ARM_BUILD = Path(__file__).resolve().parent.parent / "build" / "arm64" / "CMakeFiles"
+
+
+@pytest.fixture(scope="module")
+def arm_objects():
+    if not shutil.which("aarch64-linux-gnu-objdump") or not shutil.which("aarch64-linux-gnu-nm"):
+        pytest.skip("aarch64 binutils not installed (binutils-aarch64-linux-gnu, installed by make test-arm64)")
+    base = sorted((ARM_BUILD / "_native.dir").rglob("*.o")) + sorted((ARM_BUILD / "ktd_isa_ref.dir").rglob("*.o"))
+    if not base:
+        pytest.skip(f"no aarch64 build objects under {ARM_BUILD} (run `make test-arm64`)")
+    return {"base": base, "neon": sorted((ARM_BUILD / "ktd_isa_neon.dir").rglob("*.o")),
+            "dotprod": sorted((ARM_BUILD / "ktd_isa_dotprod.dir").rglob("*.o"))}
+
+
+def test_arm_baseline_objects_use_no_dot_product(arm_objects):
+    """Armv8-A baseline code must not contain SDOT/UDOT/SMMLA (Armv8.2+ optional instructions)."""
+    offenders = []
+    for obj in arm_objects["base"] + arm_objects["neon"]:
+        dis = subprocess.run(["aarch64-linux-gnu-objdump", "-d", "--no-show-raw-insn", str(obj)],
+                             capture_output=True, text=True, check=True).stdout
+        if re.search(r"\s(sdot|udot|usdot|smmla|ummla|usmmla)\s", dis):
+            offenders.append(obj.name)
+    assert offenders == []
+    assert arm_objects["dotprod"], "no dotprod objects in the aarch64 build"
+
+
+@pytest.mark.parametrize("isa", ["neon", "dotprod"])
+def test_arm_no_weak_symbol_shared_between_isa_and_baseline(arm_objects, isa):
+    def weak(obj):
+        out = subprocess.run(["aarch64-linux-gnu-nm", "--defined-only", str(obj)],
+                             capture_output=True, text=True, check=True).stdout
+        return {p[2] for p in (line.split(" ", 2) for line in out.splitlines())
+                if len(p) == 3 and p[1] in ("W", "V", "u")}
+    # dotprod objects must not share one with the NEON ones either (a CPU without SDOT runs NEON).
+    others = arm_objects["base"] + (arm_objects["neon"] if isa == "dotprod" else [])
+    base = set().union(*(weak(o) for o in others))
+    wide = set().union(*(weak(o) for o in arm_objects[isa]))
+    assert sorted(base & wide) == []

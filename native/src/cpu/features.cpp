@@ -1,13 +1,30 @@
 #include "cpu/features.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#define KTD_CPU_X86 1
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#define KTD_CPU_AARCH64 1
+#else
+#error "ktd supports x86-64 and aarch64 only (native/src/cpu/features.cpp)"
+#endif
 
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
 
 namespace ktd {
 
 namespace {
 
+[[maybe_unused]] std::string trim(const std::string &s) {
+    size_t b = s.find_first_not_of(' '), e = s.find_last_not_of(' ');
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+#if KTD_CPU_X86
 struct Regs {
     uint32_t eax = 0, ebx = 0, ecx = 0, edx = 0;
 };
@@ -25,11 +42,6 @@ uint64_t xgetbv0() {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (uint64_t(hi) << 32) | lo;
-}
-
-std::string trim(const std::string &s) {
-    size_t b = s.find_first_not_of(' '), e = s.find_last_not_of(' ');
-    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
 CpuFeatures detect() {
@@ -106,10 +118,72 @@ CpuFeatures detect() {
     }
     return f;
 }
+#endif  // KTD_CPU_X86
+
+#if KTD_CPU_AARCH64
+// Bit numbers of the Linux arm64 ABI (Documentation/arch/arm64/elf_hwcaps.rst); spelled out so
+// the build does not depend on how new the toolchain's <asm/hwcap.h> is.
+constexpr int kHwcapFp = 0, kHwcapAsimd = 1, kHwcapAsimdhp = 10, kHwcapAsimddp = 20, kHwcapSve = 22;
+constexpr int kHwcap2Sve2 = 1, kHwcap2I8mm = 13, kHwcap2Bf16 = 14;
+
+bool bit(unsigned long word, int n) { return (word >> n) & 1ul; }
+
+std::string implementer_name(unsigned code) {
+    switch (code) {
+        case 0x41: return "ARM";
+        case 0x42: return "Broadcom";
+        case 0x43: return "Cavium";
+        case 0x46: return "Fujitsu";
+        case 0x48: return "HiSilicon";
+        case 0x4e: return "NVIDIA";
+        case 0x51: return "Qualcomm";
+        case 0x61: return "Apple";
+        case 0xc0: return "Ampere";
+    }
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "0x%02x", code);
+    return buf;
+}
+
+CpuFeatures detect() {
+    CpuFeatures f;
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    f.fp = bit(hw, kHwcapFp);
+    f.asimd = bit(hw, kHwcapAsimd);
+    f.asimdhp = bit(hw, kHwcapAsimdhp);
+    f.asimddp = bit(hw, kHwcapAsimddp);
+    f.sve = bit(hw, kHwcapSve);
+    f.sve2 = bit(hw2, kHwcap2Sve2);
+    f.i8mm = bit(hw2, kHwcap2I8mm);
+    f.bf16 = bit(hw2, kHwcap2Bf16);
+    // MIDR_EL1 of cpu0: implementer [31:24], variant [23:20], part [15:4], revision [3:0].
+    std::ifstream midr_file("/sys/devices/system/cpu/cpu0/regs/identification/midr_el1");
+    std::string text;
+    if (midr_file >> text) {
+        try {
+            const unsigned long midr = std::stoul(text, nullptr, 16);
+            const unsigned implementer = unsigned(midr >> 24) & 0xff;
+            f.vendor = implementer_name(implementer);
+            f.family = int(implementer);
+            f.model = int((midr >> 4) & 0xfff);
+            f.stepping = int(((midr >> 20) & 0xf) << 4 | (midr & 0xf));
+        } catch (const std::exception &) {
+            // unreadable: identity stays empty (dispatch uses only the hwcaps)
+        }
+    }
+    return f;
+}
+#endif  // KTD_CPU_AARCH64
 
 }  // namespace
 
 std::vector<std::pair<std::string, bool>> CpuFeatures::flags() const {
+#if KTD_CPU_AARCH64
+    return {
+        {"fp", fp},     {"asimd", asimd}, {"asimdhp", asimdhp}, {"asimddp", asimddp},
+        {"i8mm", i8mm}, {"bf16", bf16},   {"sve", sve},         {"sve2", sve2},
+    };
+#else
     return {
         {"sse4_2", sse42},           {"popcnt", popcnt},           {"avx", avx},
         {"avx2", avx2},              {"fma", fma},                 {"f16c", f16c},
@@ -120,6 +194,7 @@ std::vector<std::pair<std::string, bool>> CpuFeatures::flags() const {
         {"avx_vnni", avx_vnni},      {"amx_tile", amx_tile},       {"amx_int8", amx_int8},
         {"amx_bf16", amx_bf16},
     };
+#endif
 }
 
 const CpuFeatures &cpu_features() {

@@ -1,5 +1,7 @@
-// CPU features for ISA dispatch, read once via CPUID and checked against what the OS enables
-// (XGETBV: a CPU may have AVX-512 while the kernel does not save its registers).
+// CPU features for ISA dispatch, read once. x86-64: CPUID, checked against what the OS enables
+// (XGETBV: a CPU may have AVX-512 while the kernel does not save its registers). aarch64: the
+// kernel's hardware capability words getauxval(AT_HWCAP / AT_HWCAP2), which already say only what
+// the kernel lets user space use.
 #pragma once
 #include <string>
 #include <utility>
@@ -19,11 +21,20 @@ struct CpuFeatures {
     // AMX: CPU and XCR0 support. Linux additionally requires each process to ask for the tile
     // data state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)) before using tiles.
     bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
-    std::string vendor;      // "GenuineIntel", "AuthenticAMD", ...
+    // aarch64 (all false on x86-64): names as in /proc/cpuinfo's Features line. asimd = NEON,
+    // asimddp = the dot product instructions (SDOT/UDOT, FEAT_DotProd), i8mm = the int8 matrix
+    // multiply (SMMLA, FEAT_I8MM), asimdhp = half-precision arithmetic, bf16 = BFloat16.
+    bool fp = false, asimd = false, asimdhp = false, asimddp = false, i8mm = false, bf16 = false,
+         sve = false, sve2 = false;
+    // x86-64: "GenuineIntel", "AuthenticAMD", ...; aarch64: the MIDR implementer ("ARM",
+    // "Ampere", "NVIDIA", ... or its hex code), family = implementer code, model = part number,
+    // stepping = variant << 4 | revision (from sysfs midr_el1; 0 and "" when unreadable).
+    std::string vendor;
     std::string model_name;  // brand string, trimmed
     int family = 0, model = 0, stepping = 0;
 
-    // (name, value) for every flag, in declaration order; names as in /proc/cpuinfo.
+    // (name, value) for every flag of this build's architecture, in declaration order; names as in
+    // /proc/cpuinfo.
     std::vector<std::pair<std::string, bool>> flags() const;
 };
 

@@ -10,7 +10,9 @@
 // waker either sees the sleeper or the sleeper sees the new value before it sleeps.
 #include "cpu/thread_pool.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <emmintrin.h>
+#endif
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -49,6 +51,17 @@ void futex_wake_all(std::atomic<uint32_t> &word) {
             nullptr, 0);
 }
 
+// One spin-wait step: a hint to the core that this is a busy-wait loop (x86 PAUSE, arm64 YIELD).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
+
 // Spins until done() or until spin_us have passed; true if done.
 template <class Done>
 bool spin_until(Done done, int spin_us) {
@@ -56,7 +69,7 @@ bool spin_until(Done done, int spin_us) {
     if (spin_us <= 0) return false;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
     for (unsigned i = 1;; ++i) {
-        _mm_pause();
+        cpu_relax();
         if (done()) return true;
         if ((i & 63) == 0 && std::chrono::steady_clock::now() >= deadline) return false;
     }

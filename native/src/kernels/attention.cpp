@@ -9,7 +9,7 @@ namespace ktd {
 
 namespace {
 // Indexed by Isa; written once per ISA at module load (static initialisers), read afterwards.
-std::array<std::atomic<AttnKernel>, 3> g_attention_kernels{};
+std::array<std::atomic<AttnKernel>, kIsaCount> g_attention_kernels{};
 
 size_t round8(size_t n) { return (n + 7) & ~size_t(7); }
 }  // namespace
@@ -51,10 +51,8 @@ AttnKernel find_attention_kernel(Isa isa) { return g_attention_kernels[size_t(is
 
 AttnKernel attention_kernel() {
     const Isa isa = active_isa();
-    if (AttnKernel fn = find_attention_kernel(isa)) return fn;
-    if (isa == Isa::AVX512 && isa_supported_by_cpu(Isa::AVX2))
-        if (AttnKernel fn = find_attention_kernel(Isa::AVX2)) return fn;
-    return find_attention_kernel(Isa::Ref);
+    for (Isa i = isa;; i = isa_fallback(i))
+        if (AttnKernel fn = find_attention_kernel(i); fn || i == Isa::Ref) return fn;
 }
 
 }  // namespace ktd

@@ -62,7 +62,7 @@ void bind_float_kernels(py::module_ &m) {
     att.def("tile", [] { return kAttnTile; }, "keys per online-softmax tile");
     att.def("kernel_isas", [] {
         std::vector<std::string> out;
-        for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
+        for (Isa i : kAllIsas)
             if (find_attention_kernel(i)) out.emplace_back(isa_name(i));
         return out;
     }, "ISAs with their own attention kernel (others fall back as the matrix kernels do)");
@@ -137,7 +137,7 @@ void bind_float_kernels(py::module_ &m) {
     auto ew = m.def_submodule("elementwise", "element-wise gated activation kernels per ISA");
     ew.def("kernel_isas", [] {
         std::vector<std::string> out;
-        for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
+        for (Isa i : kAllIsas)
             if (find_glu_kernel(Glu::SwiGLU, i) || find_glu_kernel(Glu::GeGLU, i) || find_glu_kernel(Glu::ReLU2, i))
                 out.emplace_back(isa_name(i));
         return out;

@@ -7,7 +7,7 @@ namespace ktd {
 
 namespace {
 // Indexed by [Glu][Isa]; written once per pair at module load (static initialisers), read afterwards.
-std::array<std::array<std::atomic<GluKernel>, 3>, kNumGlu> g_glu{};
+std::array<std::array<std::atomic<GluKernel>, kIsaCount>, kNumGlu> g_glu{};
 }  // namespace
 
 const char *glu_name(Glu g) {
@@ -25,10 +25,8 @@ GluKernel find_glu_kernel(Glu glu, Isa isa) { return g_glu[size_t(glu)][size_t(i
 
 GluKernel glu_kernel(Glu glu) {
     const Isa isa = active_isa();
-    if (GluKernel fn = find_glu_kernel(glu, isa)) return fn;
-    if (isa == Isa::AVX512 && isa_supported_by_cpu(Isa::AVX2))
-        if (GluKernel fn = find_glu_kernel(glu, Isa::AVX2)) return fn;
-    return find_glu_kernel(glu, Isa::Ref);
+    for (Isa i = isa;; i = isa_fallback(i))
+        if (GluKernel fn = find_glu_kernel(glu, i); fn || i == Isa::Ref) return fn;
 }
 
 }  // namespace ktd

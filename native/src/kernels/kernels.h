@@ -29,8 +29,16 @@ namespace ktd {
 class Arena;
 class ThreadPool;
 
-enum class Isa : int { Ref = 0, AVX2 = 1, AVX512 = 2 };
+// x86-64: AVX2, AVX512; aarch64: NEON (Armv8-A Advanced SIMD), DOTPROD (+ SDOT, Armv8.2-A). A
+// build compiles only its target's ISAs (CMakeLists.txt); the others are never compiled in.
+enum class Isa : int { Ref = 0, AVX2 = 1, AVX512 = 2, NEON = 3, DOTPROD = 4 };
+constexpr int kIsaCount = 5;
+constexpr Isa kAllIsas[] = {Isa::Ref, Isa::AVX2, Isa::AVX512, Isa::NEON, Isa::DOTPROD};
 std::string_view isa_name(Isa isa);
+// The ISA whose kernels a family without an entry for `isa` uses next: AVX512 → AVX2,
+// DOTPROD → NEON, the others → Ref (Ref → Ref). Each step is a subset of the ISA before it, so
+// a CPU that runs `isa` runs its fallbacks.
+Isa isa_fallback(Isa isa);
 
 struct TypeKernels {
     GGMLType type = GGMLType::F32;
@@ -73,8 +81,10 @@ const TypeKernels *kernels_for(GGMLType type);
 std::vector<GGMLType> supported_types(Isa isa);
 
 // ISAs: Ref (the scalar specification, every CPU), AVX2 (AVX2 + FMA + F16C + BMI2) and AVX512
-// (F/BW/VL/DQ + VNNI + VBMI). The active ISA is chosen once at first use from CPUID: AVX2 where the
-// CPU has it, else Ref; KTD_ISA=ref|avx2|avx512 (or set_active_isa) overrides. Under that default,
+// (F/BW/VL/DQ + VNNI + VBMI) on x86-64; NEON (Advanced SIMD, every aarch64 CPU) and DOTPROD
+// (+ asimddp) on aarch64. The active ISA is chosen once at first use from CPUID (x86-64: AVX2
+// where the CPU has it, else Ref) or the hwcaps (aarch64: DOTPROD where the CPU has it, else
+// NEON); KTD_ISA=ref|avx2|avx512|neon|dotprod (or set_active_isa) overrides. Under that default,
 // the types whose AVX-512 kernels were measured faster (Q4_K, Q6_K, Q5_0, Q8_0) use them where
 // the CPU has AVX-512 VNNI (kernels_for); KTD_ISA=avx512 uses every AVX-512 kernel, and AVX2 for
 // the types that have none.

@@ -42,7 +42,8 @@ Isa default_isa() {
     }
     // AVX-512 is not the default ISA: only the types measured faster with it prefer it
     // (avx512_preferred, in kernels_for).
-    if (isa_compiled(Isa::AVX2) && isa_supported_by_cpu(Isa::AVX2)) return Isa::AVX2;
+    for (Isa isa : {Isa::AVX2, Isa::DOTPROD, Isa::NEON})
+        if (isa_compiled(isa) && isa_supported_by_cpu(isa)) return isa;
     return Isa::Ref;
 }
 }  // namespace
@@ -52,15 +53,28 @@ std::string_view isa_name(Isa isa) {
         case Isa::Ref: return "ref";
         case Isa::AVX2: return "avx2";
         case Isa::AVX512: return "avx512";
+        case Isa::NEON: return "neon";
+        case Isa::DOTPROD: return "dotprod";
     }
     return "?";
+}
+
+Isa isa_fallback(Isa isa) {
+    switch (isa) {
+        case Isa::AVX512: return Isa::AVX2;
+        case Isa::DOTPROD: return Isa::NEON;
+        default: return Isa::Ref;
+    }
 }
 
 Isa parse_isa(std::string_view name) {
     if (name == "ref") return Isa::Ref;
     if (name == "avx2") return Isa::AVX2;
     if (name == "avx512") return Isa::AVX512;
-    throw std::invalid_argument("unknown ISA '" + std::string(name) + "' (expected ref, avx2 or avx512)");
+    if (name == "neon") return Isa::NEON;
+    if (name == "dotprod") return Isa::DOTPROD;
+    throw std::invalid_argument("unknown ISA '" + std::string(name) +
+                                "' (expected ref, avx2, avx512, neon or dotprod)");
 }
 
 bool isa_compiled(Isa isa) {
@@ -71,6 +85,12 @@ bool isa_compiled(Isa isa) {
 #endif
 #ifdef KTD_HAVE_ISA_AVX512
         case Isa::AVX512: return true;
+#endif
+#ifdef KTD_HAVE_ISA_NEON
+        case Isa::NEON: return true;
+#endif
+#ifdef KTD_HAVE_ISA_DOTPROD
+        case Isa::DOTPROD: return true;
 #endif
         default: return false;
     }
@@ -85,6 +105,8 @@ bool isa_supported_by_cpu(Isa isa) {
         case Isa::AVX2: return avx2;
         case Isa::AVX512:
             return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512vbmi;
+        case Isa::NEON: return f.asimd && f.fp;
+        case Isa::DOTPROD: return f.asimd && f.fp && f.asimddp;
     }
     return false;
 }
@@ -125,12 +147,12 @@ const TypeKernels *kernels_for(GGMLType type) {
     if (isa == Isa::AVX2 && !g_isa_chosen && avx512_preferred(type) && isa_compiled(Isa::AVX512) &&
         isa_supported_by_cpu(Isa::AVX512))
         if (const TypeKernels *tk = find_type_kernels(type, Isa::AVX512)) return tk;
-    if (const TypeKernels *tk = find_type_kernels(type, isa)) return tk;
-    // Types without AVX-512 kernels use the AVX2 ones (every AVX-512 CPU we select runs them)
-    // rather than the scalar reference.
-    if (isa == Isa::AVX512 && isa_supported_by_cpu(Isa::AVX2))
-        if (const TypeKernels *tk = find_type_kernels(type, Isa::AVX2)) return tk;
-    return find_type_kernels(type, Isa::Ref);
+    // Types without kernels of the active ISA use its fallbacks' (AVX512 → AVX2, DOTPROD → NEON;
+    // every CPU we select for an ISA runs them) rather than the scalar reference.
+    for (Isa i = isa;; i = isa_fallback(i)) {
+        if (const TypeKernels *tk = find_type_kernels(type, i)) return tk;
+        if (i == Isa::Ref) return nullptr;
+    }
 }
 
 std::vector<GGMLType> supported_types(Isa isa) {

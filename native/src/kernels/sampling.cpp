@@ -8,7 +8,7 @@ namespace ktd {
 
 namespace {
 // Indexed by Isa; each written once at module load (static initialisers), read afterwards.
-std::array<std::atomic<const SamplingKernels *>, 3> g_sampling{};
+std::array<std::atomic<const SamplingKernels *>, kIsaCount> g_sampling{};
 }  // namespace
 
 void register_sampling_kernels(Isa isa, const SamplingKernels &k) { g_sampling[size_t(isa)].store(&k); }
@@ -21,10 +21,10 @@ const SamplingKernels &sampling_kernels() {
     // fixed explicitly (as the matrix kernels' per-type AVX-512 preference).
     if (isa == Isa::AVX2 && !isa_chosen_explicitly() && isa_supported_by_cpu(Isa::AVX512))
         if (const SamplingKernels *k = find_sampling_kernels(Isa::AVX512)) return *k;
-    if (const SamplingKernels *k = find_sampling_kernels(isa)) return *k;
-    if (isa == Isa::AVX512 && isa_supported_by_cpu(Isa::AVX2))
-        if (const SamplingKernels *k = find_sampling_kernels(Isa::AVX2)) return *k;
-    if (const SamplingKernels *k = find_sampling_kernels(Isa::Ref)) return *k;
+    for (Isa i = isa;; i = isa_fallback(i)) {
+        if (const SamplingKernels *k = find_sampling_kernels(i)) return *k;
+        if (i == Isa::Ref) break;
+    }
     throw std::logic_error("no sampling kernels registered");
 }
 

@@ -75,7 +75,7 @@ void bind_sampling(py::module_ &m) {
     auto s = m.def_submodule("sampling", "token sampling (penalties, temperature, top-k, top-p, min-p, draw)");
     s.def("kernel_isas", [] {
         std::vector<std::string> out;
-        for (Isa i : {Isa::Ref, Isa::AVX2, Isa::AVX512})
+        for (Isa i : kAllIsas)
             if (find_sampling_kernels(i)) out.emplace_back(isa_name(i));
         return out;
     }, "ISAs with their own sampling kernels (isa= of sample/candidates/draw; the CPU must support it)");
