@@ -42,10 +42,17 @@ def bind_socket(path: str, mode: int, group: str | None) -> socket.socket:
             raise StartupError(f"another daemon is listening on {path}")
         finally:
             probe.close()
+    # Bound and listening under a temporary name, then renamed into place: a client never finds
+    # the path before the socket listens (it would be refused instead of queued).
+    tmp = os.path.join(parent, f".{os.getpid()}.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o777 & ~mode)
     try:
-        sock.bind(path)
+        try:
+            sock.bind(tmp)
+        except OSError:  # e.g. the temporary name is too long for sun_path: bind in place
+            tmp = path
+            sock.bind(path)
     except OSError as e:
         sock.close()
         raise StartupError(f"cannot bind {path}: {e.strerror}") from None
@@ -54,13 +61,20 @@ def bind_socket(path: str, mode: int, group: str | None) -> socket.socket:
     if group is not None:
         try:
             gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-            os.chown(path, -1, gid)
+            os.chown(tmp, -1, gid)
         except KeyError:
             log.warning("socket group %r does not exist; %s keeps the daemon's group", group, path)
         except PermissionError:
             log.warning("cannot give %s to group %r (not permitted); it keeps the daemon's group",
                         path, group)
     sock.listen(128)
+    if tmp != path:
+        try:
+            os.rename(tmp, path)
+        except OSError as e:
+            sock.close()
+            os.unlink(tmp)
+            raise StartupError(f"cannot bind {path}: {e.strerror}") from None
     return sock
 
 
