@@ -17,6 +17,7 @@ import numpy as np
 from ktd import GGUFError, _native, weights_cache
 from ktd.engine_api import Progress
 from ktd.errors import ContextOverflow
+from ktd.routing_profile import layer_summaries
 from ktd.tokenizer import Tokenizer
 
 log = logging.getLogger("ktd.engine")
@@ -156,15 +157,9 @@ class Engine:
     def _experts_summary(self) -> dict[str, Any]:
         """Compact routing statistics for ``status``: per MoE layer the tokens routed and the most
         used experts [[expert, count], ...] (from the engine thread's last snapshot)."""
-        m, counts = self.model, self._expert_snapshot
-        layers = []
-        if counts is not None:
-            for il, row in enumerate(counts):
-                if row.any():
-                    top = np.argsort(-row.astype(np.int64), kind="stable")[: self.TOP_EXPERTS]
-                    layers.append({"layer": il, "routed": int(row.sum()),
-                                   "top": [[int(e), int(row[e])] for e in top if row[e]]})
-        return {"n_expert": int(m.n_expert), "n_expert_used": int(m.n_expert_used), "layers": layers}
+        m = self.model
+        return {"n_expert": int(m.n_expert), "n_expert_used": int(m.n_expert_used),
+                "layers": layer_summaries(self._expert_snapshot, self.TOP_EXPERTS)}
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
                 want_logits: np.ndarray) -> np.ndarray:

@@ -59,6 +59,22 @@ def model_key(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+def layer_summaries(counts: np.ndarray | None, top_n: int) -> list[dict[str, Any]]:
+    """Per layer that routed any token (counts: [n_layer, n_expert]): ``{"layer", "routed",
+    "top": [[expert, count], ...]}``, the ``top_n`` most used experts, most first (ties: lower
+    expert first), experts never chosen left out. Shared by ``ktctl profile show`` and ``status``."""
+    layers: list[dict[str, Any]] = []
+    if counts is None:
+        return layers
+    for il, row in enumerate(counts):
+        total = int(row.sum())
+        if total:
+            top = np.argsort(-row.astype(np.int64), kind="stable")[:top_n]
+            layers.append({"layer": il, "routed": total,
+                           "top": [[int(e), int(row[e])] for e in top if row[e]]})
+    return layers
+
+
 class RoutingProfile:
     """The saved counts of one model plus the live counts of this run.
 
@@ -141,13 +157,7 @@ class RoutingProfile:
     def summary(self) -> dict[str, Any]:
         """What ``ktctl profile show`` prints: per MoE layer the tokens routed and the top experts."""
         counts = self.counts()
-        layers = []
-        for il, row in enumerate(counts):
-            total = int(row.sum())
-            if total:
-                top = np.argsort(-row.astype(np.int64), kind="stable")[:TOP_EXPERTS]
-                layers.append({"layer": il, "routed": total,
-                               "top": [[int(e), int(row[e])] for e in top if row[e]]})
         return {"key": self.key, "path": str(self.path) if self.path else None,
                 "n_layer": self.shape[0], "n_expert": self.shape[1], "routed": int(counts.sum()),
-                "saved_at": self.saved_at, "last_error": self.last_error, "layers": layers}
+                "saved_at": self.saved_at, "last_error": self.last_error,
+                "layers": layer_summaries(counts, TOP_EXPERTS)}
