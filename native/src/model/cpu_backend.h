@@ -33,8 +33,10 @@ public:
     void glu_ffn(const LayerWeights &w, Glu act) override;
     void moe_ffn(const LayerWeights &w, int il) override;
 
-private:
+    // The activation a in the context's ForwardScratch (LoopbackDevice shares it).
     float *buf(Act a);
+
+private:
     // x [n][k] head-major per head of st → y [n_head][n][rows] (mla.cpp).
     void per_head_matmul(const MatrixStack &st, const float *x, int64_t k, float *y, int64_t rows);
 

@@ -85,16 +85,7 @@ void LoopbackDevice::moe_ffn(const LayerWeights &, int) {
     throw std::logic_error("LoopbackDevice::moe_ffn: routed experts run on the host (HybridBackend)");
 }
 
-float *LoopbackDevice::buf(Act a) {
-    ForwardScratch &s = ctx_.scratch();
-    switch (a) {
-        case Act::X: return s.x.data();
-        case Act::XN: return s.xn.data();
-        case Act::Attn: return s.attn.data();
-        case Act::Tmp: return s.tmp.data();
-    }
-    return nullptr;
-}
+float *LoopbackDevice::buf(Act a) { return cpu_->buf(a); }  // the same host scratch
 
 void LoopbackDevice::to_host(Act a, float *dst) {
     std::memcpy(dst, buf(a), size_t(n_ * E_) * sizeof(float));
