@@ -206,7 +206,8 @@ public:
         return cache_;
     }
     ~Model();
-    // NUMA slice of worker tid: the index of its node in the pool's nodes (0 on one node).
+    // NUMA slice of worker tid: the index of its node in the pool's nodes (0 on one node), i.e.
+    // pool().node_index(tid), kept in tid_slice_ for the per-item loops.
     int n_slices() const { return int(mem_.nodes.size()); }
     int slice_of(int tid) const { return tid_slice_[size_t(tid)]; }
 

@@ -434,7 +434,7 @@ void Model::init_pool(const ModelOptions &opts) {
     }
     tid_slice_.resize(size_t(pool_->size()));
     for (int tid = 0; tid < pool_->size(); ++tid)
-        tid_slice_[size_t(tid)] = int(std::find(nodes.begin(), nodes.end(), pool_->node_of(tid)) - nodes.begin());
+        tid_slice_[size_t(tid)] = pool_->node_index(tid);
 }
 
 namespace {
