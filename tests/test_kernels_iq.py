@@ -23,8 +23,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernel_checks import (
+    ISAS,
+    MATMUL_SHAPES,
+    check_dequantize_bitwise,
+    check_gemm_tile_guard,
+    check_matmul,
+    check_random_matmul,
+    check_threads_bitwise,
+    kernels_or_skip,
+)
 from kernel_oracle import dequantize_ref, row_bytes
-from test_kernels_k import ISAS, check_matmul, kernels_or_skip
 from ktd import _native
 
 K = _native.kernels
@@ -96,13 +105,7 @@ def test_types_registered():
 @pytest.mark.parametrize("isa", IQ_ISAS)
 @pytest.mark.parametrize("qt", TYPES)
 def test_dequantize_bitwise_vs_gguf(qt, isa):
-    kernels_or_skip(qt, isa)
-    rng = np.random.default_rng(TYPES.index(qt))
-    rows, k = 6, 1024
-    w = random_weights(qt, rows, k, rng)
-    got = K.dequantize(qt, w, k, isa=isa)
-    want = dequantize_ref(qt, w, rows, k).astype(np.float32)
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    check_dequantize_bitwise(qt, isa, random_weights, 6, 1024, seed=TYPES.index(qt))
 
 
 @pytest.mark.parametrize("qt", TYPES)
@@ -125,16 +128,9 @@ def test_every_grid_point_decodes_like_gguf(qt):
 
 @pytest.mark.parametrize("isa", IQ_ISAS)
 @pytest.mark.parametrize("qt", TYPES)
-@pytest.mark.parametrize(
-    "rows,k,n",
-    [(1, 256, 1), (3, 512, 2), (7, 256, 5), (17, 1280, 3), (33, 768, 9), (129, 512, 1), (16, 256, 64)],
-)
+@pytest.mark.parametrize("rows,k,n", MATMUL_SHAPES)
 def test_matmul_vs_gguf(qt, isa, rows, k, n):
-    kernels_or_skip(qt, isa)
-    rng = np.random.default_rng(rows * 7919 + k * 31 + n)
-    w = random_weights(qt, rows, k, rng)
-    x = rng.standard_normal((n, k)).astype(np.float32)
-    check_matmul(qt, isa, w, rows, k, x)
+    check_random_matmul(qt, isa, random_weights, rows, k, n)
 
 
 @pytest.mark.parametrize("isa", IQ_ISAS)
@@ -154,35 +150,14 @@ def test_prefill_equals_decode_bitwise(qt, isa):
 @pytest.mark.parametrize("isa", IQ_ISAS)
 @pytest.mark.parametrize("qt", TYPES)
 def test_matmul_threads_bitwise(qt, isa):
-    kernels_or_skip(qt, isa)
-    rng = np.random.default_rng(11)
-    rows, k, n = 67, 512, 4
-    w = random_weights(qt, rows, k, rng)
-    x = rng.standard_normal((n, k)).astype(np.float32)
-    y1 = K.matmul(qt, w, rows, k, x, isa=isa, threads=1)
-    for threads in (2, 3):
-        np.testing.assert_array_equal(K.matmul(qt, w, rows, k, x, isa=isa, threads=threads), y1)
+    check_threads_bitwise(qt, isa, random_weights)
 
 
 @pytest.mark.parametrize("isa", IQ_ISAS)
 @pytest.mark.parametrize("qt", TYPES)
 @pytest.mark.parametrize("nr,nc", [(1, 1), (5, 3), (9, 7)])
 def test_gemm_tile_guard_values(qt, isa, nr, nc):
-    """The tile kernel writes exactly y[c*ldy + r] for r < nr, c < nc and nothing around it."""
-    kernels_or_skip(qt, isa)
-    rng = np.random.default_rng(nr * 100 + nc)
-    k, ldy, guard = 512, nr + 5, 16
-    w = random_weights(qt, nr, k, rng)
-    x = rng.standard_normal((nc, k)).astype(np.float32)
-    xq = K.quantize_act(qt, x, isa=isa)
-    sentinel = np.float32(-1234.5)
-    y = np.full(guard + nc * ldy + guard, sentinel, dtype=np.float32)
-    K.gemm_tile(qt, w, k, xq, nr, nc, y, guard, ldy, isa=isa)
-    tile = y[guard : guard + nc * ldy].reshape(nc, ldy)
-    written = np.zeros_like(y, dtype=bool)
-    written[guard : guard + nc * ldy].reshape(nc, ldy)[:, :nr] = True
-    assert (y[~written] == sentinel).all()
-    np.testing.assert_array_equal(tile[:, :nr], K.matmul(qt, w, nr, k, x, isa=isa))
+    check_gemm_tile_guard(qt, isa, random_weights, nr, nc)
 
 
 @pytest.mark.parametrize("isa", IQ_ISAS)

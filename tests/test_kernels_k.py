@@ -15,6 +15,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernel_checks import (  # noqa: F401 (ISAS, exact_and_bound: also imported from here by other tests)
+    ISAS,
+    MATMUL_SHAPES,
+    check_dequantize_bitwise,
+    check_gemm_tile_guard,
+    check_matmul,
+    check_random_matmul,
+    check_threads_bitwise,
+    exact_and_bound,
+    kernels_or_skip,
+)
 from kernel_oracle import dequantize_ref, row_bytes
 from ktd import _native
 
@@ -35,22 +46,6 @@ FP16_FIELDS = {
 TYPES = list(FP16_FIELDS)
 
 
-def isas():
-    out = ["ref"]
-    for isa in ("avx2", "avx512", "neon", "dotprod"):
-        if K.isa_compiled(isa) and K.isa_supported(isa):
-            out.append(isa)
-    return out
-
-
-ISAS = isas()
-
-
-def kernels_or_skip(qt: str, isa: str) -> None:
-    if qt not in K.supported_types(isa):
-        pytest.skip(f"no {isa} kernels for {qt} in this build")
-
-
 def random_weights(qt: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Random blocks: random bytes for the packed values and scales; d and dmin set to finite
     positive halves around 1/64 (random bytes there would give Inf/NaN/huge values)."""
@@ -61,31 +56,6 @@ def random_weights(qt: str, rows: int, k: int, rng: np.random.Generator) -> np.n
         h = (rng.uniform(0.5, 1.5, nb) / 64).astype(np.float16)
         blocks[:, off : off + 2] = h.view(np.uint8).reshape(nb, 2)
     return blocks.reshape(rows, row_bytes(qt, k))
-
-
-def exact_and_bound(qt: str, w: np.ndarray, rows: int, k: int, x: np.ndarray):
-    """float64 Y from gguf-py, the activation-quantization bound per output, and Σ|w||x|."""
-    wd = dequantize_ref(qt, w, rows, k)
-    x64 = x.astype(np.float64)
-    y = x64 @ wd.T
-    amax = np.abs(x64).reshape(x.shape[0], -1, QK_K).max(axis=2)  # [n, nb]
-    wabs = np.abs(wd).reshape(rows, -1, QK_K).sum(axis=2)  # [rows, nb]
-    bound = (amax / 254.0) @ wabs.T
-    mag = np.abs(x64) @ np.abs(wd).T
-    return y, bound, mag
-
-
-def check_matmul(qt: str, isa: str, w: np.ndarray, rows: int, k: int, x: np.ndarray, threads: int = 1):
-    y = K.matmul(qt, w, rows, k, x, isa=isa, threads=threads)
-    assert y.shape == (x.shape[0], rows) and y.dtype == np.float32
-    assert np.isfinite(y).all()
-    exact, bound, mag = exact_and_bound(qt, w, rows, k, x)
-    err = np.abs(y.astype(np.float64) - exact)
-    assert (err <= bound + 1e-5 * mag + 1e-30).all(), f"max excess {np.max(err - bound - 1e-5 * mag)}"
-    if isa != "ref":
-        yr = K.matmul(qt, w, rows, k, x, isa="ref", threads=1)
-        assert (np.abs(y.astype(np.float64) - yr) <= 1e-5 * mag + 1e-30).all()
-    return y
 
 
 # --- Q8_K activation quantizer --------------------------------------------------------------
@@ -142,13 +112,7 @@ def test_q8_K_quantizer_matches_reference_bitwise(isa):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qt", TYPES)
 def test_dequantize_bitwise_vs_gguf(qt, isa):
-    kernels_or_skip(qt, isa)
-    rng = np.random.default_rng(TYPES.index(qt))
-    rows, k = 5, 768
-    w = random_weights(qt, rows, k, rng)
-    got = K.dequantize(qt, w, k, isa=isa)
-    want = dequantize_ref(qt, w, rows, k).astype(np.float32)
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    check_dequantize_bitwise(qt, isa, random_weights, 5, 768, seed=TYPES.index(qt))
 
 
 # --- matmul: shapes, threads, tiles ---------------------------------------------------------
@@ -156,50 +120,22 @@ def test_dequantize_bitwise_vs_gguf(qt, isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qt", TYPES)
-@pytest.mark.parametrize(
-    "rows,k,n",
-    [(1, 256, 1), (3, 512, 2), (7, 256, 5), (17, 1280, 3), (33, 768, 9), (129, 512, 1), (16, 256, 64)],
-)
+@pytest.mark.parametrize("rows,k,n", MATMUL_SHAPES)
 def test_matmul_vs_gguf(qt, isa, rows, k, n):
-    kernels_or_skip(qt, isa)
-    rng = np.random.default_rng(rows * 7919 + k * 31 + n)
-    w = random_weights(qt, rows, k, rng)
-    x = rng.standard_normal((n, k)).astype(np.float32)
-    check_matmul(qt, isa, w, rows, k, x)
+    check_random_matmul(qt, isa, random_weights, rows, k, n)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qt", TYPES)
 def test_matmul_threads_bitwise(qt, isa):
-    kernels_or_skip(qt, isa)
-    rng = np.random.default_rng(11)
-    rows, k, n = 67, 512, 4
-    w = random_weights(qt, rows, k, rng)
-    x = rng.standard_normal((n, k)).astype(np.float32)
-    y1 = K.matmul(qt, w, rows, k, x, isa=isa, threads=1)
-    for threads in (2, 3):
-        np.testing.assert_array_equal(K.matmul(qt, w, rows, k, x, isa=isa, threads=threads), y1)
+    check_threads_bitwise(qt, isa, random_weights)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qt", TYPES)
 @pytest.mark.parametrize("nr,nc", [(1, 1), (5, 3), (9, 7)])
 def test_gemm_tile_guard_values(qt, isa, nr, nc):
-    """The tile kernel writes exactly y[c*ldy + r] for r < nr, c < nc and nothing around it."""
-    kernels_or_skip(qt, isa)
-    rng = np.random.default_rng(nr * 100 + nc)
-    k, ldy, guard = 512, nr + 5, 16
-    w = random_weights(qt, nr, k, rng)
-    x = rng.standard_normal((nc, k)).astype(np.float32)
-    xq = K.quantize_act(qt, x, isa=isa)
-    sentinel = np.float32(-1234.5)
-    y = np.full(guard + nc * ldy + guard, sentinel, dtype=np.float32)
-    K.gemm_tile(qt, w, k, xq, nr, nc, y, guard, ldy, isa=isa)
-    tile = y[guard : guard + nc * ldy].reshape(nc, ldy)
-    written = np.zeros_like(y, dtype=bool)
-    written[guard : guard + nc * ldy].reshape(nc, ldy)[:, :nr] = True
-    assert (y[~written] == sentinel).all()
-    np.testing.assert_array_equal(tile[:, :nr], K.matmul(qt, w, nr, k, x, isa=isa))
+    check_gemm_tile_guard(qt, isa, random_weights, nr, nc)
 
 
 @pytest.mark.parametrize("isa", ISAS)
