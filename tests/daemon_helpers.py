@@ -160,3 +160,21 @@ def reply_as_uid(uid: int, sock_path: str, request: bytes, *, until_close: bool 
     os.close(r)
     os.waitpid(pid, 0)
     return data
+
+
+def daemon_fixture(*, check_exit: bool = False, **config):
+    """A module-scoped pytest fixture ``daemon``: a started DaemonProcess(**config), closed after
+    the module (``check_exit``: its stop() must return 0 first). In a test module:
+    ``daemon = daemon_fixture(model={...}, fake={...})``."""
+    import pytest
+
+    @pytest.fixture(scope="module", name="daemon")
+    def fixture():
+        d = DaemonProcess(**config)
+        d.start()
+        yield d
+        if check_exit:
+            assert d.stop() == 0, d.log()
+        d.close()
+
+    return fixture

@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 
 class GatewayProcess:
@@ -86,6 +87,26 @@ class GatewayProcess:
 
 def start_gateway(daemon_socket: str, workdir: str, **kw) -> GatewayProcess:
     return GatewayProcess(daemon_socket, workdir, **kw).wait_ready()
+
+
+@pytest.fixture(scope="module")
+def gateway(daemon):
+    """The gateway in front of the module's ``daemon`` fixture (daemon_helpers.daemon_fixture);
+    it must exit 0 when stopped. Import it into the test module to use it."""
+    g = start_gateway(daemon.socket, daemon.dir)
+    yield g
+    assert g.stop() == 0, g.log()
+
+
+# Two tools in the OpenAI format, shared by the tool-call tests of the daemon and the gateway.
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
+                                       "required": ["tz"], "additionalProperties": False}}}
 
 
 def daemon_status(sock: str) -> dict:

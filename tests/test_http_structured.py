@@ -13,8 +13,8 @@ import httpx
 import jsonschema
 import pytest
 
-from daemon_helpers import DaemonProcess
-from http_helpers import start_gateway
+from daemon_helpers import daemon_fixture
+from http_helpers import TIME, WEATHER, gateway  # noqa: F401 (gateway: a fixture)
 from ktd.client import Client
 
 openai = pytest.importorskip("openai", reason="the openai package (requirements-dev.txt) is not installed")
@@ -25,31 +25,11 @@ os.environ.setdefault("LANGSMITH_TRACING", "false")
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 99}},
           "required": ["name", "n"], "additionalProperties": False}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
-                                       "required": ["tz"], "additionalProperties": False}}}
 WIDE = dict(top_p=1.0)
 MSGS = [{"role": "user", "content": "time in Oslo?"}]
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    d = DaemonProcess(fake={"step_delay_s": 0.001}, model={"n_ctx": 1024, "n_seq_max": 4})
-    d.start()
-    yield d
-    d.close()
-
-
-@pytest.fixture(scope="module")
-def gateway(daemon):
-    g = start_gateway(daemon.socket, daemon.dir)
-    yield g
-    assert g.stop() == 0, g.log()
+daemon = daemon_fixture(fake={"step_delay_s": 0.001}, model={"n_ctx": 1024, "n_seq_max": 4})
 
 
 @pytest.fixture(scope="module")

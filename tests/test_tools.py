@@ -11,20 +11,13 @@ import jsonschema
 import pytest
 
 import fake_engine
-from daemon_helpers import DaemonProcess
+from daemon_helpers import DaemonProcess, daemon_fixture
+from http_helpers import TIME, WEATHER
 from ktd import grammar, tools
 from ktd.client import BadRequest
 from ktd.errors import BadRequest as BadRequestError
 from ktd.protocol import Limits, parse_generate
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
-                                       "required": ["tz"], "additionalProperties": False}}}
 
 # Templates in the Llama 3.1 and Mistral v3 prompt formats, written here from the formats' public
 # descriptions (no official template of those families is available offline); Qwen's is the real
@@ -263,13 +256,7 @@ def test_forced_grammar_yields_a_call_valid_for_the_schema_with_random_logits(fa
 
 # --- the daemon (fake engine: Hermes-style template) ---------------------------------------------
 
-@pytest.fixture(scope="module")
-def daemon():
-    d = DaemonProcess(fake={"step_delay_s": 0.001}, model={"n_ctx": 1024, "n_seq_max": 4})
-    d.start()
-    yield d
-    assert d.stop() == 0
-    d.close()
+daemon = daemon_fixture(fake={"step_delay_s": 0.001}, model={"n_ctx": 1024, "n_seq_max": 4}, check_exit=True)
 
 
 def test_daemon_forced_call_streamed_and_whole(daemon):
