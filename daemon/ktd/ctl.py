@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 from typing import Any
 
+from ktd.bench import load_summary
 from ktd.client import AsyncClient, Client, ConnectionLost, default_socket
 from ktd.errors import KtdError
 
@@ -173,15 +173,6 @@ def cmd_chat(client: Client, args) -> int:
         messages.append({"role": "assistant", "content": reply})
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    if len(values) == 1:
-        return {"p50": values[0], "p90": values[0], "p99": values[0]}
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return {"p50": q[49], "p90": q[89], "p99": q[98]}
-
-
 class ProgressBar:
     """A one-line bar on stderr (only when stderr is a terminal)."""
 
@@ -231,12 +222,9 @@ async def _bench(path: str, timeout: float, args) -> dict[str, Any]:
     t0, cpu0 = time.monotonic(), time.process_time()
     await asyncio.gather(*(one_client() for _ in range(args.clients)))
     wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
-    ms = lambda d: {k: round(v * 1e3, 1) for k, v in d.items()}  # noqa: E731
-    return {"clients": args.clients, "requests": args.clients * args.requests, "completed": len(latency),
-            "errors": errors, "generated_tokens": tokens, "wall_s": round(wall, 3), "cpu_s": round(cpu, 4),
-            "tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
-            "ttft_ms": ms(_percentiles(ttft)), "latency_ms": ms(_percentiles(latency)),
-            "decode_tokens_per_s": {k: round(v, 2) for k, v in _percentiles(decode).items()}}
+    return load_summary(clients=args.clients, requests=args.clients * args.requests, completed=len(latency),
+                        errors=errors, tokens=tokens, wall=wall, cpu=cpu, ttft=ttft, latency=latency,
+                        decode=decode)
 
 
 def cmd_profile(p: dict[str, Any], as_json: bool) -> int:

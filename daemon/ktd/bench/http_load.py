@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import statistics
 import sys
 import threading
 import time
 import urllib.parse
+
+from ktd.bench import load_summary
 
 
 def one(url: str, prompt: str, tokens: int, out: list, barrier: threading.Barrier) -> None:
@@ -57,15 +58,6 @@ def _get(conn: http.client.HTTPConnection, path: str) -> bytes:
     return conn.getresponse().read()
 
 
-def _pct(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    if len(values) == 1:
-        return {"p50": values[0], "p90": values[0], "p99": values[0]}
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return {"p50": q[49], "p90": q[89], "p99": q[98]}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.http_load")
     ap.add_argument("url", help="base URL, http://HOST:PORT/v1")
@@ -87,14 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = [r for r in out if "tokens" in r]
     errors = [r["error"] for r in out if "error" in r]
     tokens = sum(r["tokens"] for r in ok)
-    ms = lambda d: {k: round(v * 1e3, 1) for k, v in d.items()}  # noqa: E731
-    print(json.dumps({
-        "clients": args.streams, "requests": args.streams, "completed": len(ok), "errors": errors,
-        "generated_tokens": tokens, "wall_s": round(wall, 3), "cpu_s": round(cpu, 4),
-        "tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
-        "ttft_ms": ms(_pct([r["ttft"] for r in ok])), "latency_ms": ms(_pct([r["latency"] for r in ok])),
-        "decode_tokens_per_s": {k: round(v, 2) for k, v in _pct([r["decode"] for r in ok if r["decode"]]).items()},
-    }))
+    print(json.dumps(load_summary(
+        clients=args.streams, requests=args.streams, completed=len(ok), errors=errors, tokens=tokens,
+        wall=wall, cpu=cpu, ttft=[r["ttft"] for r in ok], latency=[r["latency"] for r in ok],
+        decode=[r["decode"] for r in ok if r["decode"]])))
     return 1 if errors else 0
 
 
