@@ -186,22 +186,50 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
     return rows_out
 
 
+def resolve_types(names: list[str], isa: str) -> list[str]:
+    """The GGML type names as the kernels spell them (Q4_K), from names in any case (q4_k, Q4_k),
+    in the order given, each once; ValueError naming what is not a GGML type and what has no
+    kernels on ``isa``."""
+    supported = K.supported_types(isa)
+    known = {t.upper(): t for t in [*(t.name for t in GGMLQuantizationType), *supported]}
+    out, not_types, no_kernels = [], [], []
+    for name in names:
+        canonical = known.get(name.upper())
+        if canonical is None:
+            not_types.append(name)
+        elif canonical not in supported:
+            no_kernels.append(canonical)
+        elif canonical not in out:
+            out.append(canonical)
+    problems = []
+    if not_types:
+        problems.append(f"not a GGML type: {', '.join(not_types)}")
+    if no_kernels:
+        problems.append(f"no {isa} kernels for: {', '.join(no_kernels)}")
+    if problems:
+        raise ValueError(f"{'; '.join(problems)} (types with {isa} kernels: {', '.join(supported)})")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--bw-bytes", type=int, default=1 << 30, help="bandwidth buffer size (default 1 GiB)")
     ap.add_argument("--reps", type=int, default=8, help="timed GEMV calls per case (best is kept)")
-    ap.add_argument("--types", nargs="+", help="types to run (default: all the active ISA supports)")
+    ap.add_argument("--types", nargs="+",
+                    help="types to run, in any case: Q4_K or q4_k (default: all the active ISA supports)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/kernels.json"))
     ap.add_argument("--no-llama-cpp", action="store_true", help="leave out llama.cpp's figures (ggml_mul_mat)")
     args = ap.parse_args(argv)
     if any(t < 1 for t in args.threads) or args.reps < 1:
         print("--threads and --reps must be >= 1", file=sys.stderr)
         return 1
-    unknown = sorted(set(args.types or []) - set(K.supported_types(K.active_isa())))
-    if unknown:
-        print(f"no {K.active_isa()} kernels for: {', '.join(unknown)}", file=sys.stderr)
-        return 1
+    if args.types:
+        try:
+            args.types = resolve_types(args.types, K.active_isa())
+        except ValueError as e:
+            print(f"python -m ktd.bench.kernels: error: {e}", file=sys.stderr)
+            return 1
     ggml = None
     if not args.no_llama_cpp:
         from ktd.bench.ggml_matmul import load
