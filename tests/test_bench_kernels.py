@@ -1,10 +1,13 @@
 """``python -m ktd.bench.kernels``: the type names it accepts (any case, as llama.cpp's tools and
-gguf-py spell them) and its errors."""
+gguf-py spell them), its errors, and its JSON rows in the printed table's units — on tiny shapes
+(the real ones stream GiBs), checked against the shape's byte count from gguf-py's block sizes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ktd import _native
 from ktd.bench import kernels as bk
@@ -33,3 +36,28 @@ def test_main_rejects_a_bad_type_before_timing(capsys, tmp_path):
     assert bk.main(["--types", "nope", "--out", str(tmp_path / "k.json")]) == 1
     assert "not a GGML type: nope" in capsys.readouterr().err
     assert not (tmp_path / "k.json").exists()
+
+
+def test_json_rows_in_table_units(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(bk, "l3_bytes", lambda: 1 << 16)
+    monkeypatch.setattr(bk, "GEMV_SHAPES", [("tiny", 64, 512)])
+    monkeypatch.setattr(bk, "GEMM_SHAPE", ("tiny gemm", 32, 512))
+    monkeypatch.setattr(bk, "GEMM_N", [4])
+    monkeypatch.setattr(bk, "BASE_ROWS", 16)
+    out = tmp_path / "k.json"
+    rc = bk.main(["--types", "q4_k", "--threads", "1", "--bw-bytes", str(1 << 20), "--reps", "2",
+                  "--no-llama-cpp", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert {r["type"] for r in rows} == {"Q4_K"} and {r["n"] for r in rows} == {1, 4}
+    blck, size = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_K]
+    for r in rows:
+        assert "seconds" not in r and r["ms"] > 0
+        nbytes = r["rows"] * r["k"] // blck * size
+        assert r["gbps"] == pytest.approx(nbytes / (r["ms"] / 1e3) / 1e9, rel=1e-9)
+        assert r["pct_of_bandwidth"] == pytest.approx(100 * r["gbps"] / r["read_bandwidth_gbps"], rel=1e-9)
+        if r["n"] > 1:
+            assert r["gflops"] == pytest.approx(2 * r["rows"] * r["k"] * r["n"] / (r["ms"] / 1e3) / 1e9, rel=1e-9)
+        # The printed row shows the same figure in the same unit.
+        assert f"{r['ms']:9.3f} {r['gbps']:7.2f}" in printed

@@ -14,6 +14,11 @@ type (tiled from a 256-row base), otherwise random bytes (timing does not depend
 Where llama-cpp-python is installed, each case is also timed with llama.cpp's own ggml_mul_mat on
 the same bytes, shape and thread count (ktd/bench/ggml_matmul.py; GEMV rounds interleaved with
 ktd's), printed as a "llama.cpp" row under the case; --no-llama-cpp leaves it out.
+
+The JSON (--out) has one object per printed row, in the table's units: ``ms`` one matmul call in
+milliseconds (the best of the timed calls), ``gbps`` the weight bytes read per second in GB/s
+(10^9 B/s), ``read_bandwidth_gbps`` the bandwidth it is compared with, ``pct_of_bandwidth``,
+``gflops`` (prefill GEMM only) 2·rows·k·n / time in GFLOP/s; ``rows``, ``k``, ``n`` the shape.
 """
 
 from __future__ import annotations
@@ -101,16 +106,23 @@ def prepared(type_name: str, layout: str, w: np.ndarray, rows: int, k: int, thre
 
 
 def _ggml_row(base: dict, sec: float, bw: float) -> dict:
-    gbps = base["gbps"] * base["seconds"] / sec
-    row = dict(base, layout="llama.cpp", isa="ggml", seconds=sec, gbps=gbps, pct_of_bandwidth=100.0 * gbps * 1e9 / bw)
+    """llama.cpp's figures for the case of ``base`` (ktd's row): the same bytes in ``sec`` seconds."""
+    scale = base["ms"] / (sec * 1e3)
+    gbps = base["gbps"] * scale
+    row = dict(base, layout="llama.cpp", isa="ggml", ms=sec * 1e3, gbps=gbps, pct_of_bandwidth=100.0 * gbps * 1e9 / bw)
     if "gflops" in base:
-        row["gflops"] = base["gflops"] * base["seconds"] / sec
+        row["gflops"] = base["gflops"] * scale
     return row
 
 
+TABLE_HEADER = (f"{'type':7} {'layout':9} {'shape':26} {'n':>4} {'ms':>9} {'GB/s':>7} {'% bw':>6} {'GFLOP/s':>8}"
+                "   (GEMV % bw: against the bandwidth measured alongside that case)")
+
+
 def _print_row(row: dict) -> None:
+    """One table row; the columns are the JSON fields ms, gbps, pct_of_bandwidth, gflops."""
     gf = f"{row['gflops']:8.1f}" if "gflops" in row else f"{'':>8}"
-    print(f"{row['type']:7} {row['layout']:9} {row['shape']:25} {row['n']:4} {row['seconds'] * 1e3:9.3f} "
+    print(f"{row['type']:7} {row['layout']:9} {row['shape']:26} {row['n']:4} {row['ms']:9.3f} "
           f"{row['gbps']:7.2f} {row['pct_of_bandwidth']:6.1f} {gf}", flush=True)
 
 
@@ -129,8 +141,7 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
         bw = K.bench_read_bandwidth(bw_bytes, threads, 5)
         print(f"\nread bandwidth, {threads} thread(s): {bw / 1e9:.2f} GB/s "
               f"(best of 5 passes over {bw_bytes >> 20} MiB)", flush=True)
-        print(f"{'type':7} {'layout':8} {'shape':26} {'n':>4} {'ms':>9} {'GB/s':>7} {'% bw':>6} {'GFLOP/s':>8}"
-              "   (GEMV % bw: against the bandwidth measured alongside that case)")
+        print(TABLE_HEADER)
         for t in types:
             for label, base_rows, k in GEMV_SHAPES:
                 if row_bytes(t, k) is None:
@@ -153,11 +164,10 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                                                                       threads, reps))
                     gbps = w.nbytes / sec / 1e9
                     row = dict(type=t, layout=layout, isa=isa, shape=label, rows=rows, k=k, n=1, threads=threads,
-                               seconds=sec, gbps=gbps, read_bandwidth_gbps=case_bw / 1e9,
+                               ms=sec * 1e3, gbps=gbps, read_bandwidth_gbps=case_bw / 1e9,
                                pct_of_bandwidth=100.0 * gbps * 1e9 / case_bw)
                     rows_out.append(row)
-                    print(f"{t:7} {layout:8} {label:26} {1:4} {sec * 1e3:9.3f} {gbps:7.2f} "
-                          f"{row['pct_of_bandwidth']:6.1f} {'':>8}", flush=True)
+                    _print_row(row)
                     if ggml_sec < float("inf"):
                         rows_out.append(_ggml_row(row, ggml_sec, case_bw))
                         _print_row(rows_out[-1])
@@ -174,11 +184,10 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                     gflops = 2.0 * rows * k * n / sec / 1e9
                     gbps = w.nbytes / sec / 1e9
                     row = dict(type=t, layout=layout, isa=isa, shape=label, rows=rows, k=k, n=n, threads=threads,
-                               seconds=sec, gbps=gbps, read_bandwidth_gbps=bw / 1e9,
+                               ms=sec * 1e3, gbps=gbps, read_bandwidth_gbps=bw / 1e9,
                                pct_of_bandwidth=100.0 * gbps * 1e9 / bw, gflops=gflops)
                     rows_out.append(row)
-                    print(f"{t:7} {layout:8} {label:26} {n:4} {sec * 1e3:9.3f} {gbps:7.2f} "
-                          f"{row['pct_of_bandwidth']:6.1f} {gflops:8.1f}", flush=True)
+                    _print_row(row)
                     if ggml is not None and layout == "plain":
                         gsec = ggml.time_matmul(int(GGMLQuantizationType[t]), w, rows, k, n, threads, max(2, reps // 4))
                         rows_out.append(_ggml_row(row, gsec, bw))
