@@ -178,3 +178,22 @@ def daemon_fixture(*, check_exit: bool = False, **config):
         d.close()
 
     return fixture
+
+
+def spawn_real_serve(model, sock, env: dict[str, str] | None = None, *, preexec=None,
+                     timeout: float = 60.0) -> subprocess.Popen:
+    """``python -m ktd serve`` with the real engine on ``model`` (config from KTD_* variables:
+    the model path, no socket group, and ``env``), its output piped; returns once ``sock``
+    exists. A daemon that exits or takes longer than ``timeout`` fails the test with its output."""
+    import pytest
+
+    full_env = dict(os.environ, KTD_MODEL__PATH=str(model), KTD_SERVER__SOCKET_GROUP="null", **(env or {}))
+    proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", str(sock)], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"daemon did not start:\n{proc.communicate()[0]}")
+        time.sleep(0.05)
+    return proc

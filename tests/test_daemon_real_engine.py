@@ -4,15 +4,12 @@ nothing in the result), and status reports the real model."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
+from daemon_helpers import spawn_real_serve
 from ktd.client import Client
 from ktd.engine import Engine
 from models.tiny_dense import make_model
@@ -49,16 +46,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture()
 def daemon(tiny_model, tmp_path):
     sock = tmp_path / "ktd.sock"
-    env = dict(os.environ, KTD_MODEL__PATH=str(tiny_model), KTD_MODEL__N_CTX="256",
-               KTD_MODEL__N_SEQ_MAX="4", KTD_SERVER__SOCKET_GROUP="null")
-    proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", str(sock)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"daemon did not start:\n{proc.communicate()[0]}")
-        time.sleep(0.05)
+    proc = spawn_real_serve(tiny_model, sock, {"KTD_MODEL__N_CTX": "256", "KTD_MODEL__N_SEQ_MAX": "4"})
     yield str(sock)
     proc.terminate()
     out = proc.communicate(timeout=30)[0]

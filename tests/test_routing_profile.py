@@ -7,17 +7,16 @@ size limit). The oracle for the counts is the engine's own routing statistics
 from __future__ import annotations
 
 import json
-import os
 import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from daemon_helpers import spawn_real_serve
 from ktd import routing_profile as rp
 from ktd.client import Client
 from ktd.engine import Engine
@@ -87,17 +86,9 @@ def moe_model(tmp_path_factory):
 
 
 def _start(model: Path, sock: Path, state: Path, preexec=None) -> subprocess.Popen:
-    env = dict(os.environ, KTD_MODEL__PATH=str(model), KTD_MODEL__N_CTX="128", KTD_MODEL__N_SEQ_MAX="2",
-               KTD_SERVER__SOCKET_GROUP="null", STATE_DIRECTORY=str(state), KTD_MODEL__ROUTING_PROFILE="auto")
-    proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", str(sock)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
-    deadline = time.monotonic() + 60
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"daemon did not start:\n{proc.communicate()[0]}")
-        time.sleep(0.05)
-    return proc
+    return spawn_real_serve(model, sock, {"KTD_MODEL__N_CTX": "128", "KTD_MODEL__N_SEQ_MAX": "2",
+                                          "STATE_DIRECTORY": str(state), "KTD_MODEL__ROUTING_PROFILE": "auto"},
+                            preexec=preexec)
 
 
 def _stop(proc: subprocess.Popen) -> str:
