@@ -17,7 +17,7 @@ import pytest
 
 from kernel_oracle import dequantize_ref
 from ktd import _native
-from test_kernels_q32 import inputs, oracle_bound, order_bound
+from test_kernels_q32 import check_repacked_threads_and_guards, inputs, oracle_bound, order_bound
 
 K = _native.kernels
 TYPES = ["Q5_0", "Q8_0"]
@@ -91,21 +91,7 @@ def test_real_shapes_vs_gguf(t, rows, k):
 def test_threads_bitwise_and_output_guards(t):
     """Each output is computed by one worker: any thread count gives the same bits, and nothing
     outside the output is written."""
-    rows, k, n = 77, 32 * 5, 6
-    w, x = inputs(t, rows, k, n, seed=8, random_bytes=True)
-    packs = [K.repack(t, w, rows, k, isa="avx512", threads=th) for th in (1, 2, 3)]
-    for p in packs[1:]:
-        np.testing.assert_array_equal(p, packs[0])
-    sentinel = np.float32(-1234.5)
-    results = []
-    for threads in (1, 2, 3):
-        offset, guard = 37, 53
-        out = np.full(offset + n * rows + guard, sentinel, dtype=np.float32)
-        K.matmul_into(t, packs[0], rows, k, x, out, offset, isa="avx512", threads=threads, repacked=True)
-        assert (out[:offset] == sentinel).all() and (out[offset + n * rows:] == sentinel).all()
-        results.append(out[offset:offset + n * rows].copy())
-    for y in results[1:]:
-        np.testing.assert_array_equal(y.view(np.uint32), results[0].view(np.uint32))
+    check_repacked_threads_and_guards(t, "avx512")
 
 
 @pytest.mark.parametrize("t", TYPES)
