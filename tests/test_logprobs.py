@@ -3,7 +3,6 @@ through the scheduler's events. The oracle is numpy's log_softmax in float64 of 
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ import fake_engine
 from ktd import _native, grammar
 from ktd.sampling import Sampler, SamplingParams
 from ktd.scheduler import Job, Scheduler
+from test_scheduler import Collector
 
 EMPTY = np.zeros(0, np.int64)
 
@@ -108,20 +108,6 @@ def test_sampler_sample_logprobs_uses_the_seeded_stream_as_sample():
 
 # --- through the scheduler -----------------------------------------------------------------------
 
-class Events:
-    def __init__(self):
-        self.chunks: list = []
-        self.end = threading.Event()
-        self.kind = self.payload = None
-
-    def __call__(self, kind, payload):
-        if kind == "chunk":
-            self.chunks.append(payload)
-        else:
-            self.kind, self.payload = kind, payload
-            self.end.set()
-
-
 @pytest.mark.parametrize("constrained", [False, True])
 def test_scheduler_events_carry_one_entry_per_token_in_order(constrained):
     eng = fake_engine.FakeEngine(n_ctx=256, n_seq_max=2)
@@ -130,7 +116,7 @@ def test_scheduler_events_carry_one_entry_per_token_in_order(constrained):
     try:
         sinks = []
         for i, temp in enumerate((0.0, 0.9)):
-            ev = Events()
+            ev = Collector()
             c = (grammar.compile_grammar(grammar.parse_spec({"regex": "[a-z ]{5,30}\\."}), eng.tokenizer)
                  if constrained else None)
             s.submit(Job(client=1, prompt=[fake_engine.BOS, 72, 105], sampling=SamplingParams(temperature=temp, seed=i),
