@@ -23,16 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernel_checks import (
-    ISAS,
-    MATMUL_SHAPES,
-    check_dequantize_bitwise,
-    check_gemm_tile_guard,
-    check_matmul,
-    check_random_matmul,
-    check_threads_bitwise,
-    kernels_or_skip,
-)
+from kernel_checks import ISAS, MATMUL_SHAPES, check_dequantize_bitwise, check_gemm_tile_guard, check_matmul
+from kernel_checks import check_random_matmul, check_threads_bitwise, kernels_or_skip
 from kernel_oracle import dequantize_ref, row_bytes
 from ktd import _native
 

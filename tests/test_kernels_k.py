@@ -15,17 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel_checks import (  # noqa: F401 (ISAS, exact_and_bound: also imported from here by other tests)
-    ISAS,
-    MATMUL_SHAPES,
-    check_dequantize_bitwise,
-    check_gemm_tile_guard,
-    check_matmul,
-    check_random_matmul,
-    check_threads_bitwise,
-    exact_and_bound,
-    kernels_or_skip,
-)
+# (exact_and_bound and ISAS are also imported from this module by other tests)
+from kernel_checks import ISAS, MATMUL_SHAPES, check_dequantize_bitwise, check_gemm_tile_guard  # noqa: F401
+from kernel_checks import check_matmul, check_random_matmul, check_threads_bitwise, exact_and_bound, kernels_or_skip
 from kernel_oracle import dequantize_ref, row_bytes
 from ktd import _native
 
