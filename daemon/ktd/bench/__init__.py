@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,6 @@ def write_results(results: Any, out: Path) -> None:
 def percentiles(values: list[float]) -> dict[str, float]:
     """p50, p90 and p99 of ``values`` (linear interpolation between the order statistics, as
     numpy.percentile's default); {} when there are none."""
-    import statistics
-
     if not values:
         return {}
     if len(values) == 1:
