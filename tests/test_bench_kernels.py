@@ -19,7 +19,7 @@ ISA = K.active_isa()
 def test_type_names_in_any_case():
     assert "Q4_K" in K.supported_types(ISA)
     assert bk.resolve_types(["q4_k"], ISA) == ["Q4_K"]
-    assert bk.resolve_types(["Q4_K", "q6_K", "q4_k", "f32"], ISA) == ["Q4_K", "Q6_K", "F32"]
+    assert bk.resolve_types(["Q4_K", "q6_K", "q4_k", "q8_0"], ISA) == ["Q4_K", "Q6_K", "Q8_0"]
 
 
 def test_unknown_and_unsupported_types_are_named():
