@@ -1,10 +1,16 @@
-// The NEON / dotprod entries of Q8_0, Q4_0 (Q8_0 activations) and Q4_K, Q6_K (Q8_K activations),
-// included once by kernels/neon/kernels.cpp and kernels/dotprod/kernels.cpp. Activations: the
-// reference quantizers (baseline code, not inline, so calling them from an ISA object is safe).
-// The plain layout only: no repacked layout yet (repack_rows = 0), so the weights are used as
+// The NEON / dotprod entries, included once by kernels/neon/kernels.cpp and kernels/dotprod/kernels.cpp:
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (Q8_0 activations; q32_neon.h, q32_more_neon.h), Q4_K, Q6_K,
+// Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0 (Q8_K; k_neon.h, k_more_neon.h), the i-quants IQ1_S, IQ1_M,
+// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (Q8_K; iq_neon.h) and F32, F16, BF16 (F32; float_neon.h).
+// Activations: the reference quantizers (baseline code, not inline, so calling them from an ISA
+// object is safe). The plain layout only: no repacked layout yet (repack_rows = 0), so the weights are used as
 // they are in the file.
 #pragma once
+#include "kernels/arm/float_neon.h"
+#include "kernels/arm/iq_neon.h"
+#include "kernels/arm/k_more_neon.h"
 #include "kernels/arm/k_neon.h"
+#include "kernels/arm/q32_more_neon.h"
 #include "kernels/arm/q32_neon.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
@@ -27,6 +33,17 @@ TypeKernels k_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, dec
     tk.dequantize_row = dq;
     tk.quantize_act_row = ref::quantize_row_q8_K;
     tk.gemm = gemm;
+    return tk;
+}
+// Float weights: F32 activations (a copy of the row), kernels/arm/float_neon.h.
+template <typename L>
+TypeKernels float_entry(GGMLType type) {
+    TypeKernels tk;
+    tk.type = type;
+    tk.act_type = GGMLType::F32;
+    tk.dequantize_row = dequantize_row_float<L>;
+    tk.quantize_act_row = ref::copy_row_f32;
+    tk.gemm = gemm_float<L>;
     return tk;
 }
 }  // namespace
