@@ -184,3 +184,23 @@ def test_native_profile_counts_every_block_and_changes_no_bit(kind, arch, tmp_pa
         eng.context.reset_profile()
         assert all(v == (0, 0) for v in eng.context.profile().values())
     np.testing.assert_array_equal(logits[0], logits[1])
+
+
+def test_compare_pairs_rows_by_model_and_threads(tmp_path):
+    def res(model, threads, pct, tps, ms):
+        return {"model": model, "threads": threads, "pct_of_ceiling": pct, "tokens_per_s": tps,
+                "loadavg_start": [1.0, 1.0, 1.0],
+                "breakdown": [{"block": "glu_ffn", "ms_per_step": ms}, {"block": "step", "ms_per_step": 2 * ms}]}
+
+    before = [res("a.gguf", 2, 50.0, 20.0, 30.0), res("b.gguf", 2, 60.0, 10.0, 5.0)]
+    after = [res("a.gguf", 2, 60.0, 24.0, 25.0), res("a.gguf", 1, 70.0, 12.0, 40.0)]
+    (row,) = B.compare(before, after)
+    assert row["model"] == "a.gguf" and row["pct_of_ceiling"] == (50.0, 60.0) and row["tokens_per_s"] == (20.0, 24.0)
+    glu = {x["block"]: x for x in row["blocks"]}["glu_ffn"]
+    assert glu["ms_before"] == 30.0 and glu["ms_after"] == 25.0 and glu["ms_change"] == pytest.approx(-5.0)
+    text = B.format_compare([row])
+    assert "20.00 -> 24.00 tok/s" in text and "(-5.000)" in text
+    assert B.compare(before, [res("c.gguf", 2, 1.0, 1.0, 1.0)]) == []
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert B.main(["no-such-model.gguf", "--compare", str(bad), "--out", str(tmp_path / "x.json")]) == 1

@@ -242,6 +242,42 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Before/after rows per (model, threads) present in both results files: decode % of the
+    ceiling on each side, and per breakdown block ms/step on each side and the change."""
+    old = {(r["model"], r["threads"]): r for r in before}
+    out = []
+    for r in after:
+        b = old.get((r["model"], r["threads"]))
+        if b is None:
+            continue
+        row = {"model": r["model"], "threads": r["threads"],
+               "pct_of_ceiling": (b["pct_of_ceiling"], r["pct_of_ceiling"]),
+               "tokens_per_s": (b["tokens_per_s"], r["tokens_per_s"]),
+               "loadavg_start": (b.get("loadavg_start"), r.get("loadavg_start")), "blocks": []}
+        ob = {x["block"]: x for x in b.get("breakdown", [])}
+        for x in r.get("breakdown", []):
+            y = ob.get(x["block"])
+            if y is not None:
+                row["blocks"].append({"block": x["block"], "ms_before": y["ms_per_step"], "ms_after": x["ms_per_step"],
+                                      "ms_change": x["ms_per_step"] - y["ms_per_step"]})
+        out.append(row)
+    return out
+
+
+def format_compare(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in rows:
+        (pb, pa), (tb, ta) = r["pct_of_ceiling"], r["tokens_per_s"]
+        lb, la = r["loadavg_start"]
+        load = f" (load average {lb[0]:.1f} / {la[0]:.1f})" if lb and la else ""
+        lines.append(f"{r['model']} {r['threads']} thread(s): {tb:.2f} -> {ta:.2f} tok/s, "
+                     f"{pb:.1f}% -> {pa:.1f}% of the ceiling{load}")
+        for x in r["blocks"]:
+            lines.append(f"  {x['block']:28} {x['ms_before']:8.3f} -> {x['ms_after']:8.3f} ms/step ({x['ms_change']:+.3f})")
+    return "\n".join(lines) if lines else "no (model, threads) in both results files"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.decode", description=__doc__.splitlines()[0])
     ap.add_argument("model", help="GGUF file or known model name")
@@ -250,7 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="time every block of the forward and print where a step's time goes")
     ap.add_argument("--out", type=Path, default=Path("bench/results/decode.json"))
+    ap.add_argument("--compare", type=Path, metavar="BEFORE.json",
+                    help="also print this run against an earlier results file (before/after, per block)")
     args = ap.parse_args(argv)
+    before = None
+    if args.compare is not None:
+        import json
+
+        try:
+            before = json.loads(args.compare.read_text())
+        except (OSError, ValueError) as e:
+            print(f"--compare {args.compare}: {e}", file=sys.stderr)
+            return 1
     if args.tokens < 1 or any(t < 1 for t in args.threads):
         print("--tokens and --threads must be >= 1", file=sys.stderr)
         return 1
@@ -279,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_pool(r["pool"]), flush=True)
     write_results(rows, args.out)
     print(f"wrote {args.out}")
+    if before is not None:
+        print(format_compare(compare(before, rows)))
     return 0
 
 
