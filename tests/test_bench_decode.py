@@ -50,6 +50,13 @@ def test_short_run_on_a_real_model(real_model, tmp_path):
     assert {"attention_in", "attention", "glu_ffn", "output_head"} <= set(blocks)
     assert sum(r["ms_per_step"] for b, r in blocks.items() if b != "step") == pytest.approx(
         blocks["step"]["ms_per_step"], rel=1e-6)
+    # The pool's counters and the machine: one thread, so one busy entry and no start delays.
+    pool = row["pool"]
+    assert pool["regions_per_step"] > 0 and len(pool["worker_busy_pct_of_step"]) == 1
+    assert pool["worker_start_us_mean"] == [] and pool["cpu_ms_per_step"] > 0
+    from ktd import _native
+
+    assert row["isa"] == _native.kernels.active_isa() and len(row["loadavg_start"]) == 3
 
 
 def test_main_rejects_bad_arguments(tmp_path):
@@ -106,6 +113,46 @@ def test_breakdown_arithmetic():
         B.breakdown(profile, 0, 0.01, {}, 1e9)
 
 
+def test_pool_rows_arithmetic():
+    # 4 steps of 10 ms, 2 threads: 400 regions (100 a step), 8 ms of join wait in all (2 ms/step).
+    stats = {"runs": 400, "barriers": 40, "run_ns": 30_000_000, "join_wait_ns": 8_000_000, "join_sleeps": 4,
+             "barrier_wait_ns": 1_000_000, "busy_ns": [36_000_000, 20_000_000], "start_ns": [0, 2_000_000]}
+    p = B.pool_rows(stats, 4, 0.010, 2, cpu_seconds=0.06)
+    assert p["regions_per_step"] == 100 and p["barriers_per_step"] == 10
+    assert p["region_ms_per_step"] == pytest.approx(7.5) and p["join_wait_ms_per_step"] == pytest.approx(2.0)
+    assert p["barrier_wait_ms_per_step"] == pytest.approx(0.25) and p["join_sleeps_per_step"] == 1
+    assert p["worker_busy_pct_of_step"] == pytest.approx([90.0, 50.0])
+    assert p["worker_start_us_mean"] == pytest.approx([5.0])  # 2 ms over 400 regions
+    assert p["cpu_ms_per_step"] == pytest.approx(15.0) and p["cpu_pct_of_threads_x_wall"] == pytest.approx(75.0)
+    assert "cpu_ms_per_step" not in B.pool_rows(stats, 4, 0.010, 2)
+    with pytest.raises(ValueError):
+        B.pool_rows(stats, 0, 0.010, 2)
+
+
+@pytest.mark.parametrize("kind, arch", [("dense", "llama"), ("moe", "deepseek2")])
+def test_pool_stats_of_a_forward_change_no_bit(kind, arch, tmp_path):
+    """Pool timing on: every region of a forward is counted on the model's pool, each worker
+    was busy inside them, and the logits are bit-identical to a forward without it."""
+    from ktd.engine import Engine
+
+    path = _tiny(kind, arch, tmp_path)
+    logits = []
+    for on in (False, True):
+        eng = Engine.open(path, n_ctx=32, n_seq_max=1, threads=2)
+        eng.context.set_pool_stats(on)
+        out = [eng.forward(np.arange(5) + 40, np.arange(5), np.zeros(5), np.ones(5, bool))]
+        out.append(eng.forward(np.array([50]), np.array([5]), np.zeros(1), np.ones(1, bool)))
+        logits.append(np.concatenate([o.ravel() for o in out]))
+        s = eng.context.pool_stats()
+        if not on:
+            assert s["runs"] == 0
+            continue
+        assert s["runs"] > 0 and len(s["busy_ns"]) == 2 and min(s["busy_ns"]) > 0
+        assert s["join_wait_ns"] <= s["run_ns"]
+        eng.context.set_pool_stats(False)
+    np.testing.assert_array_equal(logits[0], logits[1])
+
+
 @pytest.mark.parametrize("kind, arch", [("dense", "llama"), ("dense", "gemma3"), ("moe", "deepseek2")])
 def test_native_profile_counts_every_block_and_changes_no_bit(kind, arch, tmp_path):
     """Profiling on: each block is called once per layer per forward as the layer code says, the
@@ -137,3 +184,23 @@ def test_native_profile_counts_every_block_and_changes_no_bit(kind, arch, tmp_pa
         eng.context.reset_profile()
         assert all(v == (0, 0) for v in eng.context.profile().values())
     np.testing.assert_array_equal(logits[0], logits[1])
+
+
+def test_compare_pairs_rows_by_model_and_threads(tmp_path):
+    def res(model, threads, pct, tps, ms):
+        return {"model": model, "threads": threads, "pct_of_ceiling": pct, "tokens_per_s": tps,
+                "loadavg_start": [1.0, 1.0, 1.0],
+                "breakdown": [{"block": "glu_ffn", "ms_per_step": ms}, {"block": "step", "ms_per_step": 2 * ms}]}
+
+    before = [res("a.gguf", 2, 50.0, 20.0, 30.0), res("b.gguf", 2, 60.0, 10.0, 5.0)]
+    after = [res("a.gguf", 2, 60.0, 24.0, 25.0), res("a.gguf", 1, 70.0, 12.0, 40.0)]
+    (row,) = B.compare(before, after)
+    assert row["model"] == "a.gguf" and row["pct_of_ceiling"] == (50.0, 60.0) and row["tokens_per_s"] == (20.0, 24.0)
+    glu = {x["block"]: x for x in row["blocks"]}["glu_ffn"]
+    assert glu["ms_before"] == 30.0 and glu["ms_after"] == 25.0 and glu["ms_change"] == pytest.approx(-5.0)
+    text = B.format_compare([row])
+    assert "20.00 -> 24.00 tok/s" in text and "(-5.000)" in text
+    assert B.compare(before, [res("c.gguf", 2, 1.0, 1.0, 1.0)]) == []
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert B.main(["no-such-model.gguf", "--compare", str(bad), "--out", str(tmp_path / "x.json")]) == 1

@@ -377,3 +377,69 @@ def test_handoff_latency_is_measurable():
     assert lat["run_ns"] > 0 and lat["barrier_ns"] >= 0
     with pytest.raises(ValueError):
         pool.handoff_latency(0)
+
+
+# --- region timing (set_stats; ktd.bench.decode --breakdown reads it) ---------------------------
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_stats_count_regions_and_barriers_and_fit_inside_the_wall_time(n_threads):
+    """The counts are exact (the test makes them), the times are bounded by the caller's own
+    perf_counter around the regions, and the workers' busy time by the region time."""
+    pool = _native.ThreadPool(n_threads=n_threads, pin=False)
+    zero = pool.stats()
+    assert zero["runs"] == 0 and zero["run_ns"] == 0 and zero["busy_ns"] == [0] * n_threads
+    pool.run(lambda tid, nth: None)  # stats off: nothing is counted
+    assert pool.stats() == zero and not pool.stats_enabled
+
+    pool.set_stats(True)
+    seen = []
+
+    def fn(tid, nth):
+        for _ in range(2):
+            pool.barrier(tid)
+        if tid == nth - 1:
+            time.sleep(0.002)  # the last worker finishes late: the caller waits for it
+        seen.append(tid)
+
+    t0 = time.perf_counter_ns()
+    for _ in range(4):
+        pool.run(fn)
+    pool.for_each_item(5, lambda item, tid: None)
+    pool.for_each_item(0, lambda item, tid: None)  # no items: no region
+    wall = time.perf_counter_ns() - t0
+    s = pool.stats()
+    assert len(seen) == 4 * n_threads
+    assert s["runs"] == 5
+    assert s["barriers"] == 8  # tid 0's calls, also on a pool of one
+    assert 0 < s["run_ns"] <= wall
+    assert s["join_wait_ns"] <= s["run_ns"] and s["barrier_wait_ns"] <= s["run_ns"]
+    assert len(s["busy_ns"]) == len(s["start_ns"]) == n_threads
+    assert all(0 < b <= s["run_ns"] for b in s["busy_ns"])
+    assert s["start_ns"][0] == 0
+    if n_threads > 1:
+        # tid 0 returned before the late worker in each of the 4 runs, and waited >= 2 ms for it
+        assert s["join_wait_ns"] >= 4 * 2_000_000
+        assert s["busy_ns"][-1] >= 4 * 2_000_000
+    pool.reset_stats()
+    assert pool.stats()["runs"] == 0 and pool.stats()["busy_ns"] == [0] * n_threads
+    pool.set_stats(False)
+    pool.run(lambda tid, nth: None)
+    assert pool.stats()["runs"] == 0
+
+
+def test_stats_survive_an_exception_in_a_region():
+    pool = _native.ThreadPool(n_threads=3, pin=False)
+    pool.set_stats(True)
+
+    def fn(tid, nth):
+        if tid == 1:
+            raise ValueError("boom")
+        pool.barrier(tid)
+
+    with pytest.raises(ValueError, match="boom"):
+        pool.run(fn)
+    s = pool.stats()
+    assert s["runs"] == 1 and s["barriers"] == 1
+    pool.run(lambda tid, nth: None)
+    assert pool.stats()["runs"] == 2

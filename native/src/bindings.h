@@ -12,4 +12,9 @@ void bind_float_kernels(pybind11::module_ &m);  // attention and element-wise ke
 void bind_model(pybind11::module_ &m);    // model, context (KV cache), forward
 void bind_sampling(pybind11::module_ &m); // token sampler
 void bind_cuda(pybind11::module_ &m);     // optional CUDA backend: status, block math
+
+struct PoolStats;
+// A pool's region timing as a dict (bind_cpu.cpp): runs, barriers, run_ns, join_wait_ns,
+// join_sleeps, barrier_wait_ns, busy_ns [tid], start_ns [tid].
+pybind11::dict pool_stats_dict(const PoolStats &s);
 }  // namespace ktd

@@ -19,7 +19,16 @@ tensors mapped to the block that reads them) and that stream as % of the bandwid
 the same run; what the forward does outside the blocks and the step's time outside the forward
 (Python, pybind11, argmax) are rows of their own. Block times are means over the steps (the
 native sums divided by the step count) and include each block's hand-over to the thread pool and
-its wait for the slowest worker.
+its wait for the slowest worker; the pool's own counters (``Context.set_pool_stats``) then say how
+much of it that is: pool regions and barriers per step, the calling thread's wait for the slowest
+worker at the end of each region and inside barriers, the delay from a region's release to its
+start on each worker, and each worker's busy share of the step. Process CPU seconds per step
+(``time.process_time``) against threads x wall time tell how much of the step the threads ran at
+all: on a shared machine a worker the OS descheduled shows up as join wait with low CPU use.
+
+The result records the load average before and after, the CPU model, the kernels' ISA (set
+``KTD_ISA=avx2`` to run the AVX2 path on an AVX-512 CPU) and the last-level cache, and flags
+a model whose bytes per token are under ~4x the L3 as cache-assisted, as ``ktd.bench.e2e`` does.
 """
 
 from __future__ import annotations
@@ -109,6 +118,56 @@ def breakdown(profile: dict[str, tuple[int, int]], steps: int, step_seconds: flo
     return rows
 
 
+def pool_rows(stats: dict[str, Any], steps: int, step_seconds: float, threads: int,
+              cpu_seconds: float | None = None) -> dict[str, Any]:
+    """Per-step figures from a pool's summed counters (``Context.pool_stats()``) over ``steps``
+    steps of mean ``step_seconds``; cpu_seconds: the process's CPU time over those steps."""
+    if steps < 1 or step_seconds <= 0 or threads < 1:
+        raise ValueError("steps, step time and threads must be positive")
+    runs = stats["runs"]
+    per_step = {
+        "regions_per_step": runs / steps,
+        "barriers_per_step": stats["barriers"] / steps,
+        "region_ms_per_step": stats["run_ns"] / steps / 1e6,
+        "join_wait_ms_per_step": stats["join_wait_ns"] / steps / 1e6,
+        "join_sleeps_per_step": stats["join_sleeps"] / steps,
+        "barrier_wait_ms_per_step": stats["barrier_wait_ns"] / steps / 1e6,
+        "worker_busy_pct_of_step": [100.0 * ns / steps / 1e9 / step_seconds for ns in stats["busy_ns"]],
+        # Mean delay from a region's release to its start on workers 1.. (tid 0 starts at once).
+        "worker_start_us_mean": [ns / runs / 1e3 if runs else None for ns in stats["start_ns"][1:]],
+    }
+    if cpu_seconds is not None:
+        per_step["cpu_ms_per_step"] = cpu_seconds / steps * 1e3
+        per_step["cpu_pct_of_threads_x_wall"] = 100.0 * cpu_seconds / steps / (threads * step_seconds)
+    return per_step
+
+
+def format_pool(p: dict[str, Any]) -> str:
+    busy = ", ".join(f"{b:.0f}%" for b in p["worker_busy_pct_of_step"])
+    start = ", ".join(f"{s:.1f}" if s is not None else "-" for s in p["worker_start_us_mean"]) or "-"
+    lines = [f"  pool: {p['regions_per_step']:.0f} regions and {p['barriers_per_step']:.0f} barriers per step, "
+             f"{p['region_ms_per_step']:.3f} ms/step inside regions, of which the caller waited "
+             f"{p['join_wait_ms_per_step']:.3f} ms for the slowest worker at the ends "
+             f"({p['join_sleeps_per_step']:.1f} of them asleep) and {p['barrier_wait_ms_per_step']:.3f} ms in barriers",
+             f"  pool: workers busy (inside regions) {busy} of the step; start after release {start} us per region"]
+    if "cpu_ms_per_step" in p:
+        lines.append(f"  process CPU {p['cpu_ms_per_step']:.3f} ms/step = {p['cpu_pct_of_threads_x_wall']:.0f}% of "
+                     "threads x wall (below ~100%: threads waited or were descheduled)")
+    return "\n".join(lines)
+
+
+def machine_info(bytes_per_token: int) -> dict[str, Any]:
+    """CPU model, kernels' ISA, last-level cache and the cache-assisted flag of ktd.bench.e2e."""
+    from ktd import _native, machine
+    from ktd.bench.e2e import cache_assisted
+
+    features = _native.cpu_features()
+    llc = machine.last_level_cache()
+    return {"cpu_model_name": features.model_name or features.vendor, "isa": _native.kernels.active_isa(),
+            "last_level_cache": llc, "cpu_count": os.cpu_count(),
+            "cache_assisted": cache_assisted(bytes_per_token, llc["bytes"] if llc else None)}
+
+
 def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_per_token: int) -> dict[str, Any]:
     """Medians of interleaved decode steps (s) and bandwidth passes (B/s), and decode as % of it."""
     if not step_seconds or len(step_seconds) != len(bandwidths):
@@ -147,19 +206,27 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False) 
     logits = eng.forward(prompt, np.arange(n), np.zeros(n), np.arange(n) == n - 1)
     token = int(np.argmax(logits[0]))
     steps, bws = [], []
+    load_start = os.getloadavg()
     if with_breakdown:
         eng.context.set_profiling(True)
+        eng.context.set_pool_stats(True)
+    cpu = 0.0
     for i in range(tokens):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         logits = eng.forward(np.array([token]), np.array([n + i]), np.zeros(1), np.ones(1, bool))
         token = int(np.argmax(logits[0]))
         steps.append(time.perf_counter() - t0)
+        cpu += time.process_time() - c0
         bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1))
     result = {"model": os.path.basename(path), "threads": threads, "bytes_per_token": bpt,
-              **summarize(steps, bws, bpt)}
+              **summarize(steps, bws, bpt), **machine_info(bpt),
+              "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
     if with_breakdown:
         result["breakdown"] = breakdown(eng.context.profile(), tokens, statistics.fmean(steps),
                                         bytes_per_block(path), statistics.median(bws))
+        result["pool"] = pool_rows(eng.context.pool_stats(), tokens, statistics.fmean(steps), threads, cpu)
+        eng.context.set_pool_stats(False)
     del eng  # the weights arena goes before the next thread count maps its own
     return result
 
@@ -175,6 +242,42 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Before/after rows per (model, threads) present in both results files: decode % of the
+    ceiling on each side, and per breakdown block ms/step on each side and the change."""
+    old = {(r["model"], r["threads"]): r for r in before}
+    out = []
+    for r in after:
+        b = old.get((r["model"], r["threads"]))
+        if b is None:
+            continue
+        row = {"model": r["model"], "threads": r["threads"],
+               "pct_of_ceiling": (b["pct_of_ceiling"], r["pct_of_ceiling"]),
+               "tokens_per_s": (b["tokens_per_s"], r["tokens_per_s"]),
+               "loadavg_start": (b.get("loadavg_start"), r.get("loadavg_start")), "blocks": []}
+        ob = {x["block"]: x for x in b.get("breakdown", [])}
+        for x in r.get("breakdown", []):
+            y = ob.get(x["block"])
+            if y is not None:
+                row["blocks"].append({"block": x["block"], "ms_before": y["ms_per_step"], "ms_after": x["ms_per_step"],
+                                      "ms_change": x["ms_per_step"] - y["ms_per_step"]})
+        out.append(row)
+    return out
+
+
+def format_compare(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in rows:
+        (pb, pa), (tb, ta) = r["pct_of_ceiling"], r["tokens_per_s"]
+        lb, la = r["loadavg_start"]
+        load = f" (load average {lb[0]:.1f} / {la[0]:.1f})" if lb and la else ""
+        lines.append(f"{r['model']} {r['threads']} thread(s): {tb:.2f} -> {ta:.2f} tok/s, "
+                     f"{pb:.1f}% -> {pa:.1f}% of the ceiling{load}")
+        for x in r["blocks"]:
+            lines.append(f"  {x['block']:28} {x['ms_before']:8.3f} -> {x['ms_after']:8.3f} ms/step ({x['ms_change']:+.3f})")
+    return "\n".join(lines) if lines else "no (model, threads) in both results files"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.decode", description=__doc__.splitlines()[0])
     ap.add_argument("model", help="GGUF file or known model name")
@@ -183,7 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="time every block of the forward and print where a step's time goes")
     ap.add_argument("--out", type=Path, default=Path("bench/results/decode.json"))
+    ap.add_argument("--compare", type=Path, metavar="BEFORE.json",
+                    help="also print this run against an earlier results file (before/after, per block)")
     args = ap.parse_args(argv)
+    before = None
+    if args.compare is not None:
+        import json
+
+        try:
+            before = json.loads(args.compare.read_text())
+        except (OSError, ValueError) as e:
+            print(f"--compare {args.compare}: {e}", file=sys.stderr)
+            return 1
     if args.tokens < 1 or any(t < 1 for t in args.threads):
         print("--tokens and --threads must be >= 1", file=sys.stderr)
         return 1
@@ -203,10 +317,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['decode_bytes_per_s'] / 1e9:.2f} GB/s, read bandwidth {r['median_read_bandwidth_bytes_per_s'] / 1e9:.2f}"
               f" GB/s (medians of {r['tokens']} interleaved pairs): {r['pct_of_ceiling']:.1f}% of the ceiling",
               flush=True)
+        llc = r["last_level_cache"]
+        print(f"  {r['cpu_model_name']}, kernels {r['isa']}, last-level cache "
+              f"{llc['bytes'] >> 20 if llc else '?'} MiB{' (cache-assisted: bytes/token < 4x the cache, its % of the DRAM ceiling is not comparable)' if r['cache_assisted'] else ''}; "
+              f"load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}", flush=True)
         if args.breakdown:
             print(format_breakdown(r["breakdown"]), flush=True)
+            print(format_pool(r["pool"]), flush=True)
     write_results(rows, args.out)
     print(f"wrote {args.out}")
+    if before is not None:
+        print(format_compare(compare(before, rows)))
     return 0
 
 

@@ -13,6 +13,19 @@ namespace py = pybind11;
 
 namespace ktd {
 
+py::dict pool_stats_dict(const PoolStats &s) {
+    py::dict d;
+    d["runs"] = s.runs;
+    d["barriers"] = s.barriers;
+    d["run_ns"] = s.run_ns;
+    d["join_wait_ns"] = s.join_wait_ns;
+    d["join_sleeps"] = s.join_sleeps;
+    d["barrier_wait_ns"] = s.barrier_wait_ns;
+    d["busy_ns"] = s.busy_ns;
+    d["start_ns"] = s.start_ns;
+    return d;
+}
+
 namespace {
 
 // Python callables run on pool workers: each call takes the GIL, the caller releases it while
@@ -173,7 +186,13 @@ void bind_cpu(py::module_ &m) {
         .def("nodes", &ThreadPool::nodes)
         .def("workers_of_node", &ThreadPool::workers_of_node, py::arg("node"))
         .def("pin_caller", &ThreadPool::pin_caller)
-        .def("handoff_latency", &handoff_latency, py::arg("iterations") = 10000);
+        .def("handoff_latency", &handoff_latency, py::arg("iterations") = 10000)
+        .def("set_stats", &ThreadPool::set_stats, py::arg("on"),
+             "Time every region from now on (sums cleared); off: nothing is timed")
+        .def_property_readonly("stats_enabled", &ThreadPool::stats_enabled)
+        .def("stats", [](const ThreadPool &p) { return pool_stats_dict(p.stats()); },
+             "{runs, barriers, run_ns, join_wait_ns, join_sleeps, barrier_wait_ns, busy_ns: [tid], start_ns: [tid]}")
+        .def("reset_stats", &ThreadPool::reset_stats);
 
     // For tests of the in-region use (claims between barriers of one run).
     py::class_<WorkList>(m, "WorkList")

@@ -107,7 +107,14 @@ struct alignas(kCacheLine) WorkerState {
     int node_index = 0;     // index of slot.node in nodes()
     long thread_id = -1;    // gettid(); -1 for tid 0 (the caller)
     int pin_errno = 0;      // result of pinning at start-up
+    uint64_t busy_ns = 0;   // PoolStats, written by this worker only (read between regions)
+    uint64_t start_ns = 0;
 };
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 
 struct ThreadPool::Impl {
     int nth = 1;
@@ -117,6 +124,10 @@ struct ThreadPool::Impl {
     std::vector<std::thread> threads;
     int caller_cpu = -1;  // set by pin_caller()
     WorkList items;       // for_each_item's list (run() is not reentrant, so one is enough)
+    // PoolStats: written by the caller between regions, published to the workers with the job.
+    bool stats_on = false;
+    int64_t release_t = 0;  // when the current region was released (stats_on only)
+    PoolStats stats;        // the caller's sums (busy_ns/start_ns live in WorkerState)
 
     const std::function<void(int, int)> *job = nullptr;
     std::atomic<bool> stop{false};
@@ -158,7 +169,14 @@ struct ThreadPool::Impl {
             wait_change(start_seq, seen, start_sleepers, spin_us);
             seen = start_seq.load(std::memory_order_acquire);
             if (stop.load(std::memory_order_acquire)) return;
-            call(tid);
+            if (stats_on) {
+                const int64_t t0 = now_ns();
+                w.start_ns += uint64_t(std::max<int64_t>(0, t0 - release_t));
+                call(tid);
+                w.busy_ns += uint64_t(now_ns() - t0);
+            } else {
+                call(tid);
+            }
             if (remaining.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
                 caller_sleeping.load(std::memory_order_seq_cst))
                 futex_wake_all(remaining);
@@ -238,10 +256,15 @@ void ThreadPool::run(const std::function<void(int, int)> &fn) {
     s.failed.store(false, std::memory_order_relaxed);
     s.bar_count.store(0, std::memory_order_relaxed);  // an aborted run may leave arrivals behind
     s.remaining.store(uint32_t(s.nth - 1), std::memory_order_relaxed);
+    const bool st = s.stats_on;
+    const int64_t t_release = st ? now_ns() : 0;
+    s.release_t = t_release;
     if (s.nth > 1) s.release_workers();  // seq_cst: publishes job and the resets above
     s.call(0);
+    const int64_t t_own = st ? now_ns() : 0;
     auto done = [&] { return s.remaining.load(std::memory_order_acquire) == 0; };
     if (!spin_until(done, s.spin_us)) {
+        if (st) ++s.stats.join_sleeps;
         for (;;) {
             s.caller_sleeping.store(1, std::memory_order_seq_cst);
             uint32_t r = s.remaining.load(std::memory_order_seq_cst);
@@ -249,6 +272,13 @@ void ThreadPool::run(const std::function<void(int, int)> &fn) {
             futex_wait(s.remaining, r);
         }
         s.caller_sleeping.store(0, std::memory_order_relaxed);
+    }
+    if (st) {
+        const int64_t t_end = now_ns();
+        ++s.stats.runs;
+        s.stats.run_ns += uint64_t(t_end - t_release);
+        s.stats.join_wait_ns += uint64_t(t_end - t_own);
+        s.workers[0].busy_ns += uint64_t(t_own - t_release);
     }
     s.job = nullptr;
     if (s.error) {
@@ -259,6 +289,23 @@ void ThreadPool::run(const std::function<void(int, int)> &fn) {
 }
 
 void ThreadPool::barrier(int tid) {
+    Impl &s = *impl_;
+    if (tid == 0 && s.stats_on) {
+        // The caller's wait (stats_on does not change inside a region).
+        ++s.stats.barriers;
+        const int64_t t0 = now_ns();
+        struct AddOnExit {
+            Impl &s;
+            int64_t t0;
+            ~AddOnExit() { s.stats.barrier_wait_ns += uint64_t(now_ns() - t0); }
+        } add{s, t0};
+        barrier_wait(tid);
+        return;
+    }
+    barrier_wait(tid);
+}
+
+void ThreadPool::barrier_wait(int tid) {
     Impl &s = *impl_;
     if (s.nth == 1) return;
     if (s.failed.load(std::memory_order_acquire)) throw BarrierAborted();
@@ -401,6 +448,33 @@ void ThreadPool::pin_caller() {
     int cpu = s.workers[0].slot.cpu;
     if (int e = pin_to(cpu)) throw SysError("sched_setaffinity(cpu " + std::to_string(cpu) + ")", e);
     s.caller_cpu = cpu;
+}
+
+}  // namespace ktd
+
+namespace ktd {
+
+void ThreadPool::set_stats(bool on) {
+    impl_->stats_on = on;
+    if (on) reset_stats();
+}
+
+bool ThreadPool::stats_enabled() const { return impl_->stats_on; }
+
+PoolStats ThreadPool::stats() const {
+    const Impl &s = *impl_;
+    PoolStats out = s.stats;
+    for (const WorkerState &w : s.workers) {
+        out.busy_ns.push_back(w.busy_ns);
+        out.start_ns.push_back(w.start_ns);
+    }
+    return out;
+}
+
+void ThreadPool::reset_stats() {
+    Impl &s = *impl_;
+    s.stats = PoolStats{};
+    for (WorkerState &w : s.workers) w.busy_ns = w.start_ns = 0;
 }
 
 }  // namespace ktd

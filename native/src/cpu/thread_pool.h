@@ -60,6 +60,22 @@ struct ThreadPoolOptions {
                                 // 0 when unpinned workers outnumber the usable CPUs
 };
 
+// Where a pool's time goes (set_stats(true); off by default, then nothing is timed): per region
+// (run() call) the caller's hand-over and its wait for the slowest worker, per worker the time it
+// spent inside fn and the delay from the release of a region to its start there. Wall-clock
+// nanoseconds of steady_clock; tid 0 is the caller. For reports (ktd.bench.decode --breakdown);
+// results never depend on it.
+struct PoolStats {
+    uint64_t runs = 0;             // run() calls (every region: parallel_for, for_each_item, ...)
+    uint64_t barriers = 0;         // barrier() calls by tid 0 (every worker makes as many)
+    uint64_t run_ns = 0;           // caller's time inside run(), release to return
+    uint64_t join_wait_ns = 0;     // of which: after its own fn returned, waiting for the workers
+    uint64_t join_sleeps = 0;      // joins that outlasted the spin and slept on the futex
+    uint64_t barrier_wait_ns = 0;  // caller's time inside barrier() (waiting for the others)
+    std::vector<uint64_t> busy_ns;   // [tid]: time inside fn (barrier waits included)
+    std::vector<uint64_t> start_ns;  // [tid >= 1]: release of a region to fn starting there
+};
+
 // A list of work items claimed dynamically by the workers of a running region (contract above).
 // reset() is not thread safe: call it while nobody claims, and publish it to the claimers through
 // run() or a barrier. claim() is safe from any number of workers at once (one relaxed atomic add
@@ -139,10 +155,17 @@ public:
     // Pins the calling thread to cpu_slot(0) for good, so that tid 0 runs on its node too.
     // Throws SysError. No-op when pin=false.
     void pin_caller();
+    // Region timing (PoolStats above). set_stats(true) also clears the sums; call it, stats() and
+    // reset_stats() from the thread that calls run(), between regions.
+    void set_stats(bool on);
+    bool stats_enabled() const;
+    PoolStats stats() const;
+    void reset_stats();
 
     struct Impl;
 
 private:
+    void barrier_wait(int tid);                                 // barrier() without the stats
     WorkList &item_list(size_t n);                              // the pool's list, reset to [0, n)
     WorkList &item_list_node(const std::vector<size_t> &first);  // checked, reset to the node ranges
     std::unique_ptr<Impl> impl_;

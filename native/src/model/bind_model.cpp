@@ -463,6 +463,22 @@ static void bind_context_class(py::module_ &m) {
             c.ctx->reset_profile();
         })
         .def(
+            "set_pool_stats",
+            [](PyContext &c, bool on) {
+                std::lock_guard<std::mutex> l(c.mu);
+                c.ctx->model().pool().set_stats(on);
+            },
+            py::arg("on"),
+            "Time the model's thread pool region by region from now on (sums cleared; cpu/thread_pool.h PoolStats)")
+        .def(
+            "pool_stats",
+            [](PyContext &c) {
+                std::lock_guard<std::mutex> l(c.mu);
+                return pool_stats_dict(c.ctx->model().pool().stats());
+            },
+            "The model's pool sums since set_pool_stats(True): runs, barriers, run_ns, join_wait_ns, join_sleeps, "
+            "barrier_wait_ns, busy_ns [tid], start_ns [tid]")
+        .def(
             "set_backend",
             [](PyContext &c, const std::string &name) {
                 std::lock_guard<std::mutex> l(c.mu);
