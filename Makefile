@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64
+.PHONY: gpu-check build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64
 
 build: native
 
@@ -98,6 +98,13 @@ bench-decode: build
 # Sampling cost per mode as a share of a qwen2.5-coder-0.5b decode step (2 threads).
 bench-sampling: build
 	$(PY) -m ktd.bench.sampling $(BENCH_SAMPLING_ARGS)
+
+# Time to READY vs reading the file (issue 20): cat, Python import, ktd run cold (cache off) and
+# warm (prepared-weights cache), alternating, best of N: bench/results/load.json.
+# Options: make bench-load BENCH_LOAD_ARGS="--reps 5 --threads 2 MODEL.gguf".
+BENCH_LOAD_ARGS ?=
+bench-load: build
+	$(PY) -m ktd.bench.load $(BENCH_LOAD_ARGS)
 
 # The daemon: decode through the socket vs in-process, aggregate tokens/s with 1/2/4/8 streams
 # (ktctl bench), the same through the HTTP gateway (ktd-http; --no-http skips it), native forward

@@ -122,6 +122,26 @@ def test_repack_same_bytes_on_every_isa_and_thread_count(qt, isa):
         np.testing.assert_array_equal(K.repack(qt, w, rows, k, isa=isa, threads=threads), want)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+@pytest.mark.parametrize("rows,k", [(1, 256), (2, 256), (7, 512), (8, 768), (9, 256), (15, 1024), (23, 256),
+                                    (64, 512), (71, 2304)])
+def test_simd_repack_is_the_reference_bitwise_on_odd_shapes(qt, isa, rows, k):
+    """The AVX2 repacks (kernels/avx2/repack_k.cpp, also the AVX-512 entries') against the scalar
+    reference: every byte, partial last groups (rows not a multiple of 8, whose missing rows must
+    be zero) and the pool's group ranges (threads) included; blocks with extreme values (all bits
+    set, all clear) among random ones."""
+    rng = np.random.default_rng(rows * 7 + k)
+    w = random_weights(qt, rows, k, rng)
+    raw = w.reshape(-1)
+    n = raw.size // 4
+    raw[:n // 2] = 0xFF  # whole blocks of set bits (scales, values; d becomes NaN, copied as bits)
+    raw[n // 2:n] = 0
+    want = K.repack(qt, w, rows, k, isa="ref", threads=1)
+    for threads in (1, 3):
+        np.testing.assert_array_equal(K.repack(qt, w, rows, k, isa=isa, threads=threads), want)
+
+
 SHAPES = [(1, 256, 1), (3, 512, 2), (7, 256, 5), (17, 1280, 3), (33, 768, 9), (129, 512, 1), (16, 256, 64),
           (9, 2304, 4), (24, 512, 7), (40, 256, 8), (5, 256, 6),
           # MoE expert shapes: Qwen3-30B-A3B gate/up (768 x 2048) and down (2048 x 768, here one

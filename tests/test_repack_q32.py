@@ -136,6 +136,44 @@ def test_repack_same_bytes_for_every_isa_and_thread_count(t, isa, R):
             np.testing.assert_array_equal(K.repack(t, w, rows, k, isa=u, threads=threads), want)
 
 
+def encode_x16(t: str, w: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """The x16 layout (kernels/repacked_q32.h) written with numpy from the header's description:
+    d[16]; Q5_0: qh u64[8] with bit 4r + t of u64 j = bit 4 of row r's element 4j + t, then
+    qs[64i + 4r + t] = row r's qs byte 4i + t; Q8_0: qs[64j + 4r + t] = row r's element 4j + t
+    XOR 0x80. Rows past the end of the matrix are zero bytes."""
+    nb, groups, bs = k // 32, -(-rows // 16), w.shape[1] // (k // 32)
+    blocks = np.zeros((groups * 16, nb, bs), np.uint8)
+    blocks[:rows] = w.reshape(rows, nb, bs)
+    B = blocks.reshape(groups, 16, nb, bs).transpose(0, 2, 1, 3)  # [g, b, r, bytes]
+    out = np.zeros((groups, nb, 16 * bs), np.uint8)
+    out[..., :32] = B[..., :2].reshape(groups, nb, 32)
+    present = (np.arange(groups * 16) < rows).reshape(groups, 1, 16, 1)
+    if t == "Q8_0":
+        q = np.where(present, B[..., 2:34] ^ 0x80, 0).astype(np.uint8)  # [g, b, r, 32]
+        out[..., 32:] = q.reshape(groups, nb, 16, 8, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nb, 512)
+    else:
+        bits = np.ascontiguousarray(B[..., 2:6]).view("<u4")[..., 0].astype(np.uint64)  # [g, b, r]
+        shift = (4 * np.arange(16)).astype(np.uint64)
+        qh = np.stack([(((bits >> np.uint64(4 * j)) & np.uint64(15)) << shift).sum(axis=-1, dtype=np.uint64)
+                       for j in range(8)], axis=-1)  # [g, b, 8]
+        out[..., 32:96] = qh.astype("<u8").view(np.uint8).reshape(groups, nb, 64)
+        out[..., 96:] = B[..., 6:22].reshape(groups, nb, 16, 4, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nb, 256)
+    return out.reshape(-1)
+
+
+@pytest.mark.parametrize("t", X16_TYPES)
+@pytest.mark.parametrize("rows,k", [(1, 32), (7, 64), (15, 32), (16, 96), (17, 160), (31, 32), (33, 1024), (70, 224)])
+def test_x16_repack_is_the_layout_bitwise(t, rows, k):
+    """The AVX-512 entries' x16 repacks (AVX2 code, kernels/avx2/repack_q32.cpp) against the
+    layout encoded independently with numpy: every byte, partial last groups, the pool's group
+    ranges (threads 1 and 3)."""
+    layout_or_skip("avx512")
+    w, _ = inputs(t, rows, k, 1, seed=rows * 5 + k, random_bytes=True)
+    want = encode_x16(t, w, rows, k)
+    for threads in (1, 3):
+        np.testing.assert_array_equal(K.repack(t, w, rows, k, isa="avx512", threads=threads), want)
+
+
 SHAPES = [(1, 32, 1), (7, 32, 3), (17, 160, 5), (33, 1024, 2), (8, 64, 9), (40, 96, 8), (77, 160, 64)]
 
 

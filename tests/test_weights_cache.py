@@ -405,3 +405,102 @@ def test_a_cache_write_that_fails_midway_runs_without_it_and_leaves_nothing(tmp_
     assert state.startswith("CACHE not written") and "File too large" in state, state
     assert np.array_equal(logits, reference)
     assert list(cache.iterdir()) == []  # the temporary file is removed
+
+
+# ---- a hit maps the entry (model.weights_cache_map) ----------------------------------------------
+
+def _smaps_of(path: str) -> list[dict[str, int]]:
+    """Per mapping of `path` in this process (also once deleted or replaced): its smaps fields in
+    kB (Rss, FilePmdMapped, ...)."""
+    out, cur = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                cur = {} if path in line else None
+                if cur is not None:
+                    out.append(cur)
+            elif cur is not None and len(head) >= 2 and head[0].endswith(":") and head[1].isdigit():
+                cur[head[0][:-1]] = int(head[1])
+    return out
+
+
+@pytest.mark.parametrize("hugepages", ["auto", "off"])
+def test_a_hit_maps_the_entry_and_gives_the_same_logits_as_reading_it(tmp_path, hugepages):
+    """A hit on one node maps the entry's sections into the arenas (no fresh pages, no copy) and
+    computes exactly what the read path and an uncached load compute; the mapping outlives the
+    entry's removal and its replacement by another file (ktd only unlinks or renames over)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    reference = _logits(_open(path, hugepages=hugepages))
+    written = _open(path, cache, hugepages=hugepages)
+    assert written.model.cache["state"] == "written" and written.model.cache["mapped"] is False
+    entry = written.model.cache["path"]
+    read = _open(path, cache, hugepages=hugepages, cache_map=False)
+    assert read.model.cache["state"] == "hit" and read.model.cache["mapped"] is False
+    assert _smaps_of(entry) == []
+    mapped = _open(path, cache, hugepages=hugepages)
+    assert mapped.model.cache["state"] == "hit" and mapped.model.cache["mapped"] is True
+    maps = _smaps_of(entry)
+    assert maps and sum(m.get("Rss", 0) for m in maps) > 0  # the entry's pages are the arena's
+    assert np.array_equal(_logits(mapped), reference)
+    assert np.array_equal(_logits(read), reference)
+    assert mapped.model.memory == read.model.memory
+    # Replaced on disk the way ktd replaces an entry (a new file renamed over it), then removed:
+    # the mapped model keeps its bytes.
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\xff" * os.path.getsize(entry))
+    os.replace(junk, entry)
+    assert np.array_equal(_logits(mapped), reference)
+    os.unlink(entry)
+    assert np.array_equal(_logits(mapped), reference)
+
+
+def test_a_mapped_entry_that_fails_its_checksums_is_rebuilt_into_fresh_memory(tmp_path):
+    """A bit flipped in a section: found by the checksums computed over the mapping, the arena
+    gets anonymous memory back, the weights are prepared from the GGUF (identical logits), and
+    nothing of the damaged entry stays mapped."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    reference = _logits(_open(path))
+    entry = _open(path, cache).model.cache["path"]
+    h = _native.weights_cache_header(entry)
+    size = os.path.getsize(entry)
+    with open(entry, "r+b") as f:  # the last byte of the last section
+        pos = size - 1
+        while pos > 0:
+            f.seek(pos)
+            if f.read(1) != b"\0":
+                break
+            pos -= 1
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x10]))
+    assert h["ok"]
+    again = _open(path, cache)
+    assert again.model.cache["state"] == "written" and "checksum mismatch" in again.model.cache["reason"]
+    assert again.model.cache["mapped"] is False
+    assert _smaps_of(entry) == []
+    assert np.array_equal(_logits(again), reference)
+    hit = _open(path, cache)
+    assert hit.model.cache["state"] == "hit" and hit.model.cache["mapped"] is True
+    assert np.array_equal(_logits(hit), reference)
+
+
+def test_sections_are_written_2mib_aligned(tmp_path):
+    """The writer puts every section at a 2 MiB-aligned offset (a mapped section's 2 MiB folios
+    then map whole); the header's offsets are checked by parsing the file independently here."""
+    import struct
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0")
+    entry = _open(path, cache).model.cache["path"]
+    data = open(entry, "rb").read()
+    assert data[:8] == b"KTDWCACH"
+    n_sections, key_len = struct.unpack_from("<II", data, 40)
+    at = (48 + key_len + 7) // 8 * 8
+    offsets = [struct.unpack_from("<QQ", data, at + 16 * s) for s in range(n_sections)]
+    assert offsets and all(off % (2 << 20) == 0 and n > 0 for off, n in offsets)

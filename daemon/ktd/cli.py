@@ -21,17 +21,22 @@ class UserError(Exception):
     """An error caused by the user's input or environment: printed as one line, exit 1."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or (``only``) of that one alone: registering a subcommand
+    imports its module, and some are heavy (``ktd http``'s gateway: asyncio, the client, the
+    protocol; a third of a second), which ``ktd run`` should not pay at every start."""
     parser = argparse.ArgumentParser(prog="ktd", description="ktd LLM inference daemon")
     parser.add_argument("--version", action="version", version=f"ktd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"ktd.commands.{name}").register(sub)
+        if only is None or name == only:
+            importlib.import_module(f"ktd.commands.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

@@ -65,6 +65,10 @@ class ModelConfig:
                               "checksums, rebuilt when the model, ktd or the placement changes): auto "
                               "($CACHE_DIRECTORY, i.e. /var/cache/ktd under systemd, else "
                               "~/.cache/ktd/weights), off, or an absolute directory", kind="dir_or_off")
+    weights_cache_map: bool = _key(True, "a cache hit maps the entry into memory (its page-cache pages, 2 MiB "
+                                   "where the kernel has them: no copy) rather than reading it into fresh "
+                                   "pages; one NUMA node, no mlock, no reserved huge pages (else read)",
+                                   kind="bool")
 
 
 @dataclass(frozen=True)

@@ -210,11 +210,12 @@ class Engine:
 
 def placement_options(config: Any) -> dict[str, Any]:
     """Engine.open's placement keywords from a ``ktd.config.Config``: model.numa_nodes, smt,
-    hugepages, hugepage_size, mlock, weights_cache and the numa section."""
+    hugepages, hugepage_size, mlock, weights_cache, weights_cache_map and the numa section."""
     mc, nc = config.model, config.numa
     return {"nodes": list(mc.numa_nodes), "smt": mc.smt, "hugepages": mc.hugepages,
             "hugetlb_page_size": HUGETLB_PAGE_SIZES[mc.hugepage_size], "mlock": mc.mlock,
-            "numa_experts": nc.experts, "numa_dense": nc.dense, "weights_cache": mc.weights_cache}
+            "numa_experts": nc.experts, "numa_dense": nc.dense, "weights_cache": mc.weights_cache,
+            "cache_map": mc.weights_cache_map}
 
 
 def load(config: Any, progress: Progress) -> Engine:

@@ -68,7 +68,9 @@ def log_load(cache: dict[str, Any], why_off: str = "") -> None:
         log.info("prepared-weights cache: %swriting %s in the background",
                  f"rebuilding ({reason}), " if reason else "", cache["path"])
     elif state == "hit":
-        log.info("prepared-weights cache: read %s in %.2f s from %s", size, cache["seconds"], cache["path"])
+        log.info("prepared-weights cache: read %s%s in %.2f s from %s", size,
+                 " (mapped: the page cache's pages, not copied)" if cache.get("mapped") else "", cache["seconds"],
+                 cache["path"])
     elif state == "written":
         log.info("prepared-weights cache: %swritten (%s in %.2f s) to %s",
                  f"rebuilt ({reason}), " if reason else "", size, cache["seconds"], cache["path"])

@@ -31,6 +31,18 @@ from ktd.tokenizer.pretokenize import PRE_TYPES
 __all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "TokenizerMetadataError", "ChatTemplateError"]
 
 
+def _decode_all(raw: list[bytes]) -> list[str]:
+    """Each bytes decoded (UTF-8, surrogateescape). One decode of the newline-joined list when no
+    item holds a newline byte (the same strings: a newline ends any incomplete sequence before it,
+    and surrogateescape escapes each invalid byte on its own), else one by one."""
+    if not raw:
+        return []
+    joined = b"\n".join(raw)
+    if joined.count(b"\n") == len(raw) - 1:
+        return joined.decode("utf-8", errors="surrogateescape").split("\n")
+    return [b.decode("utf-8", errors="surrogateescape") for b in raw]
+
+
 class TokenizerMetadataError(TokenizerError, GGUFError):
     """The model file's tokenizer metadata is malformed or unsupported: a GGUFError, like every
     other reason a model file cannot be loaded."""
@@ -157,8 +169,8 @@ class Tokenizer:
             raise TokenizerError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries "
                                  f"for {n} tokens")
         try:
-            texts = [b.decode("utf-8", errors="surrogateescape") for b in raw_tokens]
-        except AttributeError as e:
+            texts = _decode_all(raw_tokens)
+        except (AttributeError, TypeError) as e:
             raise TokenizerError(f"{source}: tokenizer.ggml.tokens must be a string array") from e
         if b"" in raw_tokens:
             for i, b in enumerate(raw_tokens):

@@ -27,6 +27,12 @@ _STRING, _ARRAY, _BOOL = 8, 9, 7
 _MAX_COUNT = 1 << 31
 
 
+try:  # the native module is optional here: the reader is pure Python without it
+    from ktd._native import gguf_string_array as _native_string_array
+except ImportError:  # pragma: no cover - a build without the function
+    _native_string_array = None
+
+
 class GGUFMetadataError(ValueError):
     """The file is not a GGUF file or its metadata section is malformed."""
 
@@ -86,6 +92,13 @@ class _Cursor:
         raise GGUFMetadataError(f"{self.path}: unknown value type {vtype}")
 
     def _string_array(self, n: int, want: bool) -> list[bytes] | None:
+        if want and _native_string_array is not None:
+            # The native loop (a vocabulary's 150k strings in milliseconds); None: malformed,
+            # and the loop below says where.
+            r = _native_string_array(self.buf, self.pos, n)
+            if r is not None:
+                out, self.pos = r
+                return out
         buf, pos, end = self.buf, self.pos, len(self.buf)
         out: list[bytes] | None = [] if want else None
         unpack = struct.Struct("<Q").unpack_from

@@ -60,14 +60,19 @@ class BytePairEncoder:
             lines = joined.decode("utf-8", errors="surrogateescape").split("\n")
         else:  # a merge containing a newline byte
             lines = [m.decode("utf-8", errors="surrogateescape") for m in merges]
-        pairs = []
-        for s in lines:
-            sp = s.find(" ", 1)
-            pairs.append((s[:sp], s[sp + 1:]) if sp >= 0 else ("", ""))
-        ranks = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))
-        self.ranks = ranks
+        # Keyed by the merge's own text rather than a (left, right) tuple per merge (a third of a
+        # tokenizer's load): rank_of(a, b) looks up a + " " + b only when a is non-empty and has
+        # no space after its first character, which inverts the split rule above, so a pair finds
+        # exactly the line that splits into it (a line without such a space splits into no pair).
+        self.ranks = dict(zip(reversed(lines), range(len(lines) - 1, -1, -1)))
         self._cache: dict[str, tuple[int, ...]] = {}
         self._cache_bytes = 0
+
+    def rank_of(self, a: str, b: str) -> int | None:
+        """The merge rank of the pair (a, b); None when it is not a merge."""
+        if not a or a.find(" ", 1) >= 0:
+            return None
+        return self.ranks.get(a + " " + b)
 
     def encode(self, text: str, out: list[int]) -> None:
         cache = self._cache
@@ -88,7 +93,7 @@ class BytePairEncoder:
         tid = self.token_to_id.get(enc)
         if self.ignore_merges and tid is not None:
             return (tid,)
-        syms = _merge(list(enc), lambda a, b: self.ranks.get((a, b)), lowest_first=True)
+        syms = _merge(list(enc), self.rank_of, lowest_first=True)
         out: list[int] = []
         for s in syms:
             tid = self.token_to_id.get(s)

@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+
 #include "bindings.h"
 #include "common/error.h"
 #include "gguf/gguf_file.h"
@@ -81,7 +83,34 @@ const GGUFKeyValue &lookup(const GGUFFile &f, const std::string &key) {
 
 }  // namespace
 
+// The strings of a GGUF string array starting at byte pos of buf ({u64 length, bytes} × n), for
+// the tokenizer's metadata reader (its Python loop over a 150k-token vocabulary was most of a
+// tokenizer's load). None when the array runs past the buffer or n is implausible: the caller's
+// own reader then says where, with its message.
+py::object string_array(py::buffer buf, uint64_t pos, uint64_t n) {
+    const py::buffer_info info = buf.request();
+    const auto *p = static_cast<const uint8_t *>(info.ptr);
+    const uint64_t end = uint64_t(info.size) * uint64_t(info.itemsize);
+    if (info.ndim != 1 || n > end / 8) return py::none();
+    py::list out(n);
+    for (uint64_t i = 0; i < n; ++i) {
+        if (pos > end || end - pos < 8) return py::none();
+        uint64_t len;
+        std::memcpy(&len, p + pos, 8);
+        pos += 8;
+        if (len > end - pos) return py::none();
+        PyObject *b = PyBytes_FromStringAndSize(reinterpret_cast<const char *>(p + pos), Py_ssize_t(len));
+        if (!b) throw py::error_already_set();
+        PyList_SET_ITEM(out.ptr(), Py_ssize_t(i), b);  // steals the reference
+        pos += len;
+    }
+    return py::make_tuple(out, pos);
+}
+
 void bind_gguf(py::module_ &m) {
+    m.def("gguf_string_array", &string_array, py::arg("buf"), py::arg("pos"), py::arg("n"),
+          "(list of bytes, end position) of the GGUF string array of n strings at byte pos of buf; None when it "
+          "runs past the end (the tokenizer's metadata reader)");
     py::class_<GGUFFile>(m, "GGUFFile",
                          "A GGUF v2/v3 file, mapped read-only and fully validated on open "
                          "(GGUFError on malformed input, OSError when it cannot be read).")

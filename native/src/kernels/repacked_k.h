@@ -12,8 +12,9 @@
 // element 4i + t in its low nibble and element 16 + 4i + t in its high nibble, so the low
 // nibbles of those 32 bytes are register i and the high nibbles register i + 4.
 //
-// The reference repack (kernels/ref/) is the definition; every ISA's entry uses it (the layout
-// is shared, only the tile kernels differ). Only POD structs here: no inline code, so the header
+// The reference repack (kernels/ref/) is the definition; the x86 entries use an AVX2 twin of it
+// that writes the same bytes (tested bitwise), the others the reference itself (the layout is
+// shared, only the tile kernels differ). Only POD structs here: no inline code, so the header
 // is safe to include from translation units compiled with different ISA flags.
 #pragma once
 #include <cstddef>
@@ -67,3 +68,10 @@ void repack_q4_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
 size_t group_bytes_q6_K_x8(int64_t k);
 void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
 }  // namespace ktd::ref
+
+namespace ktd::avx2 {
+// The same repacks with AVX2 (kernels/avx2/repack_k.cpp): bitwise the reference's bytes; the
+// AVX2 and AVX-512 entries register these.
+void repack_q4_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+}  // namespace ktd::avx2

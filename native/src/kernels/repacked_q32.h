@@ -113,3 +113,10 @@ void repack_q5_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, in
 size_t group_bytes_q8_0_x16(int64_t k);
 void repack_q8_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
 }  // namespace ktd::ref
+
+namespace ktd::avx2 {
+// The x16 repacks with AVX2 instructions (kernels/avx2/repack_q32.cpp): bitwise the reference's
+// bytes; the AVX-512 entries of Q5_0 and Q8_0 register these.
+void repack_q5_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+void repack_q8_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+}  // namespace ktd::avx2

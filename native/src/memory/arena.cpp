@@ -231,6 +231,7 @@ Arena::Arena(size_t capacity, const ArenaOptions &opts) : requested_(capacity), 
     base_ = m->base;
     capacity_ = m->len;
     try {
+        bound_ = opts.node >= 0 || !opts.interleave.empty();
         if (opts.node >= 0 && !bound) bind_range_to_node(base_, capacity_, opts.node);
         if (!opts.interleave.empty() && !bound) interleave_range(base_, capacity_, opts.interleave);
         if (opts.mlock && kind_ != ArenaKind::HugeTLB2M && kind_ != ArenaKind::HugeTLB1G) {
@@ -263,5 +264,33 @@ void *Arena::alloc(size_t bytes, size_t align) {
 }
 
 std::map<std::string, uint64_t> Arena::smaps() const { return smaps_range(base_, capacity_); }
+
+std::string Arena::map_file(int fd, uint64_t offset, size_t bytes) {
+    if (kind_ != ArenaKind::THP && kind_ != ArenaKind::Normal) return "the arena is on reserved huge pages";
+    if (bound_) return "the arena has a NUMA placement";
+    if (locked_) return "the arena is locked (mlock)";
+    if (offset % kSmallPage) return "the offset is not page-aligned";
+    const size_t len = round_up(bytes, kSmallPage);
+    if (len == 0 || len > capacity_) return "the bytes do not fit the arena";
+    void *p = ::mmap(base_, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, off_t(offset));
+    if (p == MAP_FAILED) {
+        const int e = errno;
+        file_bytes_ = len;  // MAP_FIXED may have removed the old pages: fresh ones
+        unmap_file();
+        return std::string("mmap: ") + std::strerror(e);
+    }
+    file_bytes_ = len;
+    madvise(base_, len, kind_ == ArenaKind::THP ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    return "";
+}
+
+void Arena::unmap_file() {
+    if (!file_bytes_) return;
+    const size_t len = file_bytes_;
+    void *p = ::mmap(base_, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) throw SysError("mmap (weights arena)", errno);
+    madvise(base_, len, kind_ == ArenaKind::THP ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    file_bytes_ = 0;
+}
 
 }  // namespace ktd

@@ -73,12 +73,28 @@ public:
     // smaps_range() over the arena's mapping.
     std::map<std::string, uint64_t> smaps() const;
 
+    // The first `bytes` of the arena become a private mapping of fd's bytes [offset, offset +
+    // bytes) (MAP_FIXED over the anonymous pages, PROT_READ|PROT_WRITE, copy-on-write): the page
+    // cache's pages are mapped rather than copied into fresh pages, so nothing is zeroed or copied
+    // (a prepared-weights cache hit). Only for an unbound, unlocked thp or normal arena: the file's
+    // pages are wherever the page cache put them (no NUMA placement), and a thp arena maps them
+    // with MADV_HUGEPAGE (the kernel maps a file's 2 MiB folios with one PMD when the offset is
+    // 2 MiB-aligned, as the base is), a normal one with MADV_NOHUGEPAGE. Returns "" or why not
+    // (nothing changed then). used() is not changed.
+    std::string map_file(int fd, uint64_t offset, size_t bytes);
+    // Whether map_file() replaced the arena's start; unmap_file() puts fresh anonymous memory of
+    // the arena's kind back (the file's bytes are gone from the arena then).
+    bool file_mapped() const { return file_bytes_ != 0; }
+    void unmap_file();
+
 private:
     void *base_ = nullptr;
     size_t capacity_ = 0, requested_ = 0, used_ = 0, page_size_ = 4096;
     ArenaKind kind_ = ArenaKind::Normal;
     int node_ = -1;
     bool locked_ = false;
+    bool bound_ = false;  // node or interleave policy applied
+    size_t file_bytes_ = 0;  // mapped from a file by map_file()
     std::string fallback_reason_;
 };
 

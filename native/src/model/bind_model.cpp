@@ -239,7 +239,7 @@ static void bind_model_class(py::module_ &m) {
                          const std::string &hugepages, size_t hugetlb_page_size, bool mlock,
                          const std::string &numa_experts, const std::string &numa_dense,
                          const std::string &cache_dir, std::shared_ptr<LoadProgress> progress,
-                         bool cache_write_background) {
+                         bool cache_write_background, bool cache_map) {
                  ModelOptions o;
                  o.n_threads = n_threads;
                  o.pin = pin;
@@ -261,6 +261,7 @@ static void bind_model_class(py::module_ &m) {
                  o.cache_dir = cache_dir;
                  o.progress = std::move(progress);
                  o.cache_write_background = cache_write_background;
+                 o.cache_map = cache_map;
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
@@ -269,7 +270,8 @@ static void bind_model_class(py::module_ &m) {
              py::arg("affinity") = std::vector<int>{}, py::arg("hugepages") = "auto",
              py::arg("hugetlb_page_size") = kPage2M, py::arg("mlock") = false, py::arg("numa_experts") = "shard",
              py::arg("numa_dense") = "interleave", py::arg("cache_dir") = "",
-             py::arg("progress") = std::shared_ptr<LoadProgress>(), py::arg("cache_write_background") = false)
+             py::arg("progress") = std::shared_ptr<LoadProgress>(), py::arg("cache_write_background") = false,
+             py::arg("cache_map") = true)
         .def_static("supported_archs", &Model::supported_archs)
         .def_static(
             "tensor_classes",
@@ -321,11 +323,13 @@ static void bind_model_class(py::module_ &m) {
                 d["reason"] = c.reason;
                 d["bytes"] = c.bytes;
                 d["seconds"] = c.seconds;
+                d["mapped"] = c.mapped;
                 return d;
             },
             "What the load did with the prepared-weights cache: path (of the entry), state (off, hit, "
             "writing (in the background), written, not written), reason (why an existing entry was not used, or why none was written), "
-            "bytes (of the entry), seconds (reading or writing it)")
+            "bytes (of the entry), seconds (reading or writing it), mapped (a hit: the entry's pages mapped into "
+            "the arenas rather than read into fresh ones)")
         .def_property_readonly(
             "memory", &memory_dict,
             "Where the weights went: NUMA nodes (pool order) with their routed-expert bytes and "

@@ -153,6 +153,9 @@ struct ModelOptions {
     // (the forward's). Destroying the model cancels an unfinished write (its temporary file is
     // removed).
     bool cache_write_background = false;
+    // A cache hit maps the entry's sections into the arenas where they allow it rather than
+    // reading them (read_weights_cache's map: no page zeroed or copied; false: always read).
+    bool cache_map = true;
 };
 
 // Where the weights went, for the load log and status. nodes: the pool's NUMA nodes, in slice

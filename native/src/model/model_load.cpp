@@ -553,9 +553,12 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         key = cache_identity(m->file_, realpath_s, st) + layout;
         cs.path = weights_cache_path(opts.cache_dir, realpath_s, layout);
         const auto t0 = std::chrono::steady_clock::now();
-        cached = read_weights_cache(cs.path, key, list, *m->pool_, cs.reason, opts.progress.get());
+        size_t n_mapped = 0;
+        cached = read_weights_cache(cs.path, key, list, *m->pool_, cs.reason, opts.progress.get(), opts.cache_map,
+                                    &n_mapped);
         if (!cached.empty()) {
             cs.state = "hit";
+            cs.mapped = n_mapped > 0 && n_mapped == list.size();
             cs.seconds = seconds_since(t0);
         } else {
             m->file_.advise_willneed();
@@ -591,6 +594,8 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                 cs.reason = "the entry's section " + std::to_string(i) + " has " + std::to_string(cached[i]) +
                             " bytes, the layout " + std::to_string(list[i]->used()) + " (not used)";
                 cached.clear();
+                cs.mapped = false;
+                for (Arena *a : list) a->unmap_file();
                 m->file_.advise_willneed();
                 load_all(false);
                 break;

@@ -22,6 +22,7 @@ namespace {
 
 constexpr char kMagic[8] = {'K', 'T', 'D', 'W', 'C', 'A', 'C', 'H'};
 constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kSectionAlign = uint64_t(2) << 20;  // where the writer puts sections (mappable as PMDs)
 constexpr uint64_t kChunk = uint64_t(8) << 20;   // checksum and I/O unit
 constexpr uint64_t kMaxHeader = uint64_t(1) << 30;
 
@@ -214,8 +215,10 @@ std::string weights_cache_path(const std::string &dir, const std::string &model_
 
 std::vector<uint64_t> read_weights_cache(const std::string &path, const std::string &key,
                                          const std::vector<Arena *> &arenas, ThreadPool &pool,
-                                         std::string &reason, LoadProgress *progress) {
+                                         std::string &reason, LoadProgress *progress, bool map,
+                                         size_t *mapped) {
     reason.clear();
+    if (mapped) *mapped = 0;
     Fd f;
     f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (f.fd < 0) {
@@ -246,6 +249,21 @@ std::vector<uint64_t> read_weights_cache(const std::string &path, const std::str
             reason = "section " + std::to_string(s) + " larger than its arena";
             return {};
         }
+    // Sections mapped from the entry rather than read (map_file says why not: then read).
+    std::vector<bool> is_mapped(arenas.size(), false);
+    struct Unmap {  // a failed check: the arenas get anonymous memory back
+        const std::vector<Arena *> &arenas;
+        bool armed = true;
+        ~Unmap() {
+            if (armed)
+                for (Arena *a : arenas) a->unmap_file();
+        }
+    } unmap{arenas};
+    for (size_t s = 0; map && s < arenas.size(); ++s)
+        if (h.bytes[s] && arenas[s]->map_file(f.fd, h.offset[s], size_t(h.bytes[s])).empty()) {
+            is_mapped[s] = true;
+            if (mapped) ++*mapped;
+        }
     struct Item {
         size_t s;
         uint64_t c;
@@ -266,7 +284,8 @@ std::vector<uint64_t> read_weights_cache(const std::string &path, const std::str
         const uint64_t off = it.c * kChunk, n = std::min(kChunk, h.bytes[it.s] - off);
         uint8_t *dst = static_cast<uint8_t *>(arenas[it.s]->base()) + off;
         std::string problem;
-        if (!pread_all(f.fd, dst, size_t(n), h.offset[it.s] + off)) problem = errno_text("read", errno);
+        if (!is_mapped[it.s] && !pread_all(f.fd, dst, size_t(n), h.offset[it.s] + off))
+            problem = errno_text("read", errno);
         else if (crc32c_x4(dst, size_t(n)) != h.crcs[it.s][size_t(it.c)])
             problem = "checksum mismatch in section " + std::to_string(it.s) + " at byte " + std::to_string(off);
         if (progress) progress->add(n);
@@ -276,6 +295,7 @@ std::vector<uint64_t> read_weights_cache(const std::string &path, const std::str
         }
     });
     if (failed) return {};
+    unmap.armed = false;
     return h.bytes;
 }
 
@@ -291,8 +311,8 @@ std::string write_weights_cache(const std::string &path, const std::string &key,
     const uint64_t header_bytes = align_up(at + table_bytes, kAlign);
     uint64_t end = header_bytes;
     for (size_t s = 0; s < arenas.size(); ++s) {
-        offset[s] = end;
-        end = align_up(end + arenas[s]->used(), kAlign);
+        offset[s] = align_up(end, kSectionAlign);
+        end = align_up(offset[s] + arenas[s]->used(), kAlign);
     }
     std::vector<uint8_t> b(size_t(header_bytes), 0);
     std::memcpy(b.data(), kMagic, 8);

@@ -29,7 +29,8 @@
 //       n_sections × {u64 offset, u64 bytes}
 //       per section, per chunk of chunk_bytes: 4 × u32 crc32c_x4 of the chunk
 //       zero padding to header_bytes
-//   sections: the arenas' used bytes, each at a 4096-aligned offset
+//   sections: the arenas' used bytes, each at a 4096-aligned offset (written at 2 MiB-aligned
+//             offsets, so that a mapped section's 2 MiB page-cache folios map with one PMD each)
 // Written to a temporary file in the same directory and renamed over the entry (atomic: a reader
 // sees the old entry or the new one, two processes writing at once each rename a complete file).
 // Not fsync'ed: after a crash a partly written entry fails its checksums and is rebuilt.
@@ -68,6 +69,7 @@ struct WeightsCacheStatus {
                          // or why the entry was not written
     uint64_t bytes = 0;  // the entry's size (hit or written)
     double seconds = 0;  // reading (hit) or writing (written) it, wall clock
+    bool mapped = false;  // a hit: every section mapped from the entry, none read (cache_map)
 };
 
 // The native module's build id (hex), "" when it has none.
@@ -80,9 +82,17 @@ std::string weights_cache_path(const std::string &dir, const std::string &model_
 // entry's bytes of capacity). Returns the sections' used bytes, or an empty vector with `reason`
 // set (no entry: reason empty; other key; truncated; a checksum; an I/O error). The pool reads
 // and checks the chunks in parallel; the arenas' pages are first touched by the reading workers.
+// map: a section whose arena allows it (Arena::map_file: thp or normal pages, no NUMA placement,
+// not locked) is mapped from the entry instead of read (no page zeroed, no byte copied: the page
+// cache's pages, 2 MiB folios mapped whole where the kernel has them) and its checksums are
+// computed over the mapping, in parallel; `mapped` (when given) says how many sections were. A
+// failed check puts anonymous memory back under every mapped arena. The trade-off: a mapped
+// entry truncated in place by something other than ktd (ktd only renames a new entry over it or
+// unlinks it, which a mapping survives) would fault the daemon (SIGBUS), as a mapped GGUF would.
 std::vector<uint64_t> read_weights_cache(const std::string &path, const std::string &key,
                                          const std::vector<Arena *> &arenas, ThreadPool &pool,
-                                         std::string &reason, LoadProgress *progress = nullptr);
+                                         std::string &reason, LoadProgress *progress = nullptr,
+                                         bool map = false, size_t *mapped = nullptr);
 
 // Writes the arenas' used bytes under path atomically. Returns "" or why it could not.
 // pool null: on the calling thread only. cancel: checked between chunks (then "cancelled").

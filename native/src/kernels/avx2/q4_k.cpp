@@ -80,7 +80,7 @@ KTD_REGISTER_KERNELS(Isa::AVX2, TypeKernels{.type = GGMLType::Q4_K,
                                             .repack_rows = kRepackRowsK,
                                             .repack_layout = kRepackLayoutQ4_K,
                                             .repacked_group_bytes = ref::group_bytes_q4_K_x8,
-                                            .repack = ref::repack_q4_K_x8,
+                                            .repack = avx2::repack_q4_K_x8,
                                             .gemm_repacked = gemm_repacked_k8<Q4_Kx8>});
 
 }  // namespace ktd::avx2

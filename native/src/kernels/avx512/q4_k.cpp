@@ -95,7 +95,7 @@ KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q4_K,
                                               .repack_rows = kRepackRowsK,
                                               .repack_layout = kRepackLayoutQ4_K,
                                               .repacked_group_bytes = ref::group_bytes_q4_K_x8,
-                                              .repack = ref::repack_q4_K_x8,
+                                              .repack = avx2::repack_q4_K_x8,
                                               .gemm_repacked = gemm_repacked_q4_K});
 
 }  // namespace ktd::avx512

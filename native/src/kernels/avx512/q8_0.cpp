@@ -56,7 +56,7 @@ KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q8_0,
                                               .repack_rows = kRepackRows16,
                                               .repack_layout = kRepackLayoutQ32x16,
                                               .repacked_group_bytes = ref::group_bytes_q8_0_x16,
-                                              .repack = ref::repack_q8_0_x16,
+                                              .repack = avx2::repack_q8_0_x16,
                                               .gemm_repacked = gemm_repacked_r16<Q8_0x16>});
 
 }  // namespace ktd::avx512

@@ -1,0 +1,159 @@
+// The K-quants' 8-row repacks (kernels/repacked_k.h) with AVX2: the same bytes as the scalar
+// reference (kernels/ref/q4_k.cpp, q6_k.cpp), which stays the definition and is what the tests
+// compare these with, bitwise. The AVX2 and AVX-512 entries use these (the layout is shared).
+//
+// The nibble layouts are an 8 × 4 transpose of 32-bit words: 32 source bytes of row r give, after
+// the per-byte nibble shuffles, four words per destination chunk, and destination register i of a
+// chunk is word i of the 8 rows. Rows past the end of the matrix read as zero blocks, so every
+// byte of a group block is written (no memset first) and a missing row has d = dmin = 0 and zero
+// scales and values, as in the reference.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/blocks.h"
+#include "kernels/k_scales.h"
+#include "kernels/repacked_k.h"
+
+namespace ktd::avx2 {
+namespace {
+
+inline __m128i load128(const uint8_t *p) { return _mm_loadu_si128(reinterpret_cast<const __m128i *>(p)); }
+inline void store256(uint8_t *p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), v); }
+
+// w[r] (4 words each) → out[i] = word i of rows 0..7 (lane r = row r).
+inline void transpose_8x4(const __m128i w[8], __m256i out[4]) {
+    const __m256i a0 = _mm256_inserti128_si256(_mm256_castsi128_si256(w[0]), w[4], 1);
+    const __m256i a1 = _mm256_inserti128_si256(_mm256_castsi128_si256(w[1]), w[5], 1);
+    const __m256i a2 = _mm256_inserti128_si256(_mm256_castsi128_si256(w[2]), w[6], 1);
+    const __m256i a3 = _mm256_inserti128_si256(_mm256_castsi128_si256(w[3]), w[7], 1);
+    const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+    const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+    out[0] = _mm256_unpacklo_epi64(t0, t2);
+    out[1] = _mm256_unpackhi_epi64(t0, t2);
+    out[2] = _mm256_unpacklo_epi64(t1, t3);
+    out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+// 32 source bytes (lo = bytes 0-15, hi = 16-31) → the "even" words (low nibbles of lo, high of
+// hi's low nibbles) and the "odd" ones, as the reference's word-wise loop.
+inline void split_nibbles(const uint8_t *src, __m128i &even, __m128i &odd) {
+    const __m128i m4 = _mm_set1_epi8(0x0F), mf0 = _mm_set1_epi8(char(0xF0));
+    const __m128i lo = load128(src), hi = load128(src + 16);
+    even = _mm_or_si128(_mm_and_si128(lo, m4), _mm_and_si128(_mm_slli_epi16(hi, 4), mf0));
+    odd = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), m4), _mm_and_si128(hi, mf0));
+}
+
+// Source row r of group g (null past the end of the matrix).
+inline const uint8_t *row_of(const void *w, size_t w_stride, int64_t rows, int64_t g, int r) {
+    const int64_t row = g * kRepackRowsK + r;
+    return row < rows ? static_cast<const uint8_t *>(w) + size_t(row) * w_stride : nullptr;
+}
+
+}  // namespace
+
+void repack_q4_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
+    const int64_t nb = k / QK_K;
+    static const block_q4_K kZero{};
+    auto *o = static_cast<block_q4_Kx8 *>(out);
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t *row[kRepackRowsK];
+        for (int r = 0; r < kRepackRowsK; ++r) row[r] = row_of(w, w_stride, rows, g, r);
+        for (int64_t b = 0; b < nb; ++b) {
+            block_q4_Kx8 &dst = o[g * nb + b];
+            const block_q4_K *src[kRepackRowsK];
+            alignas(32) uint8_t sc[64], mn[64];
+            for (int r = 0; r < kRepackRowsK; ++r) {
+                src[r] = row[r] ? reinterpret_cast<const block_q4_K *>(row[r]) + b : &kZero;
+                dst.d[r] = src[r]->d;
+                dst.dmin[r] = src[r]->dmin;
+                uint8_t s8[8], m8[8];
+                unpack_scale_min_k4(src[r]->scales, s8, m8);
+                for (int j = 0; j < 8; ++j) {
+                    sc[8 * j + r] = s8[j];
+                    mn[8 * j + r] = m8[j];
+                }
+            }
+            // scl/mnl: low nibbles of index x and x + 32; sh: their bits 4-5 (values are 6-bit).
+            const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+            const __m256i s_lo = _mm256_load_si256(reinterpret_cast<const __m256i *>(sc));
+            const __m256i s_hi = _mm256_load_si256(reinterpret_cast<const __m256i *>(sc + 32));
+            const __m256i n_lo = _mm256_load_si256(reinterpret_cast<const __m256i *>(mn));
+            const __m256i n_hi = _mm256_load_si256(reinterpret_cast<const __m256i *>(mn + 32));
+            auto low_pair = [&](__m256i a, __m256i c) {
+                return _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi16(_mm256_and_si256(c, m4), 4));
+            };
+            auto top2 = [&](__m256i a, int shift) {  // bits 4-5 of each byte at bit `shift`
+                return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(a, 4), m3), shift);
+            };
+            store256(dst.scl, low_pair(s_lo, s_hi));
+            store256(dst.mnl, low_pair(n_lo, n_hi));
+            store256(dst.sh, _mm256_or_si256(_mm256_or_si256(top2(s_lo, 0), top2(s_hi, 2)),
+                                             _mm256_or_si256(top2(n_lo, 4), top2(n_hi, 6))));
+            // Source chunk c: low nibbles → sub-block 2c, high → 2c + 1.
+            for (int c = 0; c < 4; ++c) {
+                __m128i even[kRepackRowsK], odd[kRepackRowsK];
+                for (int r = 0; r < kRepackRowsK; ++r) split_nibbles(src[r]->qs + 32 * c, even[r], odd[r]);
+                __m256i t[4];
+                transpose_8x4(even, t);
+                for (int i = 0; i < 4; ++i) store256(dst.qs + 128 * (2 * c) + 32 * i, t[i]);
+                transpose_8x4(odd, t);
+                for (int i = 0; i < 4; ++i) store256(dst.qs + 128 * (2 * c + 1) + 32 * i, t[i]);
+            }
+        }
+    }
+}
+
+void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
+    const int64_t nb = k / QK_K;
+    static const block_q6_K kZero{};
+    auto *o = static_cast<block_q6_Kx8 *>(out);
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t *row[kRepackRowsK];
+        for (int r = 0; r < kRepackRowsK; ++r) row[r] = row_of(w, w_stride, rows, g, r);
+        for (int64_t b = 0; b < nb; ++b) {
+            block_q6_Kx8 &dst = o[g * nb + b];
+            const block_q6_K *src[kRepackRowsK];
+            for (int r = 0; r < kRepackRowsK; ++r) {
+                src[r] = row[r] ? reinterpret_cast<const block_q6_K *>(row[r]) + b : &kZero;
+                dst.d[r] = src[r]->d;
+                // scales[16p + 2r + h] = scale of sub-block 2p + h: 16-bit units.
+                for (int p = 0; p < 8; ++p) std::memcpy(dst.scales + 16 * p + 2 * r, src[r]->scales + 2 * p, 2);
+            }
+            // ql: the 32 bytes at 64t + 32p give chunk 4t + p (low nibbles) and 4t + p + 2 (high).
+            for (int t = 0; t < 2; ++t)
+                for (int p = 0; p < 2; ++p) {
+                    __m128i lo[kRepackRowsK], hi[kRepackRowsK];
+                    for (int r = 0; r < kRepackRowsK; ++r) split_nibbles(src[r]->ql + 64 * t + 32 * p, lo[r], hi[r]);
+                    __m256i v[4];
+                    transpose_8x4(lo, v);
+                    for (int i = 0; i < 4; ++i) store256(dst.ql + 128 * (4 * t + p) + 32 * i, v[i]);
+                    transpose_8x4(hi, v);
+                    for (int i = 0; i < 4; ++i) store256(dst.ql + 128 * (4 * t + p + 2) + 32 * i, v[i]);
+                }
+            // qh: per (u, v) the four words of 16 source bytes, a 4×4 transpose of 2-bit fields per
+            // byte (the reference's two masked swaps), done on all 8 rows at once.
+            for (int u = 0; u < 2; ++u)
+                for (int v = 0; v < 2; ++v) {
+                    __m128i q[kRepackRowsK];
+                    for (int r = 0; r < kRepackRowsK; ++r) q[r] = load128(src[r]->qh + 32 * u + 16 * v);
+                    __m256i a[4];
+                    transpose_8x4(q, a);
+                    const __m256i m33 = _mm256_set1_epi32(0x33333333), m0f = _mm256_set1_epi32(0x0F0F0F0F);
+                    for (int f = 0; f < 4; f += 2) {
+                        const __m256i x = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(a[f], 2), a[f + 1]), m33);
+                        a[f + 1] = _mm256_xor_si256(a[f + 1], x);
+                        a[f] = _mm256_xor_si256(a[f], _mm256_slli_epi32(x, 2));
+                    }
+                    for (int f = 0; f < 2; ++f) {
+                        const __m256i x = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(a[f], 4), a[f + 2]), m0f);
+                        a[f + 2] = _mm256_xor_si256(a[f + 2], x);
+                        a[f] = _mm256_xor_si256(a[f], _mm256_slli_epi32(x, 4));
+                    }
+                    for (int sh = 0; sh < 4; ++sh) store256(dst.qh + 32 * (8 * u + 2 * sh + v), a[sh]);
+                }
+        }
+    }
+}
+
+}  // namespace ktd::avx2
