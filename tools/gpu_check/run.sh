@@ -30,7 +30,7 @@ if [ -z "$PY" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PY=$ROOT/.venv/bin/python; else PY=$(command -v python3); fi
 fi
 need_venv=0
-"$PY" -c 'import numpy, gguf, pytest, yaml, msgpack, pybind11' 2>/dev/null || need_venv=1
+"$PY" -c 'import numpy, gguf, pytest, yaml, msgpack, pybind11, cmake, ninja' 2>/dev/null || need_venv=1
 if [ $need_venv = 1 ]; then
   WH=$ROOT/build/gpu-carry/wheels
   say "venv $WORK/venv from $WH (numpy/gguf/pytest/pybind11 missing for $PY)"
