@@ -301,6 +301,7 @@ def test_daemon_hybrid_counters_move(moe, tmp_path):
     finally:
         _stop(proc)
     assert hyb and hyb["moe_calls"] > 0 and hyb["bytes_to_host"] == hyb["bytes_to_device"] > 0
+    assert hyb["host_experts_ns"] > 0 and hyb["sync_wait_ns"] >= 0
 
 
 def test_daemon_without_usable_cuda(moe, tmp_path):
