@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64
+.PHONY: gpu-check gpu-carry build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64
 
 build: native
 
@@ -143,15 +143,16 @@ test-arm64: venv
 	CMAKE=$(CURDIR)/$(VENV)/bin/cmake NINJA=$(CURDIR)/$(VENV)/bin/ninja KTD_HOST_PYTHON=$(CURDIR)/$(PY) \
 	  PYTEST_ARGS="$(PYTEST_ARGS)" tools/arm64/test-arm64.sh
 
-# On a machine with an NVIDIA GPU (driver R580+ for CUDA 13): build with the CUDA backend required,
-# then run the gpu-marked tests (kernels against the host block math and gguf-py): the device the
-# CUDA runtime reports in bench/results/gpu-status.json, the test results in gpu-check.xml.
+# On a machine with an NVIDIA GPU (driver R580+ for CUDA 13), in one short run: the native module
+# and libktd_cuda.so (carried, or built with KTD_CUDA=ON for the GPU's architecture), the cuda tests
+# with the gpu-marked kernels, ONE JSON (bench/results/gpu-check.json, or $$OUT/gpu-check.json)
+# (tools/gpu_check/run.sh). gpu-carry (here, with PyPI) prepares the wheelhouse for a device
+# without PyPI, another Python or no gguf (tools/gpu_check/carry.sh).
 gpu-check:
-	$(MAKE) build
-	@test -f daemon/ktd/libktd_cuda.so || { echo "gpu-check: libktd_cuda.so was not built (no nvcc found)"; exit 1; }
-	@mkdir -p bench/results
-	$(PY) -c 'import json; from ktd import _native; print(json.dumps(_native.cuda_status()))' | tee bench/results/gpu-status.json
-	$(PY) -m pytest -m gpu -rA --junitxml=bench/results/gpu-check.xml tests/test_cuda_block_math.py $(PYTEST_ARGS)
+	KTD_GPU_PYTHON=$(if $(wildcard $(PY)),$(CURDIR)/$(PY),) tools/gpu_check/run.sh
+
+gpu-carry:
+	PY=$(if $(wildcard $(PY)),$(CURDIR)/$(PY),python3) tools/gpu_check/carry.sh
 
 clean:
 	rm -rf build daemon/ktd/_native*.so daemon/ktd/libktd_cuda.so

@@ -73,10 +73,19 @@ if ! ls "$WHEELHOUSE"/systemd_python-"${sd_pin#*==}"-*.whl >/dev/null 2>&1; then
   # into a pyenv Python, which lintian rejects).
   "${PIP[@]}" wheel -q --no-cache-dir --no-deps --no-binary systemd-python -w "$WHEELHOUSE" "$sd_pin"
 fi
-say "wheelhouse: ktd $WHEEL_VERSION (native core, Release)"
+say "wheelhouse: ktd $WHEEL_VERSION (native core, Release; CUDA backend: KTD_CUDA=${KTD_CUDA:-AUTO})"
 rm -f "$WHEELHOUSE"/ktd-*.whl
+# KTD_CUDA=AUTO (default) builds libktd_cuda.so when nvcc is found (PATH or CMAKE_CUDA_COMPILER),
+# ON requires it, OFF leaves it out; the library links cudart statically and needs only the
+# NVIDIA driver where it runs (it is dlopened, never a package dependency).
 "${PIP[@]}" wheel -q --no-deps --no-build-isolation -w "$WHEELHOUSE" \
-  --config-settings=build-dir="$OUT/native" "$ROOT"
+  --config-settings=build-dir="$OUT/native" --config-settings=cmake.define.KTD_CUDA="${KTD_CUDA:-AUTO}" "$ROOT"
+if "$BUILD_VENV/bin/python" -c 'import sys, zipfile; sys.exit("ktd/libktd_cuda.so" not in zipfile.ZipFile(sys.argv[1]).namelist())' \
+     "$WHEELHOUSE"/ktd-*.whl; then
+  say "wheelhouse: the CUDA backend (ktd/libktd_cuda.so) is in the wheel"
+else
+  say "wheelhouse: no CUDA backend in the wheel (nvcc not found or KTD_CUDA=OFF)"
+fi
 
 # --- 3. the package --------------------------------------------------------------------------
 say "dpkg-buildpackage ktd $DEB_VERSION"

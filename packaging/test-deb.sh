@@ -6,6 +6,8 @@
 #                        ktctl's greedy text equals the engine's in-process greedy text; the
 #                        installed gateway (ktd-http, user ktd-http) answers /v1/models and its
 #                        /v1/completions text equals it too, over loopback
+#   cuda                 libktd_cuda.so (when built with nvcc) loads in the root, which has no
+#                        NVIDIA driver, and cuda_status() reports the driver reason
 #   upgrade              to a rebuilt newer version, with an edited conffile (edit kept)
 #   remove / purge       /etc/ktd gone after purge; the model and the ktd user kept
 #   units                systemd-analyze verify (any output fails) and security (exposure <= 1.0)
@@ -116,6 +118,35 @@ installed_layout() {
   in_root ktd config check -q /etc/ktd/ktd.yaml
 }
 check "install: users ktd and ktd-http (in group ktd), files, conffiles, models dir root:ktd 0750, ktd --version" installed_layout
+
+# The optional CUDA backend (libktd_cuda.so, cudart linked statically): shipped when the package
+# was built where nvcc was found. This root has no NVIDIA driver: the library must load (all its
+# dependencies present) and cuda_status() must give the runtime's reason, not a load failure;
+# ktd inspect says the same on one line.
+CUDA_LIB=/opt/ktd/lib/python3.11/site-packages/ktd/libktd_cuda.so
+cuda_backend() {
+  set -e
+  in_root test -f "$CUDA_LIB"
+  in_root ldd "$CUDA_LIB"
+  if in_root ldd "$CUDA_LIB" | grep -Eq 'not found|libcudart|libcuda\.so'; then
+    echo "libktd_cuda.so: a dependency missing, or cudart/libcuda linked dynamically"; return 1
+  fi
+  in_root /opt/ktd/bin/python -c '
+import sys
+from ktd import _native
+s = _native.cuda_status()
+print(s)
+assert s["library"] == sys.argv[1], s
+assert not s["available"] and s["devices"] == 0, s
+assert "cannot be loaded" not in s["reason"] and "not a ktd CUDA backend" not in s["reason"], s
+assert "driver" in s["reason"].lower(), s
+' "$CUDA_LIB"
+}
+if dpkg-deb -c "$DEB" | grep -q '/ktd/libktd_cuda\.so$'; then
+  check "cuda: libktd_cuda.so shipped, loads without an NVIDIA driver, cuda_status() gives the driver reason" cuda_backend
+else
+  skip "cuda: the package has no libktd_cuda.so (built where nvcc was not found)"
+fi
 
 # A tiny model, generated in the root by the installed interpreter (numpy + gguf of /opt/ktd)
 # with the build tree's generator.

@@ -56,6 +56,9 @@ def test_loopback_hybrid_matches_the_cpu_forward(arch, variant, threads, tmp_pat
     assert n_moe > 0
     assert st["moe_calls"] == n_moe * 5                      # 5 forwards
     assert st["bytes_to_host"] == st["bytes_to_device"] == n_moe * tokens * E * 4
+    # the time breakdown is recorded: the routed experts ran on the host in every MoE call
+    assert st["host_experts_ns"] > 0 and st["to_host_ns"] > 0 and st["from_host_ns"] > 0
+    assert st["sync_wait_ns"] >= 0
 
 
 def test_dense_model_on_the_loopback_backend_is_the_cpu_forward(tmp_path):
@@ -65,7 +68,8 @@ def test_dense_model_on_the_loopback_backend_is_the_cpu_forward(tmp_path):
     hyb = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=2)
     hyb.context.set_backend("loopback")
     np.testing.assert_array_equal(_forward_all(hyb), _forward_all(cpu))
-    assert hyb.context.hybrid_stats() == {"bytes_to_host": 0, "bytes_to_device": 0, "moe_calls": 0}
+    assert hyb.context.hybrid_stats() == {"bytes_to_host": 0, "bytes_to_device": 0, "moe_calls": 0, "to_host_ns": 0,
+                                          "host_experts_ns": 0, "sync_wait_ns": 0, "from_host_ns": 0}
 
 
 def test_backend_switch_and_bad_name(tmp_path):

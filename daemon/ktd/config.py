@@ -159,6 +159,28 @@ class PrefixCacheConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    device: int | None = _key(None, "CUDA device index for the hybrid forward (attention, dense layers, shared "
+                              "experts, KV cache on the GPU; routed experts on the CPU); null/off = CPU only. "
+                              "Without a usable GPU the daemon logs why and runs on the CPU, unless gpu.required",
+                              kind="gpu_device")
+    backend: str = _key("cuda", "what plays the GPU: cuda, or loopback (the same hybrid data flow with the device "
+                        "side run by the CPU: a diagnostic that needs no GPU)", kind="choice",
+                        choices=("cuda", "loopback"))
+    required: bool = _key(False, "refuse to start when gpu.device is set but the GPU cannot be used (default: "
+                          "warn and run on the CPU)", kind="bool")
+    vram_budget: int | str = _key("auto", "VRAM the model may take (weights on the GPU + KV cache + a 512 MiB reserve "
+                                  "for activations and the CUDA context): auto (the device's memory; loopback: the "
+                                  "host's available memory) or a size such as 22G; a plan over it is refused at load "
+                                  "with the numbers", kind="size_or_auto")
+    layers: int = _key(0, "layers whose dense part (attention, KV cache, dense FFN, shared experts) goes to the GPU, "
+                       "from the first; 0 = all (small cards: fewer)", kind="int", unit="layers", min=0, max=1 << 16)
+    experts: int | str = _key("none", "routed experts per MoE layer also kept in VRAM: none, a number, or hot (as "
+                              "many as the leftover budget holds, the most used of each layer per the routing "
+                              "profile)", kind="gpu_experts")
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str = _key("info", "log level", kind="choice", live=True,
                       choices=("debug", "info", "warning", "error"))
@@ -172,6 +194,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -212,6 +235,36 @@ def _convert(name: str, meta: Mapping[str, Any], value: Any, where: str) -> Any:
         if not isinstance(value, str) or not value or (value not in ("auto", "off") and not value.startswith("/")):
             raise fail("auto, off or an absolute directory")
         out = value
+    elif kind == "gpu_device":
+        # YAML 1.1 reads an unquoted off/no as false.
+        if value is None or value is False or value == "off":
+            out = None
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out = value
+        else:
+            raise fail("a CUDA device index (0, 1, ...) or off/null")
+    elif kind == "size_or_auto":
+        if value == "auto":
+            out = value
+        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out = value
+        else:
+            from ktd.placement import parse_size
+            try:
+                out = parse_size(value) if isinstance(value, str) else None
+            except ValueError:
+                out = None
+            if not out:
+                raise fail("auto or a positive size such as 22G, 24GiB, 16000M or a byte count")
+    elif kind == "gpu_experts":
+        if value is False:  # YAML 1.1: an unquoted `no` is false
+            value = "none"
+        if value in ("none", "hot"):
+            out = value
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out = value
+        else:
+            raise fail("none, hot or a number of experts per layer")
     elif kind == "optstr":
         if value is not None and (not isinstance(value, str) or not value):
             raise fail("a non-empty string or null")
@@ -367,6 +420,8 @@ def apply_live(old: Config, new: Config) -> Config:
 def _fmt_default(meta: Mapping[str, Any], value: Any) -> str:
     if meta["kind"] == "mode":
         return f"0{value:o}"
+    if meta["kind"] == "gpu_device" and value is None:
+        return "off"
     if isinstance(value, tuple):
         return "[" + ", ".join(str(v) for v in value) + "]"
     if value is None:

@@ -68,6 +68,10 @@ class Engine:
         # and must not wait for the context lock a running forward holds).
         self._expert_snapshot: np.ndarray | None = None
         self._expert_snapshot_at = 0.0
+        # The GPU decision of the load (ktd.gpu; None: opened without one, i.e. CPU only) and the
+        # hybrid backend's transfer counters as of the last snapshot (info() must not lock).
+        self.gpu: Any = None
+        self._hybrid_snapshot: dict[str, int] | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
@@ -135,6 +139,7 @@ class Engine:
                                      "page_size": int(m.memory["page_size"]),
                                      "reason": m.memory["page_reason"]}},
             **({"experts": self._experts_summary()} if m.n_expert else {}),
+            **({"gpu": self.gpu.summary(self._hybrid_snapshot)} if self.gpu is not None else {}),
         }
 
     EXPERT_SNAPSHOT_S = 1.0  # how often forward() refreshes the copy info() summarises
@@ -172,6 +177,8 @@ class Engine:
         if self.model.n_expert and time.monotonic() - self._expert_snapshot_at >= self.EXPERT_SNAPSHOT_S:
             self._expert_snapshot = self.context.expert_counts()
             self._expert_snapshot_at = time.monotonic()
+            if self.gpu is not None and self.gpu.backend != "cpu":
+                self._hybrid_snapshot = self.context.hybrid_stats()
         return logits
 
     def score(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
@@ -220,13 +227,22 @@ def placement_options(config: Any) -> dict[str, Any]:
 
 def load(config: Any, progress: Progress) -> Engine:
     """The daemon's factory: ``config.model`` gives path, n_ctx, n_seq_max, threads and the memory
-    placement (with ``config.numa``)."""
+    placement (with ``config.numa``); ``config.gpu`` the hybrid CPU + GPU forward (ktd.gpu: decided
+    before the weights are read; ktd.gpu.GpuError for a plan over budget or a required GPU that
+    cannot be used)."""
+    from ktd import gpu
+
     mc = config.model
     if not mc.path:
         raise ValueError("model.path is not set")
-    return Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
-                       cache_in_background=True, cache_slots=config.prefix_cache.slots,
-                       **placement_options(config))
+    decision = gpu.decide(config)
+    engine = Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
+                         cache_in_background=True, cache_slots=config.prefix_cache.slots,
+                         **placement_options(config))
+    if decision.backend != "cpu":
+        engine.context.set_backend(decision.backend)
+    engine.gpu = decision
+    return engine
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

@@ -185,7 +185,7 @@ def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: i
 
 
 def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8, vram: int | None = None,
-                  gpu_experts: str | int = "none") -> dict[str, Any]:
+                  gpu_experts: str | int = "none", gpu_layers: int = 0) -> dict[str, Any]:
     """Everything ``ktd inspect`` reports about a model file, as plain data; with ``vram`` (bytes)
     also the hybrid CPU + GPU placement plan (ktd.placement)."""
     f = GGUFFile(path, willneed=False)  # header only: no readahead of the weights
@@ -239,7 +239,8 @@ def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8, vram: int | N
     if vram is not None:
         from ktd.placement import hybrid_plan
         report["hybrid_plan"] = hybrid_plan(f.tensors, classes, report["bytes_per_token"]["n_expert"],
-                                            report["memory_plan"]["kv_cache"] or 0, vram, gpu_experts)
+                                            report["memory_plan"]["kv_cache"] or 0, vram, gpu_experts,
+                                            layers=gpu_layers, n_layer=int(hparams.get("block_count") or 0))
     # This machine: CPU features and the kernel ISA they select, topology, huge pages.
     report["machine"] = machine.describe()
     report["numa_plan"] = numa_plan(f, sorted(set(report["machine"]["thread_pool"]["nodes"])), classes)

@@ -95,6 +95,7 @@ def status_document(server: ServerFacts, *, pid: int, info: Mapping[str, Any], s
                    "hugepages": (info.get("memory") or {}).get("hugepages")},
         "cpu": {"affinity": affinity, "isa": info.get("isa"), "threads": info.get("threads"),
                 "numa": info.get("numa")},
+        "gpu": info.get("gpu") or {"backend": "cpu", "device": None},
         "limits": dict(vars(limits)),
     }
 

@@ -31,14 +31,25 @@ def parse_size(text: str) -> int:
 
 def hybrid_plan(tensors: dict[str, Any], classes: dict[str, str], n_expert: int | None,
                 kv_cache_bytes: int, vram_budget: int, experts: str | int = "none",
-                reserve_bytes: int = 512 << 20) -> dict[str, Any]:
+                reserve_bytes: int = 512 << 20, layers: int = 0, n_layer: int = 0) -> dict[str, Any]:
     """The split of a model's bytes between VRAM and host memory.
 
     tensors: name → object with ``nbytes``; classes: name → placement class (ktd.inspect);
-    reserve_bytes: VRAM kept for activations, scratch and the CUDA context.
+    reserve_bytes: VRAM kept for activations, scratch and the CUDA context; layers: how many layers
+    (from the first) have their dense part on the GPU, 0 = all (gpu.layers): the others' tensors
+    and their share of the KV cache (kv_cache_bytes x (n_layer - layers) / n_layer) stay in host
+    memory; the embeddings and the output head stay on the GPU.
     """
     if vram_budget <= 0:
         raise ValueError("the VRAM budget must be positive")
+    if layers < 0:
+        raise ValueError(f"gpu layers must be >= 0, not {layers}")
+    partial = 0 < layers < n_layer
+    host_dense = 0
+    host_kv = 0
+    if partial:
+        host_kv = kv_cache_bytes * (n_layer - layers) // n_layer
+        kv_cache_bytes -= host_kv
     device_by_class: dict[str, int] = {}
     host = 0
     per_layer_expert: dict[int, int] = {}   # MoE layer → bytes of one routed expert (gate+up+down)
@@ -51,6 +62,8 @@ def hybrid_plan(tensors: dict[str, Any], classes: dict[str, str], n_expert: int 
             m = _EXPERT_LAYER.match(name)
             layer = int(m.group(1)) if m else -1
             per_layer_expert[layer] = per_layer_expert.get(layer, 0) + t.nbytes // n_expert
+        elif partial and (m := _EXPERT_LAYER.match(name)) and int(m.group(1)) >= layers:
+            host_dense += t.nbytes
         else:
             device_by_class[cls] = device_by_class.get(cls, 0) + t.nbytes
     dense = sum(device_by_class.values())
@@ -73,7 +86,10 @@ def hybrid_plan(tensors: dict[str, Any], classes: dict[str, str], n_expert: int 
         "device": {"by_class": dict(sorted(device_by_class.items(), key=lambda kv: -kv[1])),
                    "weights": dense, "kv_cache": kv_cache_bytes, "reserve": reserve_bytes,
                    "routed_experts": gpu_experts, "total": device},
-        "host": {"routed_experts": host - gpu_experts},
+        "host": {"routed_experts": host - gpu_experts, "dense": host_dense, "kv_cache": host_kv,
+                 "total": host - gpu_experts + host_dense + host_kv},
+        "layers_on_gpu": layers if partial else n_layer,
+        "n_layer": n_layer,
         "experts_per_layer_on_gpu": per_layer,
         "moe_layers": len(per_layer_expert),
         "fits": device <= vram_budget,
@@ -107,6 +123,10 @@ def render(plan: dict[str, Any]) -> list[str]:
                 if d["routed_experts"] else ""),
              f"  CPU   {_gib(plan['host']['routed_experts'])} of routed experts "
              f"({plan['moe_layers']} MoE layers; only activations cross PCIe)"]
+    h = plan["host"]
+    if h.get("dense"):
+        lines.append(f"  CPU   also layers {plan['layers_on_gpu']}..{plan['n_layer'] - 1} (gpu.layers = "
+                     f"{plan['layers_on_gpu']}): weights {_gib(h['dense'])}, KV cache {_gib(h['kv_cache'])}")
     if not plan["fits"]:
         lines.append(f"  {plan['reason']}")
     return lines

@@ -16,6 +16,8 @@ def register(sub) -> None:
                         "what stays in host memory")
     p.add_argument("--gpu-experts", metavar="N|hot|none", default="none",
                    help="with --vram: routed experts per MoE layer also in VRAM (a number, hot = as many as fit)")
+    p.add_argument("--gpu-layers", metavar="N", type=int, default=0,
+                   help="with --vram: layers (from the first) whose dense part goes to the GPU; 0 = all")
     p.add_argument("--n-ctx", type=int, default=4096, help="context per sequence for the KV cache figures")
     p.add_argument("--n-seq", type=int, default=8, help="KV-cache slots for the KV cache figures")
     p.add_argument("--prepare", action="store_true",
@@ -72,7 +74,8 @@ def run(args) -> int:
     except ValueError as e:
         raise UserError(f"inspect: {e}") from None
     try:
-        report = inspect_model(args.model, n_ctx=args.n_ctx, n_seq=args.n_seq, vram=vram, gpu_experts=experts)
+        report = inspect_model(args.model, n_ctx=args.n_ctx, n_seq=args.n_seq, vram=vram, gpu_experts=experts,
+                               gpu_layers=args.gpu_layers)
     except ValueError as e:
         if type(e) is not ValueError:   # GGUFError and friends keep their own handling
             raise

@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -16,6 +17,8 @@
 #include "common/ggml_types.h"
 #include "cuda/block_math.h"
 #include "cuda/ktd_cuda.h"
+#include "cuda/ops_math.h"
+#include "model/blocks.h"
 
 namespace py = pybind11;
 
@@ -27,6 +30,11 @@ struct CudaLib {
     std::string path, reason;
     decltype(&ktd_cuda_probe) probe = nullptr;
     decltype(&ktd_cuda_gemv_host) gemv_host = nullptr;
+    decltype(&ktd_cuda_rmsnorm_host) rmsnorm_host = nullptr;
+    decltype(&ktd_cuda_rope_host) rope_host = nullptr;
+    decltype(&ktd_cuda_glu_host) glu_host = nullptr;
+    decltype(&ktd_cuda_add_host) add_host = nullptr;
+    decltype(&ktd_cuda_attn_decode_host) attn_host = nullptr;
 };
 
 // Where libktd_cuda.so is looked for: $KTD_CUDA_LIBRARY, else beside this module's file.
@@ -55,12 +63,20 @@ const CudaLib &cuda_lib() {
         auto version = reinterpret_cast<decltype(&ktd_cuda_abi_version)>(dlsym(lib.handle, "ktd_cuda_abi_version"));
         lib.probe = reinterpret_cast<decltype(&ktd_cuda_probe)>(dlsym(lib.handle, "ktd_cuda_probe"));
         lib.gemv_host = reinterpret_cast<decltype(&ktd_cuda_gemv_host)>(dlsym(lib.handle, "ktd_cuda_gemv_host"));
-        if (!version || !lib.probe || !lib.gemv_host) {
-            lib.reason = lib.path + ": not a ktd CUDA backend (entry points missing)";
-            lib.probe = nullptr;
-        } else if (version() != KTD_CUDA_ABI_VERSION) {
+        lib.rmsnorm_host =
+            reinterpret_cast<decltype(&ktd_cuda_rmsnorm_host)>(dlsym(lib.handle, "ktd_cuda_rmsnorm_host"));
+        lib.rope_host = reinterpret_cast<decltype(&ktd_cuda_rope_host)>(dlsym(lib.handle, "ktd_cuda_rope_host"));
+        lib.glu_host = reinterpret_cast<decltype(&ktd_cuda_glu_host)>(dlsym(lib.handle, "ktd_cuda_glu_host"));
+        lib.add_host = reinterpret_cast<decltype(&ktd_cuda_add_host)>(dlsym(lib.handle, "ktd_cuda_add_host"));
+        lib.attn_host =
+            reinterpret_cast<decltype(&ktd_cuda_attn_decode_host)>(dlsym(lib.handle, "ktd_cuda_attn_decode_host"));
+        if (version && version() != KTD_CUDA_ABI_VERSION) {
             lib.reason = lib.path + ": built for CUDA backend ABI " + std::to_string(version()) + ", this ktd needs " +
                          std::to_string(KTD_CUDA_ABI_VERSION);
+            lib.probe = nullptr;
+        } else if (!version || !lib.probe || !lib.gemv_host || !lib.rmsnorm_host || !lib.rope_host || !lib.glu_host ||
+                   !lib.add_host || !lib.attn_host) {
+            lib.reason = lib.path + ": not a ktd CUDA backend (entry points missing)";
             lib.probe = nullptr;
         }
     });
@@ -107,6 +123,160 @@ const uint8_t *row_bytes(GGMLType type, const py::array_t<uint8_t, py::array::c_
                                     " elements is " + std::to_string(*size) + " bytes, got " +
                                     std::to_string(data.size()));
     return data.data();
+}
+
+using f32arr = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+KtdRope rope_params(const py::dict &p) {
+    KtdRope r{};
+    r.n_rot = p["n_rot"].cast<int>();
+    r.neox = p.contains("neox") ? int(p["neox"].cast<bool>()) : 1;
+    r.yarn = p.contains("yarn") ? int(p["yarn"].cast<bool>()) : 0;
+    r.n_ctx_orig = p.contains("n_ctx_orig") ? p["n_ctx_orig"].cast<int>() : 0;
+    r.freq_base = p.contains("freq_base") ? p["freq_base"].cast<float>() : 10000.0f;
+    r.freq_scale = p.contains("freq_scale") ? p["freq_scale"].cast<float>() : 1.0f;
+    r.ext_factor = p.contains("ext_factor") ? p["ext_factor"].cast<float>() : 0.0f;
+    r.attn_factor = p.contains("attn_factor") ? p["attn_factor"].cast<float>() : 1.0f;
+    r.beta_fast = p.contains("beta_fast") ? p["beta_fast"].cast<float>() : 32.0f;
+    r.beta_slow = p.contains("beta_slow") ? p["beta_slow"].cast<float>() : 1.0f;
+    if (r.n_rot <= 0 || r.n_rot % 2 || r.n_rot > 512) throw std::invalid_argument("rope: n_rot must be even, in (0, 512]");
+    if (r.yarn && r.n_ctx_orig <= 0) throw std::invalid_argument("rope: YaRN needs n_ctx_orig > 0");
+    return r;
+}
+
+const float *freq_factors(const py::object &ff, const KtdRope &r) {
+    if (ff.is_none()) return nullptr;
+    auto a = ff.cast<f32arr>();
+    if (a.size() != r.n_rot / 2) throw std::invalid_argument("rope: freq_factors must have n_rot/2 entries");
+    return a.data();
+}
+
+const CudaLib &usable_lib() {
+    const CudaLib &lib = cuda_lib();
+    if (!lib.probe) throw std::runtime_error(lib.reason);
+    return lib;
+}
+
+void check_rc(int rc, const char *msg) {
+    if (rc != 0) throw std::runtime_error(msg);
+}
+
+// The non-matrix kernels: their arithmetic compiled for the CPU (rope_cos_sin, and the CPU
+// forward's own rope_cos_sin to compare with), and the GPU entry points.
+void bind_cuda_ops(py::module_ &cm) {
+    cm.def(
+        "rope_cos_sin",
+        [](const py::dict &p, int64_t pos, const py::object &ff, bool cpu_forward) {
+            const KtdRope r = rope_params(p);
+            py::object keep = ff.is_none() ? ff : py::object(ff.cast<f32arr>());
+            const float *f = freq_factors(keep, r);
+            py::array_t<float> cs(r.n_rot);
+            if (cpu_forward) {
+                RopeParams rp;
+                rp.type = r.neox ? RopeType::Neox : RopeType::Norm;
+                rp.n_rot = r.n_rot;
+                rp.freq_base = r.freq_base;
+                rp.freq_scale = r.freq_scale;
+                rp.scaling = r.yarn ? RopeScaling::Yarn : RopeScaling::None;
+                rp.n_ctx_orig = r.n_ctx_orig;
+                rp.ext_factor = r.ext_factor;
+                rp.attn_factor = r.attn_factor;
+                rp.beta_fast = r.beta_fast;
+                rp.beta_slow = r.beta_slow;
+                rope_cos_sin(rp, f, pos, cs.mutable_data());
+            } else {
+                om::rope_cos_sin(r, f, pos, cs.mutable_data());
+            }
+            return cs;
+        },
+        py::arg("params"), py::arg("pos"), py::arg("freq_factors") = py::none(), py::arg("cpu_forward") = false,
+        "[cos θ0, sin θ0, ...] at pos as the GPU computes them (cuda/ops_math.h, compiled for the CPU), or with "
+        "cpu_forward=True as the CPU forward does (model/blocks.cpp); params: n_rot, neox, yarn, n_ctx_orig, "
+        "freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow");
+    cm.def(
+        "gpu_rmsnorm",
+        [](f32arr x, const py::object &w, float eps) {
+            if (x.ndim() != 2) throw std::invalid_argument("gpu_rmsnorm: x must be [rows, n]");
+            const int64_t rows = x.shape(0), n = x.shape(1);
+            py::object keep = w.is_none() ? w : py::object(w.cast<f32arr>());
+            const float *wp = nullptr;
+            if (!keep.is_none()) {
+                auto wa = keep.cast<f32arr>();
+                if (wa.size() != n) throw std::invalid_argument("gpu_rmsnorm: w must have n entries");
+                wp = wa.data();
+            }
+            const CudaLib &lib = usable_lib();
+            py::array_t<float> y({rows, n});
+            char msg[512] = {0};
+            check_rc(lib.rmsnorm_host(x.data(), wp, y.mutable_data(), rows, n, eps, msg, sizeof msg), msg);
+            return y;
+        },
+        py::arg("x"), py::arg("w") = py::none(), py::arg("eps") = 1e-6f, "RMSNorm of each row on CUDA device 0");
+    cm.def(
+        "gpu_rope",
+        [](const py::dict &p, py::array_t<int32_t, py::array::c_style | py::array::forcecast> pos, f32arr x,
+           const py::object &ff) {
+            const KtdRope r = rope_params(p);
+            if (x.ndim() != 3 || x.shape(0) != pos.size())
+                throw std::invalid_argument("gpu_rope: x must be [n_tok, n_heads, head_dim] with one position per token");
+            py::object keep = ff.is_none() ? ff : py::object(ff.cast<f32arr>());
+            const float *f = freq_factors(keep, r);
+            const CudaLib &lib = usable_lib();
+            py::array_t<float> y({x.shape(0), x.shape(1), x.shape(2)});
+            std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+            char msg[512] = {0};
+            check_rc(lib.rope_host(&r, f, pos.data(), y.mutable_data(), x.shape(0), int(x.shape(1)), x.shape(2), msg,
+                                   sizeof msg),
+                     msg);
+            return y;
+        },
+        py::arg("params"), py::arg("pos"), py::arg("x"), py::arg("freq_factors") = py::none(),
+        "x rotated on CUDA device 0 (a copy)");
+    cm.def(
+        "gpu_glu",
+        [](const std::string &act, f32arr a, f32arr b) {
+            if (a.size() != b.size()) throw std::invalid_argument("gpu_glu: a and b differ in size");
+            const int kind = act == "silu" ? 0 : act == "gelu" ? 1 : -1;
+            if (kind < 0) throw std::invalid_argument("gpu_glu: act is silu or gelu");
+            const CudaLib &lib = usable_lib();
+            py::array_t<float> y(a.size());
+            std::copy(a.data(), a.data() + a.size(), y.mutable_data());
+            char msg[512] = {0};
+            check_rc(lib.glu_host(kind, y.mutable_data(), b.data(), a.size(), msg, sizeof msg), msg);
+            return y;
+        },
+        py::arg("act"), py::arg("a"), py::arg("b"), "act(a) · b on CUDA device 0 (silu: SwiGLU, gelu: GeGLU)");
+    cm.def(
+        "gpu_add",
+        [](f32arr a, f32arr b) {
+            if (a.size() != b.size()) throw std::invalid_argument("gpu_add: a and b differ in size");
+            const CudaLib &lib = usable_lib();
+            py::array_t<float> y(a.size());
+            std::copy(a.data(), a.data() + a.size(), y.mutable_data());
+            char msg[512] = {0};
+            check_rc(lib.add_host(y.mutable_data(), b.data(), a.size(), msg, sizeof msg), msg);
+            return y;
+        },
+        py::arg("a"), py::arg("b"), "a + b on CUDA device 0");
+    cm.def(
+        "gpu_attention",
+        [](f32arr q, py::array_t<uint16_t, py::array::c_style> k, py::array_t<uint16_t, py::array::c_style> v,
+           float scale) {
+            if (q.ndim() != 2 || k.ndim() != 3 || v.ndim() != 3 || k.shape(2) != q.shape(1) ||
+                v.shape(0) != k.shape(0) || v.shape(1) != k.shape(1) || v.shape(2) != k.shape(2))
+                throw std::invalid_argument("gpu_attention: q [n_head, hd], k and v [n_kv, n_head_kv, hd] (fp16 bits)");
+            const CudaLib &lib = usable_lib();
+            const int n_head = int(q.shape(0)), n_head_kv = int(k.shape(1));
+            const int64_t hd = q.shape(1), n_kv = k.shape(0);
+            py::array_t<float> out({int64_t(n_head), hd});
+            char msg[512] = {0};
+            check_rc(lib.attn_host(q.data(), k.data(), v.data(), out.mutable_data(), n_head, n_head_kv, hd, n_kv,
+                                   scale, msg, sizeof msg),
+                     msg);
+            return out;
+        },
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
+        "decode attention of one token over an F16 cache on CUDA device 0 (GQA: head h reads kv head h / group)");
 }
 
 }  // namespace
@@ -207,6 +377,7 @@ void bind_cuda(py::module_ &m) {
         },
         py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"),
         "y [n, rows] = W · x on CUDA device 0 (copies included; RuntimeError with the reason without a device)");
+    bind_cuda_ops(cm);
 }
 
 }  // namespace ktd

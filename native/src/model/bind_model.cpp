@@ -501,9 +501,14 @@ static void bind_context_class(py::module_ &m) {
                 d["bytes_to_host"] = st.bytes_to_host;
                 d["bytes_to_device"] = st.bytes_to_device;
                 d["moe_calls"] = st.moe_calls;
+                d["to_host_ns"] = st.to_host_ns;
+                d["host_experts_ns"] = st.host_experts_ns;
+                d["sync_wait_ns"] = st.sync_wait_ns;
+                d["from_host_ns"] = st.from_host_ns;
                 return d;
             },
-            "bytes of activations sent device→host and host→device, and MoE layers run, by the hybrid backend");
+            "bytes of activations sent device→host and host→device, MoE layers run, and the time (ns) of the "
+            "copies, the routed experts on the CPU and the wait for the device after them, by the hybrid backend");
     bind_context_hooks(cls);
 }
 

@@ -2,6 +2,7 @@
 #include "model/hybrid_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
@@ -121,8 +122,14 @@ void HybridBackend::begin_chunk(const int32_t *positions, const int32_t *seq_ids
 void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
     const int64_t n = dev_->rows(), E = ctx_.model().hparams().n_embd;
     const uint64_t bytes = uint64_t(n * E) * sizeof(float);
+    using clock = std::chrono::steady_clock;
+    const auto ns = [](clock::time_point a, clock::time_point b) {
+        return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+    };
+    const auto t0 = clock::now();
     dev_->to_host(Act::XN, host_xn_.data());
     stats_.bytes_to_host += bytes;
+    const auto t1 = clock::now();
     dev_->shared_expert_async(w, Act::XN, Act::Tmp);
     try {
         ::ktd::moe_ffn(ctx_, w, il, host_xn_.data(), n, host_y_.data(), MoePart::Routed);
@@ -130,8 +137,15 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
         dev_->sync();  // never leave the stream writing into buffers the caller may free
         throw;
     }
+    const auto t2 = clock::now();
     dev_->sync();
+    const auto t3 = clock::now();
     dev_->add_from_host(Act::Tmp, host_y_.data());
+    const auto t4 = clock::now();
+    stats_.to_host_ns += ns(t0, t1);
+    stats_.host_experts_ns += ns(t1, t2);
+    stats_.sync_wait_ns += ns(t2, t3);
+    stats_.from_host_ns += ns(t3, t4);
     stats_.bytes_to_device += bytes;
     stats_.moe_calls += 1;
 }

@@ -33,6 +33,10 @@ class CpuBackend;
 // What crossed between host and device, in bytes, and how many MoE layers did it.
 struct HybridStats {
     uint64_t bytes_to_host = 0, bytes_to_device = 0, moe_calls = 0;
+    // Where the MoE layers' time went (steady clock, ns): copies to and from the host, the routed
+    // experts on the CPU pool, and the wait for the device's shared expert after them (the sync
+    // overhead: 0 when the device finished first).
+    uint64_t to_host_ns = 0, host_experts_ns = 0, sync_wait_ns = 0, from_host_ns = 0;
 };
 
 class DeviceBackend : public Backend {
