@@ -37,7 +37,7 @@ TYPES = list(FP16_FIELDS)
 
 def isas():
     out = ["ref"]
-    for isa in ("avx2", "avx512", "neon", "dotprod"):
+    for isa in ("avx2", "avx512", "neon", "dotprod", "i8mm"):
         if K.isa_compiled(isa) and K.isa_supported(isa):
             out.append(isa)
     return out
