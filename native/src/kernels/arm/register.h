@@ -1,11 +1,12 @@
 // The NEON / dotprod entries of Q8_0, Q4_0 (Q8_0 activations) and Q4_K, Q6_K (Q8_K activations),
 // included once by kernels/neon/kernels.cpp and kernels/dotprod/kernels.cpp. Activations: the
 // reference quantizers (baseline code, not inline, so calling them from an ISA object is safe).
-// The plain layout only: no repacked layout yet (repack_rows = 0), so the weights are used as
-// they are in the file.
+// Q8_0 and Q4_0 entries (q8_entry) also carry the arm x4 repacked layout (kernels/repacked_q32.h)
+// and this ISA's tile on it (kernels/arm/q32_repack_neon.h); the others use the plain layout.
 #pragma once
 #include "kernels/arm/k_neon.h"
 #include "kernels/arm/q32_neon.h"
+#include "kernels/arm/q32_repack_neon.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
 
@@ -18,7 +19,7 @@ TypeKernels q8_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, de
     tk.dequantize_row = dq;
     tk.quantize_act_row = ref::quantize_row_q8_0;
     tk.gemm = gemm;
-    return tk;
+    return with_arm_x4_layout(tk);
 }
 TypeKernels k_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, decltype(TypeKernels::gemm) gemm) {
     TypeKernels tk;
