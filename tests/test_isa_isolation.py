@@ -98,6 +98,11 @@ def test_arm_dotprod_objects_use_no_matrix_multiply(arm_objects):
         if re.search(r"\s(smmla|ummla|usmmla|usdot|sudot)\s", dis):
             offenders.append(obj.name)
     assert offenders == []
+    # ... and the i8mm tier really has its SMMLA tiles (the repacked Q8_0/Q4_0/Q4_K/Q6_K prefill).
+    smmla = [o.name for o in arm_objects["i8mm"]
+             if re.search(r"\ssmmla\s", subprocess.run(["aarch64-linux-gnu-objdump", "-d", "--no-show-raw-insn", str(o)],
+                                                       capture_output=True, text=True, check=True).stdout)]
+    assert smmla, "no SMMLA in the i8mm objects"
 
 
 @pytest.mark.parametrize("isa", ["neon", "dotprod", "i8mm"])

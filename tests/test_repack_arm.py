@@ -1,9 +1,12 @@
-"""The aarch64 repacked layout of Q8_0 and Q4_0 ("arm x4", version 3, native/src/kernels/repacked_q32.h:
-4 rows interleaved in 8-byte groups, SMMLA's operand shape) and the NEON / dotprod / i8mm tiles on it.
+"""The aarch64 repacked layouts ("arm x4", version 3: 4 rows interleaved in 8-byte groups, SMMLA's
+operand shape) of Q8_0, Q4_0 (native/src/kernels/repacked_q32.h) and Q4_K, Q6_K (repacked_k.h), and
+the NEON / dotprod / i8mm tiles on them.
 
-- An independent numpy decoder of the layout, written from the header's description, decodes the
-  repacked bytes to exactly gguf-py's dequantization of the original rows (float32, bitwise), and
-  the rows padding the last group are zero.
+- Q8_0/Q4_0: an independent numpy decoder of the layout, written from the header's description,
+  decodes the repacked bytes to exactly gguf-py's dequantization of the original rows (float32,
+  bitwise), and the rows padding the last group are zero.
+- Q4_K/Q6_K: a numpy decoder written from the header rebuilds each row's original block bytes
+  from the group blocks (so gguf-py's dequantization of them is the original's); padding rows zero.
 - The tiles (NEON: SMULL/SADALP, dotprod: SDOT, i8mm: SMMLA on pairs of tokens, SDOT for an odd last
   one) sum each block exactly and do the reference's float operations per (row, token) in block
   order, so they equal the plain scalar reference bit for bit, for every shape: n = 1 (decode),
@@ -21,14 +24,17 @@ import pytest
 
 from kernel_oracle import dequantize_ref
 from ktd import _native
+from test_kernels_k import random_weights
 from test_kernels_q32 import inputs
 
 K = _native.kernels
 ARM_ISAS = [i for i in ("neon", "dotprod", "i8mm") if K.isa_compiled(i) and K.isa_supported(i)]
 TYPES = ["Q8_0", "Q4_0"]
+K_TYPES = ["Q4_K", "Q6_K"]
 R = 4
 LAYOUT = 3
 PAIRS = [(t, isa) for t in TYPES for isa in ARM_ISAS]
+K_PAIRS = [(t, isa) for t in K_TYPES for isa in ARM_ISAS]
 pytestmark = pytest.mark.skipif(not ARM_ISAS, reason="the arm x4 layout exists only in aarch64 builds "
                                 "(x86-64 here, or no ARM ISA supported)")
 
@@ -60,7 +66,7 @@ def decode_repacked(t: str, wp: np.ndarray, rows: int, k: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("t,isa", PAIRS)
+@pytest.mark.parametrize("t,isa", PAIRS + K_PAIRS)
 def test_layout_registered(t, isa):
     assert (K.repack_rows(t, isa=isa), K.repack_layout(t, isa=isa)) == (R, LAYOUT)
 
@@ -127,3 +133,77 @@ def test_repacked_guard_bytes(t, isa):
     assert (out[:8] == 7.5).all() and (out[8 + n * rows:] == 7.5).all()
     want = K.matmul(t, w, rows, k, x, isa="ref").reshape(-1)
     np.testing.assert_array_equal(out[8:8 + n * rows].view(np.uint32), want.view(np.uint32))
+
+
+# ---- Q4_K, Q6_K --------------------------------------------------------------------------------
+
+def deinterleave8(x: np.ndarray) -> np.ndarray:
+    """x[32i + 8r + t] = row r's byte 8i + t → [4, n/4] (each row's bytes)."""
+    return x.reshape(-1, 4, 8).transpose(1, 0, 2).reshape(4, -1)
+
+
+def k_rows_from_group(t: str, blk: np.ndarray) -> np.ndarray:
+    """One K group block → the 4 rows' original blocks ([4, 144] Q4_K, [4, 210] Q6_K)."""
+    if t == "Q4_K":  # d[4], dmin[4], scales[4][12], qs interleaved; block_q4_K = d, dmin, scales, qs
+        d, dmin = blk[0:8].reshape(4, 2), blk[8:16].reshape(4, 2)
+        return np.concatenate([d, dmin, blk[16:64].reshape(4, 12), deinterleave8(blk[64:576])], axis=1)
+    # d[4], scales[4][16], ql, qh interleaved; block_q6_K = ql, qh, scales, d
+    return np.concatenate([deinterleave8(blk[72:584]), deinterleave8(blk[584:840]), blk[8:72].reshape(4, 16),
+                           blk[0:8].reshape(4, 2)], axis=1)
+
+
+def k_weights(t: str, rows: int, k: int, seed: int) -> np.ndarray:
+    return random_weights(t, rows, k, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("t", K_TYPES)
+@pytest.mark.parametrize("rows,k", [(1, 256), (3, 512), (4, 256), (9, 768)])
+def test_k_layout_holds_the_original_blocks(t, rows, k):
+    w = k_weights(t, rows, k, seed=rows + k)
+    wp = K.repack(t, w, rows, k, isa=ARM_ISAS[0])
+    nb, groups, size = k // 256, -(-rows // R), w.shape[1] // (k // 256)
+    assert wp.size == groups * R * w.shape[1]
+    blocks = wp.reshape(groups, nb, R * size)
+    got = np.zeros((groups * R, nb, size), np.uint8)
+    for g in range(groups):
+        for b in range(nb):
+            got[g * R:(g + 1) * R, b] = k_rows_from_group(t, blocks[g, b])
+    np.testing.assert_array_equal(got[:rows].reshape(rows, -1), w)
+    assert (got[rows:] == 0).all()
+    # and so they dequantize (gguf-py) to the original weights
+    np.testing.assert_array_equal(dequantize_ref(t, got[:rows].reshape(rows, -1), rows, k), dequantize_ref(t, w, rows, k))
+
+
+@pytest.mark.parametrize("t", K_TYPES)
+def test_k_repack_same_bytes_for_every_isa_and_thread_count(t):
+    rows, k = 23, 512
+    w = k_weights(t, rows, k, seed=9)
+    want = K.repack(t, w, rows, k, isa=ARM_ISAS[0], threads=1)
+    for isa in ARM_ISAS:
+        for threads in (1, 2, 3):
+            np.testing.assert_array_equal(K.repack(t, w, rows, k, isa=isa, threads=threads), want)
+
+
+K_SHAPES = [(1, 256, 1), (7, 256, 3), (4, 512, 2), (17, 256, 5), (9, 1024, 8), (33, 256, 17), (6, 768, 1)]
+
+
+@pytest.mark.parametrize("t,isa", K_PAIRS)
+@pytest.mark.parametrize("rows,k,n", K_SHAPES)
+def test_k_tile_on_layout_is_plain_reference(t, isa, rows, k, n):
+    w = k_weights(t, rows, k, seed=rows * 3 + k + n)
+    x = np.random.default_rng(n).standard_normal((n, k)).astype(np.float32)
+    want = K.matmul(t, w, rows, k, x, isa="ref")
+    for threads in (1, 3):
+        y = K.matmul_repacked(t, K.repack(t, w, rows, k, isa=isa), rows, k, x, isa=isa, threads=threads)
+        np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("t,isa", K_PAIRS)
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_k_prepared_weights_repacked_is_plain_reference(t, isa, n):
+    rows, k = 21, 512
+    w = k_weights(t, rows, k, seed=n)
+    x = np.random.default_rng(n + 1).standard_normal((n, k)).astype(np.float32)
+    y, repacked = K.matmul_prepared(t, w, rows, k, x, isa=isa, threads=2)
+    assert repacked
+    np.testing.assert_array_equal(y.view(np.uint32), K.matmul(t, w, rows, k, x, isa="ref").view(np.uint32))
