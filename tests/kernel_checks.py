@@ -33,7 +33,7 @@ MATMUL_SHAPES = [(1, 256, 1), (3, 512, 2), (7, 256, 5), (17, 1280, 3), (33, 768,
 def isas() -> list[str]:
     """"ref" and every SIMD ISA that this build has and this CPU runs."""
     out = ["ref"]
-    for isa in ("avx2", "avx512", "neon", "dotprod"):
+    for isa in ("avx2", "avx512", "neon", "dotprod", "i8mm"):
         if K.isa_compiled(isa) and K.isa_supported(isa):
             out.append(isa)
     return out

@@ -99,15 +99,17 @@ def test_arm_flags_match_auxv():
 
 @aarch64_only
 def test_arm_kernel_isa_support_follows_the_flags():
-    # Restated from CMakeLists.txt: neon = armv8-a (Advanced SIMD + FP), dotprod = + asimddp.
+    # Restated from CMakeLists.txt: neon = armv8-a (Advanced SIMD + FP), dotprod = + asimddp,
+    # i8mm = + asimddp + i8mm.
     f = _native.cpu_features().flags()
     k = _native.kernels
     assert k.isa_supported("neon") == (f["asimd"] and f["fp"])
     assert k.isa_supported("dotprod") == (f["asimd"] and f["fp"] and f["asimddp"])
+    assert k.isa_supported("i8mm") == (f["asimd"] and f["fp"] and f["asimddp"] and f["i8mm"])
     for isa in ("avx2", "avx512"):
         assert not k.isa_supported(isa) and not k.isa_compiled(isa)
     if "KTD_ISA" not in os.environ:
-        assert k.active_isa() == ("dotprod" if f["asimddp"] else "neon")
+        assert k.active_isa() == ("i8mm" if f["asimddp"] and f["i8mm"] else "dotprod" if f["asimddp"] else "neon")
 
 
 @aarch64_only

@@ -72,7 +72,8 @@ def arm_objects():
     if not base:
         pytest.skip(f"no aarch64 build objects under {ARM_BUILD} (run `make test-arm64`)")
     return {"base": base, "neon": sorted((ARM_BUILD / "ktd_isa_neon.dir").rglob("*.o")),
-            "dotprod": sorted((ARM_BUILD / "ktd_isa_dotprod.dir").rglob("*.o"))}
+            "dotprod": sorted((ARM_BUILD / "ktd_isa_dotprod.dir").rglob("*.o")),
+            "i8mm": sorted((ARM_BUILD / "ktd_isa_i8mm.dir").rglob("*.o"))}
 
 
 def test_arm_baseline_objects_use_no_dot_product(arm_objects):
@@ -85,17 +86,36 @@ def test_arm_baseline_objects_use_no_dot_product(arm_objects):
             offenders.append(obj.name)
     assert offenders == []
     assert arm_objects["dotprod"], "no dotprod objects in the aarch64 build"
+    assert arm_objects["i8mm"], "no i8mm objects in the aarch64 build"
 
 
-@pytest.mark.parametrize("isa", ["neon", "dotprod"])
+def test_arm_dotprod_objects_use_no_matrix_multiply(arm_objects):
+    """SMMLA & co. (FEAT_I8MM) only in the i8mm objects: a CPU with dotprod may lack i8mm."""
+    offenders = []
+    for obj in arm_objects["dotprod"]:
+        dis = subprocess.run(["aarch64-linux-gnu-objdump", "-d", "--no-show-raw-insn", str(obj)],
+                             capture_output=True, text=True, check=True).stdout
+        if re.search(r"\s(smmla|ummla|usmmla|usdot|sudot)\s", dis):
+            offenders.append(obj.name)
+    assert offenders == []
+    # ... and the i8mm tier really has its SMMLA tiles (the repacked Q8_0/Q4_0/Q4_K/Q6_K prefill).
+    smmla = [o.name for o in arm_objects["i8mm"]
+             if re.search(r"\ssmmla\s", subprocess.run(["aarch64-linux-gnu-objdump", "-d", "--no-show-raw-insn", str(o)],
+                                                       capture_output=True, text=True, check=True).stdout)]
+    assert smmla, "no SMMLA in the i8mm objects"
+
+
+@pytest.mark.parametrize("isa", ["neon", "dotprod", "i8mm"])
 def test_arm_no_weak_symbol_shared_between_isa_and_baseline(arm_objects, isa):
     def weak(obj):
         out = subprocess.run(["aarch64-linux-gnu-nm", "--defined-only", str(obj)],
                              capture_output=True, text=True, check=True).stdout
         return {p[2] for p in (line.split(" ", 2) for line in out.splitlines())
                 if len(p) == 3 and p[1] in ("W", "V", "u")}
-    # dotprod objects must not share one with the NEON ones either (a CPU without SDOT runs NEON).
-    others = arm_objects["base"] + (arm_objects["neon"] if isa == "dotprod" else [])
+    # dotprod objects must not share one with the NEON ones either (a CPU without SDOT runs NEON),
+    # nor i8mm ones with the dotprod or NEON ones.
+    lower = {"neon": [], "dotprod": ["neon"], "i8mm": ["neon", "dotprod"]}[isa]
+    others = arm_objects["base"] + [o for i in lower for o in arm_objects[i]]
     base = set().union(*(weak(o) for o in others))
     wide = set().union(*(weak(o) for o in arm_objects[isa]))
     assert sorted(base & wide) == []

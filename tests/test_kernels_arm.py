@@ -1,5 +1,5 @@
-"""The aarch64 kernel ISAs (NEON = Armv8-A Advanced SIMD, DOTPROD = + SDOT) against gguf-py and the
-scalar reference.
+"""The aarch64 kernel ISAs (NEON = Armv8-A Advanced SIMD, DOTPROD = + SDOT, I8MM = + SMMLA) against
+gguf-py and the scalar reference.
 
 They run only in an aarch64 build (on ARM hardware, or cross-compiled and emulated by
 `make test-arm64`, tools/arm64/test-arm64.sh); on x86-64 the ISAs are not compiled in and only
@@ -39,8 +39,8 @@ from test_kernels_q32 import test_threads_bitwise_and_guards as _threads_case
 
 K = _native.kernels
 AARCH64 = platform.machine() in ("aarch64", "arm64")
-ARM_ISAS = [i for i in ("neon", "dotprod") if K.isa_compiled(i) and K.isa_supported(i)]
-# The types that must have kernels of both ARM ISAs (the rest fall back: DOTPROD → NEON → ref).
+ARM_ISAS = [i for i in ("neon", "dotprod", "i8mm") if K.isa_compiled(i) and K.isa_supported(i)]
+# The types that must have kernels of every ARM ISA (the rest fall back: I8MM → DOTPROD → NEON → ref).
 # The 256-element ones are also run through every test of test_kernels_k (its ISA list has them).
 Q32_ARM_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
 K_ARM_TYPES = ["Q4_K", "Q6_K", "Q2_K", "Q3_K", "Q5_K", "IQ4_XS", "TQ1_0", "TQ2_0"]
@@ -55,7 +55,7 @@ NO_ARM = "no aarch64 kernel ISA compiled in and supported here (x86-64 build, or
 
 
 def test_isas_compiled_for_the_target():
-    for isa in ("neon", "dotprod"):
+    for isa in ("neon", "dotprod", "i8mm"):
         assert K.isa_compiled(isa) == AARCH64
     for isa in ("avx2", "avx512"):
         if AARCH64:
@@ -67,7 +67,7 @@ def test_isas_compiled_for_the_target():
         for isa in set(ARM_ISAS) & {"neon", "dotprod"}:
             assert set(ARM_TYPES) <= set(K.supported_types(isa)), isa
     else:
-        for isa in ("neon", "dotprod"):
+        for isa in ("neon", "dotprod", "i8mm"):
             assert not K.isa_supported(isa)
             with pytest.raises(ValueError, match="not compiled"):
                 K.set_active_isa(isa)
@@ -76,7 +76,7 @@ def test_isas_compiled_for_the_target():
 def test_default_isa_on_aarch64():
     if not AARCH64:
         pytest.skip("aarch64 only (x86-64: test_cpu_features.test_kernel_isa_support_follows_the_flags)")
-    want = "dotprod" if K.isa_supported("dotprod") else "neon"
+    want = next(i for i in ("i8mm", "dotprod", "neon") if K.isa_supported(i))
     if "KTD_ISA" not in os.environ:
         assert K.active_isa() == want
 

@@ -99,7 +99,7 @@ def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
             "stepping": features.stepping,
             "flags": sorted(name for name, on in features.flags().items() if on),
             "kernel_isa": _native.kernels.active_isa(),
-            "kernel_isas_runnable": [i for i in ("ref", "avx2", "avx512", "neon", "dotprod") if _native.kernels.isa_compiled(i) and _native.kernels.isa_supported(i)],
+            "kernel_isas_runnable": [i for i in ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm") if _native.kernels.isa_compiled(i) and _native.kernels.isa_supported(i)],
             "last_level_cache": last_level_cache(sysfs_root),
             "cpuid_l3_bytes": cpuid_l3_bytes(),
         },

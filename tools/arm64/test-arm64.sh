@@ -1,7 +1,7 @@
 #!/bin/bash
 # `make test-arm64`: cross-compile the native module for aarch64 and run tests in the arm64
 # Debian 12 root under qemu-user emulation, once per emulated CPU model:
-#   max         every feature qemu emulates (dotprod, i8mm, ...): the widest kernels run;
+#   max         every feature qemu emulates (dotprod, i8mm, ...): the widest kernels (i8mm) run;
 #   cortex-a57  Armv8.0-A, no dotprod: the NEON fallbacks run.
 # Speed means nothing under emulation; this checks correctness only.
 #
@@ -13,7 +13,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=${KTD_ARM64_ROOT:-$HOME/.cache/ktd/arm64-root}
 export KTD_ARM64_ROOT=$ROOT
 CPUS=${KTD_ARM64_CPUS:-max cortex-a57}
-TESTS=${KTD_ARM64_TESTS:-tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_kernels_smoke.py tests/test_kernels_q32.py tests/test_kernels_k.py tests/test_kernels_iq.py tests/test_thread_pool.py tests/test_forward.py tests/test_moe_forward.py}
+TESTS=${KTD_ARM64_TESTS:-tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_kernels_smoke.py tests/test_kernels_q32.py tests/test_kernels_k.py tests/test_kernels_iq.py tests/test_attention.py tests/test_elementwise.py tests/test_sampling.py tests/test_thread_pool.py tests/test_forward.py tests/test_moe_forward.py}
 CMAKE=${CMAKE:-cmake}
 NINJA=${NINJA:-ninja}
 HOST_PY=${KTD_HOST_PYTHON:-$REPO/.venv/bin/python}

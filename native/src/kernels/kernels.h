@@ -29,14 +29,15 @@ namespace ktd {
 class Arena;
 class ThreadPool;
 
-// x86-64: AVX2, AVX512; aarch64: NEON (Armv8-A Advanced SIMD), DOTPROD (+ SDOT, Armv8.2-A). A
-// build compiles only its target's ISAs (CMakeLists.txt); the others are never compiled in.
-enum class Isa : int { Ref = 0, AVX2 = 1, AVX512 = 2, NEON = 3, DOTPROD = 4 };
-constexpr int kIsaCount = 5;
-constexpr Isa kAllIsas[] = {Isa::Ref, Isa::AVX2, Isa::AVX512, Isa::NEON, Isa::DOTPROD};
+// x86-64: AVX2, AVX512; aarch64: NEON (Armv8-A Advanced SIMD), DOTPROD (+ SDOT, Armv8.2-A),
+// I8MM (+ SMMLA, the int8 matrix multiply). A build compiles only its target's ISAs
+// (CMakeLists.txt); the others are never compiled in.
+enum class Isa : int { Ref = 0, AVX2 = 1, AVX512 = 2, NEON = 3, DOTPROD = 4, I8MM = 5 };
+constexpr int kIsaCount = 6;
+constexpr Isa kAllIsas[] = {Isa::Ref, Isa::AVX2, Isa::AVX512, Isa::NEON, Isa::DOTPROD, Isa::I8MM};
 std::string_view isa_name(Isa isa);
 // The ISA whose kernels a family without an entry for `isa` uses next: AVX512 → AVX2,
-// DOTPROD → NEON, the others → Ref (Ref → Ref). Each step is a subset of the ISA before it, so
+// I8MM → DOTPROD, DOTPROD → NEON, the others → Ref (Ref → Ref). Each step is a subset of the ISA before it, so
 // a CPU that runs `isa` runs its fallbacks.
 Isa isa_fallback(Isa isa);
 
@@ -81,10 +82,11 @@ const TypeKernels *kernels_for(GGMLType type);
 std::vector<GGMLType> supported_types(Isa isa);
 
 // ISAs: Ref (the scalar specification, every CPU), AVX2 (AVX2 + FMA + F16C + BMI2) and AVX512
-// (F/BW/VL/DQ + VNNI + VBMI) on x86-64; NEON (Advanced SIMD, every aarch64 CPU) and DOTPROD
-// (+ asimddp) on aarch64. The active ISA is chosen once at first use from CPUID (x86-64: AVX2
-// where the CPU has it, else Ref) or the hwcaps (aarch64: DOTPROD where the CPU has it, else
-// NEON); KTD_ISA=ref|avx2|avx512|neon|dotprod (or set_active_isa) overrides. Under that default,
+// (F/BW/VL/DQ + VNNI + VBMI) on x86-64; NEON (Advanced SIMD, every aarch64 CPU), DOTPROD
+// (+ asimddp) and I8MM (+ asimddp + i8mm) on aarch64. The active ISA is chosen once at first use
+// from CPUID (x86-64: AVX2 where the CPU has it, else Ref) or the hwcaps (aarch64: I8MM, else
+// DOTPROD, else NEON, the first the CPU has); KTD_ISA=ref|avx2|avx512|neon|dotprod|i8mm (or
+// set_active_isa) overrides. Under that default,
 // the types whose AVX-512 kernels were measured faster (Q4_K, Q6_K, Q5_0, Q8_0) use them where
 // the CPU has AVX-512 VNNI (kernels_for); KTD_ISA=avx512 uses every AVX-512 kernel, and AVX2 for
 // the types that have none.

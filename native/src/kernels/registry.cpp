@@ -42,7 +42,7 @@ Isa default_isa() {
     }
     // AVX-512 is not the default ISA: only the types measured faster with it prefer it
     // (avx512_preferred, in kernels_for).
-    for (Isa isa : {Isa::AVX2, Isa::DOTPROD, Isa::NEON})
+    for (Isa isa : {Isa::AVX2, Isa::I8MM, Isa::DOTPROD, Isa::NEON})
         if (isa_compiled(isa) && isa_supported_by_cpu(isa)) return isa;
     return Isa::Ref;
 }
@@ -55,6 +55,7 @@ std::string_view isa_name(Isa isa) {
         case Isa::AVX512: return "avx512";
         case Isa::NEON: return "neon";
         case Isa::DOTPROD: return "dotprod";
+        case Isa::I8MM: return "i8mm";
     }
     return "?";
 }
@@ -62,6 +63,7 @@ std::string_view isa_name(Isa isa) {
 Isa isa_fallback(Isa isa) {
     switch (isa) {
         case Isa::AVX512: return Isa::AVX2;
+        case Isa::I8MM: return Isa::DOTPROD;
         case Isa::DOTPROD: return Isa::NEON;
         default: return Isa::Ref;
     }
@@ -73,8 +75,9 @@ Isa parse_isa(std::string_view name) {
     if (name == "avx512") return Isa::AVX512;
     if (name == "neon") return Isa::NEON;
     if (name == "dotprod") return Isa::DOTPROD;
+    if (name == "i8mm") return Isa::I8MM;
     throw std::invalid_argument("unknown ISA '" + std::string(name) +
-                                "' (expected ref, avx2, avx512, neon or dotprod)");
+                                "' (expected ref, avx2, avx512, neon, dotprod or i8mm)");
 }
 
 bool isa_compiled(Isa isa) {
@@ -92,6 +95,9 @@ bool isa_compiled(Isa isa) {
 #ifdef KTD_HAVE_ISA_DOTPROD
         case Isa::DOTPROD: return true;
 #endif
+#ifdef KTD_HAVE_ISA_I8MM
+        case Isa::I8MM: return true;
+#endif
         default: return false;
     }
 }
@@ -107,6 +113,7 @@ bool isa_supported_by_cpu(Isa isa) {
             return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512vbmi;
         case Isa::NEON: return f.asimd && f.fp;
         case Isa::DOTPROD: return f.asimd && f.fp && f.asimddp;
+        case Isa::I8MM: return f.asimd && f.fp && f.asimddp && f.i8mm;
     }
     return false;
 }
@@ -147,7 +154,7 @@ const TypeKernels *kernels_for(GGMLType type) {
     if (isa == Isa::AVX2 && !g_isa_chosen && avx512_preferred(type) && isa_compiled(Isa::AVX512) &&
         isa_supported_by_cpu(Isa::AVX512))
         if (const TypeKernels *tk = find_type_kernels(type, Isa::AVX512)) return tk;
-    // Types without kernels of the active ISA use its fallbacks' (AVX512 → AVX2, DOTPROD → NEON;
+    // Types without kernels of the active ISA use its fallbacks' (AVX512 → AVX2, I8MM → DOTPROD → NEON;
     // every CPU we select for an ISA runs them) rather than the scalar reference.
     for (Isa i = isa;; i = isa_fallback(i)) {
         if (const TypeKernels *tk = find_type_kernels(type, i)) return tk;

@@ -58,6 +58,34 @@ struct block_q6_Kx8 {
 };
 static_assert(sizeof(block_q6_Kx8) == kRepackRowsK * sizeof(block_q6_K));
 
+// ---- arm x4 (version 3, the aarch64 NEON / dotprod / i8mm kernels) -------------------------
+// 4 rows interleaved in 8-byte groups, as the 32-element types' arm x4 layout (repacked_q32.h):
+// a per-row byte array of n bytes becomes n/8 pieces of 32 bytes, piece i = bytes 8i..8i+7 of
+// rows 0, 1, 2, 3 (x[32i + 8r + t] = row r's byte 8i + t), so one 128-bit load holds the same 8
+// bytes of rows 2p and 2p + 1: SMMLA's 2x8 operand, and SDOT's in 32-bit lanes. The small fields
+// (d, dmin, the packed scales) are kept per row as in the original block.
+constexpr int kRepackRowsKx4 = 4;
+constexpr uint32_t kRepackLayoutKArmX4 = 3;
+
+// Q4_K: d, dmin and the 12 packed scale bytes of each row; qs interleaved (row r's qs[32c + l]:
+// low nibble = element 64c + l, high nibble = element 64c + 32 + l, as in block_q4_K).
+struct block_q4_Kx4 {
+    uint16_t d[kRepackRowsKx4];
+    uint16_t dmin[kRepackRowsKx4];
+    uint8_t scales[kRepackRowsKx4][12];
+    uint8_t qs[kRepackRowsKx4 * QK_K / 2];
+};
+static_assert(sizeof(block_q4_Kx4) == kRepackRowsKx4 * sizeof(block_q4_K));
+
+// Q6_K: d and the 16 int8 scales of each row; ql and qh interleaved (byte meanings as in block_q6_K).
+struct block_q6_Kx4 {
+    uint16_t d[kRepackRowsKx4];
+    int8_t scales[kRepackRowsKx4][QK_K / 16];
+    uint8_t ql[kRepackRowsKx4 * QK_K / 2];
+    uint8_t qh[kRepackRowsKx4 * QK_K / 4];
+};
+static_assert(sizeof(block_q6_Kx4) == kRepackRowsKx4 * sizeof(block_q6_K));
+
 }  // namespace ktd
 
 namespace ktd::ref {
@@ -67,6 +95,10 @@ size_t group_bytes_q4_K_x8(int64_t k);
 void repack_q4_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
 size_t group_bytes_q6_K_x8(int64_t k);
 void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+size_t group_bytes_q4_K_x4(int64_t k);
+void repack_q4_K_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+size_t group_bytes_q6_K_x4(int64_t k);
+void repack_q6_K_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
 }  // namespace ktd::ref
 
 namespace ktd::avx2 {

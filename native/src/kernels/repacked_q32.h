@@ -95,6 +95,28 @@ struct block_q8_0x16 {
 static_assert(sizeof(block_q5_0x16) == kRepackRowsQ32x16 * sizeof(block_q5_0));
 static_assert(sizeof(block_q8_0x16) == kRepackRowsQ32x16 * sizeof(block_q8_0));
 
+
+// ---- arm x4 (version 3, the aarch64 NEON / dotprod / i8mm kernels of Q8_0 and Q4_0) -----------
+// 4 rows, interleaved in 8-byte groups: one 128-bit register holds 8 consecutive elements of two
+// rows (row 2p in its low half, row 2p + 1 in its high half), which is both SMMLA's 2x8 operand
+// and, split in 32-bit lanes, SDOT's (lanes 0-1 row 2p, lanes 2-3 row 2p + 1).
+constexpr int kRepackRowsQ32x4 = 4;
+constexpr uint32_t kRepackLayoutQ32ArmX4 = 3;
+
+// w = d·q, qs[32c + 8r + t] (c < 4, t < 8) = row r's element 8c + t.
+struct block_q8_0x4 {
+    uint16_t d[kRepackRowsQ32x4];
+    int8_t qs[kRepackRowsQ32x4 * QK8_0];
+};
+// w = d·(q − 8): qs[32h + 8r + t] (h < 2, t < 8) = row r's qs byte 8h + t, i.e. the low nibble is
+// element 8h + t and the high nibble element 16 + 8h + t (each row's 8-byte halves copied as is).
+struct block_q4_0x4 {
+    uint16_t d[kRepackRowsQ32x4];
+    uint8_t qs[kRepackRowsQ32x4 * QK4_0 / 2];
+};
+static_assert(sizeof(block_q8_0x4) == kRepackRowsQ32x4 * sizeof(block_q8_0));
+static_assert(sizeof(block_q4_0x4) == kRepackRowsQ32x4 * sizeof(block_q4_0));
+
 }  // namespace ktd
 
 namespace ktd::ref {
@@ -120,3 +142,10 @@ namespace ktd::avx2 {
 void repack_q5_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
 void repack_q8_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
 }  // namespace ktd::avx2
+namespace ktd::ref {
+// The arm x4 repacks and group sizes (TypeKernels contract), scalar, shared by the aarch64 entries.
+size_t group_bytes_q8_0_x4(int64_t k);
+void repack_q8_0_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+size_t group_bytes_q4_0_x4(int64_t k);
+void repack_q4_0_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+}  // namespace ktd::ref

@@ -12,7 +12,7 @@ namespace ktd::KTD_ARM_NS {
 
 // Σ of the 16 int8 products w·a (exact).
 inline int32_t dot16(int8x16_t w, int8x16_t a) {
-#if defined(KTD_ISA_DOTPROD)
+#if KTD_ARM_SDOT
     return vaddvq_s32(vdotq_s32(vdupq_n_s32(0), w, a));
 #else
     const int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(a)));

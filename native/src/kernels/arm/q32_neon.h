@@ -1,8 +1,8 @@
 // What the NEON and dotprod kernel files share for the 32-element block types with Q8_0
 // activations (Q8_0, Q4_0): the fp16 conversion, the per-block integer dot products and the tile.
 //
-// Everything here is inline, so it lives in the namespace of the including file's ISA (ktd::neon
-// or ktd::dotprod, from the KTD_ISA_* macro CMake defines per ISA target): the same inline
+// Everything here is inline, so it lives in the namespace of the including file's ISA (ktd::neon,
+// ktd::dotprod or ktd::i8mm, from the KTD_ISA_* macro CMake defines per ISA target): the same inline
 // function compiled with different -march flags in two translation units must not be merged by
 // the linker (a dotprod copy could otherwise run on a CPU without SDOT). For the same reason this
 // header includes no header with inline code shared with baseline translation units.
@@ -19,12 +19,18 @@
 
 #include "kernels/blocks.h"
 
-#if defined(KTD_ISA_DOTPROD)
+// KTD_ARM_SDOT: the ISA has SDOT (dotprod, and i8mm, which CMake builds as armv8.2-a+dotprod+i8mm).
+#if defined(KTD_ISA_I8MM)
+#define KTD_ARM_NS i8mm
+#define KTD_ARM_SDOT 1
+#elif defined(KTD_ISA_DOTPROD)
 #define KTD_ARM_NS dotprod
+#define KTD_ARM_SDOT 1
 #elif defined(KTD_ISA_NEON)
 #define KTD_ARM_NS neon
+#define KTD_ARM_SDOT 0
 #else
-#error "kernels/arm/ headers are only for the NEON and dotprod kernel files"
+#error "kernels/arm/ headers are only for the NEON, dotprod and i8mm kernel files"
 #endif
 
 namespace ktd::KTD_ARM_NS {
@@ -40,7 +46,7 @@ inline float f16(uint16_t h) {
 // total). Exact: |product| ≤ 2^14, so the int16 products and their pairwise int32 sums cannot
 // overflow.
 inline int32x4_t dot32(int32x4_t acc, int8x16_t w0, int8x16_t w1, int8x16_t a0, int8x16_t a1) {
-#if defined(KTD_ISA_DOTPROD)
+#if KTD_ARM_SDOT
     return vdotq_s32(vdotq_s32(acc, w0, a0), w1, a1);
 #else
     acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(w0), vget_low_s8(a0)));

@@ -1,10 +1,13 @@
-// The NEON / dotprod entries, included once by kernels/neon/kernels.cpp and kernels/dotprod/kernels.cpp:
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (Q8_0 activations; q32_neon.h, q32_more_neon.h), Q4_K, Q6_K,
-// Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0 (Q8_K; k_neon.h, k_more_neon.h), the i-quants IQ1_S, IQ1_M,
-// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (Q8_K; iq_neon.h) and F32, F16, BF16 (F32; float_neon.h).
-// Activations: the reference quantizers (baseline code, not inline, so calling them from an ISA
-// object is safe). The plain layout only: no repacked layout yet (repack_rows = 0), so the weights are used as
-// they are in the file.
+// The NEON / dotprod / i8mm entries, included once by kernels/neon/kernels.cpp,
+// kernels/dotprod/kernels.cpp and kernels/i8mm/kernels.cpp: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
+// (Q8_0 activations; q32_neon.h, q32_more_neon.h), Q4_K, Q6_K, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0,
+// TQ2_0 (Q8_K; k_neon.h, k_more_neon.h), the i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+// IQ3_XXS, IQ3_S (Q8_K; iq_neon.h) and F32, F16, BF16 (F32; float_neon.h). Activations: the
+// reference quantizers (baseline code, not inline, so calling them from an ISA object is safe).
+// Q8_0 and Q4_0 entries (q8_entry) and Q4_K and Q6_K entries (k_entry) also carry the arm x4
+// repacked layout (kernels/repacked_q32.h, repacked_k.h) and this ISA's tile on it
+// (kernels/arm/q32_repack_neon.h, k_repack_neon.h); the other types use the plain layout. The
+// i8mm object registers only those four; the rest fall back to dotprod's.
 #pragma once
 #include "kernels/arm/float_neon.h"
 #include "kernels/arm/iq_neon.h"
@@ -12,6 +15,8 @@
 #include "kernels/arm/k_neon.h"
 #include "kernels/arm/q32_more_neon.h"
 #include "kernels/arm/q32_neon.h"
+#include "kernels/arm/q32_repack_neon.h"
+#include "kernels/arm/k_repack_neon.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
 
@@ -24,7 +29,7 @@ TypeKernels q8_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, de
     tk.dequantize_row = dq;
     tk.quantize_act_row = ref::quantize_row_q8_0;
     tk.gemm = gemm;
-    return tk;
+    return with_arm_x4_layout(tk);
 }
 TypeKernels k_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, decltype(TypeKernels::gemm) gemm) {
     TypeKernels tk;
@@ -33,7 +38,7 @@ TypeKernels k_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, dec
     tk.dequantize_row = dq;
     tk.quantize_act_row = ref::quantize_row_q8_K;
     tk.gemm = gemm;
-    return tk;
+    return with_arm_k_x4_layout(tk);
 }
 // Float weights: F32 activations (a copy of the row), kernels/arm/float_neon.h.
 template <typename L>

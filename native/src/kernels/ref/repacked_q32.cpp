@@ -227,4 +227,23 @@ void repack_q8_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, in
         });
 }
 
+// ---- arm x4 (the aarch64 kernels' layout; their tile's specification is the plain reference) ----
+size_t group_bytes_q8_0_x4(int64_t k) { return size_t(k / 32) * sizeof(block_q8_0x4); }
+void repack_q8_0_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
+    repack_groups<block_q8_0x4, block_q8_0, kRepackRowsQ32x4>(
+        w, w_stride, rows, k, g0, g1, out, [](block_q8_0x4 &dst, int r, const block_q8_0 &src) {
+            dst.d[r] = src.d;
+            for (int c = 0; c < 4; ++c) std::memcpy(dst.qs + 32 * c + 8 * r, src.qs + 8 * c, 8);
+        });
+}
+
+size_t group_bytes_q4_0_x4(int64_t k) { return size_t(k / 32) * sizeof(block_q4_0x4); }
+void repack_q4_0_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
+    repack_groups<block_q4_0x4, block_q4_0, kRepackRowsQ32x4>(
+        w, w_stride, rows, k, g0, g1, out, [](block_q4_0x4 &dst, int r, const block_q4_0 &src) {
+            dst.d[r] = src.d;
+            for (int h = 0; h < 2; ++h) std::memcpy(dst.qs + 32 * h + 8 * r, src.qs + 8 * h, 8);
+        });
+}
+
 }  // namespace ktd::ref
