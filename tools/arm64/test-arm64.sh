@@ -24,8 +24,10 @@ KTD_PYTHON=$HOST_PY "$REPO/tools/arm64/make-root.sh"
 
 # Cross build (pybind11 is header-only: the host's copy is used).
 BUILD=$REPO/build/arm64
+LAUNCHER=()
+command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 "$CMAKE" -S "$REPO" -B "$BUILD" -G Ninja -DCMAKE_MAKE_PROGRAM="$(command -v "$NINJA")" \
-    -DCMAKE_TOOLCHAIN_FILE="$REPO/tools/arm64/toolchain-aarch64.cmake" -DKTD_ARM64_ROOT="$ROOT" \
+    -DCMAKE_TOOLCHAIN_FILE="$REPO/tools/arm64/toolchain-aarch64.cmake" -DKTD_ARM64_ROOT="$ROOT" "${LAUNCHER[@]}" \
     -DKTD_WERROR="${KTD_WERROR:-ON}" -DKTD_CUDA=OFF -DPython_EXECUTABLE="$HOST_PY" \
     -Dpybind11_DIR="$("$HOST_PY" -m pybind11 --cmakedir)" >/dev/null
 "$CMAKE" --build "$BUILD" --parallel "${KTD_ARM64_JOBS:-$(nproc)}"
@@ -40,15 +42,18 @@ cp -r "$REPO/daemon/ktd" "$PKG/ktd"
 find "$PKG/ktd" \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
 cp "$SO" "$PKG/ktd/"
 
-# The worktree at /ktd in the root; /proc (auxv, cpuinfo) and /sys (topology) from the host.
+# The worktree at /ktd-<name of its directory> in the root (one mount point per checkout, so runs
+# from several worktrees sharing the root do not see each other's tree); /proc (auxv, cpuinfo) and
+# /sys (topology) from the host.
+MNT=/ktd-$(basename "$REPO" | tr -c 'A-Za-z0-9_.\n-' _)
 mounts=()
 cleanup() { for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -R "${mounts[i]}" || true; done; }
 trap cleanup EXIT
-for m in proc sys dev ktd; do mkdir -p "$ROOT/$m"; done
+for m in proc sys dev "$MNT"; do mkdir -p "$ROOT/$m"; done
 mount -t proc proc "$ROOT/proc" && mounts+=("$ROOT/proc")
 mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys" && mounts+=("$ROOT/sys")
 mount --bind /dev "$ROOT/dev" && mounts+=("$ROOT/dev")
-mount --bind "$REPO" "$ROOT/ktd" && mounts+=("$ROOT/ktd")
+mount --bind "$REPO" "$ROOT$MNT" && mounts+=("$ROOT$MNT")
 
 rc=0
 for cpu in $CPUS; do
@@ -56,8 +61,8 @@ for cpu in $CPUS; do
     start=$(date +%s)
     # QEMU_CPU is read by qemu-aarch64-static, which binfmt_misc runs for every arm64 program.
     if ! chroot "$ROOT" /usr/bin/env -i QEMU_CPU="$cpu" HOME=/tmp PATH=/usr/bin:/bin LANG=C.UTF-8 \
-        PYTHONPATH=/ktd/build/arm64/py:/ktd/tests:/opt/ktd-pylib PYTHONDONTWRITEBYTECODE=1 KTD_NO_FETCH=1 \
-        /bin/sh -c "cd /ktd && python3 -m pytest -p no:cacheprovider -q $TESTS ${PYTEST_ARGS:-}"; then
+        PYTHONPATH=$MNT/build/arm64/py:$MNT/tests:/opt/ktd-pylib PYTHONDONTWRITEBYTECODE=1 KTD_NO_FETCH=1 \
+        /bin/sh -c "cd $MNT && python3 -m pytest -p no:cacheprovider -q $TESTS ${PYTEST_ARGS:-}"; then
         rc=1
     fi
     echo "=== -cpu $cpu: $(( $(date +%s) - start )) s ==="
