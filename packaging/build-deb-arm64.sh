@@ -47,9 +47,12 @@ arm64_wheelhouse() {
   # the compile flags); the build venv (the same pins) otherwise.
   local so hostpy=${KTD_HOST_PYTHON:-$ROOT/.venv/bin/python}
   [ -x "$hostpy" ] || hostpy=$BUILD_VENV/bin/python
+  # KTD_ARM64_SO: an aarch64 module already built (e.g. on an ARM machine) instead of the cross build.
+  if [ -n "${KTD_ARM64_SO:-}" ]; then so=$KTD_ARM64_SO; else
   so=$(KTD_HOST_PYTHON="$hostpy" CMAKE="${CMAKE:-$(dirname "$hostpy")/cmake}" NINJA="${NINJA:-$(dirname "$hostpy")/ninja}" \
        "$ROOT/tools/arm64/cross-build.sh" 2>"$OUT/cross-build.log" | tail -1) \
     || { tail -30 "$OUT/cross-build.log" >&2; die "the aarch64 cross build failed (log: $OUT/cross-build.log)"; }
+  fi
   "$BUILD_VENV/bin/python" "$ROOT/tools/arm64/make-wheel.py" "$ROOT" "$so" "$WHEELHOUSE" >/dev/null
 }
 

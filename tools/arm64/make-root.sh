@@ -50,9 +50,11 @@ if [ ! -x "$ROOT/usr/bin/python3" ]; then
     mv "$ROOT.partial" "$ROOT"
 fi
 # A root made before the build packages were added: install what is missing.
+# (one emulated dpkg-query for all of them)
+installed=$(chroot "$ROOT" dpkg-query -W -f='${Package} ${Status}\n' ${PKGS//,/ } 2>/dev/null | sed -n 's/ install ok installed$//p' || true)
 missing=()
 for p in ${PKGS//,/ }; do
-    chroot "$ROOT" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    grep -qx "$p" <<<"$installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "make-root.sh: apt-get install ${missing[*]} in $ROOT"
