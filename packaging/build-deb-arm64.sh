@@ -71,8 +71,10 @@ arm64_in_root() {
 }
 
 # 3. dpkg-buildpackage in the arm64 root; make-venv.sh installs /opt/ktd with Debian's arm64 pip
-# (python3-pip, `pip --python`) from the wheelhouse, offline.
+# (python3-pip, `pip --python`) from the wheelhouse, offline. -d: the root has the Build-Depends
+# (debhelper, python3.11, python3.11-venv; make-root.sh) but not build-essential, which dpkg wants
+# implicitly and nothing here uses (no compiler runs in this build).
 arm64_dpkg_buildpackage() {
   arm64_in_root sh -c "cd $BMNT/src && KTD_WHEELHOUSE=$BMNT/wheelhouse KTD_REQUIREMENTS=$BMNT/requirements-runtime.txt \
-      KTD_WHEEL_VERSION=$WHEEL_VERSION KTD_BUILD_PIP=/usr/bin/pip3 dpkg-buildpackage -b -us -uc" >"$OUT/dpkg-buildpackage.log" 2>&1
+      KTD_WHEEL_VERSION=$WHEEL_VERSION KTD_BUILD_PIP=/usr/bin/pip3 dpkg-buildpackage -b -us -uc -d" >"$OUT/dpkg-buildpackage.log" 2>&1
 }
