@@ -125,21 +125,25 @@ wheel: venv
 # Debian 12 package + offline bundle in dist/ (packaging/build-deb.sh; root: apt, chroot), and its
 # checks: lintian, unit verify/security, offline install/upgrade/purge in a minimal Debian 12 root
 # (packaging/test-deb.sh). KTD_VERSION=X.Y.Z overrides the package version.
+# ARCH=arm64: the arm64 package and bundle (aarch64 wheels, the cross-built native module,
+# dpkg-buildpackage in the arm64 root of test-arm64 under qemu-user), and its test in an arm64
+# Debian 12 root under emulation (install offline, serve a tiny model through the socket, purge).
+ARCH ?=
 deb:
-	packaging/build-deb.sh
+	KTD_DEB_ARCH=$(ARCH) packaging/build-deb.sh
 
 test-deb: deb
-	packaging/test-deb.sh
+	KTD_DEB_ARCH=$(ARCH) packaging/test-deb.sh
 
 # aarch64 without ARM hardware (root; tools/arm64/): cross-compile the native module with Debian's
 # g++-aarch64-linux-gnu into build/arm64 and run the ARM-relevant tests in an arm64 Debian 12 root
-# (~/.cache/ktd/arm64-root, made once by debootstrap) under qemu-user, with -cpu max (dotprod) and
+# (~/.cache/ktd/arm64-root, made once by mmdebstrap) under qemu-user, with -cpu max (dotprod) and
 # -cpu cortex-a57 (no dotprod: the fallbacks). Correctness only: emulated speed means nothing.
 # KTD_ARM64_TESTS / KTD_ARM64_CPUS / PYTEST_ARGS narrow or widen it.
 test-arm64: venv
-	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64-static >/dev/null && command -v debootstrap >/dev/null || \
+	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64-static >/dev/null && command -v mmdebstrap >/dev/null && command -v arch-test >/dev/null || \
 	  { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	      g++-aarch64-linux-gnu qemu-user-static binfmt-support debootstrap file >/dev/null; }
+	      g++-aarch64-linux-gnu qemu-user-static binfmt-support mmdebstrap arch-test file >/dev/null; }
 	CMAKE=$(CURDIR)/$(VENV)/bin/cmake NINJA=$(CURDIR)/$(VENV)/bin/ninja KTD_HOST_PYTHON=$(CURDIR)/$(PY) \
 	  PYTEST_ARGS="$(PYTEST_ARGS)" tools/arm64/test-arm64.sh
 

@@ -13,10 +13,16 @@
 #
 # KTD_VERSION overrides the package's upstream version (default: pyproject.toml's), e.g. to build
 # a newer package for the upgrade test; KTD_SKIP_BUNDLE=1 builds the .deb only.
+# KTD_DEB_ARCH=arm64 (`make deb ARCH=arm64`) builds ktd_<version>~deb12_arm64.deb and its bundle
+# instead (packaging/build-deb-arm64.sh: aarch64 wheels, the cross-built native module, and
+# dpkg-buildpackage in the arm64 root of tools/arm64 under qemu-user-static).
 # Network: PyPI (step 2) and the Debian mirror (step 4, and apt-get for missing build tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+ARCH=${KTD_DEB_ARCH:-amd64}
+case $ARCH in amd64|arm64) ;; *) echo "build-deb: ARCH=$ARCH: only amd64 and arm64" >&2; exit 1 ;; esac
+export DEBROOT_ARCH=$ARCH
 . packaging/debroot.sh
 
 say() { printf '== %s\n' "$*"; }
@@ -27,14 +33,17 @@ WHEEL_VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -1)
 UPSTREAM_VERSION=${KTD_VERSION:-$WHEEL_VERSION}
 DEB_VERSION=$UPSTREAM_VERSION~deb12
 OUT=$ROOT/build/deb
+[ "$ARCH" = amd64 ] || OUT=$ROOT/build/deb-$ARCH
 DIST=${KTD_DIST:-$ROOT/dist}
-DEB=ktd_${DEB_VERSION}_amd64.deb
+DEB=ktd_${DEB_VERSION}_${ARCH}.deb
 
 # --- build tools -----------------------------------------------------------------------------
 . /etc/os-release
 [ "${VERSION_CODENAME:-}" = bookworm ] || die "this builds the Debian 12 package and must run on Debian 12 (this is ${PRETTY_NAME:-unknown}): the venv links /usr/bin/python3.11 of the build machine"
 need=()
-for p in debhelper python3.11-venv python3.11-dev libsystemd-dev pkg-config g++ debootstrap; do
+pkgs=(debhelper python3.11-venv python3.11-dev libsystemd-dev pkg-config g++ debootstrap)
+[ "$ARCH" = amd64 ] || pkgs+=(g++-aarch64-linux-gnu qemu-user-static binfmt-support mmdebstrap arch-test file)
+for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -63,6 +72,10 @@ PIP=("$BUILD_VENV/bin/pip" --disable-pip-version-check)
 WHEELHOUSE=$OUT/wheelhouse
 REQS=$ROOT/packaging/requirements-runtime.txt
 mkdir -p "$WHEELHOUSE"
+if [ "$ARCH" = arm64 ]; then
+  . packaging/build-deb-arm64.sh
+  arm64_wheelhouse
+else
 say "wheelhouse: pinned PyPI wheels"
 grep -v '^systemd-python==' "$REQS" >"$OUT/requirements-binary.txt"
 "${PIP[@]}" download -q --only-binary=:all: --no-deps -d "$WHEELHOUSE" -r "$OUT/requirements-binary.txt"
@@ -108,9 +121,13 @@ if [ "$top" != "$DEB_VERSION" ]; then
       "$DEB_VERSION" "$DEB_VERSION" "$(dpkg-parsechangelog -l packaging/debian/changelog -S Maintainer)" "$(date -R)"
     cat packaging/debian/changelog; } >"$SRC/debian/changelog"
 fi
+if [ "$ARCH" = arm64 ]; then
+  cp "$REQS" "$OUT/requirements-runtime.txt"
+  arm64_dpkg_buildpackage
+else
 (cd "$SRC" && KTD_WHEELHOUSE="$WHEELHOUSE" KTD_REQUIREMENTS="$REQS" KTD_WHEEL_VERSION="$WHEEL_VERSION" \
-   KTD_BUILD_PIP="$BUILD_VENV/bin/pip" dpkg-buildpackage -b -us -uc >"$OUT/dpkg-buildpackage.log" 2>&1) \
-  || { tail -40 "$OUT/dpkg-buildpackage.log" >&2; die "dpkg-buildpackage failed (log: $OUT/dpkg-buildpackage.log)"; }
+   KTD_BUILD_PIP="$BUILD_VENV/bin/pip" dpkg-buildpackage -b -us -uc >"$OUT/dpkg-buildpackage.log" 2>&1)
+fi || { tail -40 "$OUT/dpkg-buildpackage.log" >&2; die "dpkg-buildpackage failed (log: $OUT/dpkg-buildpackage.log)"; }
 mkdir -p "$DIST"
 cp "$OUT/$DEB" "$DIST/$DEB"
 say "$DIST/$DEB ($(du -h "$DIST/$DEB" | cut -f1)): $(dpkg-deb -f "$DIST/$DEB" Depends)"
@@ -132,7 +149,7 @@ mkdir -p "$BUNDLE"
 cp "$root"/var/cache/apt/archives/*.deb "$BUNDLE/"
 cp "$DIST/$DEB" "$BUNDLE/"
 cat >"$BUNDLE/README" <<EOF
-ktd $DEB_VERSION for Debian 12 (bookworm, amd64), offline.
+ktd $DEB_VERSION for Debian 12 (bookworm, $ARCH), offline.
 This directory holds ktd and the Debian packages it needs that a minimal Debian 12 lacks.
 Install (as root, no network needed):  dpkg -i *.deb
 Then put the model at /var/lib/ktd-models/model.gguf (or edit /etc/ktd/ktd.yaml) and

@@ -7,6 +7,11 @@ KTD_CACHE=${KTD_CACHE:-$HOME/.cache/ktd}
 DEBIAN_MIRROR=${KTD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 DEBIAN_SECURITY_MIRROR=${KTD_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 BASE_TGZ=$KTD_CACHE/debian/bookworm-minbase.tgz
+# DEBROOT_ARCH=arm64 (make deb/test-deb ARCH=arm64): an arm64 base instead, whose programs run under
+# qemu-user-static through binfmt_misc (tools/arm64/binfmt.sh); made by mmdebstrap when the host has
+# it (faster than debootstrap's emulated second stage), debs cached beside the tarball.
+DEBROOT_ARCH=${DEBROOT_ARCH:-amd64}
+[ "$DEBROOT_ARCH" = amd64 ] || BASE_TGZ=$KTD_CACHE/debian/bookworm-minbase-$DEBROOT_ARCH.tgz
 
 # Create the base tarball if it is missing (network: the Debian mirror).
 debroot_base() {
@@ -17,9 +22,24 @@ debroot_base() {
   mkdir -p "$(dirname "$BASE_TGZ")"
   local dir
   dir=$(mktemp -d "$(dirname "$BASE_TGZ")/bootstrap.XXXXXX")
+  if [ "$DEBROOT_ARCH" = amd64 ]; then
   echo "debootstrap --variant=minbase bookworm (cached in $BASE_TGZ afterwards)"
   debootstrap --variant=minbase bookworm "$dir" "$DEBIAN_MIRROR" >"$dir.log" 2>&1 \
     || { tail -20 "$dir.log" >&2; rm -rf "$dir"; return 1; }
+  elif command -v mmdebstrap >/dev/null; then
+    echo "mmdebstrap --arch=$DEBROOT_ARCH --variant=minbase bookworm (cached in $BASE_TGZ afterwards)"
+    local debs=$KTD_CACHE/debian/$DEBROOT_ARCH-archives
+    mkdir -p "$debs"
+    mmdebstrap --mode=root --arch="$DEBROOT_ARCH" --variant=minbase \
+      --setup-hook='mkdir -p "$1/var/cache/apt/archives"' --setup-hook="sync-in $debs /var/cache/apt/archives/" \
+      --skip=download/empty --customize-hook="sync-out /var/cache/apt/archives $debs" \
+      bookworm "$dir" "$DEBIAN_MIRROR" >"$dir.log" 2>&1 \
+      || { tail -20 "$dir.log" >&2; rm -rf "$dir"; return 1; }
+  else
+    echo "debootstrap --arch=$DEBROOT_ARCH --variant=minbase bookworm (cached in $BASE_TGZ afterwards)"
+    debootstrap --arch="$DEBROOT_ARCH" --variant=minbase bookworm "$dir" "$DEBIAN_MIRROR" >"$dir.log" 2>&1 \
+      || { tail -20 "$dir.log" >&2; rm -rf "$dir"; return 1; }
+  fi
   # Point releases and security updates are part of what a maintained Debian 12 installs.
   cat >"$dir/etc/apt/sources.list" <<EOF
 deb $DEBIAN_MIRROR bookworm main

@@ -1,32 +1,96 @@
 #!/bin/bash
-# Make (once) the arm64 Debian 12 root the aarch64 build is tested in, under
-# ${KTD_ARM64_ROOT:-~/.cache/ktd/arm64-root}: debootstrap --arch=arm64 (minbase) with Debian's arm64
-# python3, numpy, msgpack, yaml, pytest and the Python headers; the second stage runs under
-# qemu-user-static through binfmt_misc. Needs root, debootstrap, qemu-user-static and a Debian
-# mirror (KTD_DEBIAN_MIRROR).
+# Make (once) the arm64 Debian 12 root the aarch64 build is tested and packaged in, under
+# ${KTD_ARM64_ROOT:-~/.cache/ktd/arm64-root}:
+#   - Debian's arm64 python3, numpy, msgpack, yaml, jinja2, pytest and the Python headers (tests);
+#   - debhelper, python3-venv, python3-pip, gcc, libsystemd-dev (`make deb ARCH=arm64` runs
+#     dpkg-buildpackage in this root, so that dh_shlibdeps reads arm64 libraries and the arm64
+#     dpkg database, and builds systemd-python's C extension for aarch64);
+#   - /opt/ktd-pylib: what Debian 12 lacks or has too old, from the package index's aarch64/pure
+#     wheels at the pins of requirements-dev.txt (gguf, hypothesis, llguidance, jsonschema),
+#     installed from the host with `pip install --target --platform` (no emulation needed).
+# mmdebstrap when the host has it (parallel downloads, debs cached in
+# ${KTD_CACHE:-~/.cache/ktd}/debian/arm64-archives for the next root), else debootstrap. Package
+# scripts run under qemu-user-static through binfmt_misc. Needs root and a Debian mirror
+# (KTD_DEBIAN_MIRROR) and the package index (pip) the first time.
+# An existing root made by an older version of this script gets the missing packages by apt-get.
 set -euo pipefail
 ROOT=${KTD_ARM64_ROOT:-$HOME/.cache/ktd/arm64-root}
 MIRROR=${KTD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+CACHE=${KTD_CACHE:-$HOME/.cache/ktd}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${KTD_PYTHON:-python3}
-PKGS=python3,python3-numpy,python3-msgpack,python3-yaml,python3-jinja2,python3-pytest,python3-dev,pybind11-dev
+TEST_PKGS=python3,python3-numpy,python3-msgpack,python3-yaml,python3-jinja2,python3-pytest,python3-dev,pybind11-dev
+BUILD_PKGS=debhelper,python3-venv,python3-pip,gcc,libc6-dev,libsystemd-dev,pkg-config
+PKGS=$TEST_PKGS,$BUILD_PKGS
 
 "$(dirname "$0")/binfmt.sh"
 if [ ! -x "$ROOT/usr/bin/python3" ]; then
-    for tool in debootstrap qemu-aarch64-static; do
-        command -v $tool >/dev/null || { echo "make-root.sh: $tool not found (apt-get install debootstrap qemu-user-static)" >&2; exit 1; }
-    done
+    command -v qemu-aarch64-static >/dev/null || { echo "make-root.sh: qemu-aarch64-static not found (apt-get install qemu-user-static)" >&2; exit 1; }
     rm -rf "$ROOT.partial"
     mkdir -p "$(dirname "$ROOT")"
-    debootstrap --arch=arm64 --variant=minbase --include=$PKGS bookworm "$ROOT.partial" "$MIRROR"
+    if command -v mmdebstrap >/dev/null; then
+        debs=$CACHE/debian/arm64-archives
+        mkdir -p "$debs"
+        # No manual pages or translations (nothing reads them here; man-db's trigger under
+        # emulation alone takes minutes).
+        mmdebstrap --mode=root --arch=arm64 --variant=apt --include="$PKGS" \
+            --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+            --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+            --essential-hook='echo "man-db man-db/auto-update boolean false" | chroot "$1" debconf-set-selections' \
+            --setup-hook='mkdir -p "$1/var/cache/apt/archives"' \
+            --setup-hook="sync-in $debs /var/cache/apt/archives/" \
+            --skip=download/empty \
+            --customize-hook="sync-out /var/cache/apt/archives $debs" \
+            --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb' \
+            bookworm "$ROOT.partial" "$MIRROR"
+    else
+        command -v debootstrap >/dev/null || { echo "make-root.sh: neither mmdebstrap nor debootstrap found" >&2; exit 1; }
+        debootstrap --arch=arm64 --variant=minbase --include=$PKGS bookworm "$ROOT.partial" "$MIRROR"
+    fi
     mv "$ROOT.partial" "$ROOT"
 fi
-# gguf-py (pure Python, not packaged by Debian 12) at the version the x86 tests use
-# (requirements-dev.txt), copied from the development venv to /opt/ktd-pylib.
-SITE=$("$PY" -c 'import gguf, os; print(os.path.dirname(os.path.dirname(gguf.__file__)))')
-mkdir -p "$ROOT/opt/ktd-pylib"
-for item in gguf; do
-    rm -rf "$ROOT/opt/ktd-pylib/$item"
-    [ -e "$SITE/$item" ] && cp -r "$SITE/$item" "$ROOT/opt/ktd-pylib/$item"
+# A root made before the build packages were added: install what is missing.
+# (one emulated dpkg-query for all of them)
+installed=$(chroot "$ROOT" dpkg-query -W -f='${Package} ${Status}\n' ${PKGS//,/ } 2>/dev/null | sed -n 's/ install ok installed$//p' || true)
+missing=()
+for p in ${PKGS//,/ }; do
+    grep -qx "$p" <<<"$installed" || missing+=("$p")
 done
-find "$ROOT/opt/ktd-pylib" -name __pycache__ -prune -exec rm -rf {} +
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "make-root.sh: apt-get install ${missing[*]} in $ROOT"
+    cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+    echo "man-db man-db/auto-update boolean false" | chroot "$ROOT" debconf-set-selections
+    chroot "$ROOT" apt-get update -qq
+    chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    chroot "$ROOT" apt-get clean
+fi
+
+# /opt/ktd-pylib from wheels at the pins of requirements-dev.txt, remade when the list changes.
+# llguidance 1.9.1's aarch64 wheel is manylinux_2_31 (Debian 12 has glibc 2.36): every manylinux
+# level up to 2.36 is offered to pip.
+PYLIB_REQS=$(grep -iE '^(gguf|hypothesis|sortedcontainers|attrs|llguidance|jsonschema|jsonschema-specifications|referencing|rpds-py|typing_extensions)==' "$REPO/requirements-dev.txt" | sort)
+# gguf's own dependencies are not needed by the tests (numpy and yaml come from Debian); hypothesis
+# needs attrs and sortedcontainers.
+grep -q '^sortedcontainers==' <<<"$PYLIB_REQS" || PYLIB_REQS+=$'\nsortedcontainers==2.4.0'
+STAMP=$ROOT/opt/ktd-pylib/.requirements
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$PYLIB_REQS" ]; then
+    platforms=()
+    for v in $(seq 36 -1 17); do platforms+=(--platform "manylinux_2_${v}_aarch64"); done
+    platforms+=(--platform manylinux2014_aarch64 --platform linux_aarch64)
+    # Installed beside the old one and swapped in (other worktrees' runs may be using the root).
+    NEW=$ROOT/opt/ktd-pylib.new
+    rm -rf "$NEW" "$ROOT/opt/ktd-pylib.old"
+    mkdir -p "$NEW"
+    printf '%s\n' "$PYLIB_REQS" >"$ROOT/opt/ktd-pylib.requirements.txt"
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none "${platforms[@]}" \
+        --target "$NEW" -r "$ROOT/opt/ktd-pylib.requirements.txt"
+    rm -f "$ROOT/opt/ktd-pylib.requirements.txt"
+    rm -rf "$NEW/bin"
+    find "$NEW" -name __pycache__ -prune -exec rm -rf {} +
+    printf '%s' "$PYLIB_REQS" >"$NEW/.requirements"
+    [ ! -e "$ROOT/opt/ktd-pylib" ] || mv "$ROOT/opt/ktd-pylib" "$ROOT/opt/ktd-pylib.old"
+    mv "$NEW" "$ROOT/opt/ktd-pylib"
+    rm -rf "$ROOT/opt/ktd-pylib.old"
+fi
 echo "arm64 root ready: $ROOT"

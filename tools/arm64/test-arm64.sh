@@ -13,7 +13,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=${KTD_ARM64_ROOT:-$HOME/.cache/ktd/arm64-root}
 export KTD_ARM64_ROOT=$ROOT
 CPUS=${KTD_ARM64_CPUS:-max cortex-a57}
-TESTS=${KTD_ARM64_TESTS:-tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_kernels_smoke.py tests/test_kernels_q32.py tests/test_kernels_k.py tests/test_kernels_iq.py tests/test_attention.py tests/test_elementwise.py tests/test_sampling.py tests/test_thread_pool.py tests/test_forward.py tests/test_moe_forward.py}
+TESTS=${KTD_ARM64_TESTS:-tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_kernels_smoke.py tests/test_kernels_q32.py tests/test_kernels_k.py tests/test_kernels_iq.py tests/test_attention.py tests/test_elementwise.py tests/test_sampling.py tests/test_thread_pool.py tests/test_forward.py tests/test_moe_forward.py tests/test_tokenizer.py tests/test_chat.py tests/test_structured_output.py}
 CMAKE=${CMAKE:-cmake}
 NINJA=${NINJA:-ninja}
 HOST_PY=${KTD_HOST_PYTHON:-$REPO/.venv/bin/python}
@@ -22,17 +22,10 @@ command -v aarch64-linux-gnu-g++ >/dev/null || { echo "test-arm64: aarch64-linux
 
 KTD_PYTHON=$HOST_PY "$REPO/tools/arm64/make-root.sh"
 
-# Cross build (pybind11 is header-only: the host's copy is used).
+# Cross build (tools/arm64/cross-build.sh, shared with `make deb ARCH=arm64`; pybind11 is
+# header-only: the host's copy is used).
 BUILD=$REPO/build/arm64
-LAUNCHER=()
-command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-"$CMAKE" -S "$REPO" -B "$BUILD" -G Ninja -DCMAKE_MAKE_PROGRAM="$(command -v "$NINJA")" \
-    -DCMAKE_TOOLCHAIN_FILE="$REPO/tools/arm64/toolchain-aarch64.cmake" -DKTD_ARM64_ROOT="$ROOT" "${LAUNCHER[@]}" \
-    -DKTD_WERROR="${KTD_WERROR:-ON}" -DKTD_CUDA=OFF -DPython_EXECUTABLE="$HOST_PY" \
-    -Dpybind11_DIR="$("$HOST_PY" -m pybind11 --cmakedir)" >/dev/null
-"$CMAKE" --build "$BUILD" --parallel "${KTD_ARM64_JOBS:-$(nproc)}"
-SO=$(ls "$BUILD"/_native*.so)
-file "$SO" | grep -q 'ARM aarch64' || { echo "test-arm64: $SO is not an aarch64 object" >&2; exit 1; }
+SO=$(KTD_ARM64_BUILD=$BUILD KTD_HOST_PYTHON=$HOST_PY CMAKE=$CMAKE NINJA=$NINJA "$REPO/tools/arm64/cross-build.sh" | tail -1)
 
 # The package as the root sees it: the Python sources plus the aarch64 module (the x86 module in
 # daemon/ktd, if any, stays out of it).
