@@ -99,6 +99,7 @@ if "$BUILD_VENV/bin/python" -c 'import sys, zipfile; sys.exit("ktd/libktd_cuda.s
 else
   say "wheelhouse: no CUDA backend in the wheel (nvcc not found or KTD_CUDA=OFF)"
 fi
+fi
 
 # --- 3. the package --------------------------------------------------------------------------
 say "dpkg-buildpackage ktd $DEB_VERSION"
