@@ -10,13 +10,12 @@
 
 #include "kernels/blocks.h"
 #include "kernels/repacked_q32.h"
+#include "kernels/avx2/transpose.h"
 
 namespace ktd::avx2 {
 namespace {
 
 constexpr int R16 = kRepackRowsQ32x16;
-
-inline void store256(uint8_t *p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), v); }
 
 // r[8] (8 words each) → out[j] = word j of rows 0..7.
 inline void transpose_8x8(const __m256i r[8], __m256i out[8]) {
@@ -35,20 +34,6 @@ inline void transpose_8x8(const __m256i r[8], __m256i out[8]) {
         out[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
         out[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
     }
-}
-
-// w[8] (4 words each) → out[i] = word i of rows 0..7.
-inline void transpose_8x4(const __m128i w[8], __m256i out[4]) {
-    const __m256i a0 = _mm256_inserti128_si256(_mm256_castsi128_si256(w[0]), w[4], 1);
-    const __m256i a1 = _mm256_inserti128_si256(_mm256_castsi128_si256(w[1]), w[5], 1);
-    const __m256i a2 = _mm256_inserti128_si256(_mm256_castsi128_si256(w[2]), w[6], 1);
-    const __m256i a3 = _mm256_inserti128_si256(_mm256_castsi128_si256(w[3]), w[7], 1);
-    const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
-    const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
-    out[0] = _mm256_unpacklo_epi64(t0, t2);
-    out[1] = _mm256_unpackhi_epi64(t0, t2);
-    out[2] = _mm256_unpacklo_epi64(t1, t3);
-    out[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
 template <typename Block>
