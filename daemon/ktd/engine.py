@@ -111,8 +111,11 @@ class Engine:
             raise GGUFError(f"{path}: tokenizer.ggml.tokens has {tokenizer.n_vocab} entries but "
                             f"token_embd.weight has {model.n_vocab} rows")
         log_memory(model, placement.get("hugepages", "auto"))
-        weights_cache.log_load(model.cache, cache_off)
-        if model.cache["state"] == "writing":
+        # One snapshot for both: the background write may end between two reads, and then "writing"
+        # would be logged with no thread left to log "written".
+        cache = model.cache
+        weights_cache.log_load(cache, cache_off)
+        if cache["state"] == "writing":
             weights_cache.log_when_written(model)
         context = _native.Context(model, n_ctx, n_seq_max + cache_slots, n_batch)
         return cls(model, context, tokenizer, path, cache_slots)
