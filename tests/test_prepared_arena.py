@@ -142,3 +142,31 @@ def test_inspect_plans_the_arena_the_load_fills(real_model):
     assert plan["arena_copied_weights"] == model.copied_bytes
     # Repacking keeps every format's size: the plan's bytes are the file's, the model's the layout's.
     assert plan["arena_repacked_weights"] == model.repacked_bytes
+
+
+@pytest.mark.slow
+def test_a_q6_k_output_head_stays_plain_where_it_streams_faster(real_model):
+    """The 1.5B's output head is Q6_K. Where the active kernels' plain Q6_K rows stream faster at one
+    activation row than their repacked layout (kernels.gemv_plain: x86), the load copies the head
+    as it is and repacks every other matrix (Q6_K ffn_down and attn_v too: prefill's GEMM gains from
+    the layout); checked against the file's tensor table read by the Python reader, and ktd
+    inspect's plan against the load. The logits stay within the repacked-vs-plain tolerance of
+    test_real_model_repacked_matches_plain, which loads the same model."""
+    from ktd.gguf import GGUFFile
+    from ktd.inspect import inspect_model
+    path = str(real_model("qwen2.5-coder-1.5b"))
+    header = GGUFFile(path, willneed=False)
+    head, embd = header.tensors["output.weight"], header.tensors["token_embd.weight"]
+    assert head.type_name == "Q6_K"
+    others = [t for t in header.tensors.values() if len(t.shape) >= 2 and t.name not in (head.name, embd.name)]
+    assert {t.type_name for t in others} == {"Q4_K", "Q6_K"}
+    del header
+    plain_head = K.gemv_plain("Q6_K")
+    assert not K.gemv_plain("Q4_K")
+    model = _native.Model(path, n_threads=2, allow_repack=True)
+    # Repacking Q4_K/Q6_K keeps the bytes: what is not copied is repacked.
+    assert model.copied_bytes == embd.nbytes + (head.nbytes if plain_head else 0)
+    assert model.repacked_bytes == sum(t.nbytes for t in others) + (0 if plain_head else head.nbytes)
+    plan = inspect_model(path)["memory_plan"]
+    assert plan["arena_copied_weights"] == model.copied_bytes
+    assert plan["arena_repacked_weights"] == model.repacked_bytes

@@ -94,6 +94,7 @@ def test_hit_miss_and_identical_logits(model, tmp_path, caplog):
     h = _native.weights_cache_header(c["path"])
     assert h["ok"] and h["key"]["model"] == os.path.realpath(path)
     assert h["key"]["size"] == str(os.path.getsize(path)) and h["key"]["build_id"] == _native.native_build_id()
+    assert "layout_choice" in h["key"]  # which matrices are repacked (model_load.cpp, repack_matrix)
     assert sum(h["section_bytes"]) >= first.model.repacked_bytes + first.model.copied_bytes
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="ktd.engine"):

@@ -149,7 +149,8 @@ def _kv_bytes_per_token(arch: str | None, hp: dict[str, Any]) -> int | None:
 
 def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: int, n_seq: int) -> dict[str, Any]:
     """What loading the model takes: the file (mapped while loading, released after), the weights
-    arena (tensors whose block type has a row-interleaved layout are repacked there at load, the
+    arena (tensors whose block type has a row-interleaved layout are repacked there at load, but
+    an output head whose type streams faster plain at one row (kernels.gemv_plain) is not; the
     other matrices and token_embd's lookup rows copied as they are; a tied output head is
     token_embd repacked besides), the KV cache, and the 2 MiB huge pages the arena would need.
     Tensor types without kernels are listed: such a model fails at load."""
@@ -157,17 +158,23 @@ def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: i
 
     k = _native.kernels
     supported = set(k.supported_types("ref"))
-    def repacks(t) -> bool:
-        return t.type_name in supported and k.repack_rows(t.type_name) > 0
+    def repacks(t, head: bool = False) -> bool:
+        # The output head stays plain where the type's plain rows stream faster at n = 1
+        # (model_load.cpp, repack_matrix).
+        return (t.type_name in supported and k.repack_rows(t.type_name) > 0
+                and not (head and k.gemv_plain(t.type_name)))
 
-    matrices = [t for t in f.tensors.values() if len(t.shape) >= 2]
-    repacked = sum(t.nbytes for t in matrices if repacks(t) and t.name not in LOOKUP_TABLES)
-    copied = sum(t.nbytes for t in matrices if not repacks(t) and t.name not in LOOKUP_TABLES)
+    matrices = [t for t in f.tensors.values() if len(t.shape) >= 2 and t.name not in LOOKUP_TABLES]
+    repacked = sum(t.nbytes for t in matrices if repacks(t, head=t.name == OUTPUT_HEAD))
+    copied = sum(t.nbytes for t in matrices if not repacks(t, head=t.name == OUTPUT_HEAD))
     embd = f.tensors.get("token_embd.weight")
     if embd is not None:
         copied += embd.nbytes  # the rows the embedding lookup reads
-        if "output.weight" not in f.tensors and repacks(embd):
-            repacked += embd.nbytes  # tied: also the output head
+        if "output.weight" not in f.tensors:  # tied: token_embd is also the output head
+            if repacks(embd, head=True):
+                repacked += embd.nbytes
+            elif repacks(embd):
+                copied += embd.nbytes  # kept plain (a copy of its own, as the load makes)
     unsupported = sorted({t.type_name for t in f.tensors.values() if t.type_name not in supported})
     kv_per_token = _kv_bytes_per_token(arch, hparams)
     hugepage = 2 << 20

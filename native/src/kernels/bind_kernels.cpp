@@ -198,6 +198,12 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("isa") = py::none(),
        "Rows per interleaved group of the type's repacked layout (0: the type has none)");
 
+    k.def("gemv_plain", [](const std::string &type, std::optional<std::string> isa) {
+        return lookup(type, isa).gemv_plain;
+    }, py::arg("type"), py::arg("isa") = py::none(),
+       "Whether the type's plain rows stream faster than its repacked layout at n = 1 (a matrix only "
+       "ever multiplied by one row, the output head, then stays plain at load)");
+
     k.def("repack_layout", [](const std::string &type, std::optional<std::string> isa) {
         return lookup(type, isa).repack_layout;
     }, py::arg("type"), py::arg("isa") = py::none(),

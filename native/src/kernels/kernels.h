@@ -70,6 +70,10 @@ struct TypeKernels {
     // rows r < nr are written.
     void (*gemm_repacked)(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride,
                           float *y, size_t ldy, int nr, int nc) = nullptr;
+    // The repacked layout streams slower than the plain rows at one activation row (GEMV) and pays
+    // only for prefill's GEMM: a matrix that is only ever multiplied by one row per sequence (the
+    // output head) keeps the plain rows (model_load.cpp, repack_matrix). Set from measurements.
+    bool gemv_plain = false;
 };
 
 void register_type_kernels(Isa isa, const TypeKernels &tk);

@@ -49,6 +49,16 @@ std::vector<float> load_vector(const GGUFFile &f, const GGUFTensorInfo &t) {
     return v;
 }
 
+// Whether a matrix of class `cls` is repacked: the output head multiplies one activation row per
+// sequence (decode, and the last prompt row of a prefill), so it keeps the plain rows where the
+// type's repacked layout streams slower at n = 1 (TypeKernels::gemv_plain). A function of the
+// build and the active ISA only, both in the weights cache's layout key, with kLayoutChoice (the
+// version of these rules: bump it when they change).
+constexpr int kLayoutChoice = 1;
+bool repack_matrix(const TypeKernels &tk, TensorClass cls, bool allow_repack) {
+    return allow_repack && !(cls == TensorClass::Output && tk.gemv_plain);
+}
+
 // Arena bytes of a slice of `rows` rows: repacked, or (a type without repacking) the rows copied,
 // so that a slice always lives in its node's arena rather than in the file's page cache.
 size_t slice_prepared_bytes(const TypeKernels &tk, size_t row_bytes, int64_t rows, int64_t k, bool allow_repack) {
@@ -199,23 +209,24 @@ MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo 
                        int n_slice, bool shard, bool allow_repack) {
     MemoryPlan p;
     p.slice_bytes.assign(size_t(n_slice), 0);
-    auto add = [&](const GGUFTensorInfo &t, bool sharded) {
+    auto add = [&](const GGUFTensorInfo &t, bool sharded, TensorClass cls) {
         const TypeKernels *tk = kernels_for(t.type);
         if (!tk || !ggml_row_size(tk->act_type, t.ne[0]) || !ggml_row_size(t.type, t.ne[0])) return;
         const size_t row_bytes = *ggml_row_size(t.type, t.ne[0]);
         const int64_t rows = int64_t(t.ne[1]), k = int64_t(t.ne[0]);
+        const bool repack = repack_matrix(*tk, cls, allow_repack);
         if (sharded) {
             for (int sl = 0; sl < n_slice; ++sl) {
                 const auto [r0, r1] = numa_slice_rows(rows, n_slice, sl);
-                p.slice_bytes[size_t(sl)] += slice_prepared_bytes(*tk, row_bytes, r1 - r0, k, allow_repack) * size_t(t.ne[2]);
+                p.slice_bytes[size_t(sl)] += slice_prepared_bytes(*tk, row_bytes, r1 - r0, k, repack) * size_t(t.ne[2]);
             }
             return;
         }
-        p.dense_bytes += slice_prepared_bytes(*tk, row_bytes, rows, k, allow_repack) * size_t(t.ne[2]);
+        p.dense_bytes += slice_prepared_bytes(*tk, row_bytes, rows, k, repack) * size_t(t.ne[2]);
     };
     for (const TensorUse &u : uses)
-        if (is_matrix(*u.spec)) add(*u.t, shard && u.spec->cls == TensorClass::RoutedExpert);
-    if (tied) add(*tied, false);
+        if (is_matrix(*u.spec)) add(*u.t, shard && u.spec->cls == TensorClass::RoutedExpert, u.spec->cls);
+    if (tied) add(*tied, false, TensorClass::Output);
     p.embd_bytes = copied_bytes(embd.nbytes);
     return p;
 }
@@ -304,8 +315,8 @@ public:
                 if constexpr (std::is_same_v<D, std::vector<float> LayerWeights::*>) lw->*dest = load_vector(f_, t);
                 if constexpr (std::is_same_v<D, std::vector<float> ModelWeights::*>) m_.w_.*dest = load_vector(f_, t);
                 if constexpr (std::is_same_v<D, float LayerWeights::*>) lw->*dest = load_vector(f_, t)[0];
-                if constexpr (std::is_same_v<D, Matrix LayerWeights::*>) load_matrix(lw->*dest, t);
-                if constexpr (std::is_same_v<D, Matrix ModelWeights::*>) load_matrix(m_.w_.*dest, t);
+                if constexpr (std::is_same_v<D, Matrix LayerWeights::*>) load_matrix(lw->*dest, t, u.spec->cls);
+                if constexpr (std::is_same_v<D, Matrix ModelWeights::*>) load_matrix(m_.w_.*dest, t, u.spec->cls);
                 if constexpr (std::is_same_v<D, MatrixStack LayerWeights::*>)
                     load_stack(lw->*dest, t, shard_ && u.spec->cls == TensorClass::RoutedExpert);
             },
@@ -329,17 +340,18 @@ public:
         }
         const TypeKernels &tk = matmul_kernels_or_throw(*w.token_embd, "token_embd.weight (tied output)");
         w.output.info = w.token_embd;
-        w.output.pw = prepare_dense(tk, f_.tensor_data(*w.token_embd), row_bytes(*w.token_embd), hp.n_vocab, hp.n_embd);
+        w.output.pw = prepare_dense(tk, f_.tensor_data(*w.token_embd), row_bytes(*w.token_embd), hp.n_vocab, hp.n_embd,
+                                    TensorClass::Output);
         if (fill_) f_.release_pages(*w.token_embd);
     }
 
 private:
     static size_t row_bytes(const GGUFTensorInfo &t) { return size_t(*ggml_row_size(t.type, t.ne[0])); }
 
-    void load_matrix(Matrix &mat, const GGUFTensorInfo &t) {
+    void load_matrix(Matrix &mat, const GGUFTensorInfo &t, TensorClass cls) {
         const TypeKernels &tk = matmul_kernels_or_throw(t, t.name);
         mat.info = &t;
-        mat.pw = prepare_dense(tk, f_.tensor_data(t), row_bytes(t), int64_t(t.ne[1]), int64_t(t.ne[0]));
+        mat.pw = prepare_dense(tk, f_.tensor_data(t), row_bytes(t), int64_t(t.ne[1]), int64_t(t.ne[0]), cls);
         if (fill_) f_.release_pages(t);  // repacked or copied: not read from the file again
     }
 
@@ -377,9 +389,11 @@ private:
 
     // A dense matrix: into the dense arena, or (replicate) one copy per node with node_copies
     // telling matmul which copy each worker reads.
-    PreparedWeights prepare_dense(const TypeKernels &tk, const uint8_t *src, size_t rb, int64_t rows, int64_t k) {
+    PreparedWeights prepare_dense(const TypeKernels &tk, const uint8_t *src, size_t rb, int64_t rows, int64_t k,
+                                  TensorClass cls = TensorClass::Dense) {
+        const bool repack = repack_matrix(tk, cls, opts_.allow_repack);
         if (!replicate_) {
-            PreparedWeights pw = prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.dense, fill_);
+            PreparedWeights pw = prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, repack, a_.dense, fill_);
             m_.repacked_bytes_ += pw.repacked_bytes;
             if (!pw.repacked) m_.copied_bytes_ += size_t(rows) * rb;
             return pw;
@@ -388,7 +402,7 @@ private:
         copies->copy_of_tid = m_.tid_slice_;
         for (size_t sl = 0; sl < a_.copies.size(); ++sl) {
             copies->copies.push_back(
-                prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, opts_.allow_repack, a_.copies[sl], fill_));
+                prepare_slice(m_.pool_.get(), tk, src, rb, rows, k, repack, a_.copies[sl], fill_));
             const PreparedWeights &c = copies->copies.back();
             m_.mem_.nodes[sl].dense_copy_bytes += c.repacked ? c.repacked_bytes : size_t(rows) * rb;
         }
@@ -490,7 +504,8 @@ std::string cache_layout(const ModelOptions &opts, const std::vector<int> &nodes
                          const std::vector<Arena *> &arenas) {
     std::string s = "format=" + std::to_string(kWeightsCacheVersion) + "\nbuild_id=" + native_build_id() +
                     "\nisa=" + std::string(isa_name(active_isa())) + "\ncpu=" + cpu_features().model_name +
-                    "\nallow_repack=" + (opts.allow_repack ? "1" : "0") + "\nnodes=";
+                    "\nallow_repack=" + (opts.allow_repack ? "1" : "0") +
+                    "\nlayout_choice=" + std::to_string(kLayoutChoice) + "\nnodes=";
     for (size_t i = 0; i < nodes.size(); ++i) {
         if (i) s += ',';
         s += std::to_string(nodes[i]);
