@@ -156,7 +156,9 @@ assert "cannot be loaded" not in s["reason"] and "not a ktd CUDA backend" not in
 assert "driver" in s["reason"].lower(), s
 ' "$CUDA_LIB"
 }
-if dpkg-deb -c "$DEB" | grep -q '/ktd/libktd_cuda\.so$'; then
+# grep reads the whole listing (not -q): under pipefail an early exit kills dpkg-deb with SIGPIPE
+# and the pipeline fails although the file is there.
+if dpkg-deb -c "$DEB" | grep '/ktd/libktd_cuda\.so$' >/dev/null; then
   check "cuda: libktd_cuda.so shipped, loads without an NVIDIA driver, cuda_status() gives the driver reason" cuda_backend
 else
   skip "cuda: the package has no libktd_cuda.so (built where nvcc was not found)"
