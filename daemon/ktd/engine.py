@@ -43,7 +43,8 @@ class _ProgressReporter:
             if phase in ("starting", "done") or not total or (phase, done) == last:
                 continue
             last = (phase, done)
-            self._progress(f"{phase}: {done / (1 << 30):.2f} of {total / (1 << 30):.2f} GiB", done / total)
+            self._progress(f"{phase}: {done / (1 << 30):.2f} of {total / (1 << 30):.2f} GiB", done / total,
+                           phase=phase, done_bytes=done, total_bytes=total)
 
     def stop(self) -> None:
         self._done.set()

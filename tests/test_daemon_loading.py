@@ -1,0 +1,106 @@
+"""The daemon while its model loads: the socket accepts from the start, ``health``/``status``/
+``metrics`` report the load's progress, every other method gets the typed ``loading`` error, and
+READY=1 comes only when everything is served (docs/PROTOCOL.md, "While the model loads").
+
+The fake engine's load is stepped by the test (``load_gate``: step i waits for a file), so the
+progress seen at each poll is known without any timing assumption."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import msgpack
+import pytest
+
+from daemon_helpers import DaemonProcess, wait_for
+from ktd.client import Client, Loading
+from test_daemon_lifecycle import NotifySocket
+
+
+def _open_gate(gate: str, i: int) -> None:
+    with open(f"{gate}.{i}", "w"):
+        pass
+
+
+def test_status_reports_progress_while_loading_and_only_then_ready():
+    steps = 4
+    d = DaemonProcess(fake={"load_steps": steps, "load_gate": "GATE"})
+    gate = os.path.join(d.dir, "gate")
+    d.fake["load_gate"] = gate
+    notify = NotifySocket(os.path.join(d.dir, "notify"))
+    d.env["NOTIFY_SOCKET"] = notify.path
+    try:
+        d.spawn()
+        assert wait_for(lambda: os.path.exists(d.socket), 20), d.log()
+        with Client(d.socket, timeout=10) as c:
+            seen = []
+            for i in range(steps):
+                # step i has been reported and the load waits for its gate: status says so
+                assert wait_for(lambda: (c.status().get("loading") or {}).get("fraction") == (i + 1) / steps, 20), \
+                    c.status()
+                st = c.status()
+                assert st["server"]["state"] == "loading"
+                assert st["model"]["path"] == d.sections["model"].get("path", "")
+                ld = st["loading"]
+                assert ld["done_bytes"] == (i + 1) * 1000 and ld["total_bytes"] == steps * 1000
+                assert ld["phase"] == "preparing" and ld["elapsed_s"] >= 0
+                seen.append(ld["fraction"])
+                h = c.health()
+                assert h["status"] == "loading" and h["loading"]["fraction"] == ld["fraction"]
+                # generation and the model's facts are refused with the typed error, its data the progress
+                with pytest.raises(Loading, match="the model is loading") as e:
+                    c.generate("hi", max_tokens=2)
+                assert e.value.data["fraction"] == ld["fraction"]
+                with pytest.raises(Loading):
+                    c.hello()
+                with pytest.raises(Loading):
+                    c.tokenize("hi")
+                metrics = c.metrics()
+                samples = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
+                assert float(samples["ktd_up"]) == 0 and float(samples["ktd_loading_progress"]) == ld["fraction"]
+                assert notify.index("READY", "1") < 0
+                _open_gate(gate, i)
+            assert seen == sorted(seen) and seen[-1] == 1.0
+            # the same connection is served once the model is loaded
+            assert wait_for(lambda: c.health()["status"] == "ok", 20)
+            assert c.hello()["n_ctx"] == 256
+            assert c.generate("hi", max_tokens=2)["usage"]["completion_tokens"] == 2
+            st = c.status()
+            assert st["server"]["state"] == "serving" and "loading" not in st and "scheduler" in st
+        notify.wait("READY", "1")
+        assert d.stop() == 0
+    finally:
+        notify.close()
+        d.close()
+
+
+def test_a_raw_msgpack_client_gets_the_loading_error_code():
+    """The wire form: [1, msgid, {"code": "loading", "message", "data"}, nil]."""
+    d = DaemonProcess(fake={"load_steps": 2})
+    gate = os.path.join(d.dir, "gate")
+    d.fake["load_gate"] = gate
+    try:
+        d.spawn()
+        assert wait_for(lambda: os.path.exists(d.socket), 20), d.log()
+        with Client(d.socket, timeout=10) as c:
+            assert wait_for(lambda: (c.status().get("loading") or {}).get("fraction") == 0.5, 20)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(d.socket)
+        s.sendall(msgpack.packb([0, 7, "generate", [{"prompt": "x", "max_tokens": 1}]]))
+        unpacker = msgpack.Unpacker()
+        while True:
+            unpacker.feed(s.recv(65536))
+            msgs = list(unpacker)
+            if msgs:
+                break
+        s.close()
+        kind, msgid, error, result = msgs[0]
+        assert (kind, msgid, result) == (1, 7, None)
+        assert error["code"] == "loading" and error["data"]["fraction"] == 0.5
+        _open_gate(gate, 0)
+        _open_gate(gate, 1)
+        d.wait_ready()
+    finally:
+        d.close()
