@@ -7,8 +7,11 @@ progress seen at each poll is known without any timing assumption."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 
 import msgpack
 import pytest
@@ -102,5 +105,50 @@ def test_a_raw_msgpack_client_gets_the_loading_error_code():
         _open_gate(gate, 0)
         _open_gate(gate, 1)
         d.wait_ready()
+    finally:
+        d.close()
+
+
+def _ktctl(sock: str, *args: str, background: bool = False):
+    cmd = [sys.executable, "-c", "import sys; from ktd.ctl import main; sys.exit(main())", "--socket", sock,
+           "--timeout", "60", *args]
+    if background:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_ktctl_reports_loading_and_its_commands_wait_for_the_model():
+    """`ktctl health` says loading (exit 1); `ktctl status` shows the progress; `ktctl generate`
+    sent during the load waits for the model (as it did when the daemon accepted only after it);
+    `ktctl health --wait` returns ok once loaded."""
+    d = DaemonProcess(fake={"load_steps": 2})
+    gate = os.path.join(d.dir, "gate")
+    d.fake["load_gate"] = gate
+    try:
+        d.spawn()
+        assert wait_for(lambda: os.path.exists(d.socket), 20), d.log()
+        with Client(d.socket, timeout=10) as c:
+            assert wait_for(lambda: (c.status().get("loading") or {}).get("fraction") == 0.5, 20)
+        r = _ktctl(d.socket, "health")
+        assert r.returncode == 1 and r.stdout.strip() == "loading", r
+        r = _ktctl(d.socket, "status")
+        assert r.returncode == 0 and json.loads(r.stdout)["loading"]["fraction"] == 0.5, r
+        def health_requests() -> float:
+            with Client(d.socket, timeout=10) as c:
+                samples = dict(line.rsplit(" ", 1) for line in c.metrics().splitlines() if not line.startswith("#"))
+            return float(samples.get('ktd_requests_total{method="health"}', 0))
+
+        before = health_requests()
+        gen = _ktctl(d.socket, "generate", "hi", "-n", "3", "-t", "0", "--no-stream", background=True)
+        waiter = _ktctl(d.socket, "health", "--wait", background=True)
+        # both poll health while the model loads (twice a second each), neither has ended
+        assert wait_for(lambda: health_requests() >= before + 6, 30)
+        assert gen.poll() is None and waiter.poll() is None
+        _open_gate(gate, 0)
+        _open_gate(gate, 1)
+        out, err = gen.communicate(timeout=60)
+        assert gen.returncode == 0 and out.strip(), err
+        out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0 and out.strip() == "ok", err
     finally:
         d.close()
