@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import msgpack
 import pytest
@@ -152,3 +153,39 @@ def test_ktctl_reports_loading_and_its_commands_wait_for_the_model():
         assert waiter.returncode == 0 and out.strip() == "ok", err
     finally:
         d.close()
+
+
+def test_the_real_engine_reports_its_load_in_bytes_then_serves(tmp_path):
+    """`ktd serve` with the real engine, its load slowed by the native loader's test hook (a sleep
+    after each tensor): status shows the phase and bytes rising, the total being the file's tensor
+    bytes (gguf-py's count), then the daemon serves."""
+    from gguf import GGUFReader
+
+    from models.tiny_dense import make_model
+    model = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    n_tensors = len(GGUFReader(str(model)).tensors)
+    total = sum(int(t.n_bytes) for t in GGUFReader(str(model)).tensors)
+    sock = str(tmp_path / "k.sock")
+    env = dict(os.environ, KTD_MODEL__PATH=str(model), KTD_MODEL__N_CTX="64", KTD_MODEL__THREADS="1",
+               KTD_MODEL__WEIGHTS_CACHE="off", KTD_SERVER__SOCKET_GROUP="null",
+               KTD_TEST_LOAD_TENSOR_DELAY_MS=str(max(50, 4000 // n_tensors)))  # about 4 s of load
+    proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", sock], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: os.path.exists(sock) or proc.poll() is not None, 60) and proc.poll() is None
+        seen = []
+        with Client(sock, timeout=30) as c:
+            while (h := c.health())["status"] == "loading":
+                ld = c.status().get("loading") or {}
+                if ld.get("phase") == "preparing weights":
+                    seen.append((ld["done_bytes"], ld["total_bytes"], ld["fraction"]))
+                time.sleep(0.05)
+            assert h["status"] == "ok"
+            assert c.generate("hi", max_tokens=2)["usage"]["completion_tokens"] >= 1
+        done = sorted({d for d, _, _ in seen})
+        assert len(done) >= 2 and [d for d, _, _ in seen] == sorted(d for d, _, _ in seen), seen
+        assert all(t == total and 0 < d <= t and abs(f - d / t) < 1e-3 for d, t, f in seen), (seen, total)
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
