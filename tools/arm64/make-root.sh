@@ -9,7 +9,7 @@
 #     wheels at the pins of requirements-dev.txt (gguf, hypothesis, llguidance, jsonschema),
 #     installed from the host with `pip install --target --platform` (no emulation needed).
 # mmdebstrap --variant=extract when the host has it (parallel downloads, debs cached in
-# ${KTD_CACHE:-~/.cache/ktd}/debian/arm64-archives for the next root; the packages are unpacked and
+# ${KTD_DEBIAN_CACHE:-${KTD_CACHE:-~/.cache/ktd}/debian}/arm64-archives for the next root; the packages are unpacked and
 # recorded in the dpkg database by the host, no maintainer script runs: see below), else
 # debootstrap (whose second stage configures every package under qemu-user-static: slow). Needs
 # root, binfmt_misc and a Debian mirror (KTD_DEBIAN_MIRROR) and the package index (pip) the first
@@ -52,7 +52,7 @@ if [ ! -x "$ROOT/usr/bin/python3" ]; then
     rm -rf "$ROOT.partial"
     mkdir -p "$(dirname "$ROOT")"
     if command -v mmdebstrap >/dev/null; then
-        debs=$CACHE/debian/arm64-archives
+        debs=${KTD_DEBIAN_CACHE:-$CACHE/debian}/arm64-archives
         mkdir -p "$debs"
         # --variant=extract: the packages (Essential ones, the lists above and their dependencies)
         # are unpacked by the host's dpkg-deb and tar, and none of their maintainer scripts runs:
