@@ -77,13 +77,15 @@ def register(root, deb):
     info = os.path.join(root, "var/lib/dpkg/info")
 
     proc, tar = deb_tar(deb, "--fsys-tarfile")
-    paths = []
+    paths, regular = [], []
     for member in tar:
         p = member.name
         if p.startswith("./"):
             p = p[1:]
         p = "/" + p.strip("/") if p.strip("/.") else "/."
         paths.append(p)
+        if member.isfile():
+            regular.append(p)
     tar.close()
     if proc.wait() != 0:
         raise SystemExit(f"dpkg-register: dpkg-deb --fsys-tarfile {deb} failed")
@@ -106,6 +108,19 @@ def register(root, deb):
     tar.close()
     if proc.wait() != 0:
         raise SystemExit(f"dpkg-register: dpkg-deb --ctrl-tarfile {deb} failed")
+
+    # dpkg computes the md5sums of a package that ships none when it unpacks it (dpkg --audit
+    # reports a package without them): the same here, from the files as unpacked.
+    if not os.path.exists(os.path.join(info, pkg + ".md5sums")):
+        with open(os.path.join(info, pkg + ".md5sums"), "w") as f:
+            for p in regular:
+                if p in conffiles:
+                    continue
+                try:
+                    with open(os.path.join(root, p.lstrip("/")), "rb") as g:
+                        f.write(f"{hashlib.md5(g.read()).hexdigest()}  {p.lstrip('/')}\n")
+                except FileNotFoundError:  # left out by a path-exclude
+                    pass
 
     out = []
     for k, v in fields:
@@ -157,6 +172,10 @@ def main(argv):
                     os.unlink(at)
                 os.makedirs(os.path.dirname(at), exist_ok=True)
                 os.symlink(to, at)
+    # The multiarch database layout (info/PKG:ARCH.* for Multi-Arch: same): without this file
+    # dpkg reads info/ in the old layout and finds no file list for libc6:arm64 and the like.
+    with open(os.path.join(admin, "info", "format"), "w") as f:
+        f.write("1\n")
     for empty in ("available", "diversions", "statoverride"):
         open(os.path.join(admin, empty), "a").close()
     print(f"dpkg-register: {len(stanzas)} packages recorded in {admin}/status, "
