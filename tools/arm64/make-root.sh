@@ -33,6 +33,7 @@ PKGS=$TEST_PKGS,$BUILD_PKGS
 #   base-passwd   /etc/passwd and /etc/group from its master files (pytest, dpkg-buildpackage's
 #                 chown, getpwuid);
 #   dash          /bin/sh -> dash (its postinst makes the link behind a diversion);
+#   base-files    /etc/dpkg/origins/default -> debian (dpkg-gencontrol's vendor);
 #   libc-bin      the ld.so cache (one emulated ldconfig; the multiarch directories are ld.so's
 #                 defaults, the cache only saves lookups);
 #   python3.11    nothing: the interpreter, its stdlib and the python3 links are files of the
@@ -43,6 +44,7 @@ configure_by_hand() {
     [ -s "$r/etc/passwd" ] || install -m 0644 "$r/usr/share/base-passwd/passwd.master" "$r/etc/passwd"
     [ -s "$r/etc/group" ] || install -m 0644 "$r/usr/share/base-passwd/group.master" "$r/etc/group"
     [ -e "$r/usr/bin/sh" ] || ln -s dash "$r/usr/bin/sh"
+    [ -e "$r/etc/dpkg/origins/default" ] || ln -s debian "$r/etc/dpkg/origins/default"
     chroot "$r" /sbin/ldconfig
     chroot "$r" /usr/bin/python3 -c 'import numpy, msgpack, yaml, jinja2, pytest' \
         || { echo "make-root.sh: the extracted root's python3 cannot import numpy/msgpack/yaml/jinja2/pytest" >&2; exit 1; }

@@ -102,7 +102,7 @@ for cpu in $CPUS; do
     # QEMU_CPU is read by qemu-aarch64-static, which binfmt_misc runs for every arm64 program.
     if ! chroot "$ROOT" /usr/bin/env -i QEMU_CPU="$cpu" HOME=/tmp PATH=/usr/bin:/bin LANG=C.UTF-8 \
         PYTHONPATH=$PKG_MNT:$MNT/tests:/opt/ktd-pylib PYTHONDONTWRITEBYTECODE=1 KTD_NO_FETCH=1 \
-        KTD_CACHE=$CACHE_MNT /bin/sh -c "cd $MNT && python3 -m pytest -p no:cacheprovider -q $(tests_for "$cpu") ${PYTEST_ARGS:-}"; then
+        KTD_CACHE=$CACHE_MNT /bin/sh -c "cd $MNT && python3 -m pytest -p no:cacheprovider -q -rs $(tests_for "$cpu") ${PYTEST_ARGS:-}"; then
         rc=1
     fi
     echo "=== -cpu $cpu: $(( $(date +%s) - start )) s ==="
