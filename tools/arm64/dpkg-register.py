@@ -142,7 +142,7 @@ def register(root, deb):
 
 def main(argv):
     if len(argv) < 3:
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        print("usage: dpkg-register.py ROOT DEB...", file=sys.stderr)
         return 2
     root, debs = argv[1], argv[2:]
     admin = os.path.join(root, "var/lib/dpkg")
