@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check gpu-carry build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64
+.PHONY: gpu-check gpu-carry build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64 test-arm64-ci
 
 build: native
 
@@ -137,7 +137,8 @@ test-deb: deb
 
 # aarch64 without ARM hardware (root; tools/arm64/): cross-compile the native module with Debian's
 # g++-aarch64-linux-gnu into build/arm64 and run the ARM-relevant tests in an arm64 Debian 12 root
-# (~/.cache/ktd/arm64-root, made once by mmdebstrap) under qemu-user, with -cpu max (dotprod) and
+# (~/.cache/ktd/arm64-root, made once by mmdebstrap --variant=extract: no package script runs under
+# qemu; tools/arm64/make-root.sh) under qemu-user, with -cpu max (dotprod, i8mm) and
 # -cpu cortex-a57 (no dotprod: the fallbacks). Correctness only: emulated speed means nothing.
 # KTD_ARM64_TESTS / KTD_ARM64_CPUS / PYTEST_ARGS narrow or widen it.
 test-arm64: venv
@@ -145,7 +146,13 @@ test-arm64: venv
 	  { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	      g++-aarch64-linux-gnu qemu-user-static binfmt-support mmdebstrap arch-test file >/dev/null; }
 	CMAKE=$(CURDIR)/$(VENV)/bin/cmake NINJA=$(CURDIR)/$(VENV)/bin/ninja KTD_HOST_PYTHON=$(CURDIR)/$(PY) \
-	  PYTEST_ARGS="$(PYTEST_ARGS)" tools/arm64/test-arm64.sh
+	  PYTEST_ARGS="$(PYTEST_ARGS)" KTD_ARM64_LIST="$(KTD_ARM64_LIST)" tools/arm64/test-arm64.sh
+
+# CI's arm64 run (.ci/run): the same with CI's shorter test lists (tools/arm64/test-arm64.sh,
+# KTD_ARM64_LIST=ci: every kernel type and tier, repacks, forward passes and tokenizer/chat under
+# -cpu max; features, kernels, repacks and forward passes under -cpu cortex-a57).
+test-arm64-ci:
+	$(MAKE) test-arm64 KTD_ARM64_LIST=ci
 
 # On a machine with an NVIDIA GPU (driver R580+ for CUDA 13), in one short run: the native module
 # and libktd_cuda.so (carried, or built with KTD_CUDA=ON for the GPU's architecture), the cuda tests

@@ -1,17 +1,19 @@
 # Sourced by build-deb.sh and test-deb.sh: a minimal Debian 12 root (debootstrap
 # --variant=minbase bookworm, 88 packages, no python/procps/systemd), cached as a tarball in
-# ${KTD_CACHE:-~/.cache/ktd}/debian/ so that reruns do not bootstrap again (KTD_REFRESH_BASE=1
-# rebuilds it). The tarball is also piuparts' --basetgz.
+# ${KTD_CACHE:-~/.cache/ktd}/debian/ (or KTD_DEBIAN_CACHE: e.g. a throw-away one to measure a
+# fresh machine) so that reruns do not bootstrap again (KTD_REFRESH_BASE=1 rebuilds it). The
+# tarball is also piuparts' --basetgz.
 
 KTD_CACHE=${KTD_CACHE:-$HOME/.cache/ktd}
 DEBIAN_MIRROR=${KTD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 DEBIAN_SECURITY_MIRROR=${KTD_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
-BASE_TGZ=$KTD_CACHE/debian/bookworm-minbase.tgz
+DEBIAN_CACHE=${KTD_DEBIAN_CACHE:-$KTD_CACHE/debian}
+BASE_TGZ=$DEBIAN_CACHE/bookworm-minbase.tgz
 # DEBROOT_ARCH=arm64 (make deb/test-deb ARCH=arm64): an arm64 base instead, whose programs run under
 # qemu-user-static through binfmt_misc (tools/arm64/binfmt.sh); made by mmdebstrap when the host has
 # it (faster than debootstrap's emulated second stage), debs cached beside the tarball.
 DEBROOT_ARCH=${DEBROOT_ARCH:-amd64}
-[ "$DEBROOT_ARCH" = amd64 ] || BASE_TGZ=$KTD_CACHE/debian/bookworm-minbase-$DEBROOT_ARCH.tgz
+[ "$DEBROOT_ARCH" = amd64 ] || BASE_TGZ=$DEBIAN_CACHE/bookworm-minbase-$DEBROOT_ARCH.tgz
 
 # Create the base tarball if it is missing (network: the Debian mirror).
 debroot_base() {
@@ -28,7 +30,7 @@ debroot_base() {
     || { tail -20 "$dir.log" >&2; rm -rf "$dir"; return 1; }
   elif command -v mmdebstrap >/dev/null; then
     echo "mmdebstrap --arch=$DEBROOT_ARCH --variant=minbase bookworm (cached in $BASE_TGZ afterwards)"
-    local debs=$KTD_CACHE/debian/$DEBROOT_ARCH-archives
+    local debs=$DEBIAN_CACHE/$DEBROOT_ARCH-archives
     mkdir -p "$debs"
     mmdebstrap --mode=root --arch="$DEBROOT_ARCH" --variant=minbase \
       --setup-hook='mkdir -p "$1/var/cache/apt/archives"' --setup-hook="sync-in $debs /var/cache/apt/archives/" \

@@ -156,7 +156,9 @@ assert "cannot be loaded" not in s["reason"] and "not a ktd CUDA backend" not in
 assert "driver" in s["reason"].lower(), s
 ' "$CUDA_LIB"
 }
-if dpkg-deb -c "$DEB" | grep -q '/ktd/libktd_cuda\.so$'; then
+# grep reads the whole listing (not -q): under pipefail an early exit kills dpkg-deb with SIGPIPE
+# and the pipeline fails although the file is there.
+if dpkg-deb -c "$DEB" | grep '/ktd/libktd_cuda\.so$' >/dev/null; then
   check "cuda: libktd_cuda.so shipped, loads without an NVIDIA driver, cuda_status() gives the driver reason" cuda_backend
 else
   skip "cuda: the package has no libktd_cuda.so (built where nvcc was not found)"
@@ -270,7 +272,7 @@ serve_and_query() {
   local tag=$1
   start_daemon "$tag"
   [ "$(in_root stat -c '%G %a' /run/ktd/ktd.sock)" = "ktd 660" ] || { in_root stat /run/ktd/ktd.sock; return 1; }
-  in_root ktctl -s /run/ktd/ktd.sock health
+  in_root ktctl -s /run/ktd/ktd.sock health --wait  # the daemon accepts while it loads
   got=$(in_root ktctl -s /run/ktd/ktd.sock generate "hello world" -n 8 -t 0 --no-stream)
   want=$(in_root env PYTHONDONTWRITEBYTECODE=1 /opt/ktd/bin/python /tmp/greedy.py \
            /var/lib/ktd-models/model.gguf "hello world" 8)
@@ -408,7 +410,7 @@ ktctl status || ok=0
 systemctl stop ktd.service
 systemctl is-active -q ktd.service && ok=0
 systemctl is-active -q ktd.socket || ok=0
-ktctl --timeout 120 health || ok=0
+ktctl --timeout 120 health --wait || ok=0
 systemctl is-active -q ktd.service || ok=0
 # reload: SIGHUP -> RELOADING=1 ... READY=1
 systemctl reload ktd.service || ok=0

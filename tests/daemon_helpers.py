@@ -183,17 +183,32 @@ def daemon_fixture(*, check_exit: bool = False, **config):
 def spawn_real_serve(model, sock, env: dict[str, str] | None = None, *, preexec=None,
                      timeout: float = 60.0) -> subprocess.Popen:
     """``python -m ktd serve`` with the real engine on ``model`` (config from KTD_* variables:
-    the model path, no socket group, and ``env``), its output piped; returns once ``sock``
-    exists. A daemon that exits or takes longer than ``timeout`` fails the test with its output."""
+    the model path, no socket group, and ``env``), its output piped; returns once it serves. A daemon that exits or takes longer than ``timeout`` fails the test with its output."""
     import pytest
 
     full_env = dict(os.environ, KTD_MODEL__PATH=str(model), KTD_SERVER__SOCKET_GROUP="null", **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", str(sock)], env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
+    wait_serving(proc, sock, timeout)
+    return proc
+
+
+def wait_serving(proc: subprocess.Popen, sock, timeout: float = 60.0) -> None:
+    """Until the daemon ``proc`` at ``sock`` serves (health ok: it accepts while it loads, and
+    answers other methods ``loading`` meanwhile). A daemon that exits or takes longer than
+    ``timeout`` fails the test with its output."""
+    import pytest
+
     deadline = time.monotonic() + timeout
-    while not os.path.exists(sock):
+    while True:
+        if os.path.exists(sock):
+            try:
+                with Client(str(sock), timeout=30) as c:
+                    if c.health()["status"] == "ok":
+                        return
+            except OSError:
+                pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"daemon did not start:\n{proc.communicate()[0]}")
         time.sleep(0.05)
-    return proc

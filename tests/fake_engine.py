@@ -16,6 +16,7 @@ import json
 import collections
 import hashlib
 import threading
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -238,9 +239,15 @@ def factory(**options):
     def make(config, progress):
         n_steps = options.pop("load_steps", 3) if "load_steps" in options else 3
         load_delay = options.pop("load_delay_s", 0.0) if "load_delay_s" in options else 0.0
+        # load_gate: a path; after reporting step i the load waits until "<load_gate>.<i>" exists
+        # (a test steps the load deterministically, no timing assumption)
+        gate = options.pop("load_gate", None) if "load_gate" in options else None
         for i in range(n_steps):
-            progress(f"loading fake weights {i + 1}/{n_steps}", (i + 1) / n_steps)
+            progress(f"loading fake weights {i + 1}/{n_steps}", (i + 1) / n_steps, phase="preparing",
+                     done_bytes=(i + 1) * 1000, total_bytes=n_steps * 1000)
             time.sleep(load_delay / max(n_steps, 1))
+            while gate and not os.path.exists(f"{gate}.{i}"):
+                time.sleep(0.01)
         return FakeEngine(n_ctx=config.model.n_ctx, n_seq_max=config.model.n_seq_max,
                           cache_slots=config.prefix_cache.slots, **options)
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
+from daemon_helpers import wait_serving
 from ktd import _native, config as config_mod, gpu
 from ktd.client import Client
 from ktd.engine import Engine
@@ -226,12 +227,7 @@ def _start(model: str, sock, extra_env: dict[str, str]) -> subprocess.Popen:
                **extra_env)
     proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", str(sock)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"daemon did not start:\n{proc.communicate()[0]}")
-        time.sleep(0.05)
+    wait_serving(proc, sock, 120)  # it accepts while loading: until health says ok
     return proc
 
 

@@ -338,6 +338,9 @@ def test_health_is_503_while_the_daemon_loads(tmp_path):
         try:
             r = httpx.get(f"{g.root}/health", timeout=30)
             assert r.status_code == 503 and r.json()["status"] == "loading" and r.headers["retry-after"]
+            # a request meanwhile: 503 "loading" with Retry-After (llama-server: 503 Loading model)
+            r = httpx.post(f"{g.url}/chat/completions", json={"model": "x", "messages": MESSAGES}, timeout=30)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "loading" and r.headers["retry-after"]
             d.wait_ready(60)
             assert wait_for(lambda: httpx.get(f"{g.root}/health", timeout=30).status_code == 200, 30)
         finally:

@@ -426,6 +426,13 @@ def _smaps_of(path: str) -> list[dict[str, int]]:
     return out
 
 
+def _mapped_inodes(path: str) -> set[int]:
+    """The inodes of this process's mappings whose file name is `path` (also a file since replaced
+    by a rename: /proc shows the name it had)."""
+    with open("/proc/self/maps") as f:
+        return {int(line.split()[4]) for line in f if path in line}
+
+
 @pytest.mark.parametrize("hugepages", ["auto", "off"])
 def test_a_hit_maps_the_entry_and_gives_the_same_logits_as_reading_it(tmp_path, hugepages):
     """A hit on one node maps the entry's sections into the arenas (no fresh pages, no copy) and
@@ -438,13 +445,18 @@ def test_a_hit_maps_the_entry_and_gives_the_same_logits_as_reading_it(tmp_path, 
     written = _open(path, cache, hugepages=hugepages)
     assert written.model.cache["state"] == "written" and written.model.cache["mapped"] is False
     entry = written.model.cache["path"]
+    # the first load prepared its weights into the entry's pages and serves from them (direct)
+    assert written.model.cache["direct"] is True
+    by_writer = _smaps_of(entry)
+    assert by_writer and sum(m.get("Rss", 0) for m in by_writer) > 0
     read = _open(path, cache, hugepages=hugepages, cache_map=False)
     assert read.model.cache["state"] == "hit" and read.model.cache["mapped"] is False
-    assert _smaps_of(entry) == []
+    assert _smaps_of(entry) == by_writer  # the read copy maps nothing of the entry
     mapped = _open(path, cache, hugepages=hugepages)
     assert mapped.model.cache["state"] == "hit" and mapped.model.cache["mapped"] is True
     maps = _smaps_of(entry)
-    assert maps and sum(m.get("Rss", 0) for m in maps) > 0  # the entry's pages are the arena's
+    assert len(maps) > len(by_writer) and sum(m.get("Rss", 0) for m in maps) > sum(
+        m.get("Rss", 0) for m in by_writer)  # the entry's pages are the arena's
     assert np.array_equal(_logits(mapped), reference)
     assert np.array_equal(_logits(read), reference)
     assert mapped.model.memory == read.model.memory
@@ -481,10 +493,14 @@ def test_a_mapped_entry_that_fails_its_checksums_is_rebuilt_into_fresh_memory(tm
         f.seek(pos)
         f.write(bytes([b[0] ^ 0x10]))
     assert h["ok"]
+    damaged = os.stat(entry).st_ino
     again = _open(path, cache)
     assert again.model.cache["state"] == "written" and "checksum mismatch" in again.model.cache["reason"]
     assert again.model.cache["mapped"] is False
-    assert _smaps_of(entry) == []
+    # the rebuilt entry (a new file renamed over the damaged one) is what `again` maps: nothing of
+    # the damaged file stays mapped
+    assert again.model.cache["direct"] is True and os.stat(entry).st_ino != damaged
+    assert damaged not in _mapped_inodes(entry) and os.stat(entry).st_ino in _mapped_inodes(entry)
     assert np.array_equal(_logits(again), reference)
     hit = _open(path, cache)
     assert hit.model.cache["state"] == "hit" and hit.model.cache["mapped"] is True

@@ -1,7 +1,7 @@
 """Client library for the ktd socket protocol (docs/PROTOCOL.md): sync ``Client``, async
 ``AsyncClient``, streaming iterators, timeouts, and the typed exceptions of ``ktd.errors``
 (``BadRequest``, ``TooLarge``, ``Busy``, ``Unauthorized``, ``NotFound``, ``Cancelled``,
-``ContextOverflow``, ``Internal``) raised from the server's error codes.
+``ContextOverflow``, ``Loading``, ``Internal``) raised from the server's error codes.
 
     with Client("/run/ktd/ktd.sock") as c:
         for text in (s := c.stream("Once upon a time", max_tokens=64)):
@@ -25,10 +25,11 @@ import msgpack
 from ktd import protocol
 from ktd.errors import (BadRequest, Busy, Cancelled, ContextOverflow, Internal, KtdError, NotFound,
                         TooLarge, Unauthorized, from_wire)
+from ktd.errors import Loading
 
 __all__ = ["Client", "AsyncClient", "Stream", "AsyncStream", "default_socket", "ConnectionLost",
            "KtdError", "BadRequest", "TooLarge", "Busy", "Unauthorized", "NotFound", "Cancelled",
-           "ContextOverflow", "Internal"]
+           "ContextOverflow", "Internal", "Loading"]
 
 DEFAULT_SOCKET = "/run/ktd/ktd.sock"
 _END = object()  # on a stream's queue: its response (or a connection error) has arrived

@@ -31,7 +31,7 @@ from typing import Any
 
 from ktd import __version__, admission, config as config_mod, grammar, protocol, tools
 from ktd.engine_api import Engine
-from ktd.errors import BadRequest, Busy, Cancelled, Internal, KtdError, NotFound, TooLarge, Unauthorized
+from ktd.errors import BadRequest, Busy, Cancelled, Internal, KtdError, Loading, NotFound, TooLarge, Unauthorized
 from ktd.events import Deliver, Event, call_sinks
 from ktd.scheduler import Job, Scheduler
 from ktd.tools import ToolCallParser
@@ -47,6 +47,10 @@ _INFLIGHT_SPARE = 64        # unanswered requests per connection beyond running 
 # Methods whose request and answer can each be as large as a frame (or larger: one token id can
 # detokenize to a long piece): a connection has one of them in progress at a time.
 _HEAVY = frozenset({"tokenize", "detokenize"})
+# While the model loads (Connections.engine is None) only these are answered; the rest get
+# ``loading`` (docs/PROTOCOL.md).
+_WHILE_LOADING = frozenset({"health", "status", "metrics"})
+_INFLIGHT_WHILE_LOADING = 8
 
 
 def resolve_ids(names: tuple[int | str, ...], kind: str) -> frozenset[int]:
@@ -243,15 +247,23 @@ class Connections:
     """The open client connections and their requests. ``introspect`` answers the methods
     without parameters that describe the daemon (health, status, metrics) with their results."""
 
-    def __init__(self, engine: Engine, scheduler: Scheduler, policy: Policy, counters: Counter[str],
-                 introspect: Mapping[str, Callable[[], Any]]):
+    def __init__(self, engine: Engine | None, scheduler: Scheduler | None, policy: Policy, counters: Counter[str],
+                 introspect: Mapping[str, Callable[[], Any]], loading: Callable[[], dict[str, Any]] | None = None):
+        """engine and scheduler None: the model is loading (``attach`` them when it is loaded);
+        ``loading`` gives the load's progress for the ``loading`` error's data."""
         self.engine, self.scheduler, self.policy = engine, scheduler, policy
+        self.loading = loading
         self.counters = counters
         self.introspect = introspect
         self.open: dict[int, Connection] = {}
         self.refusing = 0     # refused peers still held (waiting for the request we answer)
         self._conn_ids = itertools.count(1)
         self._req_ids = itertools.count(1)
+
+    def attach(self, engine: Engine, scheduler: Scheduler, introspect: Mapping[str, Callable[[], Any]]) -> None:
+        """The model is loaded: every method is served from now on (connections opened during
+        the load stay open)."""
+        self.engine, self.scheduler, self.introspect = engine, scheduler, introspect
 
     async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The ``asyncio.start_unix_server`` callback: serve one peer until it leaves."""
@@ -289,7 +301,7 @@ class Connections:
             del self.open[conn.cid]
             conn.closed = True
             for rid in conn.active.values():
-                if rid is not None:
+                if rid is not None and self.scheduler is not None:
                     self.scheduler.cancel(rid, "client disconnected")
             if conn.active:
                 log.info("connection %d closed: cancelled %d requests", conn.cid, len(conn.active), extra=extra)
@@ -396,7 +408,8 @@ class Connections:
                     # Backpressure against pipelining floods: stop reading while too many requests
                     # of this connection are unanswered. Room is left above the generate
                     # requests that can be running or queued, so a cancel always gets through.
-                    limit = self.engine.n_seq_max + self.policy.max_queue + _INFLIGHT_SPARE
+                    limit = (self.engine.n_seq_max + self.policy.max_queue + _INFLIGHT_SPARE
+                             if self.engine is not None else _INFLIGHT_WHILE_LOADING)
                     while len(conn.tasks) >= limit:
                         await asyncio.wait(list(conn.tasks), return_when=asyncio.FIRST_COMPLETED)
                     # Output backpressure: no more requests while the peer leaves answers unread.
@@ -425,6 +438,13 @@ class Connections:
             return
         self.counters["requests_" + req.method] += 1
         conn.n_requests += 1
+        if self.engine is None and req.method not in _WHILE_LOADING:
+            progress = self.loading() if self.loading else {}
+            pct = f" ({progress['fraction']:.0%})" if progress.get("fraction") is not None else ""
+            e = Loading(f"{req.method}: the model is loading{pct}; retry when health says ok", data=progress)
+            self.counters["errors_" + e.code] += 1
+            conn.send(protocol.response(req.msgid, error=e))
+            return
         if req.method == "generate":
             # Claimed here, in arrival order, not in the request's task: two pipelined requests
             # with one msgid would both pass a check made after the first await.
@@ -464,7 +484,6 @@ class Connections:
         await conn.drain()
 
     async def _call(self, conn: Connection, req: protocol.Request) -> Any:
-        tok = self.engine.tokenizer
         m, p = req.method, req.params
         if m == "profile":
             reset = protocol.parse_profile(p)
@@ -476,6 +495,8 @@ class Connections:
             protocol.parse_empty(m, p)
             result = self.introspect[m]()
             return result if conn.privileged or m != "status" else _unprivileged_status(result)
+        assert self.engine is not None  # while loading, _dispatch answers the other methods
+        tok = self.engine.tokenizer
         if m == "hello":
             protocol.parse_empty(m, p)
             info = self.engine.info()

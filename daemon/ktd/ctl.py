@@ -98,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(c)
     for name, help in (("status", "daemon, model, slots, memory (JSON)"), ("health", "ok or not (exit status)"),
                        ("metrics", "Prometheus text exposition")):
-        sub.add_parser(name, help=help)
+        sp = sub.add_parser(name, help=help)
+        if name == "health":
+            sp.add_argument("--wait", action="store_true",
+                            help="while the daemon loads its model, wait (up to --timeout) and report the end")
     pr = sub.add_parser("profile", help="MoE routing profile: tokens routed to each expert, summed over runs")
     pr.add_argument("action", nargs="?", choices=("show", "reset"), default="show",
                     help="show (default; --json for the whole document) or reset (root or the daemon's user)")
@@ -303,6 +306,25 @@ def cmd_http(args) -> int:
     return 0 if code == 200 and mcode == 200 else 1
 
 
+def wait_loaded(client: Client, timeout: float, period_s: float = 0.5) -> dict[str, Any]:
+    """Polls ``health`` while the daemon loads its model (docs/PROTOCOL.md, "While the model
+    loads"), up to ``timeout`` seconds, showing the progress on a terminal; returns the last answer."""
+    deadline = time.monotonic() + timeout
+    tty = sys.stderr.isatty()
+    while True:
+        h = client.health()
+        if h.get("status") != "loading" or time.monotonic() >= deadline:
+            if tty:
+                sys.stderr.write("\r\x1b[K")
+            return h
+        if tty:
+            ld = h.get("loading") or {}
+            pct = f" {ld['fraction']:.0%}" if ld.get("fraction") is not None else ""
+            sys.stderr.write(f"\r\x1b[Kloading the model: {ld.get('text') or ld.get('phase', '')}{pct}")
+            sys.stderr.flush()
+        time.sleep(period_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     path = args.socket or default_socket()
@@ -312,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return cmd_bench(path, args.timeout, args)
         with Client(path, timeout=args.timeout) as client:
+            if args.command in ("generate", "chat", "tokenize", "profile"):
+                # the daemon answers these only once its model is loaded: wait for it, as the
+                # same command sent before it accepted used to wait
+                wait_loaded(client, args.timeout)
             if args.command == "generate":
                 return cmd_generate(client, args)
             if args.command == "chat":
@@ -320,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(client.status(), indent=2))
                 return 0
             if args.command == "health":
-                status = client.health()["status"]
+                status = (wait_loaded(client, args.timeout) if args.wait else client.health())["status"]
                 print(status)
                 return 0 if status == "ok" else 1
             if args.command == "metrics":

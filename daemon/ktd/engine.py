@@ -6,6 +6,7 @@ lower-level constructor used by ``ktd run``, the tests and the benchmarks.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -23,6 +24,16 @@ from ktd.tokenizer import Tokenizer
 log = logging.getLogger("ktd.engine")
 
 
+def _takes_detail(progress: Progress) -> bool:
+    """Whether a progress callable takes the keyword details (phase, done_bytes, total_bytes):
+    the daemon's does; a plain (what, fraction) callable gets those two only."""
+    try:
+        params = inspect.signature(progress).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD or p.name == "phase" for p in params)
+
+
 class _ProgressReporter:
     """Reports a native load's progress (phase, bytes) to ``progress`` every PERIOD_S from a
     thread, while the loading thread waits in the native constructor (the GIL released)."""
@@ -31,6 +42,7 @@ class _ProgressReporter:
 
     def __init__(self, loading: "_native.LoadProgress", progress: Progress):
         self._loading, self._progress = loading, progress
+        self._detail = _takes_detail(progress)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ktd-load-progress", daemon=True)
         self._thread.start()
@@ -43,7 +55,11 @@ class _ProgressReporter:
             if phase in ("starting", "done") or not total or (phase, done) == last:
                 continue
             last = (phase, done)
-            self._progress(f"{phase}: {done / (1 << 30):.2f} of {total / (1 << 30):.2f} GiB", done / total)
+            text = f"{phase}: {done / (1 << 30):.2f} of {total / (1 << 30):.2f} GiB"
+            if self._detail:
+                self._progress(text, done / total, phase=phase, done_bytes=done, total_bytes=total)
+            else:
+                self._progress(text, done / total)
 
     def stop(self) -> None:
         self._done.set()

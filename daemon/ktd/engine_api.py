@@ -113,7 +113,8 @@ class Engine(Protocol):
         ...
 
 
-# progress(what, fraction or None): reported by a factory while loading (STATUS= lines).
-Progress = Callable[[str, float | None], None]
+# progress(what, fraction or None, **detail): reported by a factory while loading (STATUS= lines,
+# ``status`` while loading); detail (optional, the real engine's): phase, done_bytes, total_bytes.
+Progress = Callable[..., None]
 # factory(config, progress) -> Engine. The default is ``ktd.engine.load``.
 EngineFactory = Callable[[Any, Progress], Engine]

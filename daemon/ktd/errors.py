@@ -73,6 +73,14 @@ class ContextOverflow(KtdError):
     code = "context_overflow"
 
 
+class Loading(KtdError):
+    """The daemon is still loading its model: only ``health``, ``status`` and ``metrics`` are
+    answered yet. ``data``: the load's progress (phase, fraction, done_bytes, total_bytes);
+    retry later (llama-server answers 503 "Loading model" for the same state)."""
+
+    code = "loading"
+
+
 class Internal(KtdError):
     """A bug or an engine failure; the message is logged with the request id."""
 
@@ -81,7 +89,8 @@ class Internal(KtdError):
 
 ERRORS: dict[str, type[KtdError]] = {
     cls.code: cls
-    for cls in (BadRequest, TooLarge, Busy, Unauthorized, NotFound, Cancelled, ContextOverflow, Internal)
+    for cls in (BadRequest, TooLarge, Busy, Unauthorized, NotFound, Cancelled, ContextOverflow, Loading,
+                Internal)
 }
 
 

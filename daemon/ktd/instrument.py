@@ -100,6 +100,19 @@ def status_document(server: ServerFacts, *, pid: int, info: Mapping[str, Any], s
     }
 
 
+def loading_status_document(server: ServerFacts, *, pid: int, path: str, loading: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``status`` result while the model loads: the server part, the model's path and the
+    load's progress (docs/PROTOCOL.md); the engine's parts come once it serves."""
+    return {
+        "server": {"version": __version__, "protocol": protocol.PROTOCOL_VERSION, "pid": pid,
+                   "state": server.state, "uptime_s": round(server.uptime_s, 3),
+                   "socket": server.socket, "socket_activated": server.activated,
+                   "connections": server.connections, "reloads": server.reloads},
+        "model": {"path": path or "", "name": os.path.basename(path or "")},
+        "loading": dict(loading),
+    }
+
+
 class _Exposition:
     """Prometheus text lines: ``# HELP``, ``# TYPE`` and the samples of each metric."""
 
@@ -121,6 +134,18 @@ def by_prefix(counter: Mapping[str, int], prefix: str, label: str) -> list[tuple
     """The counters named ``<prefix><value>`` as samples labelled ``{label="<value>"}``, sorted."""
     return [(f'{{{label}="{k[len(prefix):]}"}}', v) for k, v in sorted(counter.items())
             if k.startswith(prefix)]
+
+
+def loading_metrics_text(*, requests: Mapping[str, int], connections: int, fraction: float | None) -> str:
+    """The metrics while the model loads: ktd_up 0, the load's progress and the request counters."""
+    m = _Exposition()
+    m.add("up", "gauge", "1 while serving", [("", 0)])
+    m.add("loading_progress", "gauge", "fraction of the model load done (while loading)",
+          [("", float(fraction or 0.0))])
+    m.add("requests_total", "counter", "requests received, by method", by_prefix(requests, "requests_", "method"))
+    m.add("errors_total", "counter", "error responses, by code", by_prefix(requests, "errors_", "code"))
+    m.add("connections", "gauge", "open client connections", [("", connections)])
+    return m.text()
 
 
 def metrics_text(*, up: bool, requests: Mapping[str, int], scheduler: Mapping[str, int],

@@ -4,8 +4,9 @@ The parts it composes: ``sockets`` (the listening socket), ``connections`` (clie
 generate streams), ``scheduler`` (the engine thread), ``instrument`` (status, metrics, STATUS=).
 One process serves one model. The event loop owns the sockets and never blocks: the model runs
 on the scheduler's engine thread, tokenization in the default executor. Lifecycle (docs/OPS.md):
-bind or inherit the socket → load the model (STATUS=/EXTEND_TIMEOUT_USEC= progress) → start the
-engine thread → accept → READY=1; SIGHUP reloads the live keys (RELOADING=1 … READY=1); SIGTERM
+bind or inherit the socket and accept → load the model (STATUS=/EXTEND_TIMEOUT_USEC= progress;
+meanwhile ``health``/``status``/``metrics`` report the load's progress and every other method gets
+the typed ``loading`` error) → start the engine thread → serve every method → READY=1; SIGHUP reloads the live keys (RELOADING=1 … READY=1); SIGTERM
 sends STOPPING=1, stops accepting, lets running requests finish for ``drain_timeout_s``, cancels
 the rest, answers them, and exits 0. SIGTERM during the load sends STOPPING=1 and exits 0 at
 once, without waiting for the load; SIGHUP during the load is ignored.
@@ -31,7 +32,7 @@ import numpy as np
 from ktd import config as config_mod, routing_profile, systemd
 from ktd.connections import READ_CHUNK, Connections, Policy, loop_delivery
 from ktd.engine_api import Engine, EngineFactory
-from ktd.instrument import Instrument, ServerFacts
+from ktd.instrument import Instrument, ServerFacts, loading_metrics_text, loading_status_document
 from ktd.routing_profile import RoutingProfile
 from ktd.scheduler import Scheduler
 from ktd.sockets import StartupError, listening_socket
@@ -72,6 +73,9 @@ class Daemon:
         self._policy = Policy.from_config(config)
         self._last_status = ""
         self.profile: RoutingProfile | None = None
+        # The load's progress while state is "loading" (health, status, the loading error's data).
+        self._loading: dict[str, Any] = {"phase": "starting", "text": "", "fraction": None}
+        self._load_started = time.monotonic()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -85,9 +89,17 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: log.info("reload ignored: the model is loading"))
+        # Accepting from the start: health/status/metrics answer with the load's progress, the
+        # other methods get ``loading`` until the engine is attached below.
+        self.state = "loading"
+        self.connections = Connections(None, None, self._policy, self.counters,
+                                       {"health": self.health, "status": self.status, "metrics": self.metrics},
+                                       loading=self.loading_progress)
+        server = await asyncio.start_unix_server(self.connections.accept, sock=sock, limit=READ_CHUNK)
         try:
             self.engine = await self._load(loop)
         except BaseException:
+            server.close()
             sock.close()
             self._unlink_own_socket()
             raise
@@ -100,9 +112,8 @@ class Daemon:
         introspect = {"health": self.health, "status": self.status, "metrics": self.metrics}
         if self.profile is not None:
             introspect["profile"] = self._profile_answer
-        self.connections = Connections(self.engine, self.scheduler, self._policy, self.counters, introspect)
         self.scheduler.start()
-        server = await asyncio.start_unix_server(self.connections.accept, sock=sock, limit=READ_CHUNK)
+        self.connections.attach(self.engine, self.scheduler, introspect)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload()))
         self.state = "serving"
         systemd.ready(self._status_text())
@@ -125,10 +136,11 @@ class Daemon:
                 os.unlink(self.socket_path)
 
     async def _load(self, loop: asyncio.AbstractEventLoop) -> Engine:
-        def progress(what: str, fraction: float | None) -> None:
+        def progress(what: str, fraction: float | None, **detail: Any) -> None:
+            # detail (the real engine's): phase, done_bytes, total_bytes
             text = f"loading: {what}" + (f" ({fraction:.0%})" if fraction is not None else "")
             with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is stopping
-                loop.call_soon_threadsafe(self._report_progress, text)
+                loop.call_soon_threadsafe(self._report_progress, text, what, fraction, detail)
 
         def settle(result: Any, error: BaseException | None) -> None:
             if not loaded.done():
@@ -204,7 +216,11 @@ class Daemon:
             log.info("routing profile reset by a client")
         return {"enabled": True, **self.profile.summary()}
 
-    def _report_progress(self, text: str) -> None:
+    def _report_progress(self, text: str, what: str = "", fraction: float | None = None,
+                         detail: dict[str, Any] | None = None) -> None:
+        self._loading = {"phase": (detail or {}).get("phase", "loading"), "text": what,
+                         "fraction": None if fraction is None else round(float(fraction), 4),
+                         **{k: int(v) for k, v in (detail or {}).items() if k in ("done_bytes", "total_bytes")}}
         log.info("%s", text)
         systemd.notify(f"STATUS={text}", f"EXTEND_TIMEOUT_USEC={int(_LOAD_EXTEND_S * 1e6)}")
 
@@ -291,8 +307,13 @@ class Daemon:
             return self.state
         return self.instrument.status_line(self._facts())
 
+    def loading_progress(self) -> dict[str, Any]:
+        """The load's progress (``loading`` in health and status, the ``loading`` error's data)."""
+        return {**self._loading, "elapsed_s": round(time.monotonic() - self._load_started, 3)}
+
     def health(self) -> dict[str, Any]:
-        assert self.scheduler is not None
+        if self.scheduler is None:
+            return {"status": self.state, "loading": self.loading_progress()}
         if not self.scheduler.alive and self.state == "serving":
             # the engine thread ended (it raised): nothing will run again; the watchdog is not
             # fed, and systemd restarts the daemon
@@ -300,11 +321,16 @@ class Daemon:
         return {"status": "ok" if self.state == "serving" else self.state}
 
     def status(self) -> dict[str, Any]:
-        assert self.instrument is not None
+        if self.instrument is None:  # loading
+            return loading_status_document(self._facts(), pid=os.getpid(), path=self.config.model.path,
+                                           loading=self.loading_progress())
         return self.instrument.status(self._facts(), self._policy.limits)
 
     def metrics(self) -> dict[str, Any]:
-        assert self.instrument is not None and self.connections is not None
+        assert self.connections is not None
+        if self.instrument is None:  # loading
+            return {"text": loading_metrics_text(requests=self.counters, connections=self.connections.count,
+                                                 fraction=self._loading.get("fraction"))}
         return {"text": self.instrument.metrics(up=self.state == "serving",
                                                 connections=self.connections.count)}
 

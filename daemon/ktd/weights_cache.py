@@ -71,6 +71,10 @@ def log_load(cache: dict[str, Any], why_off: str = "") -> None:
         log.info("prepared-weights cache: read %s%s in %.2f s from %s", size,
                  " (mapped: the page cache's pages, not copied)" if cache.get("mapped") else "", cache["seconds"],
                  cache["path"])
+    elif state == "written" and cache.get("direct"):
+        log.info("prepared-weights cache: %swritten while preparing (%s, checksummed in %.2f s) to %s; "
+                 "the weights are served from its pages", f"rebuilt ({reason}), " if reason else "", size,
+                 cache["seconds"], cache["path"])
     elif state == "written":
         log.info("prepared-weights cache: %swritten (%s in %.2f s) to %s",
                  f"rebuilt ({reason}), " if reason else "", size, cache["seconds"], cache["path"])

@@ -7,25 +7,56 @@
 #
 # Environment: KTD_ARM64_ROOT (default ~/.cache/ktd/arm64-root), KTD_ARM64_CPUS (default
 # "max cortex-a57"), KTD_ARM64_TESTS (the test files, default below), PYTEST_ARGS (extra pytest
-# arguments). Needs root (chroot, mounts), g++-aarch64-linux-gnu, qemu-user-static, debootstrap.
+# arguments), KTD_ARM64_BUILD (the cross build directory, default build/arm64).
+# KTD_ARM64_LIST=ci (`make test-arm64-ci`, .ci/run): CI's shorter lists instead of the default one:
+#   -cpu max         the kernels of every type on every tier (the tests force NEON, DOTPROD and
+#                    I8MM in turn), the repacked layouts, the CPU features, the forward passes
+#                    (tiny models of every architecture, dense and MoE, the i-quant DeepSeek-shaped
+#                    file), the tokenizer and chat templates;
+#   other models     what depends on the CPU model: the features and the default ISA it picks,
+#                    the kernels and repacks of the tiers it has (NEON on cortex-a57), the dense
+#                    and MoE forward passes through the fallback dispatch. (The tokenizer and chat
+#                    code has no ISA-specific path: it runs once, under max.)
+# The real models of the host's cache (${KTD_CACHE:-~/.cache/ktd}/models: the x86 `make test`
+# fetches them) are bind-mounted read-only into the root, so that the real-model tokenizer tests
+# run when they are there (KTD_NO_FETCH=1: without them those tests skip with the reason).
+# Needs root (chroot, mounts), g++-aarch64-linux-gnu, qemu-user-static, mmdebstrap or debootstrap.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=${KTD_ARM64_ROOT:-$HOME/.cache/ktd/arm64-root}
 export KTD_ARM64_ROOT=$ROOT
 CPUS=${KTD_ARM64_CPUS:-max cortex-a57}
 TESTS=${KTD_ARM64_TESTS:-tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_kernels_smoke.py tests/test_kernels_q32.py tests/test_kernels_k.py tests/test_kernels_iq.py tests/test_attention.py tests/test_elementwise.py tests/test_sampling.py tests/test_thread_pool.py tests/test_forward.py tests/test_moe_forward.py tests/test_tokenizer.py tests/test_chat.py tests/test_structured_output.py}
+CI_MAX="tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_forward.py tests/test_moe_forward.py tests/test_iq_forward.py tests/test_tokenizer.py tests/test_chat.py"
+CI_FALLBACK="tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_forward.py tests/test_moe_forward.py"
+case ${KTD_ARM64_LIST:-} in
+    "") ;;
+    ci) [ -z "${KTD_ARM64_TESTS:-}" ] || { echo "test-arm64: KTD_ARM64_LIST=ci and KTD_ARM64_TESTS both given" >&2; exit 2; } ;;
+    *) echo "test-arm64: KTD_ARM64_LIST=${KTD_ARM64_LIST}: only ci" >&2; exit 2 ;;
+esac
+tests_for() {
+    if [ "${KTD_ARM64_LIST:-}" = ci ]; then
+        if [ "$1" = max ]; then echo "$CI_MAX"; else echo "$CI_FALLBACK"; fi
+    else
+        echo "$TESTS"
+    fi
+}
 CMAKE=${CMAKE:-cmake}
 NINJA=${NINJA:-ninja}
 HOST_PY=${KTD_HOST_PYTHON:-$REPO/.venv/bin/python}
 [ -x "$HOST_PY" ] || HOST_PY=python3
 command -v aarch64-linux-gnu-g++ >/dev/null || { echo "test-arm64: aarch64-linux-gnu-g++ not found (apt-get install g++-aarch64-linux-gnu)" >&2; exit 1; }
 
+t0=$(date +%s)
 KTD_PYTHON=$HOST_PY "$REPO/tools/arm64/make-root.sh"
+echo "=== arm64 root: $(( $(date +%s) - t0 )) s ==="
 
 # Cross build (tools/arm64/cross-build.sh, shared with `make deb ARCH=arm64`; pybind11 is
 # header-only: the host's copy is used).
-BUILD=$REPO/build/arm64
+BUILD=${KTD_ARM64_BUILD:-$REPO/build/arm64}
+t0=$(date +%s)
 SO=$(KTD_ARM64_BUILD=$BUILD KTD_HOST_PYTHON=$HOST_PY CMAKE=$CMAKE NINJA=$NINJA "$REPO/tools/arm64/cross-build.sh" | tail -1)
+echo "=== aarch64 cross build: $(( $(date +%s) - t0 )) s ==="
 
 # The package as the root sees it: the Python sources plus the aarch64 module (the x86 module in
 # daemon/ktd, if any, stays out of it).
@@ -47,6 +78,22 @@ mount -t proc proc "$ROOT/proc" && mounts+=("$ROOT/proc")
 mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys" && mounts+=("$ROOT/sys")
 mount --bind /dev "$ROOT/dev" && mounts+=("$ROOT/dev")
 mount --bind "$REPO" "$ROOT$MNT" && mounts+=("$ROOT$MNT")
+# The package (it may live outside the worktree: KTD_ARM64_BUILD).
+PKG_MNT=$MNT-py
+mkdir -p "$ROOT$PKG_MNT"
+mount --bind "$PKG" "$ROOT$PKG_MNT" && mounts+=("$ROOT$PKG_MNT")
+# The host's model cache, read-only, as KTD_CACHE's models/ in the root (one mount point per
+# checkout, as above).
+MODELS=${KTD_CACHE:-$HOME/.cache/ktd}/models
+CACHE_MNT=$MNT-cache
+if [ -d "$MODELS" ]; then
+    mkdir -p "$ROOT$CACHE_MNT/models"
+    mount --bind "$MODELS" "$ROOT$CACHE_MNT/models" && mounts+=("$ROOT$CACHE_MNT/models")
+    mount -o remount,bind,ro "$ROOT$CACHE_MNT/models"
+    echo "real models: $MODELS (read-only in the root: $(ls "$MODELS"/*.gguf 2>/dev/null | wc -l) files)"
+else
+    echo "real models: $MODELS absent (the real-model tests skip; the x86 make test fetches them)"
+fi
 
 rc=0
 for cpu in $CPUS; do
@@ -54,8 +101,8 @@ for cpu in $CPUS; do
     start=$(date +%s)
     # QEMU_CPU is read by qemu-aarch64-static, which binfmt_misc runs for every arm64 program.
     if ! chroot "$ROOT" /usr/bin/env -i QEMU_CPU="$cpu" HOME=/tmp PATH=/usr/bin:/bin LANG=C.UTF-8 \
-        PYTHONPATH=$MNT/build/arm64/py:$MNT/tests:/opt/ktd-pylib PYTHONDONTWRITEBYTECODE=1 KTD_NO_FETCH=1 \
-        /bin/sh -c "cd $MNT && python3 -m pytest -p no:cacheprovider -q $TESTS ${PYTEST_ARGS:-}"; then
+        PYTHONPATH=$PKG_MNT:$MNT/tests:/opt/ktd-pylib PYTHONDONTWRITEBYTECODE=1 KTD_NO_FETCH=1 \
+        KTD_CACHE=$CACHE_MNT /bin/sh -c "cd $MNT && python3 -m pytest -p no:cacheprovider -q -rs $(tests_for "$cpu") ${PYTEST_ARGS:-}"; then
         rc=1
     fi
     echo "=== -cpu $cpu: $(( $(date +%s) - start )) s ==="

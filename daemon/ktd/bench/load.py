@@ -1,7 +1,7 @@
 """Time to READY against the time it takes to read the file (issue 20's table).
 
     python -m ktd.bench.load [MODEL ...] [--reps 3] [--threads 2] [--cache-dir DIR]
-                             [--out bench/results/load.json]
+                             [--baseline DIR] [--out bench/results/load.json]
 
 Per model file (default: the 1.5B Qwen model, the deepseek2 and qwen3moe bench files, those that
 exist), each measured as a fresh process, page cache warm (one untimed ``cat`` first):
@@ -11,15 +11,20 @@ exist), each measured as a fresh process, page cache warm (one untimed ``cat`` f
              process, independent of the model
 - ``cold``   ``ktd run FILE --prompt Hi --max-tokens 1`` with the prepared-weights cache off
              (``KTD_MODEL__WEIGHTS_CACHE=off``): the first load of a model
+- ``first``  the same with the cache on and no entry yet (a fresh directory before each run): the
+             first start of a model as installed, which prepares the weights straight into the new
+             entry and serves from it
 - ``warm``   the same with the cache in ``--cache-dir`` (a directory of its own, filled by one
              untimed run first): every later start
+- ``before`` (``--baseline DIR``: a checkout of the code before this work, built in place) its
+             ``ktd run`` with ``PYTHONPATH=DIR/daemon``, the cold command's pair
 
-The four commands run alternately, ``--reps`` rounds, so that a change of the machine's load hits
+The commands run alternately, ``--reps`` rounds, so that a change of the machine's load hits
 all of them alike; each row reports the best round's wall time and the user+system CPU time of
 that run (``wait4``'s rusage: on a shared machine CPU time is the steadier figure), and the load
 average is printed before and after. The targets the issue sets: warm ≤ 1.5 × cat + import
-(``warm_target``), cold ≥ 2× faster than before this work (the "before" figures are the issue's;
-pass ``--before FILE=SECONDS`` to compare with your own).
+(``warm_target``), cold and first ≥ 2× faster than before this work (measured alongside with
+``--baseline``, otherwise the issue's figures or ``--before FILE=SECONDS``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,25 +81,43 @@ def timed(cmd: Sequence[str], env: dict[str, str] | None = None, stdout: Any = s
     return wall, ru.ru_utime + ru.ru_stime
 
 
+class FreshCacheDir:
+    """A cache directory emptied before each use: every run is a first load."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def empty(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.makedirs(self.path)
+
+
 def run_cmd(model: str, threads: int) -> list[str]:
     return [sys.executable, "-m", "ktd", "run", model, "--prompt", "Hi", "--max-tokens", "1", "--threads", str(threads)]
 
 
-def measure(model: str, reps: int, threads: int, cache_dir: str) -> dict[str, Any]:
+def measure(model: str, reps: int, threads: int, cache_dir: str, first: FreshCacheDir,
+            baseline: str | None = None) -> dict[str, Any]:
     env_cold = {**os.environ, "KTD_MODEL__WEIGHTS_CACHE": "off"}
     env_warm = {**os.environ, "KTD_MODEL__WEIGHTS_CACHE": cache_dir}
-    cmds = {
+    env_first = {**os.environ, "KTD_MODEL__WEIGHTS_CACHE": first.path}
+    cmds: dict[str, tuple[list[str], dict[str, str] | None]] = {
         "cat": (["cat", model], None),
         "import": ([sys.executable, "-c", "import ktd.engine, ktd._native"], None),
         "cold": (run_cmd(model, threads), env_cold),
+        "first": (run_cmd(model, threads), env_first),
         "warm": (run_cmd(model, threads), env_warm),
     }
+    if baseline:
+        cmds["before"] = (run_cmd(model, threads), {**env_cold, "PYTHONPATH": os.path.join(baseline, "daemon")})
     timed(["cat", model])  # the page cache warm for every row
     timed(*cmds["warm"])  # the cache entry written
     runs: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
     load = [loadavg()]
     for _ in range(reps):
         for name, (cmd, env) in cmds.items():
+            if name == "first":
+                first.empty()
             runs[name].append(timed(cmd, env))
     load.append(loadavg())
     best = {k: min(v) for k, v in runs.items()}
@@ -113,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="alternating rounds (best of)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache-dir", help="the warm rows' cache directory (default: a temporary one, removed)")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="a checkout of ktd before this work, built in place (e.g. /work/baseline): its ktd run "
+                         "with the cache off is timed alongside, the 'before' of the 2x target")
     ap.add_argument("--before", action="append", default=[], metavar="FILE=SECONDS",
                     help="a cold-load figure from before, per file name, for the 2x target")
     ap.add_argument("--out", type=Path, default=Path("bench/results/load.json"))
@@ -138,27 +165,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cache_dir:
         tmp = tempfile.TemporaryDirectory(prefix="ktd-bench-load-")
         cache_dir = tmp.name
+    # The first-load entries are as large as the warm ones: next to them (same file system).
+    first = FreshCacheDir(os.path.join(cache_dir, "first-load"))
     rows = []
     try:
         for m in models:
-            rows.append(measure(m, args.reps, args.threads, cache_dir))
+            rows.append(measure(m, args.reps, args.threads, cache_dir, first, args.baseline))
             r = rows[-1]
-            r["before_s"] = before.get(os.path.basename(m))
+            r["before_s"] = r["before"]["wall_s"] if "before" in r else before.get(os.path.basename(m))
     finally:
+        shutil.rmtree(first.path, ignore_errors=True)
         if tmp:
             tmp.cleanup()
     print()
-    print("| file | cat | import | cold (cache off) | warm (cache) | warm target 1.5×cat+import | cold vs before |")
-    print("|---|---|---|---|---|---|---|")
+    src = f"measured alongside: {args.baseline}" if args.baseline else "the issue's figures"
+    print(f"| file | cat | import | cold (cache off) | first (cache on, no entry) | warm (cache) | "
+          f"warm target 1.5×cat+import | before ({src}) | cold vs before | first vs before |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         def cell(k: str) -> str:
             return f"{r[k]['wall_s']:.2f} s ({r[k]['cpu_s']:.2f} CPU)"
-        vs = f"{r['before_s'] / r['cold']['wall_s']:.1f}× ({r['before_s']:.2f} s)" if r.get("before_s") else "-"
+
+        def vs(k: str) -> str:
+            return f"{r['before_s'] / r[k]['wall_s']:.2f}×" if r.get("before_s") else "-"
+        bef = cell("before") if "before" in r else (f"{r['before_s']:.2f} s" if r.get("before_s") else "-")
         print(f"| {os.path.basename(r['model'])} ({r['bytes'] / 1e9:.1f} GB) | {cell('cat')} | {cell('import')} | "
-              f"{cell('cold')} | {cell('warm')} | {r['warm_target_s']:.2f} s "
-              f"({'met' if r['warm']['wall_s'] <= r['warm_target_s'] else 'not met'}) | {vs} |")
+              f"{cell('cold')} | {cell('first')} | {cell('warm')} | {r['warm_target_s']:.2f} s "
+              f"({'met' if r['warm']['wall_s'] <= r['warm_target_s'] else 'not met'}) | {bef} | {vs('cold')} | "
+              f"{vs('first')} |")
     print(f"\nload average before/after each file: {'; '.join('/'.join(r['loadavg']) for r in rows)}")
-    write_results({"cpu": cpu_model(), "threads": args.threads, "reps": args.reps, "rows": rows}, args.out)
+    write_results({"cpu": cpu_model(), "threads": args.threads, "reps": args.reps, "baseline": args.baseline,
+                   "rows": rows}, args.out)
     print(f"written: {args.out}")
     return 0
 

@@ -50,7 +50,7 @@ def chat_prompt_ids(tok, text: str) -> list[int]:
     return ids
 
 
-def _progress_bar(what: str, fraction: float | None) -> None:
+def _progress_bar(what: str, fraction: float | None, **detail: object) -> None:
     """The load's progress on a terminal: one line redrawn in place."""
     if fraction is None:
         return

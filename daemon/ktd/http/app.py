@@ -279,7 +279,8 @@ async def _health(gw, request, done):
     except (TimeoutError, asyncio.TimeoutError):
         state = "loading"  # the daemon's socket exists (systemd) but it does not accept yet
     except Exception as e:  # noqa: BLE001
-        state = f"unavailable: {from_daemon(e).message}"
+        failure = from_daemon(e)
+        state = "loading" if failure.code == "loading" else f"unavailable: {failure.message}"
     code = 200 if state == "ok" else 503
     headers = {} if code == 200 else {"Retry-After": "5"}
     return JSONResponse({"status": state}, status_code=code, headers=headers)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ktd.client import AsyncClient, AsyncStream, ConnectionLost
+from ktd.errors import Loading
 from ktd.errors import (BadRequest, Busy, Cancelled, ContextOverflow, KtdError, NotFound, TooLarge,
                         Unauthorized)
 
@@ -56,6 +57,9 @@ def from_daemon(exc: BaseException) -> HTTPFailure:
     if isinstance(exc, Busy):
         return HTTPFailure(429, exc.message, type="rate_limit_error", code="busy",
                            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
+    if isinstance(exc, Loading):  # llama-server: 503 "Loading model"
+        return HTTPFailure(503, exc.message, type="server_error", code="loading",
+                           headers={"Retry-After": str(DOWN_RETRY_AFTER_S)})
     if isinstance(exc, Cancelled):  # the request's deadline (server.request_deadline_s) or shutdown
         return HTTPFailure(504, exc.message, type="server_error", code="cancelled")
     if isinstance(exc, Unauthorized):

@@ -272,6 +272,7 @@ std::string Arena::map_file(int fd, uint64_t offset, size_t bytes) {
     if (offset % kSmallPage) return "the offset is not page-aligned";
     const size_t len = round_up(bytes, kSmallPage);
     if (len == 0 || len > capacity_) return "the bytes do not fit the arena";
+    if (file_bytes_ > len) unmap_file();  // a longer earlier mapping: its tail must not stay the file's
     void *p = ::mmap(base_, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, off_t(offset));
     if (p == MAP_FAILED) {
         const int e = errno;
@@ -282,6 +283,38 @@ std::string Arena::map_file(int fd, uint64_t offset, size_t bytes) {
     file_bytes_ = len;
     madvise(base_, len, kind_ == ArenaKind::THP ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     return "";
+}
+
+std::string Arena::map_file_shared(int fd, uint64_t offset) {
+    if (kind_ != ArenaKind::THP && kind_ != ArenaKind::Normal) return "the arena is on reserved huge pages";
+    if (bound_) return "the arena has a NUMA placement";
+    if (locked_) return "the arena is locked (mlock)";
+    if (offset % kSmallPage) return "the offset is not page-aligned";
+    if (file_bytes_) unmap_file();
+    void *p = ::mmap(base_, capacity_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, off_t(offset));
+    if (p == MAP_FAILED) {
+        const int e = errno;
+        file_bytes_ = capacity_;  // MAP_FIXED may have removed the old pages: fresh ones
+        unmap_file();
+        return std::string("mmap (shared): ") + std::strerror(e);
+    }
+    file_bytes_ = capacity_;
+    madvise(base_, capacity_, kind_ == ArenaKind::THP ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    return "";
+}
+
+void Arena::trim_file(size_t bytes) {
+    const size_t len = round_up(bytes, kSmallPage);
+    if (len >= file_bytes_) return;
+    if (len == 0) {
+        unmap_file();
+        return;
+    }
+    void *tail = static_cast<uint8_t *>(base_) + len;
+    void *p = ::mmap(tail, file_bytes_ - len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) throw SysError("mmap (weights arena)", errno);
+    madvise(tail, file_bytes_ - len, kind_ == ArenaKind::THP ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    file_bytes_ = len;
 }
 
 void Arena::unmap_file() {

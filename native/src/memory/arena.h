@@ -82,7 +82,17 @@ public:
     // 2 MiB-aligned, as the base is), a normal one with MADV_NOHUGEPAGE. Returns "" or why not
     // (nothing changed then). used() is not changed.
     std::string map_file(int fd, uint64_t offset, size_t bytes);
-    // Whether map_file() replaced the arena's start; unmap_file() puts fresh anonymous memory of
+    // map_file's writable twin for a first load: the whole arena (capacity() bytes) becomes a
+    // shared mapping of fd's bytes [offset, offset + capacity()) (MAP_SHARED|MAP_FIXED), so that
+    // what the loader writes lands in the file's page cache (a prepared-weights cache entry being
+    // written) instead of in fresh anonymous pages that would be copied to the file afterwards.
+    // The file must already have those bytes allocated (posix_fallocate: a full disk cannot fault
+    // a write later). Same conditions as map_file; "" or why not (nothing changed then).
+    std::string map_file_shared(int fd, uint64_t offset);
+    // After a map_file_shared: the arena's bytes from `bytes` on (page-rounded) become anonymous
+    // again, so that the file may be truncated there (a mapping beyond a file's end faults).
+    void trim_file(size_t bytes);
+    // Whether map_file() or map_file_shared() replaced the arena's start; unmap_file() puts fresh anonymous memory of
     // the arena's kind back (the file's bytes are gone from the arena then).
     bool file_mapped() const { return file_bytes_ != 0; }
     void unmap_file();

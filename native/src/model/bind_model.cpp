@@ -239,7 +239,7 @@ static void bind_model_class(py::module_ &m) {
                          const std::string &hugepages, size_t hugetlb_page_size, bool mlock,
                          const std::string &numa_experts, const std::string &numa_dense,
                          const std::string &cache_dir, std::shared_ptr<LoadProgress> progress,
-                         bool cache_write_background, bool cache_map) {
+                         bool cache_write_background, bool cache_map, bool cache_direct) {
                  ModelOptions o;
                  o.n_threads = n_threads;
                  o.pin = pin;
@@ -262,6 +262,7 @@ static void bind_model_class(py::module_ &m) {
                  o.progress = std::move(progress);
                  o.cache_write_background = cache_write_background;
                  o.cache_map = cache_map;
+                 o.cache_direct = cache_direct;
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
@@ -271,7 +272,7 @@ static void bind_model_class(py::module_ &m) {
              py::arg("hugetlb_page_size") = kPage2M, py::arg("mlock") = false, py::arg("numa_experts") = "shard",
              py::arg("numa_dense") = "interleave", py::arg("cache_dir") = "",
              py::arg("progress") = std::shared_ptr<LoadProgress>(), py::arg("cache_write_background") = false,
-             py::arg("cache_map") = true)
+             py::arg("cache_map") = true, py::arg("cache_direct") = true)
         .def_static("supported_archs", &Model::supported_archs)
         .def_static(
             "tensor_classes",
@@ -324,12 +325,14 @@ static void bind_model_class(py::module_ &m) {
                 d["bytes"] = c.bytes;
                 d["seconds"] = c.seconds;
                 d["mapped"] = c.mapped;
+                d["direct"] = c.direct;
                 return d;
             },
             "What the load did with the prepared-weights cache: path (of the entry), state (off, hit, "
             "writing (in the background), written, not written), reason (why an existing entry was not used, or why none was written), "
             "bytes (of the entry), seconds (reading or writing it), mapped (a hit: the entry's pages mapped into "
-            "the arenas rather than read into fresh ones)")
+            "the arenas rather than read into fresh ones), direct (written: the weights were prepared straight into "
+            "the entry's pages, which the model serves from)")
         .def_property_readonly(
             "memory", &memory_dict,
             "Where the weights went: NUMA nodes (pool order) with their routed-expert bytes and "

@@ -156,6 +156,10 @@ struct ModelOptions {
     // A cache hit maps the entry's sections into the arenas where they allow it rather than
     // reading them (read_weights_cache's map: no page zeroed or copied; false: always read).
     bool cache_map = true;
+    // A miss with cache_map: the new entry is written while the weights are prepared, into its
+    // own pages, which the model then serves from (WeightsCacheWriter); false: prepared into
+    // anonymous arenas and written after the load (as where mapping is not possible).
+    bool cache_direct = true;
 };
 
 // Where the weights went, for the load log and status. nodes: the pool's NUMA nodes, in slice

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <type_traits>
 #include <variant>
 
@@ -579,7 +580,18 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
             m->file_.advise_willneed();
         }
     }
+    // A miss that may map: the new entry is written while preparing (WeightsCacheWriter: the
+    // arenas become shared mappings of its temporary file). Otherwise (it cannot be created, a
+    // placement that cannot map) the arenas are anonymous and the entry is written after the load.
+    WeightsCacheWriter direct;
+    std::string direct_why;
+    if (use_cache && cached.empty() && opts.cache_map && opts.cache_direct)
+        direct_why = direct.begin(cs.path, key, list);
 
+    // Tests only: KTD_TEST_LOAD_TENSOR_DELAY_MS makes the load sleep after each tensor, so that a
+    // test can watch (or kill) a load in progress without depending on how fast the machine is.
+    long test_delay_ms = 0;
+    if (const char *d = std::getenv("KTD_TEST_LOAD_TENSOR_DELAY_MS")) test_delay_ms = std::strtol(d, nullptr, 10);
     auto load_all = [&](bool attach) {
         m->w_ = ModelWeights{};
         m->n_params_ = m->repacked_bytes_ = m->copied_bytes_ = 0;
@@ -596,6 +608,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         for (const TensorUse &u : uses) {
             loader.load(u);
             if (progress) progress->add(u.t->nbytes);
+            if (test_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(test_delay_ms));
         }
         loader.tie_output();
     };
@@ -619,7 +632,20 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     // Everything the forward reads is in the arenas now: drop the file's pages from the process
     // (the header, which names and metadata point into, stays as an anonymous copy).
     m->file_.detach_data();
-    if (use_cache && cached.empty()) {
+    if (direct.active()) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::string err = direct.commit(*m->pool_, opts.progress.get());
+        if (err.empty()) {
+            cs.state = "written";
+            cs.direct = true;
+            cs.seconds = seconds_since(t0);
+            struct stat cst {};
+            if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
+        } else {
+            cs.state = "not written";
+            cs.reason = (cs.reason.empty() ? "" : cs.reason + "; ") + err;
+        }
+    } else if (use_cache && cached.empty()) {
         // A new entry, now or (cache_write_background) from a thread of its own while the model
         // serves: the arenas are only read from here on.
         auto write = [](Model *model, std::string entry, std::string k, Arenas keep, ThreadPool *pool,

@@ -391,6 +391,110 @@ std::string write_weights_cache(const std::string &path, const std::string &key,
     return "";
 }
 
+WeightsCacheWriter::~WeightsCacheWriter() { abandon(); }
+
+void WeightsCacheWriter::abandon() {
+    if (fd_ < 0) return;
+    ::close(std::exchange(fd_, -1));
+    ::unlink(tmp_.c_str());
+}
+
+std::string WeightsCacheWriter::begin(const std::string &path, const std::string &key,
+                                      const std::vector<Arena *> &arenas) {
+    path_ = path;
+    key_ = key;
+    arenas_ = arenas;
+    // The header's room: the key, the section table and the checksums of every arena's capacity
+    // (an upper bound of the bytes it will use).
+    uint64_t table_bytes = 0;
+    for (Arena *a : arenas) table_bytes += n_chunks(a->capacity()) * 16;
+    header_bytes_ = align_up(align_up(48 + key.size(), 8) + arenas.size() * 16 + table_bytes, kAlign);
+    uint64_t end = header_bytes_;
+    offset_.assign(arenas.size(), 0);
+    // By the sizes the plan asked for (the bytes the load uses, normally all of them): the file
+    // then needs no truncation at the end, which would split and unmap the large folio at its end.
+    // A section's mapping covers its arena's capacity, up to the next 2 MiB offset or past the
+    // file's end (never touched there: the load writes only what it allocates).
+    for (size_t s = 0; s < arenas.size(); ++s) {
+        offset_[s] = align_up(end, kSectionAlign);
+        end = offset_[s] + arenas[s]->requested();
+    }
+    file_bytes_ = align_up(end, kAlign);
+    static std::atomic<unsigned> counter{0};
+    tmp_ = path + ".tmp-" + std::to_string(::getpid()) + "-d" + std::to_string(counter++);
+    fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) return errno_text("cannot create " + tmp_, errno);
+    // Every byte reserved before anything is mapped: a write through the mapping can then never
+    // meet a full disk (which would be SIGBUS, not an error).
+    if (int e = ::posix_fallocate(fd_, 0, off_t(file_bytes_)); e != 0) {
+        abandon();
+        return errno_text("cannot reserve " + std::to_string(file_bytes_) + " bytes for " + tmp_, e);
+    }
+    for (size_t s = 0; s < arenas.size(); ++s)
+        if (std::string why = arenas[s]->map_file_shared(fd_, offset_[s]); !why.empty()) {
+            for (size_t t = 0; t < s; ++t) arenas[t]->unmap_file();
+            abandon();
+            return "arena " + std::to_string(s) + ": " + why;
+        }
+    return "";
+}
+
+std::string WeightsCacheWriter::commit(ThreadPool &pool, LoadProgress *progress) {
+    if (fd_ < 0) return "no entry being written";
+    std::vector<uint8_t> b(size_t(header_bytes_), 0);
+    std::memcpy(b.data(), kMagic, 8);
+    put<uint32_t>(b, 8, kWeightsCacheVersion);
+    put<uint64_t>(b, 16, header_bytes_);
+    put<uint64_t>(b, 32, kChunk);
+    put<uint32_t>(b, 40, uint32_t(arenas_.size()));
+    put<uint32_t>(b, 44, uint32_t(key_.size()));
+    std::memcpy(b.data() + 48, key_.data(), key_.size());
+    size_t at = size_t(align_up(48 + key_.size(), 8));
+    for (size_t s = 0; s < arenas_.size(); ++s, at += 16) {
+        put<uint64_t>(b, at, offset_[s]);
+        put<uint64_t>(b, at + 8, arenas_[s]->used());
+    }
+    struct Item {
+        size_t s;
+        uint64_t c;
+    };
+    std::vector<Item> items;
+    std::vector<size_t> crc_at(arenas_.size());
+    uint64_t total = 0;
+    for (size_t s = 0; s < arenas_.size(); ++s) {
+        crc_at[s] = at;
+        for (uint64_t c = 0; c < n_chunks(arenas_[s]->used()); ++c) items.push_back({s, c});
+        at += size_t(n_chunks(arenas_[s]->used())) * 16;
+        total += arenas_[s]->used();
+    }
+    if (progress) progress->start(LoadProgress::WritingCache, total);
+    pool.for_each_item(items.size(), [&](size_t i, int) {
+        const Item it = items[i];
+        const uint64_t off = it.c * kChunk, n = std::min(kChunk, arenas_[it.s]->used() - off);
+        const std::array<uint32_t, 4> crc =
+            crc32c_x4(static_cast<const uint8_t *>(arenas_[it.s]->base()) + off, size_t(n));
+        std::memcpy(b.data() + crc_at[it.s] + size_t(it.c) * 16, crc.data(), 16);
+        if (progress) progress->add(n);
+    });
+    // The file ends where the last section's bytes do (as an entry written after a load): the
+    // arenas' unused tails are taken off the file first.
+    for (Arena *a : arenas_) a->trim_file(a->used());
+    const uint64_t end = arenas_.empty() ? header_bytes_ : align_up(offset_.back() + arenas_.back()->used(), kAlign);
+    put<uint64_t>(b, 24, end);
+    put<uint32_t>(b, 12, crc32c(b.data() + 16, b.size() - 16));
+    std::string err;
+    if (end != file_bytes_ && ::ftruncate(fd_, off_t(end)) != 0) err = errno_text("truncate " + tmp_, errno);
+    else if (!pwrite_all(fd_, b.data(), b.size(), 0)) err = errno_text("write " + tmp_, errno);
+    else if (::rename(tmp_.c_str(), path_.c_str()) != 0) err = errno_text("rename to " + path_, errno);
+    if (!err.empty()) {
+        abandon();  // the arenas' mappings keep the unlinked file's pages
+        return err;
+    }
+    // The mappings keep the file open; the descriptor is not needed any more.
+    ::close(std::exchange(fd_, -1));
+    return "";
+}
+
 WeightsCacheHeader read_weights_cache_header(const std::string &path) {
     WeightsCacheHeader out;
     Fd f;

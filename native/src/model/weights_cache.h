@@ -70,6 +70,8 @@ struct WeightsCacheStatus {
     uint64_t bytes = 0;  // the entry's size (hit or written)
     double seconds = 0;  // reading (hit) or writing (written) it, wall clock
     bool mapped = false;  // a hit: every section mapped from the entry, none read (cache_map)
+    bool direct = false;  // written: prepared straight into the entry's pages (WeightsCacheWriter),
+                          // which the model serves from
 };
 
 // The native module's build id (hex), "" when it has none.
@@ -99,6 +101,38 @@ std::vector<uint64_t> read_weights_cache(const std::string &path, const std::str
 std::string write_weights_cache(const std::string &path, const std::string &key, const std::vector<Arena *> &arenas,
                                 ThreadPool *pool, LoadProgress *progress = nullptr,
                                 const std::atomic<bool> *cancel = nullptr);
+
+// A new entry written while the model is prepared (a first load with cache_map): begin() creates
+// the temporary file with every section's space reserved and maps each arena shared over its
+// section (Arena::map_file_shared), so the loader's repacks and copies write the entry's page-cache
+// pages directly: no anonymous page is zeroed for them and nothing is copied afterwards, and the
+// model then serves from those pages as a hit that maps the entry does. commit() computes the
+// checksums over them on the pool, writes the header and renames the file over the entry. The
+// temporary file is unlinked when the writer goes without a commit (an exception in the load) or
+// the commit fails (the arenas keep their bytes: an unlinked file's pages stay while mapped); a
+// process killed before the rename leaves only the temporary file, which no reader opens (ktd
+// cache prune removes it after an hour). Sections are laid out by the arenas' capacities (known
+// before the load) at 2 MiB offsets; the header records the bytes used.
+class WeightsCacheWriter {
+public:
+    WeightsCacheWriter() = default;
+    WeightsCacheWriter(const WeightsCacheWriter &) = delete;
+    WeightsCacheWriter &operator=(const WeightsCacheWriter &) = delete;
+    ~WeightsCacheWriter();
+    // "" or why not; on failure nothing is left (the arenas anonymous again, no temporary file).
+    std::string begin(const std::string &path, const std::string &key, const std::vector<Arena *> &arenas);
+    // "" or why not (the entry is then not written; the arenas keep their bytes).
+    std::string commit(ThreadPool &pool, LoadProgress *progress = nullptr);
+    bool active() const { return fd_ >= 0; }
+
+private:
+    std::string path_, tmp_, key_;
+    std::vector<Arena *> arenas_;
+    std::vector<uint64_t> offset_;
+    uint64_t header_bytes_ = 0, file_bytes_ = 0;
+    int fd_ = -1;
+    void abandon();
+};
 
 // A cache file's header (ktd cache list/verify). ok = false: `problem` says what is wrong.
 struct WeightsCacheHeader {
