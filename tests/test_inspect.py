@@ -285,3 +285,17 @@ def test_placement_classes_from_the_table_and_from_names(tmp_path):
         by_class = report["tensors"]["by_class"]
         assert sum(e["bytes"] for e in by_class.values()) == sum(int(t.n_bytes) for t in r.tensors)
         assert by_class["routed_expert"]["bytes"] == report["bytes_per_token"]["routed_experts_all"]
+
+
+@pytest.mark.parametrize("wtype", ["F32", "F16", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("variant", [None, "tied"])
+def test_memory_plan_arena_bytes_match_the_load(tmp_path, wtype, variant):
+    """The plan's arena bytes are what the native load prepares (Model.copied_bytes/repacked_bytes),
+    tied heads included: a tied head is a prepared copy of token_embd besides its lookup rows,
+    repacked where the type repacks, copied plain where it has no repacked layout (F32, F16)."""
+    from ktd import _native
+    from models.tiny_dense import make_model
+    path = make_model("qwen2", tmp_path / f"q2-{wtype}-{variant}.gguf", wtype=wtype, variant=variant)
+    plan = inspect_model(str(path))["memory_plan"]
+    model = _native.Model(str(path), n_threads=1, allow_repack=True)
+    assert (plan["arena_copied_weights"], plan["arena_repacked_weights"]) == (model.copied_bytes, model.repacked_bytes)

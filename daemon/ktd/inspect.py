@@ -151,8 +151,9 @@ def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: i
     """What loading the model takes: the file (mapped while loading, released after), the weights
     arena (tensors whose block type has a row-interleaved layout are repacked there at load, but
     an output head whose type streams faster plain at one row (kernels.gemv_plain) is not; the
-    other matrices and token_embd's lookup rows copied as they are; a tied output head is
-    token_embd repacked besides), the KV cache, and the 2 MiB huge pages the arena would need.
+    other matrices and token_embd's lookup rows copied as they are; a tied output head is a
+    second copy of token_embd besides, repacked where the type repacks, plain otherwise), the KV
+    cache, and the 2 MiB huge pages the arena would need.
     Tensor types without kernels are listed: such a model fails at load."""
     from ktd import _native
 
@@ -173,8 +174,8 @@ def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: i
         if "output.weight" not in f.tensors:  # tied: token_embd is also the output head
             if repacks(embd, head=True):
                 repacked += embd.nbytes
-            elif repacks(embd):
-                copied += embd.nbytes  # kept plain (a copy of its own, as the load makes)
+            else:  # kept plain: a copy of its own besides the lookup rows, as the load makes
+                copied += embd.nbytes
     unsupported = sorted({t.type_name for t in f.tensors.values() if t.type_name not in supported})
     kv_per_token = _kv_bytes_per_token(arch, hparams)
     hugepage = 2 << 20
