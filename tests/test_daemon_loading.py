@@ -79,16 +79,27 @@ def test_status_reports_progress_while_loading_and_only_then_ready():
         d.close()
 
 
-def test_a_raw_msgpack_client_gets_the_loading_error_code():
-    """The wire form: [1, msgid, {"code": "loading", "message", "data"}, nil]."""
+def _gated_daemon() -> tuple[DaemonProcess, str]:
+    """A fake daemon whose two-step load advances only when the test opens the gate file."""
     d = DaemonProcess(fake={"load_steps": 2})
     gate = os.path.join(d.dir, "gate")
     d.fake["load_gate"] = gate
+    return d, gate
+
+
+def _spawn_to_half(d: DaemonProcess) -> None:
+    """Start it and wait until its status reports the load half done (held at the gate)."""
+    d.spawn()
+    assert wait_for(lambda: os.path.exists(d.socket), 20), d.log()
+    with Client(d.socket, timeout=10) as c:
+        assert wait_for(lambda: (c.status().get("loading") or {}).get("fraction") == 0.5, 20)
+
+
+def test_a_raw_msgpack_client_gets_the_loading_error_code():
+    """The wire form: [1, msgid, {"code": "loading", "message", "data"}, nil]."""
+    d, gate = _gated_daemon()
     try:
-        d.spawn()
-        assert wait_for(lambda: os.path.exists(d.socket), 20), d.log()
-        with Client(d.socket, timeout=10) as c:
-            assert wait_for(lambda: (c.status().get("loading") or {}).get("fraction") == 0.5, 20)
+        _spawn_to_half(d)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(10)
         s.connect(d.socket)
@@ -122,14 +133,9 @@ def test_ktctl_reports_loading_and_its_commands_wait_for_the_model():
     """`ktctl health` says loading (exit 1); `ktctl status` shows the progress; `ktctl generate`
     sent during the load waits for the model (as it did when the daemon accepted only after it);
     `ktctl health --wait` returns ok once loaded."""
-    d = DaemonProcess(fake={"load_steps": 2})
-    gate = os.path.join(d.dir, "gate")
-    d.fake["load_gate"] = gate
+    d, gate = _gated_daemon()
     try:
-        d.spawn()
-        assert wait_for(lambda: os.path.exists(d.socket), 20), d.log()
-        with Client(d.socket, timeout=10) as c:
-            assert wait_for(lambda: (c.status().get("loading") or {}).get("fraction") == 0.5, 20)
+        _spawn_to_half(d)
         r = _ktctl(d.socket, "health")
         assert r.returncode == 1 and r.stdout.strip() == "loading", r
         r = _ktctl(d.socket, "status")

@@ -265,11 +265,18 @@ void *Arena::alloc(size_t bytes, size_t align) {
 
 std::map<std::string, uint64_t> Arena::smaps() const { return smaps_range(base_, capacity_); }
 
-std::string Arena::map_file(int fd, uint64_t offset, size_t bytes) {
+// Why the arena's start cannot become a file mapping at `offset` ("" when it can): the conditions
+// map_file and map_file_shared share.
+std::string Arena::file_mapping_refusal(uint64_t offset) const {
     if (kind_ != ArenaKind::THP && kind_ != ArenaKind::Normal) return "the arena is on reserved huge pages";
     if (bound_) return "the arena has a NUMA placement";
     if (locked_) return "the arena is locked (mlock)";
     if (offset % kSmallPage) return "the offset is not page-aligned";
+    return "";
+}
+
+std::string Arena::map_file(int fd, uint64_t offset, size_t bytes) {
+    if (std::string why = file_mapping_refusal(offset); !why.empty()) return why;
     const size_t len = round_up(bytes, kSmallPage);
     if (len == 0 || len > capacity_) return "the bytes do not fit the arena";
     if (file_bytes_ > len) unmap_file();  // a longer earlier mapping: its tail must not stay the file's
@@ -286,10 +293,7 @@ std::string Arena::map_file(int fd, uint64_t offset, size_t bytes) {
 }
 
 std::string Arena::map_file_shared(int fd, uint64_t offset) {
-    if (kind_ != ArenaKind::THP && kind_ != ArenaKind::Normal) return "the arena is on reserved huge pages";
-    if (bound_) return "the arena has a NUMA placement";
-    if (locked_) return "the arena is locked (mlock)";
-    if (offset % kSmallPage) return "the offset is not page-aligned";
+    if (std::string why = file_mapping_refusal(offset); !why.empty()) return why;
     if (file_bytes_) unmap_file();
     void *p = ::mmap(base_, capacity_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, off_t(offset));
     if (p == MAP_FAILED) {

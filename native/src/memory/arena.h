@@ -104,6 +104,7 @@ private:
     int node_ = -1;
     bool locked_ = false;
     bool bound_ = false;  // node or interleave policy applied
+    std::string file_mapping_refusal(uint64_t offset) const;
     size_t file_bytes_ = 0;  // mapped from a file by map_file()
     std::string fallback_reason_;
 };
