@@ -71,6 +71,31 @@ def test_paired_ratios_and_medians():
     e2e.validate_report(rep)
 
 
+def test_ceiling_during_decode_is_the_median_of_the_interleaved_passes():
+    # tg medians: ktd 21.0, llama.cpp 23.5 (TG above); passes around the tg pairs 16, 20, 18 GB/s:
+    # median 18e9 / 400e6 = 45 tokens/s -> ktd 21 / 45 = 46.67 %, llama.cpp 23.5 / 45 = 52.22 %;
+    # at the 20 GB/s peak the ceiling is 50 tokens/s -> 42 % and 47 %.
+    bws = [{"model": "m", "threads": 1, "rep": r, "bytes_per_s": b} for r, b in ((0, 16e9), (0, 20e9), (1, 18e9))]
+    rep = e2e.summarise(model_names=["m"], engines=e2e.ENGINES, threads=[1], tests=["tg128"], samples=TG,
+                        unavailable={}, read_bandwidth={1: 20e9}, bytes_per_token={"m": 400_000_000},
+                        bw_samples=bws)
+    (c,) = rep["ceiling"]
+    assert c["decode_pct_of_ceiling"] == pytest.approx({"ktd": 42.0, "llama.cpp": 47.0})
+    d = c["during_decode"]
+    assert d["read_bandwidth_bytes_per_s"] == 18e9 and d["samples"] == [16e9, 20e9, 18e9]
+    assert d["ceiling_tokens_per_s"] == pytest.approx(45.0)
+    assert d["decode_pct_of_ceiling"] == pytest.approx({"ktd": 46.6667, "llama.cpp": 52.2222}, rel=1e-4)
+    table = e2e.format_table(rep)
+    assert "read bandwidth during m 1t decode: median 18.00 GB/s of 3 passes (16.00-20.00" in table
+    line = next(x for x in table.splitlines() if x.startswith("m ") and "tg128" in x)
+    assert line.split()[-2:] == ["46.7", "52.2"]
+    # No passes (an old report, or no engine left to measure): no during-decode figures, "-" printed.
+    rep = _report(PP + TG)
+    assert rep["ceiling"][0]["during_decode"] is None
+    line = next(x for x in e2e.format_table(rep).splitlines() if x.startswith("m ") and "tg128" in x)
+    assert line.split()[-2:] == ["-", "-"]
+
+
 def test_unavailable_engine_gets_no_number_and_its_reason():
     llama_only = [s for s in PP + TG if s["engine"] == "llama.cpp"]
     rep = _report(llama_only, unavailable={("m", "ktd"): "ktd.engine missing"})
@@ -229,6 +254,9 @@ def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
     assert [bw["threads"] for bw in rep["read_bandwidth"]] == [1, 2]
     assert all(bw["bytes_per_s"] > 0 for bw in rep["read_bandwidth"])
     assert all(c["decode_pct_of_ceiling"]["ktd"] > 0 for c in rep["ceiling"])
+    # One bandwidth pass before and one after each repetition's tg128, per thread count.
+    assert all(len(c["during_decode"]["samples"]) == 2 * 2 and c["during_decode"]["decode_pct_of_ceiling"]["ktd"] > 0
+               for c in rep["ceiling"])
     assert [(i["model"], i["threads"], i["info"]["name"]) for i in rep["config"]["ktd_engine_info"]] == [
         ("q", 1, "fake"), ("q", 2, "fake")]
 

@@ -15,7 +15,10 @@ Tests, as llama-bench measures them:
 
 Decode is also reported as % of the DRAM ceiling: read bandwidth (measured in this run with the
 same thread count, streaming a buffer far larger than the L3 cache) ÷ bytes read per token
-(``ktd.inspect``). The per-token cost of the Python harness itself is measured and reported.
+(``ktd.inspect``), twice: against the peak (the best of ``--bw-reps`` passes before the run) and
+against the bandwidth measured during decode (one pass right before and one right after every
+repetition's tg128 pair, median): on a virtual machine whose memory bandwidth drifts with its
+neighbours' load the two differ, and the second is what the decode loop could have had. The per-token cost of the Python harness itself is measured and reported.
 A model whose bytes per token are under 4x the last-level cache is flagged cache-assisted (``*``):
 part of its weight stream comes from the cache, so its % of the ceiling is not comparable with
 other machines. The report names the CPU, its caches and the kernels' ISA; on an AVX-512 machine
@@ -160,7 +163,7 @@ def summarise(*, model_names: Sequence[str], engines: Sequence[str], threads: Se
               read_bandwidth: dict[int, float], bytes_per_token: dict[str, int | None],
               greedy: dict[tuple[str, str, int], list[int]] | None = None,
               overhead: list[dict] | None = None, config: dict | None = None,
-              llc_bytes: int | None = None) -> dict[str, Any]:
+              llc_bytes: int | None = None, bw_samples: list[dict] | None = None) -> dict[str, Any]:
     """The report written to bench.json, from the raw per-repetition samples.
 
     samples: {model, engine, threads, test, rep, tokens_per_s}; unavailable: (model, engine) ->
@@ -168,9 +171,12 @@ def summarise(*, model_names: Sequence[str], engines: Sequence[str], threads: Se
     greedy: (model, engine, threads) -> tg tokens of the first repetition; llc_bytes: the
     last-level cache a worker sees: a model reading fewer than CACHE_ASSIST_FACTOR times that per
     token is flagged ``cache_assisted`` (part of its stream comes from the cache, so its % of the
-    DRAM ceiling is not comparable with other machines').
+    DRAM ceiling is not comparable with other machines'); bw_samples: {model, threads, rep,
+    bytes_per_s}, the read bandwidth measured around each repetition's tg128 pair (the ceiling's
+    ``during_decode``: their median).
     """
     greedy = greedy or {}
+    bw_samples = bw_samples or []
     rows, ratios, ceilings = [], [], []
     for model in model_names:
         for t in threads:
@@ -194,8 +200,17 @@ def summarise(*, model_names: Sequence[str], engines: Sequence[str], threads: Se
             ceiling = ceiling_tokens_per_s(bw, bpt) if bpt and bw else None
             tg = {r["engine"]: r["tokens_per_s"] for r in rows
                   if (r["model"], r["threads"], r["test"]) == (model, t, TG_TEST)}
-            ceilings.append({"model": model, "threads": t, "ceiling_tokens_per_s": ceiling,
-                             "decode_pct_of_ceiling": {e: pct_of(tg.get(e), ceiling) for e in engines}})
+            during = [b["bytes_per_s"] for b in bw_samples if (b["model"], b["threads"]) == (model, t)]
+            entry = {"model": model, "threads": t, "ceiling_tokens_per_s": ceiling,
+                     "decode_pct_of_ceiling": {e: pct_of(tg.get(e), ceiling) for e in engines},
+                     "during_decode": None}
+            if during and bpt:
+                bw_tg = statistics.median(during)
+                c_tg = ceiling_tokens_per_s(bw_tg, bpt)
+                entry["during_decode"] = {
+                    "read_bandwidth_bytes_per_s": bw_tg, "samples": during, "ceiling_tokens_per_s": c_tg,
+                    "decode_pct_of_ceiling": {e: pct_of(tg.get(e), c_tg) for e in engines}}
+            ceilings.append(entry)
     return {
         "schema": SCHEMA,
         "config": config or {},
@@ -259,8 +274,9 @@ def format_table(report: dict) -> str:
     absent = {"tokens_per_s": None, "unavailable": "not run (--engines)"}
     ratios = {(r["model"], r["threads"], r["test"]): r for r in report["ratios"]}
     ceil = {(c["model"], c["threads"]): c for c in report["ceiling"]}
+    # ceiling in tokens/s at the peak bandwidth; "@tg": against the bandwidth measured during decode
     head = (f"{'model':22} {'thr':>3} {'test':6} {'ktd t/s':>9} {'llama t/s':>9} {'ktd/llama':>9} "
-            f"{'ceiling':>8} {'ktd %ceil':>9} {'llama %ceil':>11}")  # ceiling in tokens/s
+            f"{'ceiling':>8} {'ktd %ceil':>9} {'llama %ceil':>11} {'ktd %@tg':>8} {'llama %@tg':>10}")
     lines = [head, "-" * len(head)]
     notes: dict[str, str] = {}
     assisted = {m["name"]: m.get("cache_assisted") for m in report["models"]}
@@ -282,12 +298,22 @@ def format_table(report: dict) -> str:
         if test == TG_TEST:
             c = ceil[(model, t)]
             pct = c["decode_pct_of_ceiling"]
+            during = (c.get("during_decode") or {}).get("decode_pct_of_ceiling", {})
             line += (f" {num(c['ceiling_tokens_per_s'], '8.1f')} {num(pct.get('ktd'), '9.1f')}"
-                     f" {num(pct.get('llama.cpp'), '11.1f')}")
+                     f" {num(pct.get('llama.cpp'), '11.1f')} {num(during.get('ktd'), '8.1f')}"
+                     f" {num(during.get('llama.cpp'), '10.1f')}")
         lines.append(line)
     for bw in report["read_bandwidth"]:
         gbps = bw["bytes_per_s"] / 1e9 if bw["bytes_per_s"] else None
-        lines.append(f"read bandwidth, {bw['threads']} thread(s): {num(gbps, '.2f')} GB/s")
+        lines.append(f"read bandwidth, {bw['threads']} thread(s): {num(gbps, '.2f')} GB/s (peak: best pass before "
+                     f"the run; the ceiling and %ceil columns)")
+    for c in report["ceiling"]:
+        d = c.get("during_decode")
+        if d:
+            gb = [x / 1e9 for x in d["samples"]]
+            lines.append(f"read bandwidth during {c['model']} {c['threads']}t decode: median "
+                         f"{d['read_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s of {len(gb)} passes "
+                         f"({min(gb):.2f}-{max(gb):.2f}; the %@tg columns)")
     for m in report["models"]:
         mb = m["bytes_per_token"] / 1e6 if m["bytes_per_token"] else None
         lines.append(f"{m['name']}: {num(mb, '.1f')} MB read per token"
@@ -531,6 +557,7 @@ class _Collected:
     greedy: dict[tuple[str, str, int], list[int]] = dataclasses.field(default_factory=dict)
     overhead: list[dict] = dataclasses.field(default_factory=list)
     engine_info: list[dict] = dataclasses.field(default_factory=list)
+    bw_samples: list[dict] = dataclasses.field(default_factory=list)
     n_vocab: int | None = None
 
     def fail(self, model: str, engine: str, what: str, e: Exception) -> None:
@@ -539,8 +566,10 @@ class _Collected:
 
 
 def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, threads: int,
-                   engines: Sequence[str], tests: Sequence[str], reps: int) -> None:
-    """Open every engine on `path` with `threads`, warm up, then `reps` interleaved repetitions."""
+                   engines: Sequence[str], tests: Sequence[str], reps: int,
+                   sample_bandwidth: Callable[[int], float] | None = None) -> None:
+    """Open every engine on `path` with `threads`, warm up, then `reps` interleaved repetitions;
+    sample_bandwidth(threads) (B/s) is measured right before and right after each tg128 pair."""
     runners: dict[str, Any] = {}
     for name in engines:
         try:
@@ -562,6 +591,10 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
         for rep in range(reps):
             order = list(runners) if rep % 2 == 0 else list(reversed(runners))
             for test in tests:
+                bracket = test == TG_TEST and sample_bandwidth is not None and bool(runners)
+                if bracket:
+                    c.bw_samples.append({"model": model, "threads": threads, "rep": rep,
+                                         "bytes_per_s": sample_bandwidth(threads)})
                 for name in order:
                     if name not in runners:
                         continue
@@ -581,6 +614,9 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
                         if isinstance(r, LlamaCppRunner) and r.last_decode_internal_s is not None:
                             internal.setdefault(name, []).append(
                                 (TG_TOKENS / tps - r.last_decode_internal_s) / TG_TOKENS)
+                if bracket:
+                    c.bw_samples.append({"model": model, "threads": threads, "rep": rep,
+                                         "bytes_per_s": sample_bandwidth(threads)})
         for name, per_token in internal.items():
             tg = [s["tokens_per_s"] for s in c.samples
                   if (s["model"], s["engine"], s["threads"], s["test"]) == (model, name, threads, TG_TEST)]
@@ -622,7 +658,8 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
             continue
         c.n_vocab = None
         for t in threads:
-            _bench_threads(c, m.name, path, tokens, t, engines, tests, reps)
+            _bench_threads(c, m.name, path, tokens, t, engines, tests, reps,
+                           lambda th: _native.kernels.bench_read_bandwidth(bw_bytes, th, 1))
         if c.n_vocab:
             c.overhead.append({"model": m.name, "engine": "both", "threads": None, "test": TG_TEST,
                                "how": "input setting + argmax over n_vocab logits, timed alone",
@@ -642,7 +679,7 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
     return summarise(model_names=[m.name for m in models], engines=engines, threads=threads, tests=tests,
                      samples=c.samples, unavailable=c.unavailable, read_bandwidth=read_bandwidth,
                      bytes_per_token=bytes_per_token, greedy=c.greedy, overhead=c.overhead, config=config,
-                     llc_bytes=llc["bytes"] if llc else None)
+                     llc_bytes=llc["bytes"] if llc else None, bw_samples=c.bw_samples)
 
 
 def _version(dist: str) -> str | None:
