@@ -42,7 +42,7 @@ TG = [_s("ktd", "tg128", 0, 20.0), _s("llama.cpp", "tg128", 0, 25.0),
       _s("ktd", "tg128", 1, 22.0), _s("llama.cpp", "tg128", 1, 22.0)]
 
 
-def _report(samples, engines=e2e.ENGINES, unavailable=None, greedy=None):
+def _report(samples, engines=e2e.DEFAULT_ENGINES, unavailable=None, greedy=None):
     return e2e.summarise(model_names=["m"], engines=engines, threads=[1], tests=["pp128", "tg128"],
                          samples=samples, unavailable=unavailable or {}, read_bandwidth={1: 20e9},
                          bytes_per_token={"m": 400_000_000}, greedy=greedy)
@@ -76,7 +76,7 @@ def test_ceiling_during_decode_is_the_median_of_the_interleaved_passes():
     # median 18e9 / 400e6 = 45 tokens/s -> ktd 21 / 45 = 46.67 %, llama.cpp 23.5 / 45 = 52.22 %;
     # at the 20 GB/s peak the ceiling is 50 tokens/s -> 42 % and 47 %.
     bws = [{"model": "m", "threads": 1, "rep": r, "bytes_per_s": b} for r, b in ((0, 16e9), (0, 20e9), (1, 18e9))]
-    rep = e2e.summarise(model_names=["m"], engines=e2e.ENGINES, threads=[1], tests=["tg128"], samples=TG,
+    rep = e2e.summarise(model_names=["m"], engines=e2e.DEFAULT_ENGINES, threads=[1], tests=["tg128"], samples=TG,
                         unavailable={}, read_bandwidth={1: 20e9}, bytes_per_token={"m": 400_000_000},
                         bw_samples=bws)
     (c,) = rep["ceiling"]
@@ -122,7 +122,7 @@ def test_cache_assisted_rows_are_flagged():
     assert e2e.cache_assisted(400_000_000, 128 << 20) is True
     assert e2e.cache_assisted(400_000_000, 32 << 20) is False
     assert e2e.cache_assisted(None, 32 << 20) is None and e2e.cache_assisted(400_000_000, None) is None
-    rep = e2e.summarise(model_names=["m"], engines=e2e.ENGINES, threads=[1], tests=["pp128", "tg128"],
+    rep = e2e.summarise(model_names=["m"], engines=e2e.DEFAULT_ENGINES, threads=[1], tests=["pp128", "tg128"],
                         samples=PP + TG, unavailable={}, read_bandwidth={1: 20e9},
                         bytes_per_token={"m": 400_000_000}, llc_bytes=128 << 20)
     assert rep["models"][0]["cache_assisted"] is True
@@ -306,3 +306,80 @@ def test_synthetic_moe_models_resolve_from_the_cache(tmp_path, monkeypatch):
     path.parent.mkdir()
     path.write_bytes(b"GGUF")
     assert m.resolve() == path
+
+
+def _fake_llama_bench(tmp_path, body=None):
+    """An executable standing in for llama-bench: logs its argv, answers like ``-o json`` with
+    avg_ns = 1 ms per prompt token + 10 ms per generated token (and one decoy result)."""
+    log = tmp_path / "argv.log"
+    exe = tmp_path / "llama-bench"
+    body = body or (
+        "a = sys.argv[1:]\n"
+        "p, n = int(a[a.index('-p') + 1]), int(a[a.index('-n') + 1])\n"
+        "print(json.dumps([{'n_prompt': p + 1, 'n_gen': n, 'avg_ns': 1},\n"
+        "                  {'n_prompt': p, 'n_gen': n, 'avg_ns': p * 1_000_000 + n * 10_000_000}]))\n")
+    exe.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                   f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n" + body)
+    exe.chmod(0o755)
+    return exe, log
+
+
+def test_llama_bench_peer_runs_one_process_per_measurement(tmp_path):
+    exe, log = _fake_llama_bench(tmp_path)
+    r = e2e.LlamaBenchRunner(str(exe), Path("/models/m.gguf"), 2, ["-fmoe", "1"])
+    assert r.prefill(np.arange(128, dtype=np.int32)) == pytest.approx(0.128)
+    assert r.decode(np.arange(16, dtype=np.int32), 128) == (pytest.approx(1.28), None)
+    argv = [json.loads(x) for x in log.read_text().splitlines()]
+    assert argv[0] == ["-m", "/models/m.gguf", "-t", "2", "-p", "128", "-n", "0", "-b", "512", "-ub", "512",
+                       "-ngl", "0", "-r", "1", "-o", "json", "-fmoe", "1"]
+    assert argv[1][4:8] == ["-p", "0", "-n", "128"]
+    # Interleaved with the other engines, every repetition, by the same loop (here alone).
+    c = e2e._Collected()
+    e2e._bench_threads(c, "m", Path("/models/m.gguf"), np.arange(600, dtype=np.int32), 2, ["llama-bench"],
+                       e2e.TESTS, 2, lambda th: 30e9, e2e.PeerBench(str(exe)))
+    got = {(s["test"], s["rep"]): s["tokens_per_s"] for s in c.samples}
+    assert got == {("pp128", 0): pytest.approx(1000.0), ("pp512", 0): pytest.approx(1000.0),
+                   ("tg128", 0): pytest.approx(100.0), ("pp128", 1): pytest.approx(1000.0),
+                   ("pp512", 1): pytest.approx(1000.0), ("tg128", 1): pytest.approx(100.0)}
+    assert c.greedy == {} and len(c.bw_samples) == 4 and not c.unavailable
+
+
+@pytest.mark.parametrize("body,message", [
+    ("sys.stderr.write('error: failed to load model\\n'); sys.exit(1)\n", "exited with 1: error: failed to load model"),
+    ("print('| model | t/s |')\n", "no single pp128/tg0 result with avg_ns"),
+    ("print(json.dumps([{'n_prompt': 128, 'n_gen': 0, 'avg_ns': 0}]))\n", "avg_ns 0 is not positive"),
+])
+def test_llama_bench_failures_are_errors_with_the_reason(tmp_path, body, message):
+    exe, _ = _fake_llama_bench(tmp_path, body)
+    r = e2e.LlamaBenchRunner(str(exe), Path("m.gguf"), 1)
+    with pytest.raises(RuntimeError, match=message):
+        r.prefill(np.arange(128, dtype=np.int32))
+
+
+def test_llama_bench_missing_is_unavailable(tmp_path, monkeypatch):
+    with pytest.raises(e2e.EngineUnavailable, match="not executable: /nonexistent/llama-bench"):
+        e2e.LlamaBenchRunner("/nonexistent/llama-bench", Path("m.gguf"), 1)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(e2e.EngineUnavailable, match="not found on PATH"):
+        e2e.open_runner("llama-bench", Path("m.gguf"), 1)
+
+
+def test_three_engines_report_a_ratio_per_peer():
+    # llama-bench: 5/10/40 pp128 -> ktd/llama-bench 2, 3, 0.5 -> median 2; tg 10, 11 -> 2.0, 2.0
+    lb = [_s("llama-bench", "pp128", 0, 5.0), _s("llama-bench", "pp128", 1, 10.0),
+          _s("llama-bench", "pp128", 2, 40.0), _s("llama-bench", "tg128", 0, 10.0),
+          _s("llama-bench", "tg128", 1, 11.0)]
+    rep = e2e.summarise(model_names=["m"], engines=e2e.ENGINES, threads=[1], tests=["pp128", "tg128"],
+                        samples=PP + TG + lb, unavailable={}, read_bandwidth={1: 20e9},
+                        bytes_per_token={"m": 400_000_000})
+    e2e.validate_report(rep)
+    ratios = {r["test"]: r for r in rep["ratios"]}
+    assert ratios["pp128"]["ktd_over"] == {"llama.cpp": 1.0, "llama-bench": 2.0}
+    assert ratios["pp128"]["per_rep_over"]["llama-bench"] == [2.0, 3.0, 0.5]
+    assert ratios["tg128"]["ktd_over"] == {"llama.cpp": pytest.approx(0.9), "llama-bench": 2.0}  # 20/25, 22/22
+    assert rep["ceiling"][0]["decode_pct_of_ceiling"]["llama-bench"] == pytest.approx(21.0)  # 10.5 / 50
+    rep["config"] = {"engines": list(e2e.ENGINES)}
+    table = e2e.format_table(rep).splitlines()
+    assert "lbench t/s" in table[0] and "ktd/lbench" in table[0] and "lbench %ceil" in table[0]
+    pp = next(x for x in table if x.startswith("m ") and "pp128" in x).split()
+    assert pp[3:8] == ["25.00", "10.00", "1.000", "10.00", "2.000"]

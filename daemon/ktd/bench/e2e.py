@@ -24,6 +24,13 @@ part of its weight stream comes from the cache, so its % of the ceiling is not c
 other machines. The report names the CPU, its caches and the kernels' ISA; on an AVX-512 machine
 run it again with ``KTD_ISA=avx2 ... --out bench-avx2.json`` to report the AVX2 path too.
 
+A third engine, ``llama-bench``, is a peer's own ``llama-bench`` binary (llama.cpp's, or
+ik_llama.cpp's with its kernels and options: ``--llama-bench PATH --llama-bench-args "-fmoe 1 -rtr 1"``),
+run once per measurement (``-r 1 -o json``, its own timer; ``-p N -n 0`` for ppN, ``-p 0 -n 128`` for
+tg128, which llama-bench runs on an empty context instead of after the 16-token prompt, and with
+its own token ids, so no greedy comparison) interleaved with the other engines like them, and
+reported with its own ktd/peer ratio.
+
 Results go to ``bench/results/bench.json`` and a plot ``bench/results/bench.png``.
 """
 
@@ -33,8 +40,12 @@ import argparse
 import ctypes
 import dataclasses
 import datetime
+import json
 import os
+import shlex
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +57,8 @@ import numpy as np
 from ktd.bench import write_results
 
 SCHEMA = "ktd.bench.e2e/1"
-ENGINES = ("ktd", "llama.cpp")
+ENGINES = ("ktd", "llama.cpp", "llama-bench")
+DEFAULT_ENGINES = ("ktd", "llama.cpp")
 PP_TESTS = {"pp128": 128, "pp512": 512}
 TG_TEST, TG_TOKENS = "tg128", 128
 TESTS = (*PP_TESTS, TG_TEST)
@@ -190,8 +202,11 @@ def summarise(*, model_names: Sequence[str], engines: Sequence[str], threads: Se
                         row["unavailable"] = unavailable.get((model, engine), "not measured")
                     rows.append(row)
                 r = paired_ratios(samples, model, t, test)
+                over = {peer: paired_ratios(samples, model, t, test, den=peer) for peer in engines if peer != "ktd"}
                 entry: dict[str, Any] = {"model": model, "threads": t, "test": test,
-                                         "ktd_over_llama_cpp": median_or_none(r), "per_rep": r}
+                                         "ktd_over_llama_cpp": median_or_none(r), "per_rep": r,
+                                         "ktd_over": {peer: median_or_none(v) for peer, v in over.items()},
+                                         "per_rep_over": over}
                 if test == TG_TEST:
                     entry["greedy_tokens_agreeing"] = leading_agreement(
                         greedy.get((model, "ktd", t)), greedy.get((model, "llama.cpp", t)))
@@ -267,16 +282,22 @@ def validate_report(report: dict) -> None:
 def format_table(report: dict) -> str:
     """The human-readable summary: one line per (model, threads, test).
 
-    Engines not in the report (``--engines ktd``) print as "-", like an engine that failed.
+    One column group per peer engine of the run (llama.cpp when only ktd ran): engines not in the
+    report (``--engines ktd``) print as "-", like an engine that failed.
     """
-    engines = ENGINES
+    peers = [e for e in report.get("config", {}).get("engines", DEFAULT_ENGINES) if e != "ktd"] or ["llama.cpp"]
+    engines = ["ktd", *peers]
+    short = {"llama.cpp": "llama", "llama-bench": "lbench"}
     rows = {(r["model"], r["threads"], r["test"], r["engine"]): r for r in report["rows"]}
     absent = {"tokens_per_s": None, "unavailable": "not run (--engines)"}
     ratios = {(r["model"], r["threads"], r["test"]): r for r in report["ratios"]}
     ceil = {(c["model"], c["threads"]): c for c in report["ceiling"]}
     # ceiling in tokens/s at the peak bandwidth; "@tg": against the bandwidth measured during decode
-    head = (f"{'model':22} {'thr':>3} {'test':6} {'ktd t/s':>9} {'llama t/s':>9} {'ktd/llama':>9} "
-            f"{'ceiling':>8} {'ktd %ceil':>9} {'llama %ceil':>11} {'ktd %@tg':>8} {'llama %@tg':>10}")
+    head = f"{'model':22} {'thr':>3} {'test':6} {'ktd t/s':>9}"
+    for p in peers:
+        head += f" {short.get(p, p) + ' t/s':>10} {'ktd/' + short.get(p, p):>10}"
+    head += f" {'ceiling':>8}" + "".join(f" {short.get(e, e) + ' %ceil':>12}" for e in engines)
+    head += "".join(f" {short.get(e, e) + ' %@tg':>11}" for e in engines)
     lines = [head, "-" * len(head)]
     notes: dict[str, str] = {}
     assisted = {m["name"]: m.get("cache_assisted") for m in report["models"]}
@@ -293,15 +314,17 @@ def format_table(report: dict) -> str:
             if r["tokens_per_s"] is None:
                 notes[f"{model} {e}"] = r["unavailable"]
         name = model[:21] + ("*" if assisted.get(model) else "")
-        line = (f"{name:22} {t:3d} {test:6} {num(tps[0], '9.2f')} {num(tps[1], '9.2f')} "
-                f"{num(rat['ktd_over_llama_cpp'], '9.3f')}")
+        over = rat.get("ktd_over") or {"llama.cpp": rat["ktd_over_llama_cpp"]}
+        line = f"{name:22} {t:3d} {test:6} {num(tps[0], '9.2f')}"
+        for p, tp in zip(peers, tps[1:]):
+            line += f" {num(tp, '10.2f')} {num(over.get(p), '10.3f')}"
         if test == TG_TEST:
             c = ceil[(model, t)]
             pct = c["decode_pct_of_ceiling"]
             during = (c.get("during_decode") or {}).get("decode_pct_of_ceiling", {})
-            line += (f" {num(c['ceiling_tokens_per_s'], '8.1f')} {num(pct.get('ktd'), '9.1f')}"
-                     f" {num(pct.get('llama.cpp'), '11.1f')} {num(during.get('ktd'), '8.1f')}"
-                     f" {num(during.get('llama.cpp'), '10.1f')}")
+            line += f" {num(c['ceiling_tokens_per_s'], '8.1f')}"
+            line += "".join(f" {num(pct.get(e), '12.1f')}" for e in engines)
+            line += "".join(f" {num(during.get(e), '11.1f')}" for e in engines)
         lines.append(line)
     for bw in report["read_bandwidth"]:
         gbps = bw["bytes_per_s"] / 1e9 if bw["bytes_per_s"] else None
@@ -530,13 +553,69 @@ def prompt_tokens(path: Path, n: int) -> np.ndarray:
     return np.asarray(ids[:n], np.int32)
 
 
-def open_runner(engine: str, path: Path, threads: int) -> Runner:
+class LlamaBenchRunner:
+    """A peer's ``llama-bench`` binary, one process per measurement (module docstring): its own
+    timer (avg_ns of one repetition) is the figure; model loading is outside it."""
+
+    def __init__(self, exe: str | None, path: Path, threads: int, extra_args: Sequence[str] = ()):
+        found = shutil.which(exe) if exe else shutil.which("llama-bench")
+        if not found:
+            raise EngineUnavailable(f"llama-bench {'not executable: ' + exe if exe else 'not found on PATH'} "
+                                    f"(--llama-bench PATH)")
+        self.exe, self.path, self.threads, self.extra = found, path, threads, list(extra_args)
+        self.n_vocab: int | None = None
+
+    def command(self, n_prompt: int, n_gen: int) -> list[str]:
+        return [self.exe, "-m", str(self.path), "-t", str(self.threads), "-p", str(n_prompt), "-n", str(n_gen),
+                "-b", str(N_BATCH), "-ub", str(N_BATCH), "-ngl", "0", "-r", "1", "-o", "json", *self.extra]
+
+    def _seconds(self, n_prompt: int, n_gen: int) -> float:
+        cmd = self.command(n_prompt, n_gen)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RuntimeError(f"{shlex.join(cmd)}: {e}") from e
+        if proc.returncode != 0:
+            tail = proc.stderr.strip().splitlines()[-3:]
+            raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}: {' | '.join(tail)}")
+        try:
+            results = json.loads(proc.stdout)
+            (hit,) = [r for r in results if r.get("n_prompt") == n_prompt and r.get("n_gen") == n_gen]
+            seconds = float(hit["avg_ns"]) / 1e9
+        except (ValueError, KeyError, TypeError) as e:
+            raise RuntimeError(f"{shlex.join(cmd)}: no single pp{n_prompt}/tg{n_gen} result with avg_ns in "
+                               f"its JSON output ({type(e).__name__}: {e})") from e
+        if not seconds > 0:
+            raise RuntimeError(f"{shlex.join(cmd)}: avg_ns {hit['avg_ns']} is not positive")
+        return seconds
+
+    def prefill(self, tokens: np.ndarray) -> float:
+        return self._seconds(len(tokens), 0)
+
+    def decode(self, prompt: np.ndarray, n: int) -> tuple[float, list[int] | None]:
+        return self._seconds(0, n), None
+
+    def close(self) -> None:
+        pass
+
+
+# --llama-bench PATH and --llama-bench-args (set by main; run() callers pass them in `peer`).
+@dataclasses.dataclass
+class PeerBench:
+    exe: str | None = None
+    args: tuple[str, ...] = ()
+
+
+def open_runner(engine: str, path: Path, threads: int, peer: PeerBench | None = None) -> Runner:
     if engine == "ktd":
         return KtdRunner.open(path, threads)
+    if engine == "llama-bench":
+        peer = peer or PeerBench()
+        return LlamaBenchRunner(peer.exe, path, threads, peer.args)
     return LlamaCppRunner(path, threads)
 
 
-def measure(runner: Runner, test: str, tokens: np.ndarray) -> tuple[float, list[int] | None]:
+def measure(runner: Any, test: str, tokens: np.ndarray) -> tuple[float, list[int] | None]:
     """(tokens/s, greedy tokens for tg) of one repetition of one test."""
     if test == TG_TEST:
         sec, out = runner.decode(tokens[:TG_PROMPT_TOKENS], TG_TOKENS)
@@ -567,13 +646,13 @@ class _Collected:
 
 def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, threads: int,
                    engines: Sequence[str], tests: Sequence[str], reps: int,
-                   sample_bandwidth: Callable[[int], float] | None = None) -> None:
+                   sample_bandwidth: Callable[[int], float] | None = None, peer: PeerBench | None = None) -> None:
     """Open every engine on `path` with `threads`, warm up, then `reps` interleaved repetitions;
     sample_bandwidth(threads) (B/s) is measured right before and right after each tg128 pair."""
     runners: dict[str, Any] = {}
     for name in engines:
         try:
-            runners[name] = open_runner(name, path, threads)
+            runners[name] = open_runner(name, path, threads, peer)
         except EngineUnavailable as e:
             c.unavailable[(model, name)] = str(e)
             log(f"{model} {name}: not available: {e}")
@@ -630,7 +709,7 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
 
 
 def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[int], tests: Sequence[str],
-        reps: int, bw_bytes: int, bw_reps: int) -> dict[str, Any]:
+        reps: int, bw_bytes: int, bw_reps: int, peer: PeerBench | None = None) -> dict[str, Any]:
     from ktd import _native, machine
     from ktd.inspect import inspect_model
 
@@ -659,7 +738,7 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         c.n_vocab = None
         for t in threads:
             _bench_threads(c, m.name, path, tokens, t, engines, tests, reps,
-                           lambda th: _native.kernels.bench_read_bandwidth(bw_bytes, th, 1))
+                           lambda th: _native.kernels.bench_read_bandwidth(bw_bytes, th, 1), peer)
         if c.n_vocab:
             c.overhead.append({"model": m.name, "engine": "both", "threads": None, "test": TG_TEST,
                                "how": "input setting + argmax over n_vocab logits, timed alone",
@@ -670,6 +749,7 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         "n_ctx": N_CTX, "n_batch": N_BATCH, "n_ubatch": N_BATCH, "tg_prompt_tokens": TG_PROMPT_TOKENS,
         "read_bandwidth_buffer_bytes": bw_bytes, "read_bandwidth_passes": bw_reps,
         "llama_cpp_python": _version("llama_cpp_python"),
+        "llama_bench": ({"exe": peer.exe, "args": list(peer.args)} if peer and "llama-bench" in engines else None),
         "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
         "cpu_count": os.cpu_count(), "isa": _native.kernels.active_isa(), "ktd_engine_info": c.engine_info,
         "cpu_model_name": features.model_name or features.vendor, "cpu_family": features.family,
@@ -711,7 +791,12 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"models to run (default: all: {', '.join(m.name for m in MODELS)})")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, help="interleaved repetitions per test (default 5; 2 with --quick)")
-    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=None,
+                    help="engines to measure (default: ktd llama.cpp, plus llama-bench with --llama-bench)")
+    ap.add_argument("--llama-bench", metavar="PATH",
+                    help="a peer's llama-bench binary (llama.cpp's or ik_llama.cpp's), measured as engine llama-bench")
+    ap.add_argument("--llama-bench-args", default="", metavar="ARGS",
+                    help='extra llama-bench options, one shell-quoted string (ik_llama.cpp: "-fmoe 1 -rtr 1")')
     ap.add_argument("--quick", action="store_true",
                     help="first model only (unless --models), 2 repetitions (unless --reps)")
     ap.add_argument("--bw-bytes", type=int, default=MIN_BW_BYTES,
@@ -730,7 +815,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     threads = list(dict.fromkeys(args.threads))
-    report = run(models, list(dict.fromkeys(args.engines)), threads, TESTS, reps, args.bw_bytes, args.bw_reps)
+    engines = list(args.engines or DEFAULT_ENGINES)
+    if args.llama_bench and "llama-bench" not in engines:
+        engines.append("llama-bench")
+    peer = PeerBench(args.llama_bench, tuple(shlex.split(args.llama_bench_args)))
+    report = run(models, list(dict.fromkeys(engines)), threads, TESTS, reps, args.bw_bytes, args.bw_reps, peer)
     write_json(report, args.out)
     print(format_table(report))
     png = args.out.with_suffix(".png")
