@@ -1,5 +1,5 @@
-"""The PNG beside bench.json: per model, prefill and decode tokens/s of both engines, the median
-ratio ktd/llama.cpp over each pair of bars, and the DRAM ceiling over the decode bars."""
+"""The PNG beside bench.json: per model, prefill and decode tokens/s of every engine, the median
+ratio ktd/peer under each group of bars, and the DRAM ceiling over the decode bars."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from ktd.bench.e2e import ENGINES, PP_TESTS, TG_TEST  # noqa: E402
 COLORS = {"ktd": "tab:blue", "llama.cpp": "tab:orange", "llama-bench": "tab:green"}
 
 
-def _group_label(test: str, threads: int, ratio: float | None) -> str:
+def _group_label(test: str, threads: int, ratios: dict[str, float | None]) -> str:
     label = f"{test}\n{threads} thread{'s' * (threads > 1)}"
-    return label + (f"\nktd/llama.cpp ×{ratio:.2f}" if ratio is not None else "")
+    return label + "".join(f"\nktd/{peer} ×{r:.2f}" for peer, r in ratios.items() if r is not None)
 
 
 def write_png(report: dict, path: Path) -> None:
@@ -28,7 +28,8 @@ def write_png(report: dict, path: Path) -> None:
     width = 0.76 / max(len(engines), 1)
     tests = {r["test"] for r in report["rows"]}
     pp_tests = [test for test in PP_TESTS if test in tests]
-    ratios = {(r["model"], r["threads"], r["test"]): r["ktd_over_llama_cpp"] for r in report["ratios"]}
+    ratios = {(r["model"], r["threads"], r["test"]): r.get("ktd_over") or {"llama.cpp": r["ktd_over_llama_cpp"]}
+              for r in report["ratios"]}
     ceiling = {(c["model"], c["threads"]): c["ceiling_tokens_per_s"] for c in report["ceiling"]}
     fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models)), squeeze=False,
                              gridspec_kw={"width_ratios": [2, 1]})
@@ -50,7 +51,7 @@ def write_png(report: dict, path: Path) -> None:
                                 ha="center", fontsize=8)
                     top = max(top, c)
             ax.set_xticks(range(len(groups)),
-                          [_group_label(test, t, ratios.get((model, t, test))) for test, t in groups])
+                          [_group_label(test, t, ratios.get((model, t, test), {})) for test, t in groups])
             ax.set_ylim(0, top * 1.15 if top else 1)
             ax.set_ylabel("tokens/s")
             ax.set_title(f"{model} — {kind}", fontsize=10)
@@ -62,7 +63,8 @@ def write_png(report: dict, path: Path) -> None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[e]) for e in engines]
     bws = ", ".join(f"{bw['threads']}t {bw['bytes_per_s'] / 1e9:.1f} GB/s" for bw in report["read_bandwidth"]
                     if bw["bytes_per_s"])
-    fig.suptitle(f"ktd vs llama.cpp, same GGUF and threads (×: median ktd/llama.cpp; read bandwidth {bws})",
+    peers = " and ".join(e for e in engines if e != "ktd") or "llama.cpp"
+    fig.suptitle(f"ktd vs {peers}, same GGUF and threads (×: median ktd/peer; read bandwidth {bws})",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.92))
     fig.legend(handles, labels, loc="upper center", ncol=len(engines), fontsize=9, bbox_to_anchor=(0.5, 0.965),
