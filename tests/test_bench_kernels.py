@@ -61,3 +61,17 @@ def test_json_rows_in_table_units(monkeypatch, capsys, tmp_path):
             assert r["gflops"] == pytest.approx(2 * r["rows"] * r["k"] * r["n"] / (r["ms"] / 1e3) / 1e9, rel=1e-9)
         # The printed row shows the same figure in the same unit.
         assert f"{r['ms']:9.3f} {r['gbps']:7.2f}" in printed
+        if r["n"] == 1:   # the cache-resident figure: 256 KiB // 288 B per row = 910 -> 896 leading rows
+            assert r["rows"] == 960 and r["hot_rows"] == 896 and r["hot_gbps"] > 0
+            assert r["hot_over_bandwidth"] == pytest.approx(r["hot_gbps"] / r["read_bandwidth_gbps"], rel=1e-9)
+            assert f"{r['hot_gbps']:8.2f} {r['hot_over_bandwidth']:6.2f}" in printed
+        else:
+            assert "hot_gbps" not in r
+
+
+def test_hot_rows_hold_about_256_kib_per_thread_in_whole_row_groups():
+    # Q4_K, k = 1536: 864 B per row; 2 threads: 524288 // 864 = 606 -> 592 (37 groups of 16)
+    assert bk.hot_rows("Q4_K", 8960, 1536, 2) == 592
+    assert bk.hot_rows("Q4_K", 8960, 1536, 1) == 288        # 303 -> 288
+    assert bk.hot_rows("Q4_K", 100, 1536, 2) == 100         # never more than the matrix
+    assert bk.hot_rows("Q8_0", 1000, 1 << 20, 1) == 16      # rows wider than the budget: one group

@@ -11,6 +11,13 @@ are real-model shapes stacked until the weights are far larger than the L3 cache
 stream from DRAM as in decode. Weights come from gguf-py's quantizer where it has one for the
 type (tiled from a 256-row base), otherwise random bytes (timing does not depend on the values).
 
+Each GEMV case also gets a cache-resident figure (``hot_gbps``): the same kernel on the first rows
+of the matrix, HOT_BYTES_PER_THREAD per worker (fits in any x86/ARM L2), called repeatedly: what
+the kernel can consume when memory is not the limit. A kernel whose hot figure is not well above
+the read bandwidth (``hot_over_bandwidth`` near 1 or below) is compute-bound at that thread count
+and cannot reach the DRAM ceiling whatever the memory system does; the decode breakdown's gap to
+the ceiling then lies in the kernel's instructions, not in the weight stream.
+
 Where llama-cpp-python is installed, each case is also timed with llama.cpp's own ggml_mul_mat on
 the same bytes, shape and thread count (ktd/bench/ggml_matmul.py; GEMV rounds interleaved with
 ktd's), printed as a "llama.cpp" row under the case; --no-llama-cpp leaves it out.
@@ -73,6 +80,17 @@ def stacked_rows(type_name: str, rows: int, k: int, min_bytes: int) -> int:
     return rows * max(1, -(-min_bytes // per_copy))
 
 
+# Cache-resident GEMV: weight bytes per worker (well inside a 512 KiB-2 MiB L2).
+HOT_BYTES_PER_THREAD = 256 << 10
+
+
+def hot_rows(type_name: str, rows: int, k: int, threads: int) -> int:
+    """Leading rows of a [rows, k] matrix holding about HOT_BYTES_PER_THREAD per worker, a
+    multiple of 16 (every repacked layout's row group), at least 16 and at most rows."""
+    want = HOT_BYTES_PER_THREAD * threads // row_bytes(type_name, k)
+    return min(rows, max(16, want // 16 * 16))
+
+
 # Prefill GEMM: Qwen2.5-1.5B ffn_up (8960 x 1536), n tokens.
 GEMM_SHAPE = ("1.5B ffn_up", 8960, 1536)
 GEMM_N = [32, 128, 512]
@@ -110,20 +128,26 @@ def _ggml_row(base: dict, sec: float, bw: float) -> dict:
     scale = base["ms"] / (sec * 1e3)
     gbps = base["gbps"] * scale
     row = dict(base, layout="llama.cpp", isa="ggml", ms=sec * 1e3, gbps=gbps, pct_of_bandwidth=100.0 * gbps * 1e9 / bw)
+    for key in ("hot_rows", "hot_gbps", "hot_over_bandwidth"):   # ktd's kernel only
+        row.pop(key, None)
     if "gflops" in base:
         row["gflops"] = base["gflops"] * scale
     return row
 
 
 TABLE_HEADER = (f"{'type':7} {'layout':9} {'shape':26} {'n':>4} {'ms':>9} {'GB/s':>7} {'% bw':>6} {'GFLOP/s':>8}"
-                "   (GEMV % bw: against the bandwidth measured alongside that case)")
+                f" {'hot GB/s':>8} {'hot/bw':>6}"
+                "   (GEMV % bw: against the bandwidth measured alongside that case; hot: the kernel on "
+                "cache-resident rows)")
 
 
 def _print_row(row: dict) -> None:
-    """One table row; the columns are the JSON fields ms, gbps, pct_of_bandwidth, gflops."""
+    """One table row; the columns are the JSON fields ms, gbps, pct_of_bandwidth, gflops, hot_gbps,
+    hot_over_bandwidth."""
     gf = f"{row['gflops']:8.1f}" if "gflops" in row else f"{'':>8}"
+    hot = f" {row['hot_gbps']:8.2f} {row['hot_over_bandwidth']:6.2f}" if "hot_gbps" in row else ""
     print(f"{row['type']:7} {row['layout']:9} {row['shape']:26} {row['n']:4} {row['ms']:9.3f} "
-          f"{row['gbps']:7.2f} {row['pct_of_bandwidth']:6.1f} {gf}", flush=True)
+          f"{row['gbps']:7.2f} {row['pct_of_bandwidth']:6.1f} {gf}{hot}", flush=True)
 
 
 def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | None, rounds: int = 3,
@@ -163,9 +187,15 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                             ggml_sec = min(ggml_sec, ggml.time_matmul(int(GGMLQuantizationType[t]), w, rows, k, 1,
                                                                       threads, reps))
                     gbps = w.nbytes / sec / 1e9
+                    hr = hot_rows(t, rows, k, threads)
+                    w_hot = np.ascontiguousarray(w[:hr])
+                    hot_sec = K.bench_matmul(t, prepared(t, layout, w_hot, hr, k, threads), hr, k, 1, threads,
+                                             reps * 8, repacked=layout == "repacked")
+                    hot_gbps = w_hot.nbytes / hot_sec / 1e9
                     row = dict(type=t, layout=layout, isa=isa, shape=label, rows=rows, k=k, n=1, threads=threads,
                                ms=sec * 1e3, gbps=gbps, read_bandwidth_gbps=case_bw / 1e9,
-                               pct_of_bandwidth=100.0 * gbps * 1e9 / case_bw)
+                               pct_of_bandwidth=100.0 * gbps * 1e9 / case_bw, hot_rows=hr, hot_gbps=hot_gbps,
+                               hot_over_bandwidth=hot_gbps * 1e9 / case_bw)
                     rows_out.append(row)
                     _print_row(row)
                     if ggml_sec < float("inf"):
