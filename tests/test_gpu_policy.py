@@ -117,8 +117,6 @@ def test_cuda_unusable_here_falls_back_with_the_runtime_reason(moe, caplog):
      "CUDA is not usable: CUDA driver version is insufficient"),
     ({"available": True, "devices": 1, "reason": "NVIDIA H200", "device_memory": [140 * GiB]},
      "gpu.device 3 does not exist (the CUDA runtime sees 1)"),
-    ({"available": True, "devices": 4, "reason": "NVIDIA H200", "device_memory": [140 * GiB] * 4},
-     "no CUDA device backend for the forward"),
 ])
 def test_cuda_status_cases(moe, status, fragment):
     c = cfg(f"model:\n  path: {moe}\ngpu:\n  device: 3\n  vram_budget: 4G\n")
@@ -128,6 +126,14 @@ def test_cuda_status_cases(moe, status, fragment):
     required = dataclass_replace(c, required=True)
     with pytest.raises(gpu.GpuError, match=fragment.split("(")[0].strip()):
         gpu.decide(required, cuda_status=lambda: status)
+
+
+def test_cuda_usable_is_decided_for_the_device_backend(moe):
+    """With a usable device the decision is the CUDA device backend (model/cuda_device.h); whether
+    the model runs there is checked when the engine sets it up (test_cuda_device_emulated.py)."""
+    status = {"available": True, "devices": 4, "reason": "NVIDIA H200", "device_memory": [140 * GiB] * 4}
+    d = gpu.decide(cfg(f"model:\n  path: {moe}\ngpu:\n  device: 3\n  vram_budget: 4G\n"), cuda_status=lambda: status)
+    assert d.backend == "cuda" and d.device == 3 and d.reason is None and d.plan["fits"]
 
 
 def dataclass_replace(c: config_mod.Config, **gpu_keys) -> config_mod.Config:
@@ -338,3 +344,19 @@ def test_inspect_shows_partial_layers(moe):
     r = subprocess.run([sys.executable, "-m", "ktd", "inspect", moe, "--vram", "1G", "--gpu-layers", "1"],
                        capture_output=True, text=True, timeout=120)
     assert f"CPU   also layers 1..{n_layer - 1} (gpu.layers = 1)" in r.stdout
+
+
+def test_engine_load_falls_back_or_refuses_when_the_device_backend_cannot_run(moe, monkeypatch, caplog):
+    """The decision says cuda, the device backend then refuses (here: no driver for the real
+    library): the engine runs on the CPU with the reason, or with gpu.required refuses to load."""
+    if _native.cuda_status()["available"]:
+        pytest.skip("a CUDA device is usable on this machine (this checks the refusal without one)")
+    from ktd.engine import load
+    monkeypatch.setattr(gpu, "decide", lambda config, **kw: gpu.GpuDecision("cuda", 0))
+    c = cfg(f"model:\n  path: {moe}\n  n_ctx: 64\ngpu:\n  device: 0\n  vram_budget: 4G\n")
+    with caplog.at_level(logging.WARNING, logger="ktd.engine"):
+        eng = load(c, progress=None)
+    assert eng.context.backend == "cpu" and eng.gpu.backend == "cpu" and eng.gpu.reason
+    assert any("cannot be used, running on the CPU only" in r.getMessage() for r in caplog.records)
+    with pytest.raises(gpu.GpuError, match="gpu.required is set and gpu.device 0 cannot be used"):
+        load(dataclass_replace(c, required=True), progress=None)

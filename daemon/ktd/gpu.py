@@ -6,8 +6,9 @@ wrong configuration fails in a second and names its numbers.
 - ``gpu.device`` set: the VRAM plan (ktd.placement, from the GGUF header) is computed against
   ``gpu.vram_budget`` and a plan that does not fit is refused at load with the numbers, on any
   machine (a configuration error is one everywhere). Then the backend is checked:
-  ``gpu.backend: cuda`` needs ``cuda_status()`` available and the device index present, and a
-  CUDA device backend for the forward; ``loopback`` (the hybrid data flow with the CPU playing
+  ``gpu.backend: cuda`` needs ``cuda_status()`` available and the device index present, and then
+  the model's architecture supported by the CUDA device backend (model/cuda_device.h: checked when
+  the engine sets it up, ktd.engine.load, with the same required/fallback rule); ``loopback`` (the hybrid data flow with the CPU playing
   the device: a diagnostic, and how CI drives the daemon through HybridBackend) always can.
 - The GPU cannot be used: with ``gpu.required`` the load fails with the reason; otherwise the
   reason is logged as a warning and the daemon runs on the CPU (what Ollama and llama.cpp do on
@@ -177,9 +178,6 @@ def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = No
             unusable = f"CUDA is not usable: {status.get('reason') or 'unknown reason'}"
         elif g.device >= int(status.get("devices") or 0):
             unusable = f"gpu.device {g.device} does not exist (the CUDA runtime sees {status.get('devices')})"
-        else:
-            unusable = ("this ktd has no CUDA device backend for the forward yet (libktd_cuda.so holds the "
-                        "block kernels only); use gpu.backend: loopback to run the hybrid data flow on the CPU")
         if budget is None and unusable is None:
             unusable = "the device's memory is unknown: set gpu.vram_budget"
     if unusable is not None:
