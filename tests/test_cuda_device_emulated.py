@@ -11,10 +11,13 @@ Tolerances, relative to the largest |logit| of the row:
   what differs is the summation order (the CPU kernels' SIMD lanes and tiles vs one running sum
   here) and q's attention scale applied to q·k instead of q: a few float ulps through 2 layers,
   bounded by 1e-4.
-- Block types (Q8_0, Q4_0, Q5_0): the device quantizes each 32 activations to int8 with their own
-  scale (the dp4a input, as llama.cpp's CUDA backend does), the CPU kernels use their own
-  activation formats and float paths; measured 1-2 % of the largest logit on these random tiny
-  models, bounded by 3e-2; greedy tokens must agree wherever the CPU's lead is clear (_compare).
+- Block types (Q8_0, Q4_0, Q5_0): both paths quantize each 32 activations to int8 (the device
+  keeps the block scale in f32, the CPU's Q8_0 activations in f16: 3e-4 apart per matmul), and
+  the rounding of int8 activations amplifies such differences: measured 1-2 % of the largest logit
+  on these random tiny models, bounded by 3e-2; greedy tokens must agree wherever the CPU's lead is
+  clear (_compare). That this is the activation quantization and not an orchestration error is
+  checked against the independent float64 forward (reference/numpy_forward.py): the device is as
+  close to it as the CPU is (test_block_types_are_as_close_to_the_float64_oracle_as_the_cpu).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import pytest
 from ktd import _native
 from ktd.engine import Engine
 from models import synthetic_moe, tiny_dense
+from reference.numpy_forward import forward as numpy_forward
 
 F32_TOL = 1e-4
 BLOCK_TOL = 3e-2
@@ -91,6 +95,20 @@ def test_dense_decode_and_prefill_match_the_cpu_forward(arch, wtype, tmp_path):
     _compare(cpu, dev, F32_TOL if wtype == "F32" else BLOCK_TOL)
     # A dense model sends nothing through the hybrid copies.
     assert dev.context.hybrid_stats()["moe_calls"] == 0
+
+
+@pytest.mark.parametrize("arch, wtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("qwen3", "Q8_0")])
+def test_block_types_are_as_close_to_the_float64_oracle_as_the_cpu(arch, wtype, tmp_path):
+    path = tmp_path / f"{arch}-{wtype}.gguf"
+    tiny_dense.make_model(arch, path, wtype=wtype)
+    toks = list(range(40, 52))
+    ref = numpy_forward(path, toks)
+    cpu, dev = _pair(path)
+    n = len(toks)
+    args = (np.array(toks), np.arange(n), np.zeros(n), np.ones(n, bool))
+    err_cpu, err_dev = _rel(ref, cpu.forward(*args)), _rel(ref, dev.forward(*args))
+    assert err_cpu < 0.05
+    assert err_dev <= 1.5 * err_cpu, (err_dev, err_cpu)
 
 
 def test_prefill_in_chunks_and_the_mistral_gqa_shape(tmp_path):
