@@ -308,11 +308,11 @@ extern "C" int ktd_cuda_attention(KtdCudaCtx *c, const float *q, const uint16_t 
                                   int64_t n_tok, int n_head, int n_head_kv, int64_t hd, const int64_t *kv_first,
                                   const int32_t *n_kv, float scale) {
     KTD_USE(c);
-    if (n_tok <= 0 || n_tok > 65535 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || hd <= 0 || hd > kMaxHd ||
-        !kv_first || !n_kv)
+    if (n_tok <= 0 || n_head <= 0 || n_head > 65535 || n_head_kv <= 0 || n_head % n_head_kv || hd <= 0 ||
+        hd > kMaxHd || !kv_first || !n_kv)
         return fail(c, KTD_CUDA_E_ARG,
-                    "attention: n_head a multiple of n_head_kv, 0 < hd <= 256, 0 < n_tok <= 65535, kv ranges given");
-    attn_kernel<<<dim3(unsigned(n_head), unsigned(n_tok)), 32, 0, c->stream>>>(
+                    "attention: 0 < n_head <= 65535 a multiple of n_head_kv, 0 < hd <= 256, n_tok > 0, kv ranges given");
+    attn_kernel<<<dim3(unsigned(n_tok), unsigned(n_head)), 32, 0, c->stream>>>(
         q, reinterpret_cast<const __half *>(k), reinterpret_cast<const __half *>(v), out, n_head, n_head_kv, hd,
         kv_first, n_kv, 0, scale);
     return launched(c, "attention");

@@ -113,14 +113,15 @@ __global__ void add_kernel(float *a, const float *b, int64_t n) {
     if (i < n) a[i] += b[i];
 }
 
-// One warp per (query head, token), online softmax over the token's keys: each lane holds hd/32
-// of the head's dims (hd <= 256), a key's score is a warp reduction. Token i (blockIdx.y) reads
+// One warp per (token, query head), online softmax over the token's keys: each lane holds hd/32
+// of the head's dims (hd <= 256), a key's score is a warp reduction. Token i (blockIdx.x, head
+// blockIdx.y) reads
 // cache rows [kv_first[i], kv_first[i] + n_kv[i]) (null arrays: rows [0, n_kv_all) for every token).
 constexpr int kMaxHd = 256;
 __global__ void attn_kernel(const float *q, const __half *k, const __half *v, float *out, int n_head, int n_head_kv,
                             int64_t hd, const int64_t *kv_first, const int32_t *n_kvs, int64_t n_kv_all, float scale) {
-    const int h = blockIdx.x;
-    const int64_t tok = blockIdx.y;
+    const int h = blockIdx.y;
+    const int64_t tok = blockIdx.x;
     const int64_t first = kv_first ? kv_first[tok] : 0, n_kv = n_kvs ? n_kvs[tok] : n_kv_all;
     q += tok * n_head * hd;
     out += tok * n_head * hd;

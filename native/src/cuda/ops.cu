@@ -130,7 +130,7 @@ extern "C" int ktd_cuda_attn_decode_host(const float *q, const uint16_t *k, cons
     const uint16_t *dk = s.up(k, n_kv * n_head_kv * hd), *dv = s.up(v, n_kv * n_head_kv * hd);
     float *dout = s.alloc<float>(int64_t(n_head) * hd);
     if (s.e == cudaSuccess)
-        attn_kernel<<<dim3(unsigned(n_head), 1), 32>>>(dq, reinterpret_cast<const __half *>(dk),
+        attn_kernel<<<dim3(1, unsigned(n_head)), 32>>>(dq, reinterpret_cast<const __half *>(dk),
                                                        reinterpret_cast<const __half *>(dv), dout, n_head, n_head_kv,
                                                        hd, nullptr, nullptr, n_kv, scale);
     s.launched();
