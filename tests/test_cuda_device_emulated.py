@@ -236,7 +236,9 @@ def test_the_real_library_refuses_cleanly_without_a_device(tmp_path):
     eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
     with pytest.raises(_native.DeviceError) as e:
         eng.context.set_backend("cuda")
-    assert str(e.value), "the refusal says why"
+    # the runtime's own reason (with the library built: it loaded with every ABI v3 entry point and
+    # the context creation asked the driver)
+    assert status["reason"] in str(e.value)
     assert eng.context.backend == "cpu"
 
 

@@ -287,6 +287,34 @@ def test_daemon_on_the_loopback_backend(moe, tmp_path):
     assert "hybrid forward on loopback (device 0)" in log and "hybrid plan (VRAM budget 2.00 GiB): fits" in log
 
 
+def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path):
+    """gpu.backend: cuda through the daemon, with the CUDA ABI emulated on the host (test hook
+    KTD_TEST_CUDA_EMULATED): the scheduler's thread drives CudaDevice behind HybridBackend; the
+    greedy text is the CPU engine's (F32 tiny model: the device path is within float rounding of
+    it), status says cuda with its plan, and activations crossed per MoE layer."""
+    want = _greedy_in_process(moe, "hello world", 6)
+    assert want
+    sock = tmp_path / "k.sock"
+    proc = _start(moe, sock, {"KTD_GPU__DEVICE": "0", "KTD_GPU__BACKEND": "cuda", "KTD_GPU__VRAM_BUDGET": "1G",
+                              "KTD_TEST_CUDA_EMULATED": "1"})
+    try:
+        with Client(str(sock), timeout=120) as c:
+            r = c.generate("hello world", temperature=0, max_tokens=len(want))
+            deadline = time.monotonic() + 30
+            while True:   # the hybrid snapshot is refreshed about once a second
+                g = c.status()["gpu"]
+                if (g.get("hybrid") or {}).get("moe_calls") or time.monotonic() > deadline:
+                    break
+                time.sleep(1.1)
+    finally:
+        log = _stop(proc)
+    eng = Engine.open(moe, n_ctx=64, n_seq_max=1, threads=1)
+    assert r["text"] == eng.tokenizer.decode(want)
+    assert g["backend"] == "cuda" and g["device"] == 0 and "reason" not in g
+    assert g["hybrid"]["moe_calls"] > 0 and g["hybrid"]["bytes_to_host"] == g["hybrid"]["bytes_to_device"] > 0
+    assert "hybrid forward on cuda (device 0)" in log
+
+
 def test_daemon_hybrid_counters_move(moe, tmp_path):
     sock = tmp_path / "k.sock"
     proc = _start(moe, sock, {"KTD_GPU__DEVICE": "0", "KTD_GPU__BACKEND": "loopback", "KTD_GPU__VRAM_BUDGET": "2G"})

@@ -263,7 +263,7 @@ def load(config: Any, progress: Progress) -> Engine:
         g = config.gpu
         budget = 0 if g.vram_budget == "auto" else int(g.vram_budget)
         try:
-            engine.context.set_backend("cuda", device=decision.device, vram_budget=budget)
+            engine.context.set_backend(gpu.cuda_backend_name(), device=decision.device, vram_budget=budget)
         except _native.DeviceError as e:  # an unsupported architecture, the device's memory, a device fault
             if g.required:
                 raise gpu.GpuError(f"gpu.required is set and gpu.device {decision.device} cannot be used: {e}") from e

@@ -21,6 +21,7 @@ wrong configuration fails in a second and names its numbers.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -125,6 +126,22 @@ def _profile_counts(model_path: str, profile_dir: str, shape: tuple[int, int]) -
     return counts if counts.any() else None
 
 
+# Test hook: gpu.backend cuda runs over the CUDA ABI's host emulation (Context backend
+# "cuda-emulated", native/src/cuda/emu_device.cpp), so the daemon's whole path through the CUDA
+# device backend is tested without a GPU. Never set in production.
+TEST_EMULATED_ENV = "KTD_TEST_CUDA_EMULATED"
+
+
+def cuda_backend_name() -> str:
+    """The Context backend that plays gpu.backend: cuda ("cuda", or "cuda-emulated" under the test hook)."""
+    return "cuda-emulated" if os.environ.get(TEST_EMULATED_ENV) == "1" else "cuda"
+
+
+def _emulated_status() -> dict[str, Any]:
+    return {"available": True, "devices": 1, "library": "emulated",
+            "reason": f"the CUDA ABI emulated on the host ({TEST_EMULATED_ENV}=1: tests only)"}
+
+
 def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = None,
            meminfo: str = "/proc/meminfo") -> GpuDecision:
     """The GPU decision for ``config`` (a ktd.config.Config) before the model loads.
@@ -138,6 +155,8 @@ def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = No
         raise GpuError("gpu.device is set but model.path is not")
     status: dict[str, Any] | None = None
     if g.backend == "cuda":
+        if cuda_status is None and cuda_backend_name() == "cuda-emulated":
+            cuda_status = _emulated_status
         if cuda_status is None:
             from ktd import _native
             cuda_status = _native.cuda_status
