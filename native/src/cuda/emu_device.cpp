@@ -46,6 +46,7 @@ struct EmuCtx {
     std::deque<std::function<void()>> queue;
     uint64_t submitted = 0, completed = 0;
     bool stop = false;
+    std::string fault;  // the first fault of a running "kernel" (where a GPU would fault), under mu
     std::thread worker;
 
     EmuCtx() : worker([this] { loop(); }) {}
@@ -83,9 +84,18 @@ struct EmuCtx {
         cv.notify_all();
         return 0;
     }
-    void wait_for(uint64_t mark) {
+    // Waits until the stream has run up to mark; a fault of a kernel meanwhile is the error.
+    int wait_for(uint64_t mark) {
         std::unique_lock<std::mutex> l(mu);
         done_cv.wait(l, [&] { return completed >= mark; });
+        if (fault.empty()) return 0;
+        err = fault;
+        return KTD_CUDA_E_ARG;
+    }
+    // From a running kernel: an access outside its allocation (the kernel stops there).
+    void kernel_fault(const std::string &what) {
+        std::lock_guard<std::mutex> l(mu);
+        if (fault.empty()) fault = "a kernel faulted (reported at the next sync): " + what;
     }
     uint64_t mark() {
         std::lock_guard<std::mutex> l(mu);
@@ -228,8 +238,7 @@ int memset0(KtdCudaCtx *ctx, void *p, uint64_t bytes) {
 
 int sync(KtdCudaCtx *ctx) {
     EMU_CTX(ctx);
-    c->wait_for(c->mark());
-    return 0;
+    return c->wait_for(c->mark());
 }
 
 int event_create(KtdCudaCtx *ctx, KtdCudaEvent **ev) {
@@ -258,8 +267,7 @@ int event_record(KtdCudaCtx *ctx, KtdCudaEvent *ev) {
 int event_wait(KtdCudaCtx *ctx, KtdCudaEvent *ev) {
     EMU_CTX(ctx);
     if (!c->events.count(ev)) return c->fail(KTD_CUDA_E_ARG, "event_wait: not an event of this context");
-    c->wait_for(reinterpret_cast<EmuEvent *>(ev)->mark);
-    return 0;
+    return c->wait_for(reinterpret_cast<EmuEvent *>(ev)->mark);
 }
 
 // --- kernels ------------------------------------------------------------------------------------
@@ -430,7 +438,8 @@ int kv_write(KtdCudaCtx *ctx, const float *src, int64_t n_tok, int64_t width, ui
     return c->enqueue([=] {
         for (int64_t i = 0; i < n_tok; ++i) {
             uint16_t *dst = cache + rows[i] * width;
-            if (rows[i] < 0 || reinterpret_cast<uintptr_t>(dst + width) > limit) std::abort();  // a GPU would fault
+            if (rows[i] < 0 || reinterpret_cast<uintptr_t>(dst + width) > limit)
+                return c->kernel_fault("kv_write: cache row " + std::to_string(rows[i]) + " is outside the cache");
             for (int64_t d = 0; d < width; ++d) dst[d] = fp32_to_fp16(src[i * width + d]);
         }
     });
@@ -447,8 +456,20 @@ int attention(KtdCudaCtx *ctx, const float *q, const uint16_t *k, const uint16_t
     EMU_DEV(v, uint64_t(n_head_kv * hd) * 2, "attention (v)");
     EMU_DEV(kv_first, uint64_t(n_tok) * 8, "attention (kv_first)");
     EMU_DEV(n_kv, uint64_t(n_tok) * 4, "attention (n_kv)");
+    auto limit_of = [c](const void *p) {
+        auto it = --c->dev.upper_bound(reinterpret_cast<uintptr_t>(p));
+        return it->first + it->second;
+    };
+    const uintptr_t k_end = limit_of(k), v_end = limit_of(v);
     return c->enqueue([=] {
         const int64_t row = int64_t(n_head_kv) * hd;
+        for (int64_t i = 0; i < n_tok; ++i)
+            if (kv_first[i] < 0 || n_kv[i] < 0 ||
+                reinterpret_cast<uintptr_t>(k + (kv_first[i] + n_kv[i]) * row) > k_end ||
+                reinterpret_cast<uintptr_t>(v + (kv_first[i] + n_kv[i]) * row) > v_end)
+                return c->kernel_fault("attention: token " + std::to_string(i) + "'s key range [" +
+                                       std::to_string(kv_first[i]) + ", +" + std::to_string(n_kv[i]) +
+                                       ") is outside the cache");
         std::vector<float> acc(static_cast<size_t>(hd));
         for (int64_t i = 0; i < n_tok; ++i)
             for (int h = 0; h < n_head; ++h) {
