@@ -273,10 +273,26 @@ void bind_cuda(py::module_ &m) {
             out["available"] = rc == 0 && n > 0;
             out["devices"] = n;
             out["reason"] = rc == 0 && n == 0 ? std::string("no CUDA device is visible") : std::string(msg);
+            if (rc == 0 && n > 0) {
+                // Each device's total memory (what gpu.vram_budget: auto plans against; 0 where a
+                // context could not be made), through a short-lived ABI v3 context.
+                py::list mem;
+                for (int d = 0; d < n; ++d) {
+                    KtdCudaCtx *c = nullptr;
+                    char why[256] = {0};
+                    uint64_t total = 0;
+                    if (lib.api->ctx_create(d, 0, &c, why, sizeof why) == 0 && c) {
+                        if (lib.api->mem_info(c, nullptr, nullptr, nullptr, &total) != 0) total = 0;
+                        lib.api->ctx_destroy(c);
+                    }
+                    mem.append(total);
+                }
+                out["device_memory"] = mem;
+            }
             return out;
         },
-        "{available, devices, reason, library}: whether the optional CUDA backend (libktd_cuda.so) can run here, "
-        "and why not");
+        "{available, devices, reason, library[, device_memory]}: whether the optional CUDA backend "
+        "(libktd_cuda.so) can run here, and why not; device_memory: each device's total bytes");
 
     auto cm = m.def_submodule("cuda_math", "the CUDA kernels' block arithmetic (cuda/block_math.h) compiled for the CPU");
     cm.def(
