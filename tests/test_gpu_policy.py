@@ -117,8 +117,6 @@ def test_cuda_unusable_here_falls_back_with_the_runtime_reason(moe, caplog):
      "CUDA is not usable: CUDA driver version is insufficient"),
     ({"available": True, "devices": 1, "reason": "NVIDIA H200", "device_memory": [140 * GiB]},
      "gpu.device 3 does not exist (the CUDA runtime sees 1)"),
-    ({"available": True, "devices": 4, "reason": "NVIDIA H200", "device_memory": [140 * GiB] * 4},
-     "no CUDA device backend for the forward"),
 ])
 def test_cuda_status_cases(moe, status, fragment):
     c = cfg(f"model:\n  path: {moe}\ngpu:\n  device: 3\n  vram_budget: 4G\n")
@@ -128,6 +126,14 @@ def test_cuda_status_cases(moe, status, fragment):
     required = dataclass_replace(c, required=True)
     with pytest.raises(gpu.GpuError, match=fragment.split("(")[0].strip()):
         gpu.decide(required, cuda_status=lambda: status)
+
+
+def test_cuda_usable_is_decided_for_the_device_backend(moe):
+    """With a usable device the decision is the CUDA device backend (model/cuda_device.h); whether
+    the model runs there is checked when the engine sets it up (test_cuda_device_emulated.py)."""
+    status = {"available": True, "devices": 4, "reason": "NVIDIA H200", "device_memory": [140 * GiB] * 4}
+    d = gpu.decide(cfg(f"model:\n  path: {moe}\ngpu:\n  device: 3\n  vram_budget: 4G\n"), cuda_status=lambda: status)
+    assert d.backend == "cuda" and d.device == 3 and d.reason is None and d.plan["fits"]
 
 
 def dataclass_replace(c: config_mod.Config, **gpu_keys) -> config_mod.Config:
@@ -281,6 +287,34 @@ def test_daemon_on_the_loopback_backend(moe, tmp_path):
     assert "hybrid forward on loopback (device 0)" in log and "hybrid plan (VRAM budget 2.00 GiB): fits" in log
 
 
+def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path):
+    """gpu.backend: cuda through the daemon, with the CUDA ABI emulated on the host (test hook
+    KTD_TEST_CUDA_EMULATED): the scheduler's thread drives CudaDevice behind HybridBackend; the
+    greedy text is the CPU engine's (F32 tiny model: the device path is within float rounding of
+    it), status says cuda with its plan, and activations crossed per MoE layer."""
+    want = _greedy_in_process(moe, "hello world", 6)
+    assert want
+    sock = tmp_path / "k.sock"
+    proc = _start(moe, sock, {"KTD_GPU__DEVICE": "0", "KTD_GPU__BACKEND": "cuda", "KTD_GPU__VRAM_BUDGET": "1G",
+                              "KTD_TEST_CUDA_EMULATED": "1"})
+    try:
+        with Client(str(sock), timeout=120) as c:
+            r = c.generate("hello world", temperature=0, max_tokens=len(want))
+            deadline = time.monotonic() + 30
+            while True:   # the hybrid snapshot is refreshed about once a second
+                g = c.status()["gpu"]
+                if (g.get("hybrid") or {}).get("moe_calls") or time.monotonic() > deadline:
+                    break
+                time.sleep(1.1)
+    finally:
+        log = _stop(proc)
+    eng = Engine.open(moe, n_ctx=64, n_seq_max=1, threads=1)
+    assert r["text"] == eng.tokenizer.decode(want)
+    assert g["backend"] == "cuda" and g["device"] == 0 and "reason" not in g
+    assert g["hybrid"]["moe_calls"] > 0 and g["hybrid"]["bytes_to_host"] == g["hybrid"]["bytes_to_device"] > 0
+    assert "hybrid forward on cuda (device 0)" in log
+
+
 def test_daemon_hybrid_counters_move(moe, tmp_path):
     sock = tmp_path / "k.sock"
     proc = _start(moe, sock, {"KTD_GPU__DEVICE": "0", "KTD_GPU__BACKEND": "loopback", "KTD_GPU__VRAM_BUDGET": "2G"})
@@ -338,3 +372,19 @@ def test_inspect_shows_partial_layers(moe):
     r = subprocess.run([sys.executable, "-m", "ktd", "inspect", moe, "--vram", "1G", "--gpu-layers", "1"],
                        capture_output=True, text=True, timeout=120)
     assert f"CPU   also layers 1..{n_layer - 1} (gpu.layers = 1)" in r.stdout
+
+
+def test_engine_load_falls_back_or_refuses_when_the_device_backend_cannot_run(moe, monkeypatch, caplog):
+    """The decision says cuda, the device backend then refuses (here: no driver for the real
+    library): the engine runs on the CPU with the reason, or with gpu.required refuses to load."""
+    if _native.cuda_status()["available"]:
+        pytest.skip("a CUDA device is usable on this machine (this checks the refusal without one)")
+    from ktd.engine import load
+    monkeypatch.setattr(gpu, "decide", lambda config, **kw: gpu.GpuDecision("cuda", 0))
+    c = cfg(f"model:\n  path: {moe}\n  n_ctx: 64\ngpu:\n  device: 0\n  vram_budget: 4G\n")
+    with caplog.at_level(logging.WARNING, logger="ktd.engine"):
+        eng = load(c, progress=None)
+    assert eng.context.backend == "cpu" and eng.gpu.backend == "cpu" and eng.gpu.reason
+    assert any("cannot be used, running on the CPU only" in r.getMessage() for r in caplog.records)
+    with pytest.raises(gpu.GpuError, match="gpu.required is set and gpu.device 0 cannot be used"):
+        load(dataclass_replace(c, required=True), progress=None)

@@ -258,7 +258,19 @@ def load(config: Any, progress: Progress) -> Engine:
     engine = Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
                          cache_in_background=True, cache_slots=config.prefix_cache.slots,
                          **placement_options(config))
-    if decision.backend != "cpu":
+    if decision.backend == "cuda":
+        from ktd import _native
+        g = config.gpu
+        budget = 0 if g.vram_budget == "auto" else int(g.vram_budget)
+        try:
+            engine.context.set_backend(gpu.cuda_backend_name(), device=decision.device, vram_budget=budget)
+        except _native.DeviceError as e:  # an unsupported architecture, the device's memory, a device fault
+            if g.required:
+                raise gpu.GpuError(f"gpu.required is set and gpu.device {decision.device} cannot be used: {e}") from e
+            log.warning("gpu.device %s cannot be used, running on the CPU only: %s (set gpu.required: true to "
+                        "refuse to start instead)", decision.device, e)
+            decision.backend, decision.reason = "cpu", str(e)
+    elif decision.backend != "cpu":
         engine.context.set_backend(decision.backend)
     engine.gpu = decision
     return engine

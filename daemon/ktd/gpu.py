@@ -6,8 +6,9 @@ wrong configuration fails in a second and names its numbers.
 - ``gpu.device`` set: the VRAM plan (ktd.placement, from the GGUF header) is computed against
   ``gpu.vram_budget`` and a plan that does not fit is refused at load with the numbers, on any
   machine (a configuration error is one everywhere). Then the backend is checked:
-  ``gpu.backend: cuda`` needs ``cuda_status()`` available and the device index present, and a
-  CUDA device backend for the forward; ``loopback`` (the hybrid data flow with the CPU playing
+  ``gpu.backend: cuda`` needs ``cuda_status()`` available and the device index present, and then
+  the model's architecture supported by the CUDA device backend (model/cuda_device.h: checked when
+  the engine sets it up, ktd.engine.load, with the same required/fallback rule); ``loopback`` (the hybrid data flow with the CPU playing
   the device: a diagnostic, and how CI drives the daemon through HybridBackend) always can.
 - The GPU cannot be used: with ``gpu.required`` the load fails with the reason; otherwise the
   reason is logged as a warning and the daemon runs on the CPU (what Ollama and llama.cpp do on
@@ -20,6 +21,7 @@ wrong configuration fails in a second and names its numbers.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -124,6 +126,22 @@ def _profile_counts(model_path: str, profile_dir: str, shape: tuple[int, int]) -
     return counts if counts.any() else None
 
 
+# Test hook: gpu.backend cuda runs over the CUDA ABI's host emulation (Context backend
+# "cuda-emulated", native/src/cuda/emu_device.cpp), so the daemon's whole path through the CUDA
+# device backend is tested without a GPU. Never set in production.
+TEST_EMULATED_ENV = "KTD_TEST_CUDA_EMULATED"
+
+
+def cuda_backend_name() -> str:
+    """The Context backend that plays gpu.backend: cuda ("cuda", or "cuda-emulated" under the test hook)."""
+    return "cuda-emulated" if os.environ.get(TEST_EMULATED_ENV) == "1" else "cuda"
+
+
+def _emulated_status() -> dict[str, Any]:
+    return {"available": True, "devices": 1, "library": "emulated",
+            "reason": f"the CUDA ABI emulated on the host ({TEST_EMULATED_ENV}=1: tests only)"}
+
+
 def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = None,
            meminfo: str = "/proc/meminfo") -> GpuDecision:
     """The GPU decision for ``config`` (a ktd.config.Config) before the model loads.
@@ -137,6 +155,8 @@ def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = No
         raise GpuError("gpu.device is set but model.path is not")
     status: dict[str, Any] | None = None
     if g.backend == "cuda":
+        if cuda_status is None and cuda_backend_name() == "cuda-emulated":
+            cuda_status = _emulated_status
         if cuda_status is None:
             from ktd import _native
             cuda_status = _native.cuda_status
@@ -177,9 +197,6 @@ def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = No
             unusable = f"CUDA is not usable: {status.get('reason') or 'unknown reason'}"
         elif g.device >= int(status.get("devices") or 0):
             unusable = f"gpu.device {g.device} does not exist (the CUDA runtime sees {status.get('devices')})"
-        else:
-            unusable = ("this ktd has no CUDA device backend for the forward yet (libktd_cuda.so holds the "
-                        "block kernels only); use gpu.backend: loopback to run the hybrid data flow on the CPU")
         if budget is None and unusable is None:
             unusable = "the device's memory is unknown: set gpu.vram_budget"
     if unusable is not None:

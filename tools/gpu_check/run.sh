@@ -7,7 +7,8 @@
 #   status    ktd._native.cuda_status()
 #   tests     every gpu-marked test (kernels vs gguf-py/numpy) and the CPU-side cuda tests: outcome,
 #             duration, the failure text
-#   bench     what was measured, or why not
+#   bench     tools/gpu_check/hybrid_bench.py: greedy on Qwen2.5-Coder-0.5B CPU vs device, hybrid vs
+#             CPU-only prefill/decode on the MoE bench files with HybridStats; or why not
 # Steps: a venv from the carried wheelhouse (build/gpu-carry/wheels, tools/gpu_check/carry.sh)
 # when numpy/gguf/pytest are missing; the native module built with KTD_CUDA=ON for this GPU's
 # architecture unless a carried build matches this Python; pytest -m gpu.
@@ -63,12 +64,20 @@ t_build=$(( $(date +%s) - t0 ))
 say "tests: gpu-marked kernels + the CPU-side cuda tests"
 export PYTHONPATH=$ROOT/daemon:$ROOT/tests
 "$PY" -m pytest -q -rA -p no:cacheprovider --junitxml="$WORK/junit.xml" \
-  tests/test_cuda_block_math.py tests/test_cuda_ops.py ${GPU_CHECK_PYTEST_ARGS:-} >>"$LOG" 2>&1
+  tests/test_cuda_block_math.py tests/test_cuda_ops.py tests/test_cuda_device_emulated.py \
+  ${GPU_CHECK_PYTEST_ARGS:-} >>"$LOG" 2>&1
 rc=$?
+
+# --- end to end: greedy on the real model, hybrid vs CPU-only on the MoE bench files ------------
+# (tools/gpu_check/hybrid_bench.py; exits 2 with the reason in its JSON when CUDA cannot run)
+say "bench: the CUDA device backend end to end (hybrid_bench.py)"
+"$PY" "$ROOT/tools/gpu_check/hybrid_bench.py" --out "$WORK/hybrid.json" ${GPU_CHECK_BENCH_ARGS:-} >>"$LOG" 2>&1
+bench_rc=$?
+[ $rc = 0 ] && rc=$bench_rc
 
 # --- the one JSON ----------------------------------------------------------------------------
 "$PY" "$ROOT/tools/gpu_check/report.py" --junit "$WORK/junit.xml" --log "$LOG" --build "$build_how" \
-  --build-seconds "$t_build" --pytest-rc "$rc" --out "$JSON"
+  --build-seconds "$t_build" --pytest-rc "$rc" --bench "$WORK/hybrid.json" --out "$JSON"
 echo "gpu-check: $JSON"
 tail -5 "$LOG"
 exit $rc

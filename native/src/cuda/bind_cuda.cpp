@@ -2,7 +2,6 @@
 // linked: a CPU-only build and host are unchanged) and says whether a device can be used or
 // exactly why not; cuda_math exposes the host/device block arithmetic of cuda/block_math.h as
 // the CPU compiles it, so tests check the GPU kernels' math against gguf-py without a GPU.
-#include <dlfcn.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -16,6 +15,7 @@
 #include "bindings.h"
 #include "common/ggml_types.h"
 #include "cuda/block_math.h"
+#include "cuda/cuda_api.h"
 #include "cuda/ktd_cuda.h"
 #include "cuda/ops_math.h"
 #include "model/blocks.h"
@@ -25,9 +25,11 @@ namespace py = pybind11;
 namespace ktd {
 namespace {
 
+// The loaded library's table (cuda/cuda_api.h) or the reason it cannot be used.
 struct CudaLib {
-    void *handle = nullptr;
+    const CudaApi *api = nullptr;
     std::string path, reason;
+    // The v2 entry points the tests call (null when the library is unusable).
     decltype(&ktd_cuda_probe) probe = nullptr;
     decltype(&ktd_cuda_gemv_host) gemv_host = nullptr;
     decltype(&ktd_cuda_rmsnorm_host) rmsnorm_host = nullptr;
@@ -37,48 +39,19 @@ struct CudaLib {
     decltype(&ktd_cuda_attn_decode_host) attn_host = nullptr;
 };
 
-// Where libktd_cuda.so is looked for: $KTD_CUDA_LIBRARY, else beside this module's file.
-std::string library_path() {
-    if (const char *env = std::getenv("KTD_CUDA_LIBRARY"); env && *env) return env;
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<void *>(&library_path), &info) && info.dli_fname) {
-        std::string self = info.dli_fname;
-        const size_t slash = self.rfind('/');
-        return (slash == std::string::npos ? std::string(".") : self.substr(0, slash)) + "/libktd_cuda.so";
-    }
-    return "libktd_cuda.so";
-}
-
 const CudaLib &cuda_lib() {
     static CudaLib lib;
     static std::once_flag once;
     std::call_once(once, [] {
-        lib.path = library_path();
-        lib.handle = dlopen(lib.path.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (!lib.handle) {
-            const char *e = dlerror();
-            lib.reason = std::string("the CUDA backend is not installed or cannot be loaded: ") + (e ? e : lib.path);
-            return;
-        }
-        auto version = reinterpret_cast<decltype(&ktd_cuda_abi_version)>(dlsym(lib.handle, "ktd_cuda_abi_version"));
-        lib.probe = reinterpret_cast<decltype(&ktd_cuda_probe)>(dlsym(lib.handle, "ktd_cuda_probe"));
-        lib.gemv_host = reinterpret_cast<decltype(&ktd_cuda_gemv_host)>(dlsym(lib.handle, "ktd_cuda_gemv_host"));
-        lib.rmsnorm_host =
-            reinterpret_cast<decltype(&ktd_cuda_rmsnorm_host)>(dlsym(lib.handle, "ktd_cuda_rmsnorm_host"));
-        lib.rope_host = reinterpret_cast<decltype(&ktd_cuda_rope_host)>(dlsym(lib.handle, "ktd_cuda_rope_host"));
-        lib.glu_host = reinterpret_cast<decltype(&ktd_cuda_glu_host)>(dlsym(lib.handle, "ktd_cuda_glu_host"));
-        lib.add_host = reinterpret_cast<decltype(&ktd_cuda_add_host)>(dlsym(lib.handle, "ktd_cuda_add_host"));
-        lib.attn_host =
-            reinterpret_cast<decltype(&ktd_cuda_attn_decode_host)>(dlsym(lib.handle, "ktd_cuda_attn_decode_host"));
-        if (version && version() != KTD_CUDA_ABI_VERSION) {
-            lib.reason = lib.path + ": built for CUDA backend ABI " + std::to_string(version()) + ", this ktd needs " +
-                         std::to_string(KTD_CUDA_ABI_VERSION);
-            lib.probe = nullptr;
-        } else if (!version || !lib.probe || !lib.gemv_host || !lib.rmsnorm_host || !lib.rope_host || !lib.glu_host ||
-                   !lib.add_host || !lib.attn_host) {
-            lib.reason = lib.path + ": not a ktd CUDA backend (entry points missing)";
-            lib.probe = nullptr;
-        }
+        lib.api = cuda_api_library(&lib.reason, &lib.path);
+        if (!lib.api) return;
+        lib.probe = lib.api->probe;
+        lib.gemv_host = lib.api->gemv_host;
+        lib.rmsnorm_host = lib.api->rmsnorm_host;
+        lib.rope_host = lib.api->rope_host;
+        lib.glu_host = lib.api->glu_host;
+        lib.add_host = lib.api->add_host;
+        lib.attn_host = lib.api->attn_host;
     });
     return lib;
 }
@@ -300,10 +273,26 @@ void bind_cuda(py::module_ &m) {
             out["available"] = rc == 0 && n > 0;
             out["devices"] = n;
             out["reason"] = rc == 0 && n == 0 ? std::string("no CUDA device is visible") : std::string(msg);
+            if (rc == 0 && n > 0) {
+                // Each device's total memory (what gpu.vram_budget: auto plans against; 0 where a
+                // context could not be made), through a short-lived ABI v3 context.
+                py::list mem;
+                for (int d = 0; d < n; ++d) {
+                    KtdCudaCtx *c = nullptr;
+                    char why[256] = {0};
+                    uint64_t total = 0;
+                    if (lib.api->ctx_create(d, 0, &c, why, sizeof why) == 0 && c) {
+                        if (lib.api->mem_info(c, nullptr, nullptr, nullptr, &total) != 0) total = 0;
+                        lib.api->ctx_destroy(c);
+                    }
+                    mem.append(total);
+                }
+                out["device_memory"] = mem;
+            }
             return out;
         },
-        "{available, devices, reason, library}: whether the optional CUDA backend (libktd_cuda.so) can run here, "
-        "and why not");
+        "{available, devices, reason, library[, device_memory]}: whether the optional CUDA backend "
+        "(libktd_cuda.so) can run here, and why not; device_memory: each device's total bytes");
 
     auto cm = m.def_submodule("cuda_math", "the CUDA kernels' block arithmetic (cuda/block_math.h) compiled for the CPU");
     cm.def(

@@ -13,71 +13,13 @@
 #include <cstring>
 
 #include "cuda/block_math.h"
+#include "cuda/kernels.cuh"
 #include "cuda/ktd_cuda.h"
 
 namespace {
 
-using namespace ktd;
-using namespace ktd::bm;
-
 void set_error(char *msg, size_t n, const char *what, cudaError_t e) {
     if (msg && n) std::snprintf(msg, n, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-}
-
-// One thread per 32 activations: x [n][k] → act [n][k/32].
-__global__ void quantize_act_kernel(const float *x, ActQ8 *act, int64_t n_sub) {
-    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (t < n_sub) quantize_act(x + 32 * t, act[t]);
-}
-
-// One warp per (output row, activation row): lanes stride over the row's sub-blocks of 32,
-// then a shuffle reduction. y [n][rows].
-template <class Block>
-__global__ void gemv_q_kernel(const Block *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y) {
-    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (warp >= rows * n) return;
-    const int64_t r = warp % rows, i = warp / rows;
-    const int64_t n_sub = k / 32;
-    const Block *row = w + r * (n_sub / SubsPerBlock<Block>::value);
-    const ActQ8 *a = act + i * n_sub;
-    float acc = 0.0f;
-    for (int64_t t = lane; t < n_sub; t += 32) {
-        Sub32 s;
-        unpack_row_sub(row, t, s);
-        acc += dot(s, a[t]);
-    }
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
-    if (lane == 0) y[i * rows + r] = acc;
-}
-
-// F32/F16/BF16 weights against float activations, one warp per (row, activation row).
-template <int Type>
-__device__ __forceinline__ float load_weight(const void *w, int64_t idx) {
-    if constexpr (Type == 0) return static_cast<const float *>(w)[idx];
-    else if constexpr (Type == 1) return half_to_float(static_cast<const uint16_t *>(w)[idx]);
-    else return bf16_to_float(static_cast<const uint16_t *>(w)[idx]);
-}
-
-template <int Type>
-__global__ void gemv_f_kernel(const void *w, int64_t rows, int64_t k, const float *x, int64_t n, float *y) {
-    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (warp >= rows * n) return;
-    const int64_t r = warp % rows, i = warp / rows;
-    float acc = 0.0f;
-    for (int64_t j = lane; j < k; j += 32) acc += load_weight<Type>(w, r * k + j) * x[i * k + j];
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
-    if (lane == 0) y[i * rows + r] = acc;
-}
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t threads) { return unsigned((threads + kThreads - 1) / kThreads); }
-
-template <class Block>
-void launch_q(const void *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y, cudaStream_t st) {
-    gemv_q_kernel<Block><<<blocks_for(rows * n * 32), kThreads, 0, st>>>(static_cast<const Block *>(w), rows, k, act, n, y);
 }
 
 }  // namespace

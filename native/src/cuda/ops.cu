@@ -8,93 +8,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "cuda/kernels.cuh"
 #include "cuda/ktd_cuda.h"
 #include "cuda/ops_math.h"
 
 namespace {
-
-using namespace ktd::om;
-
-// y [rows][n]: one block per row; the sum of squares in double, as the CPU's rms_norm.
-__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps) {
-    __shared__ double part[256];
-    const float *xr = x + int64_t(blockIdx.x) * n;
-    float *yr = y + int64_t(blockIdx.x) * n;
-    double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * double(xr[i]);
-    part[threadIdx.x] = ss;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s /= 2) {
-        if (int(threadIdx.x) < s) part[threadIdx.x] += part[threadIdx.x + s];
-        __syncthreads();
-    }
-    const float scale = float(1.0 / sqrt(part[0] / double(n) + double(eps)));
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
-}
-
-// One block per token: thread 0 computes the angles into shared memory, then the block rotates
-// every pair of every head.
-__global__ void rope_kernel(KtdRope rp, const float *freq_factors, const int32_t *pos, float *x, int n_heads,
-                            int64_t head_dim) {
-    extern __shared__ float cs[];
-    if (threadIdx.x == 0) rope_cos_sin(rp, freq_factors, pos[blockIdx.x], cs);
-    __syncthreads();
-    const int half = rp.n_rot / 2;
-    float *xt = x + int64_t(blockIdx.x) * n_heads * head_dim;
-    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) rope_pair(rp, cs, xt + (j / half) * head_dim, j % half);
-}
-
-__global__ void glu_kernel(int act, float *a, const float *b, int64_t n) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) a[i] = (act == 0 ? silu(a[i]) : gelu_tanh(a[i])) * b[i];
-}
-
-__global__ void add_kernel(float *a, const float *b, int64_t n) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) a[i] += b[i];
-}
-
-// One warp per query head, online softmax over the keys: each lane holds hd/32 of the head's
-// dims (hd <= 256), a key's score is a warp reduction.
-constexpr int kMaxHd = 256;
-__global__ void attn_decode_kernel(const float *q, const __half *k, const __half *v, float *out, int n_head,
-                                   int n_head_kv, int64_t hd, int64_t n_kv, float scale) {
-    const int h = blockIdx.x;
-    const int lane = threadIdx.x;
-    const int kvh = h / (n_head / n_head_kv);
-    const int64_t row = int64_t(n_head_kv) * hd;
-    float qv[kMaxHd / 32], acc[kMaxHd / 32];
-    const int per = int((hd + 31) / 32);
-    for (int j = 0; j < per; ++j) {
-        const int64_t d = lane + 32 * j;
-        qv[j] = d < hd ? q[int64_t(h) * hd + d] : 0.0f;
-        acc[j] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int64_t t = 0; t < n_kv; ++t) {
-        const __half *kt = k + t * row + int64_t(kvh) * hd;
-        float s = 0.0f;
-        for (int j = 0; j < per; ++j) {
-            const int64_t d = lane + 32 * j;
-            if (d < hd) s += qv[j] * __half2float(kt[d]);
-        }
-        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-        s *= scale;
-        const float m2 = fmaxf(m, s);
-        const float corr = expf(m - m2), p = expf(s - m2);
-        l = l * corr + p;
-        const __half *vt = v + t * row + int64_t(kvh) * hd;
-        for (int j = 0; j < per; ++j) {
-            const int64_t d = lane + 32 * j;
-            acc[j] = acc[j] * corr + (d < hd ? p * __half2float(vt[d]) : 0.0f);
-        }
-        m = m2;
-    }
-    for (int j = 0; j < per; ++j) {
-        const int64_t d = lane + 32 * j;
-        if (d < hd) out[int64_t(h) * hd + d] = l > 0.0f ? acc[j] / l : 0.0f;
-    }
-}
 
 unsigned blocks(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
@@ -212,9 +130,9 @@ extern "C" int ktd_cuda_attn_decode_host(const float *q, const uint16_t *k, cons
     const uint16_t *dk = s.up(k, n_kv * n_head_kv * hd), *dv = s.up(v, n_kv * n_head_kv * hd);
     float *dout = s.alloc<float>(int64_t(n_head) * hd);
     if (s.e == cudaSuccess)
-        attn_decode_kernel<<<unsigned(n_head), 32>>>(dq, reinterpret_cast<const __half *>(dk),
-                                                     reinterpret_cast<const __half *>(dv), dout, n_head, n_head_kv, hd,
-                                                     n_kv, scale);
+        attn_kernel<<<dim3(1, unsigned(n_head)), 32>>>(dq, reinterpret_cast<const __half *>(dk),
+                                                       reinterpret_cast<const __half *>(dv), dout, n_head, n_head_kv,
+                                                       hd, nullptr, nullptr, n_kv, scale);
     s.launched();
     s.down(out, dout, int64_t(n_head) * hd);
     return s.finish(msg, msg_n);

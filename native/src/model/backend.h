@@ -51,6 +51,13 @@ public:
     virtual void glu_ffn(const LayerWeights &w, Glu act) = 0;
     // XN → Tmp: routed experts (+ shared) of layer il (moe.h).
     virtual void moe_ffn(const LayerWeights &w, int il) = 0;
+
+    // After the chunk's layers: X is back in the context's scratch for the output head (a device
+    // backend copies it down and waits for its stream). The CPU's X is the scratch: nothing to do.
+    virtual void end_chunk() {}
+    // Context::copy_seq on a KV cache the backend holds itself (a device's): the first n_tokens
+    // rows of sequence src copied to dst in every layer. The CPU backend uses the context's cache.
+    virtual void copy_kv(int /*src*/, int /*dst*/, int64_t /*n_tokens*/) {}
 };
 
 }  // namespace ktd

@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 #include "memory/arena.h"
 #include "model/model.h"
+#include "model/cuda_device.h"
 #include "common/crc32c.h"
 #include "model/moe.h"
 #include "model/weights_cache.h"
@@ -487,13 +488,19 @@ static void bind_context_class(py::module_ &m) {
             "barrier_wait_ns, busy_ns [tid], start_ns [tid]")
         .def(
             "set_backend",
-            [](PyContext &c, const std::string &name) {
+            [](PyContext &c, const std::string &name, int device, uint64_t vram_budget) {
                 std::lock_guard<std::mutex> l(c.mu);
-                c.ctx->set_backend(name);
+                if (name == "cuda" || name == "cuda-emulated")
+                    c.ctx->set_device_backend(name, device, vram_budget);
+                else
+                    c.ctx->set_backend(name);
             },
-            py::arg("name"),
-            "'cpu' (default) or 'loopback': the hybrid CPU+accelerator data flow with the CPU playing the "
-            "device (model/hybrid_backend.h)")
+            py::arg("name"), py::arg("device") = 0, py::arg("vram_budget") = 0,
+            "'cpu' (default), 'loopback': the hybrid CPU+accelerator data flow with the CPU playing the "
+            "device (model/hybrid_backend.h), or 'cuda': that data flow with the device part on CUDA device "
+            "`device` within vram_budget bytes (0: the device's memory; model/cuda_device.h). 'cuda' drops the "
+            "sequences held (the device keeps its own KV cache); DeviceError / DeviceMemoryError when it cannot "
+            "be used, the context unchanged")
         .def_property_readonly("backend", [](PyContext &c) { return c.ctx->backend_name(); })
         .def(
             "hybrid_stats",
@@ -570,6 +577,26 @@ static void bind_context_hooks(py::class_<PyContext> &cls) {
 
 void bind_model(py::module_ &m) {
     py::register_exception<ContextOverflowError>(m, "ContextOverflow", PyExc_RuntimeError);
+    {
+        static py::exception<DeviceError> device_error(m, "DeviceError", PyExc_RuntimeError);
+        // DeviceMemoryError: a DeviceError and a MemoryError.
+        static py::handle device_memory_error = [&] {
+            py::object bases = py::make_tuple(device_error, py::handle(PyExc_MemoryError));
+            py::object t = py::reinterpret_steal<py::object>(
+                PyErr_NewException("ktd._native.DeviceMemoryError", bases.ptr(), nullptr));
+            m.attr("DeviceMemoryError") = t;
+            return t.release();
+        }();
+        py::register_exception_translator([](std::exception_ptr p) {
+            try {
+                if (p) std::rethrow_exception(p);
+            } catch (const DeviceMemoryError &e) {
+                PyErr_SetString(device_memory_error.ptr(), e.what());
+            } catch (const DeviceError &e) {
+                PyErr_SetString(device_error.ptr(), e.what());
+            }
+        });
+    }
     bind_model_hooks(m);
     bind_weights_cache(m);  // first: Model's constructor takes a LoadProgress
     bind_model_class(m);

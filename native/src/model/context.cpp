@@ -9,6 +9,7 @@
 #include "kernels/attention.h"
 #include "model/blocks.h"
 #include "model/cpu_backend.h"
+#include "model/cuda_device.h"
 #include "model/model.h"
 
 namespace ktd {
@@ -87,6 +88,7 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
         seq_len_[size_t(dst)] = n_tokens;
         return;
     }
+    backend_->copy_kv(src, dst, n_tokens);
     const HParams &hp = model_.hparams();
     for (int il = 0; il < hp.n_layer; ++il) {
         for (auto [cache, dim] : {std::pair{k_cache_[size_t(il)].get(), hp.n_embd_k_cache()},
@@ -102,6 +104,8 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
 
 void Context::set_backend(const std::string &name) {
     if (name == backend_name_) return;
+    // Leaving a device: its KV cache goes with it, the host's is stale.
+    if (backend_name_.rfind("cuda", 0) == 0) std::fill(seq_len_.begin(), seq_len_.end(), int64_t(0));
     if (name == "cpu") {
         backend_ = std::make_unique<CpuBackend>(*this);
         hybrid_ = nullptr;
@@ -109,11 +113,29 @@ void Context::set_backend(const std::string &name) {
         auto hybrid = std::make_unique<HybridBackend>(*this, std::make_unique<LoopbackDevice>(*this));
         hybrid_ = hybrid.get();
         backend_ = std::move(hybrid);
+    } else if (name == "cuda" || name == "cuda-emulated") {
+        set_device_backend(name, 0, 0);
+        return;
     } else {
-        throw std::invalid_argument("unknown backend '" + name + "' (cpu, loopback)");
+        throw std::invalid_argument("unknown backend '" + name + "' (cpu, loopback, cuda)");
     }
     backend_name_ = name;
     if (profiling_) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
+}
+
+void Context::set_device_backend(const std::string &name, int device, uint64_t vram_budget) {
+    if (name != "cuda" && name != "cuda-emulated")
+        throw std::invalid_argument("unknown device backend '" + name + "' (cuda)");
+    // Built before the old backend goes: a refusal (DeviceError) leaves the context as it was.
+    auto hybrid = std::make_unique<HybridBackend>(*this, make_cuda_device(*this, name, device, vram_budget));
+    // The device's KV cache starts empty: the sequences held so far are dropped.
+    std::fill(seq_len_.begin(), seq_len_.end(), int64_t(0));
+    const bool prof_on = profiling_ != nullptr;
+    profiling_.reset();
+    hybrid_ = hybrid.get();
+    backend_ = std::move(hybrid);
+    backend_name_ = name;
+    if (prof_on) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
 }
 
 HybridStats Context::hybrid_stats() const { return hybrid_ ? hybrid_->stats() : HybridStats{}; }
@@ -191,6 +213,7 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
     be.begin_chunk(b.positions + r0, b.seq_ids + r0, n);
     const ArchSpec &arch = model_.arch();
     for (int il = 0; il < hp.n_layer; ++il) arch.layer(be, hp, w.layers[size_t(il)], il);
+    be.end_chunk();
 
     // Output head on the marked rows only: gather, norm, logits [n_marked][n_vocab].
     OpTimer head_timer(prof, ForwardOp::OutputHead);

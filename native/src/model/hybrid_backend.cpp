@@ -111,8 +111,16 @@ void LoopbackDevice::sync() { stream_.sync(); }
 
 HybridBackend::HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device) : ctx_(ctx), dev_(std::move(device)) {
     const size_t rows = size_t(ctx.n_batch()) * size_t(ctx.model().hparams().n_embd);
-    host_xn_.resize(rows);
-    host_y_.resize(rows);
+    xn_ = dev_->host_buffer(0, rows);
+    y_ = dev_->host_buffer(1, rows);
+    if (!xn_) {
+        host_xn_.resize(rows);
+        xn_ = host_xn_.data();
+    }
+    if (!y_) {
+        host_y_.resize(rows);
+        y_ = host_y_.data();
+    }
 }
 
 void HybridBackend::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
@@ -127,12 +135,12 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
         return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
     };
     const auto t0 = clock::now();
-    dev_->to_host(Act::XN, host_xn_.data());
+    dev_->to_host(Act::XN, xn_);
     stats_.bytes_to_host += bytes;
     const auto t1 = clock::now();
     dev_->shared_expert_async(w, Act::XN, Act::Tmp);
     try {
-        ::ktd::moe_ffn(ctx_, w, il, host_xn_.data(), n, host_y_.data(), MoePart::Routed);
+        ::ktd::moe_ffn(ctx_, w, il, xn_, n, y_, MoePart::Routed);
     } catch (...) {
         dev_->sync();  // never leave the stream writing into buffers the caller may free
         throw;
@@ -140,7 +148,7 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
     const auto t2 = clock::now();
     dev_->sync();
     const auto t3 = clock::now();
-    dev_->add_from_host(Act::Tmp, host_y_.data());
+    dev_->add_from_host(Act::Tmp, y_);
     const auto t4 = clock::now();
     stats_.to_host_ns += ns(t0, t1);
     stats_.host_experts_ns += ns(t1, t2);

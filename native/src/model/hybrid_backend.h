@@ -50,6 +50,9 @@ public:
     virtual void shared_expert_async(const LayerWeights &w, Act in, Act out) = 0;
     virtual void sync() = 0;
     virtual int64_t rows() const = 0;  // rows of the current chunk
+    // Host memory for the per-layer copies, `floats` long, slot 0 (XN down) or 1 (the routed sum up):
+    // page-locked on a CUDA device, so the copies are DMA; null: HybridBackend uses its own vectors.
+    virtual float *host_buffer(int /*slot*/, size_t /*floats*/) { return nullptr; }
 };
 
 // One worker thread running submitted work in order: the loopback device's stream.
@@ -118,13 +121,16 @@ public:
     // XN → Tmp: XN to the host; routed experts on the CPU pool while the device runs the shared
     // expert; their sum back to the device and added.
     void moe_ffn(const LayerWeights &w, int il) override;
+    void end_chunk() override { dev_->end_chunk(); }
+    void copy_kv(int src, int dst, int64_t n_tokens) override { dev_->copy_kv(src, dst, n_tokens); }
 
     const HybridStats &stats() const { return stats_; }
 
 private:
     Context &ctx_;
     std::unique_ptr<DeviceBackend> dev_;
-    std::vector<float> host_xn_, host_y_;  // [n_batch][n_embd] host-side activations (pinned on CUDA)
+    std::vector<float> host_xn_, host_y_;  // [n_batch][n_embd] host-side activations (when the device has no pinned ones)
+    float *xn_ = nullptr, *y_ = nullptr;   // the buffers used: the device's host_buffer(), else those vectors
     HybridStats stats_;
 };
 

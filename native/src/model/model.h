@@ -313,6 +313,11 @@ public:
     // The backend the layers run on: "cpu" (the default) or "loopback" (the hybrid data flow of
     // model/hybrid_backend.h with the device played by the CPU). std::invalid_argument otherwise.
     void set_backend(const std::string &name);
+    // The hybrid forward on a CUDA device (model/cuda_device.h): "cuda" (libktd_cuda.so) or
+    // "cuda-emulated" (its ABI emulated on the host: tests), device index, VRAM budget in bytes
+    // (0: the device's). The device holds its own KV cache: sequences held so far are dropped.
+    // DeviceError / DeviceMemoryError (the context unchanged) when it cannot be used.
+    void set_device_backend(const std::string &name, int device, uint64_t vram_budget);
     const std::string &backend_name() const { return backend_name_; }
     // What crossed between device and host since the hybrid backend was set (zeros on "cpu").
     HybridStats hybrid_stats() const;

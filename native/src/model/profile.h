@@ -93,6 +93,8 @@ public:
         OpTimer t(&p_, ForwardOp::MoeFfn);
         in_.moe_ffn(w, il);
     }
+    void end_chunk() override { in_.end_chunk(); }
+    void copy_kv(int src, int dst, int64_t n_tokens) override { in_.copy_kv(src, dst, n_tokens); }
 
 private:
     Backend &in_;

@@ -1,0 +1,319 @@
+// libktd_cuda.so's ABI v3 (ktd_cuda.h): a context on one device with its stream, allocations
+// within a VRAM budget, pinned host buffers, events, and the kernels of cuda/kernels.cuh enqueued
+// on device pointers. What model/cuda_device.h drives; cuda/emu_device.cpp is the same ABI
+// emulated on the host, which is how the orchestration is tested without a GPU.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+
+#include "common/ggml_types.h"
+#include "cuda/kernels.cuh"
+#include "cuda/ktd_cuda.h"
+
+struct KtdCudaCtx {
+    int device = 0;
+    cudaStream_t stream = nullptr;
+    uint64_t budget = 0, used = 0;
+    std::map<void *, uint64_t> dev;
+    std::set<void *> host;
+    std::set<KtdCudaEvent *> events;
+    std::string err;
+};
+
+struct KtdCudaEvent {
+    cudaEvent_t e = nullptr;
+};
+
+namespace {
+
+int fail(KtdCudaCtx *c, int code, const std::string &what) {
+    c->err = what;
+    return code;
+}
+
+int cuda_fail(KtdCudaCtx *c, const char *step, cudaError_t e) {
+    return fail(c, int(e), std::string(step) + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")");
+}
+
+// After a launch: a configuration error is reported now, a fault by the next sync.
+int launched(KtdCudaCtx *c, const char *what) {
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? 0 : cuda_fail(c, what, e);
+}
+
+// The context's device is current on the calling thread (the forward may run on any thread).
+int use(KtdCudaCtx *c) {
+    const cudaError_t e = cudaSetDevice(c->device);
+    return e == cudaSuccess ? 0 : cuda_fail(c, "cudaSetDevice", e);
+}
+
+unsigned grid(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+}  // namespace
+
+#define KTD_USE(c)                        \
+    do {                                  \
+        if (!(c)) return KTD_CUDA_E_ARG;  \
+        if (int rc_ = use(c)) return rc_; \
+    } while (0)
+
+extern "C" int ktd_cuda_ctx_create(int device, uint64_t vram_budget, KtdCudaCtx **out, char *msg, size_t msg_n) {
+    if (out) *out = nullptr;
+    auto say = [&](const char *what, cudaError_t e) {
+        if (msg && msg_n) std::snprintf(msg, msg_n, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+        return int(e);
+    };
+    if (!out) return KTD_CUDA_E_ARG;
+    int count = 0;
+    if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) return say("cudaGetDeviceCount", e);
+    if (device < 0 || device >= count) {
+        if (msg && msg_n) std::snprintf(msg, msg_n, "CUDA device %d does not exist (%d visible)", device, count);
+        return KTD_CUDA_E_ARG;
+    }
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return say("cudaSetDevice", e);
+    auto *c = new KtdCudaCtx;
+    c->device = device;
+    c->budget = vram_budget;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking); e != cudaSuccess) {
+        delete c;
+        return say("cudaStreamCreate", e);
+    }
+    *out = c;
+    return 0;
+}
+
+extern "C" void ktd_cuda_ctx_destroy(KtdCudaCtx *c) {
+    if (!c) return;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    for (auto &[p, n] : c->dev) cudaFree(p);
+    for (void *p : c->host) cudaFreeHost(p);
+    for (KtdCudaEvent *e : c->events) {
+        cudaEventDestroy(e->e);
+        delete e;
+    }
+    cudaStreamDestroy(c->stream);
+    delete c;
+}
+
+extern "C" const char *ktd_cuda_ctx_error(const KtdCudaCtx *c) { return c ? c->err.c_str() : "no context"; }
+
+extern "C" int ktd_cuda_mem_info(KtdCudaCtx *c, uint64_t *used, uint64_t *budget, uint64_t *dfree, uint64_t *dtotal) {
+    KTD_USE(c);
+    size_t f = 0, t = 0;
+    if (cudaError_t e = cudaMemGetInfo(&f, &t); e != cudaSuccess) return cuda_fail(c, "cudaMemGetInfo", e);
+    if (used) *used = c->used;
+    if (budget) *budget = c->budget;
+    if (dfree) *dfree = f;
+    if (dtotal) *dtotal = t;
+    return 0;
+}
+
+extern "C" int ktd_cuda_alloc(KtdCudaCtx *c, void **p, uint64_t bytes) {
+    KTD_USE(c);
+    if (!p) return fail(c, KTD_CUDA_E_ARG, "alloc: null out pointer");
+    *p = nullptr;
+    if (c->budget && c->used + bytes > c->budget)
+        return fail(c, KTD_CUDA_E_BUDGET, "alloc of " + std::to_string(bytes) + " bytes exceeds the VRAM budget: " +
+                                              std::to_string(c->used) + " of " + std::to_string(c->budget) +
+                                              " bytes in use");
+    if (cudaError_t e = cudaMalloc(p, bytes ? bytes : 1); e != cudaSuccess)
+        return cuda_fail(c, ("cudaMalloc(" + std::to_string(bytes) + ")").c_str(), e);
+    c->dev[*p] = bytes;
+    c->used += bytes;
+    return 0;
+}
+
+extern "C" int ktd_cuda_free(KtdCudaCtx *c, void *p) {
+    KTD_USE(c);
+    if (!p) return 0;
+    auto it = c->dev.find(p);
+    if (it == c->dev.end()) return fail(c, KTD_CUDA_E_ARG, "free: not a device allocation of this context");
+    c->used -= it->second;
+    c->dev.erase(it);
+    if (cudaError_t e = cudaFree(p); e != cudaSuccess) return cuda_fail(c, "cudaFree", e);
+    return 0;
+}
+
+extern "C" int ktd_cuda_host_alloc(KtdCudaCtx *c, void **p, uint64_t bytes) {
+    KTD_USE(c);
+    if (!p) return fail(c, KTD_CUDA_E_ARG, "host_alloc: null out pointer");
+    if (cudaError_t e = cudaMallocHost(p, bytes ? bytes : 1); e != cudaSuccess) return cuda_fail(c, "cudaMallocHost", e);
+    c->host.insert(*p);
+    return 0;
+}
+
+extern "C" int ktd_cuda_host_free(KtdCudaCtx *c, void *p) {
+    KTD_USE(c);
+    if (!p) return 0;
+    if (!c->host.erase(p)) return fail(c, KTD_CUDA_E_ARG, "host_free: not a pinned allocation of this context");
+    if (cudaError_t e = cudaFreeHost(p); e != cudaSuccess) return cuda_fail(c, "cudaFreeHost", e);
+    return 0;
+}
+
+extern "C" int ktd_cuda_copy(KtdCudaCtx *c, void *dst, const void *src, uint64_t bytes, int kind) {
+    KTD_USE(c);
+    if (bytes == 0) return 0;
+    const cudaMemcpyKind k = kind == KTD_CUDA_H2D   ? cudaMemcpyHostToDevice
+                             : kind == KTD_CUDA_D2H ? cudaMemcpyDeviceToHost
+                             : kind == KTD_CUDA_D2D ? cudaMemcpyDeviceToDevice
+                                                    : cudaMemcpyDefault;
+    if (k == cudaMemcpyDefault) return fail(c, KTD_CUDA_E_ARG, "copy: unknown kind " + std::to_string(kind));
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, k, c->stream); e != cudaSuccess)
+        return cuda_fail(c, "cudaMemcpyAsync", e);
+    return 0;
+}
+
+extern "C" int ktd_cuda_memset0(KtdCudaCtx *c, void *p, uint64_t bytes) {
+    KTD_USE(c);
+    if (cudaError_t e = cudaMemsetAsync(p, 0, bytes, c->stream); e != cudaSuccess)
+        return cuda_fail(c, "cudaMemsetAsync", e);
+    return 0;
+}
+
+extern "C" int ktd_cuda_sync(KtdCudaCtx *c) {
+    KTD_USE(c);
+    if (cudaError_t e = cudaStreamSynchronize(c->stream); e != cudaSuccess) return cuda_fail(c, "the stream", e);
+    return 0;
+}
+
+extern "C" int ktd_cuda_event_create(KtdCudaCtx *c, KtdCudaEvent **ev) {
+    KTD_USE(c);
+    if (!ev) return fail(c, KTD_CUDA_E_ARG, "event_create: null out pointer");
+    auto *e = new KtdCudaEvent;
+    if (cudaError_t r = cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming); r != cudaSuccess) {
+        delete e;
+        return cuda_fail(c, "cudaEventCreate", r);
+    }
+    c->events.insert(e);
+    *ev = e;
+    return 0;
+}
+
+extern "C" int ktd_cuda_event_destroy(KtdCudaCtx *c, KtdCudaEvent *ev) {
+    KTD_USE(c);
+    if (!c->events.erase(ev)) return fail(c, KTD_CUDA_E_ARG, "event_destroy: not an event of this context");
+    cudaEventDestroy(ev->e);
+    delete ev;
+    return 0;
+}
+
+extern "C" int ktd_cuda_event_record(KtdCudaCtx *c, KtdCudaEvent *ev) {
+    KTD_USE(c);
+    if (!c->events.count(ev)) return fail(c, KTD_CUDA_E_ARG, "event_record: not an event of this context");
+    if (cudaError_t e = cudaEventRecord(ev->e, c->stream); e != cudaSuccess) return cuda_fail(c, "cudaEventRecord", e);
+    return 0;
+}
+
+extern "C" int ktd_cuda_event_wait(KtdCudaCtx *c, KtdCudaEvent *ev) {
+    KTD_USE(c);
+    if (!c->events.count(ev)) return fail(c, KTD_CUDA_E_ARG, "event_wait: not an event of this context");
+    if (cudaError_t e = cudaEventSynchronize(ev->e); e != cudaSuccess) return cuda_fail(c, "the stream (event)", e);
+    return 0;
+}
+
+extern "C" int ktd_cuda_gemv(KtdCudaCtx *c, int type, const void *w, int64_t rows, int64_t k, const float *x,
+                             int64_t n, float *y, void *act_scratch) {
+    KTD_USE(c);
+    const bool is_float = type == int(GGMLType::F32) || type == int(GGMLType::F16) || type == int(GGMLType::BF16);
+    if (rows <= 0 || n <= 0 || k <= 0 || (!is_float && k % 32 != 0))
+        return fail(c, KTD_CUDA_E_ARG, "gemv: k must be positive (a multiple of 32 for block types), rows and n positive");
+    const unsigned g = blocks_for(rows * n * 32);
+    cudaStream_t st = c->stream;
+    switch (GGMLType(type)) {
+        case GGMLType::F32: gemv_f_kernel<0><<<g, kThreads, 0, st>>>(w, rows, k, x, n, y); return launched(c, "gemv");
+        case GGMLType::F16: gemv_f_kernel<1><<<g, kThreads, 0, st>>>(w, rows, k, x, n, y); return launched(c, "gemv");
+        case GGMLType::BF16: gemv_f_kernel<2><<<g, kThreads, 0, st>>>(w, rows, k, x, n, y); return launched(c, "gemv");
+        case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0:
+        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: break;
+        default:
+            return fail(c, KTD_CUDA_E_UNSUPPORTED,
+                        "gemv: no kernel for GGML type " + std::to_string(type) +
+                            " (F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)");
+    }
+    if (!act_scratch) return fail(c, KTD_CUDA_E_ARG, "gemv: a block type needs act_scratch");
+    auto *act = static_cast<ActQ8 *>(act_scratch);
+    const int64_t n_sub = n * k / 32;
+    quantize_act_kernel<<<blocks_for(n_sub), kThreads, 0, st>>>(x, act, n_sub);
+    switch (GGMLType(type)) {
+        case GGMLType::Q4_0: launch_q<block_q4_0>(w, rows, k, act, n, y, st); break;
+        case GGMLType::Q5_0: launch_q<block_q5_0>(w, rows, k, act, n, y, st); break;
+        case GGMLType::Q8_0: launch_q<block_q8_0>(w, rows, k, act, n, y, st); break;
+        case GGMLType::Q4_K: launch_q<block_q4_K>(w, rows, k, act, n, y, st); break;
+        case GGMLType::Q5_K: launch_q<block_q5_K>(w, rows, k, act, n, y, st); break;
+        default: launch_q<block_q6_K>(w, rows, k, act, n, y, st); break;
+    }
+    return launched(c, "gemv");
+}
+
+extern "C" int ktd_cuda_rmsnorm(KtdCudaCtx *c, const float *x, const float *w, float *y, int64_t rows, int64_t n,
+                                float eps) {
+    KTD_USE(c);
+    if (rows <= 0 || n <= 0) return fail(c, KTD_CUDA_E_ARG, "rmsnorm: rows and n must be positive");
+    rmsnorm_kernel<<<unsigned(rows), 256, 0, c->stream>>>(x, w, y, n, eps);
+    return launched(c, "rmsnorm");
+}
+
+extern "C" int ktd_cuda_rope(KtdCudaCtx *c, const KtdRope *rp, const float *ff, const int32_t *pos, float *x,
+                             int64_t n_tok, int n_heads, int64_t hd) {
+    KTD_USE(c);
+    if (!rp || rp->n_rot <= 0 || rp->n_rot % 2 || rp->n_rot > hd || rp->n_rot > 512 || n_tok <= 0 || n_heads <= 0)
+        return fail(c, KTD_CUDA_E_ARG, "rope: n_rot must be even, in (0, min(head_dim, 512)]; n_tok, n_heads positive");
+    rope_kernel<<<unsigned(n_tok), 128, size_t(rp->n_rot) * sizeof(float), c->stream>>>(*rp, ff, pos, x, n_heads, hd);
+    return launched(c, "rope");
+}
+
+extern "C" int ktd_cuda_glu(KtdCudaCtx *c, int act, float *a, const float *b, int64_t n) {
+    KTD_USE(c);
+    if ((act != 0 && act != 1) || n <= 0) return fail(c, KTD_CUDA_E_ARG, "glu: act 0 (silu) or 1 (gelu_tanh), n > 0");
+    glu_kernel<<<grid(n, 256), 256, 0, c->stream>>>(act, a, b, n);
+    return launched(c, "glu");
+}
+
+extern "C" int ktd_cuda_add(KtdCudaCtx *c, float *a, const float *b, int64_t n) {
+    KTD_USE(c);
+    if (n <= 0) return fail(c, KTD_CUDA_E_ARG, "add: n must be positive");
+    add_kernel<<<grid(n, 256), 256, 0, c->stream>>>(a, b, n);
+    return launched(c, "add");
+}
+
+extern "C" int ktd_cuda_add_rows(KtdCudaCtx *c, float *y, const float *b, int64_t n, int64_t width) {
+    KTD_USE(c);
+    if (n <= 0 || width <= 0) return fail(c, KTD_CUDA_E_ARG, "add_rows: n and width must be positive");
+    add_rows_kernel<<<grid(n * width, 256), 256, 0, c->stream>>>(y, b, n, width);
+    return launched(c, "add_rows");
+}
+
+extern "C" int ktd_cuda_gate_rows(KtdCudaCtx *c, float *y, const float *g, int64_t n, int64_t width) {
+    KTD_USE(c);
+    if (n <= 0 || width <= 0) return fail(c, KTD_CUDA_E_ARG, "gate_rows: n and width must be positive");
+    gate_rows_kernel<<<grid(n * width, 256), 256, 0, c->stream>>>(y, g, n, width);
+    return launched(c, "gate_rows");
+}
+
+extern "C" int ktd_cuda_kv_write(KtdCudaCtx *c, const float *src, int64_t n_tok, int64_t width, uint16_t *cache,
+                                 const int64_t *rows) {
+    KTD_USE(c);
+    if (n_tok <= 0 || width <= 0) return fail(c, KTD_CUDA_E_ARG, "kv_write: n_tok and width must be positive");
+    kv_write_kernel<<<grid(n_tok * width, 256), 256, 0, c->stream>>>(src, n_tok, width,
+                                                                      reinterpret_cast<__half *>(cache), rows);
+    return launched(c, "kv_write");
+}
+
+extern "C" int ktd_cuda_attention(KtdCudaCtx *c, const float *q, const uint16_t *k, const uint16_t *v, float *out,
+                                  int64_t n_tok, int n_head, int n_head_kv, int64_t hd, const int64_t *kv_first,
+                                  const int32_t *n_kv, float scale) {
+    KTD_USE(c);
+    if (n_tok <= 0 || n_head <= 0 || n_head > 65535 || n_head_kv <= 0 || n_head % n_head_kv || hd <= 0 ||
+        hd > kMaxHd || !kv_first || !n_kv)
+        return fail(c, KTD_CUDA_E_ARG,
+                    "attention: 0 < n_head <= 65535 a multiple of n_head_kv, 0 < hd <= 256, n_tok > 0, kv ranges given");
+    attn_kernel<<<dim3(unsigned(n_tok), unsigned(n_head)), 32, 0, c->stream>>>(
+        q, reinterpret_cast<const __half *>(k), reinterpret_cast<const __half *>(v), out, n_head, n_head_kv, hd,
+        kv_first, n_kv, 0, scale);
+    return launched(c, "attention");
+}

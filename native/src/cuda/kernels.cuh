@@ -1,0 +1,188 @@
+// The CUDA kernels of libktd_cuda.so, shared by the test entry points (ktd_cuda.cu, ops.cu: host
+// pointers, copies included) and the device backend's ABI (device.cu: device pointers, the
+// context's stream). Their arithmetic is cuda/block_math.h and cuda/ops_math.h, which the CPU
+// build compiles and tests. Included by .cu files only; everything is internal to each.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/block_math.h"
+#include "cuda/ktd_cuda.h"
+#include "cuda/ops_math.h"
+
+namespace {
+
+using namespace ktd;
+using namespace ktd::bm;
+using namespace ktd::om;
+
+// One thread per 32 activations: x [n][k] → act [n][k/32].
+__global__ void quantize_act_kernel(const float *x, ActQ8 *act, int64_t n_sub) {
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t < n_sub) quantize_act(x + 32 * t, act[t]);
+}
+
+// One warp per (output row, activation row): lanes stride over the row's sub-blocks of 32,
+// then a shuffle reduction. y [n][rows].
+template <class Block>
+__global__ void gemv_q_kernel(const Block *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y) {
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= rows * n) return;
+    const int64_t r = warp % rows, i = warp / rows;
+    const int64_t n_sub = k / 32;
+    const Block *row = w + r * (n_sub / SubsPerBlock<Block>::value);
+    const ActQ8 *a = act + i * n_sub;
+    float acc = 0.0f;
+    for (int64_t t = lane; t < n_sub; t += 32) {
+        Sub32 s;
+        unpack_row_sub(row, t, s);
+        acc += dot(s, a[t]);
+    }
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    if (lane == 0) y[i * rows + r] = acc;
+}
+
+// F32/F16/BF16 weights against float activations, one warp per (row, activation row).
+template <int Type>
+__device__ __forceinline__ float load_weight(const void *w, int64_t idx) {
+    if constexpr (Type == 0) return static_cast<const float *>(w)[idx];
+    else if constexpr (Type == 1) return half_to_float(static_cast<const uint16_t *>(w)[idx]);
+    else return bf16_to_float(static_cast<const uint16_t *>(w)[idx]);
+}
+
+template <int Type>
+__global__ void gemv_f_kernel(const void *w, int64_t rows, int64_t k, const float *x, int64_t n, float *y) {
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= rows * n) return;
+    const int64_t r = warp % rows, i = warp / rows;
+    float acc = 0.0f;
+    for (int64_t j = lane; j < k; j += 32) acc += load_weight<Type>(w, r * k + j) * x[i * k + j];
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    if (lane == 0) y[i * rows + r] = acc;
+}
+
+constexpr int kThreads = 256;
+
+inline unsigned blocks_for(int64_t threads) { return unsigned((threads + kThreads - 1) / kThreads); }
+
+template <class Block>
+void launch_q(const void *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y, cudaStream_t st) {
+    gemv_q_kernel<Block><<<blocks_for(rows * n * 32), kThreads, 0, st>>>(static_cast<const Block *>(w), rows, k, act, n, y);
+}
+
+// y [rows][n]: one block per row; the sum of squares in double, as the CPU's rms_norm.
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps) {
+    __shared__ double part[256];
+    const float *xr = x + int64_t(blockIdx.x) * n;
+    float *yr = y + int64_t(blockIdx.x) * n;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * double(xr[i]);
+    part[threadIdx.x] = ss;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s /= 2) {
+        if (int(threadIdx.x) < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float scale = float(1.0 / sqrt(part[0] / double(n) + double(eps)));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+}
+
+// One block per token: thread 0 computes the angles into shared memory, then the block rotates
+// every pair of every head.
+__global__ void rope_kernel(KtdRope rp, const float *freq_factors, const int32_t *pos, float *x, int n_heads,
+                            int64_t head_dim) {
+    extern __shared__ float cs[];
+    if (threadIdx.x == 0) rope_cos_sin(rp, freq_factors, pos[blockIdx.x], cs);
+    __syncthreads();
+    const int half = rp.n_rot / 2;
+    float *xt = x + int64_t(blockIdx.x) * n_heads * head_dim;
+    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) rope_pair(rp, cs, xt + (j / half) * head_dim, j % half);
+}
+
+__global__ void glu_kernel(int act, float *a, const float *b, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) a[i] = (act == 0 ? silu(a[i]) : gelu_tanh(a[i])) * b[i];
+}
+
+__global__ void add_kernel(float *a, const float *b, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) a[i] += b[i];
+}
+
+// One warp per (token, query head), online softmax over the token's keys: each lane holds hd/32
+// of the head's dims (hd <= 256), a key's score is a warp reduction. Token i (blockIdx.x, head
+// blockIdx.y) reads
+// cache rows [kv_first[i], kv_first[i] + n_kv[i]) (null arrays: rows [0, n_kv_all) for every token).
+constexpr int kMaxHd = 256;
+__global__ void attn_kernel(const float *q, const __half *k, const __half *v, float *out, int n_head, int n_head_kv,
+                            int64_t hd, const int64_t *kv_first, const int32_t *n_kvs, int64_t n_kv_all, float scale) {
+    const int h = blockIdx.y;
+    const int64_t tok = blockIdx.x;
+    const int64_t first = kv_first ? kv_first[tok] : 0, n_kv = n_kvs ? n_kvs[tok] : n_kv_all;
+    q += tok * n_head * hd;
+    out += tok * n_head * hd;
+    k += first * int64_t(n_head_kv) * hd;
+    v += first * int64_t(n_head_kv) * hd;
+    const int lane = threadIdx.x;
+    const int kvh = h / (n_head / n_head_kv);
+    const int64_t row = int64_t(n_head_kv) * hd;
+    float qv[kMaxHd / 32], acc[kMaxHd / 32];
+    const int per = int((hd + 31) / 32);
+    for (int j = 0; j < per; ++j) {
+        const int64_t d = lane + 32 * j;
+        qv[j] = d < hd ? q[int64_t(h) * hd + d] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t t = 0; t < n_kv; ++t) {
+        const __half *kt = k + t * row + int64_t(kvh) * hd;
+        float s = 0.0f;
+        for (int j = 0; j < per; ++j) {
+            const int64_t d = lane + 32 * j;
+            if (d < hd) s += qv[j] * __half2float(kt[d]);
+        }
+        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        s *= scale;
+        const float m2 = fmaxf(m, s);
+        const float corr = expf(m - m2), p = expf(s - m2);
+        l = l * corr + p;
+        const __half *vt = v + t * row + int64_t(kvh) * hd;
+        for (int j = 0; j < per; ++j) {
+            const int64_t d = lane + 32 * j;
+            acc[j] = acc[j] * corr + (d < hd ? p * __half2float(vt[d]) : 0.0f);
+        }
+        m = m2;
+    }
+    for (int j = 0; j < per; ++j) {
+        const int64_t d = lane + 32 * j;
+        if (d < hd) out[int64_t(h) * hd + d] = l > 0.0f ? acc[j] / l : 0.0f;
+    }
+}
+
+}  // namespace
+
+namespace {
+
+// cache row rows[i] = f16(src [i]), one thread per element.
+__global__ void kv_write_kernel(const float *src, int64_t n_tok, int64_t width, __half *cache, const int64_t *rows) {
+    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= n_tok * width) return;
+    const int64_t i = e / width, d = e % width;
+    cache[rows[i] * width + d] = __float2half_rn(src[e]);
+}
+
+__global__ void add_rows_kernel(float *y, const float *b, int64_t n, int64_t width) {
+    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e < n * width) y[e] += b[e % width];
+}
+
+__global__ void gate_rows_kernel(float *y, const float *g, int64_t n, int64_t width) {
+    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e < n * width) y[e] *= 1.0f / (1.0f + expf(-g[e / width]));
+}
+
+}  // namespace

@@ -1,0 +1,415 @@
+// CudaDevice (model/cuda_device.h): the hybrid forward's device half over the ktd_cuda ABI.
+#include "model/cuda_device.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "gguf/gguf_file.h"
+#include "model/model.h"
+
+namespace ktd {
+
+namespace {
+
+bool kernel_type(GGMLType t) {
+    switch (t) {
+        case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16: case GGMLType::Q4_0: case GGMLType::Q5_0:
+        case GGMLType::Q8_0: case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: return true;
+        default: return false;
+    }
+}
+
+// The matrices of a layer that live on the device (the routed experts and the router stay on the CPU).
+template <class F>
+void for_each_device_matrix(const LayerWeights &w, F &&f) {
+    for (const Matrix *m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.ffn_gate, &w.ffn_up, &w.ffn_down, &w.ffn_gate_shexp,
+                            &w.ffn_up_shexp, &w.ffn_down_shexp})
+        if (*m) f(*m);
+}
+
+template <class F>
+void for_each_device_vector(const LayerWeights &w, F &&f) {
+    for (const std::vector<float> *v : {&w.attn_norm, &w.ffn_norm, &w.bq, &w.bk, &w.bv, &w.bo, &w.attn_q_norm,
+                                        &w.attn_k_norm, &w.ffn_gate_inp_shexp})
+        if (!v->empty()) f(*v);
+}
+
+KtdRope ktd_rope(const RopeParams &rp) {
+    KtdRope r{};
+    r.n_rot = rp.n_rot;
+    r.neox = rp.type == RopeType::Neox ? 1 : 0;
+    r.yarn = rp.scaling == RopeScaling::Yarn ? 1 : 0;
+    r.n_ctx_orig = rp.n_ctx_orig;
+    r.freq_base = rp.freq_base;
+    r.freq_scale = rp.freq_scale;
+    r.ext_factor = rp.ext_factor;
+    r.attn_factor = rp.attn_factor;
+    r.beta_fast = rp.beta_fast;
+    r.beta_slow = rp.beta_slow;
+    return r;
+}
+
+std::string mib(uint64_t b) { return std::to_string((b + (1u << 19)) >> 20) + " MiB"; }
+
+constexpr uint64_t kAlign = 256;  // every allocation's bytes rounded up (as cudaMalloc's granularity)
+uint64_t aligned(uint64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+// Widest row any device matmul reads (the activation scratch) and the widest FFN.
+int64_t max_k(const Context &ctx) {
+    const HParams &hp = ctx.model().hparams();
+    int64_t k = std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v);
+    for (const LayerWeights &w : ctx.model().weights().layers)
+        for_each_device_matrix(w, [&](const Matrix &m) { k = std::max<int64_t>(k, int64_t(m.info->ne[0])); });
+    return k;
+}
+
+int64_t max_ff(const Context &ctx) {
+    int64_t ff = 1;
+    for (const LayerWeights &w : ctx.model().weights().layers)
+        for (const Matrix *m : {&w.ffn_gate, &w.ffn_gate_shexp})
+            if (*m) ff = std::max<int64_t>(ff, int64_t(m->info->ne[1]));
+    return ff;
+}
+
+}  // namespace
+
+std::string CudaDevice::unsupported(const Context &ctx) {
+    const Model &model = ctx.model();
+    const HParams &hp = model.hparams();
+    static const char *const kArchs[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"};
+    if (std::find_if(std::begin(kArchs), std::end(kArchs), [&](const char *a) { return hp.arch == a; }) ==
+        std::end(kArchs))
+        return "architecture '" + hp.arch + "' has no CUDA device path yet (llama, qwen2, qwen3, qwen2moe, qwen3moe, "
+               "Mixtral have)";
+    if (hp.is_mla()) return "multi-head latent attention has no CUDA device path yet";
+    if (hp.n_swa > 0) return "sliding-window attention has no CUDA device path yet";
+    if (hp.head_dim_k != hp.head_dim_v) return "K and V heads of different sizes have no CUDA device path yet";
+    if (hp.head_dim_k > 256 || hp.head_dim_k <= 0) return "head_dim " + std::to_string(hp.head_dim_k) + " > 256";
+    if (hp.rope.n_rot > hp.head_dim_k || hp.rope.n_rot > 512) return "rope n_rot larger than the head";
+    for (size_t il = 0; il < model.weights().layers.size(); ++il) {
+        const LayerWeights &w = model.weights().layers[il];
+        if (w.wq_scale != 1 || w.wk_scale != 1 || w.wv_scale != 1 || w.wo_scale != 1 || w.gate_scale != 1 ||
+            w.up_scale != 1 || w.down_scale != 1 || !w.attn_sub_norm.empty() || !w.ffn_sub_norm.empty() ||
+            !w.post_attention_norm.empty() || !w.post_ffw_norm.empty())
+            return "layer " + std::to_string(il) + " has tensor scales or extra norms with no CUDA device path yet";
+        std::string bad;
+        for_each_device_matrix(w, [&](const Matrix &m) {
+            if (bad.empty() && !kernel_type(m.info->type))
+                bad = std::string(m.info->name) + " is " + std::string(ggml_type_name(m.info->type)) +
+                      ", which has no CUDA kernel (F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)";
+        });
+        if (!bad.empty()) return bad;
+    }
+    return "";
+}
+
+CudaDevicePlan CudaDevice::plan(const Context &ctx) {
+    const HParams &hp = ctx.model().hparams();
+    CudaDevicePlan p;
+    for (const LayerWeights &w : ctx.model().weights().layers) {
+        for_each_device_matrix(w, [&](const Matrix &m) { p.weights += aligned(m.info->nbytes); });
+        for_each_device_vector(w, [&](const std::vector<float> &v) { p.weights += aligned(v.size() * 4); });
+    }
+    if (!ctx.model().weights().rope_freqs.empty()) p.weights += aligned(ctx.model().weights().rope_freqs.size() * 4);
+    const uint64_t rows = uint64_t(ctx.n_seq_max()) * uint64_t(ctx.n_ctx());
+    p.kv_cache = uint64_t(hp.n_layer) * (aligned(rows * uint64_t(hp.n_embd_k_cache()) * 2) +
+                                         aligned(rows * uint64_t(hp.n_embd_v_cache()) * 2));
+    const uint64_t nb = uint64_t(ctx.n_batch()), E = uint64_t(hp.n_embd);
+    const uint64_t attn_w = uint64_t(hp.n_head) * uint64_t(hp.head_dim_v), ff = uint64_t(max_ff(ctx));
+    for (uint64_t width : {E, E, attn_w, std::max(E, attn_w), uint64_t(hp.n_embd_q()), uint64_t(hp.n_embd_k_gqa()),
+                           uint64_t(hp.n_embd_v_gqa()), ff, ff, E, uint64_t(1)})
+        p.activations += aligned(nb * width * 4);  // x xn attn tmp q k v g u y gsh
+    p.activations += aligned(nb * uint64_t(max_k(ctx)) / 32 * KTD_CUDA_ACT_BLOCK_BYTES);
+    p.activations += 2 * aligned(nb * 4) + 2 * aligned(nb * 8);  // pos, n_kv, kv rows, kv first
+    return p;
+}
+
+void CudaDevice::check(int rc, const char *what) const {
+    if (rc == 0) return;
+    const std::string m = std::string("CUDA device (") + api_.name + "): " + what + ": " + api_.ctx_error(c_);
+    if (rc == KTD_CUDA_E_BUDGET) throw DeviceMemoryError(m);
+    throw DeviceError(m);
+}
+
+void *CudaDevice::dalloc(uint64_t bytes) {
+    void *p = nullptr;
+    check(api_.alloc(c_, &p, aligned(bytes)), "alloc");
+    used_ += aligned(bytes);
+    return p;
+}
+
+CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget)
+    : ctx_(ctx), api_(api), E_(ctx.model().hparams().n_embd), n_batch_(ctx.n_batch()) {
+    if (const std::string why = unsupported(ctx); !why.empty()) throw DeviceError("CUDA device: " + why);
+    const CudaDevicePlan p = plan(ctx);
+    if (vram_budget && p.total() > vram_budget)
+        throw DeviceMemoryError("CUDA device: the model needs " + mib(p.total()) + " (" + std::to_string(p.total()) +
+                                " bytes: weights " + std::to_string(p.weights) + ", KV cache " +
+                                std::to_string(p.kv_cache) + " for n_ctx " + std::to_string(ctx.n_ctx()) + " x " +
+                                std::to_string(ctx.n_seq_max()) + " sequences, activations " +
+                                std::to_string(p.activations) + ") on the device, over the VRAM budget of " +
+                                mib(vram_budget) + " (" + std::to_string(vram_budget) + " bytes)");
+    char msg[512] = {0};
+    if (const int rc = api_.ctx_create(device, vram_budget, &c_, msg, sizeof msg); rc != 0 || !c_)
+        throw DeviceError(std::string("CUDA device (") + api_.name + "): cannot use device " + std::to_string(device) +
+                          ": " + msg);
+    try {
+        if (vram_budget == 0) {
+            uint64_t dfree = 0, dtotal = 0;
+            check(api_.mem_info(c_, nullptr, nullptr, &dfree, &dtotal), "mem_info");
+            if (dtotal && p.total() > dfree)
+                throw DeviceMemoryError("CUDA device: the model needs " + mib(p.total()) + " on the device, " +
+                                        mib(dfree) + " of " + mib(dtotal) + " are free");
+        }
+        check(api_.event_create(c_, &ev_), "event_create");
+        const HParams &hp = ctx.model().hparams();
+        const int64_t nb = n_batch_, E = E_;
+        const int64_t attn_w = int64_t(hp.n_head) * hp.head_dim_v, ff = max_ff(ctx);
+        x_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
+        xn_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
+        attn_ = static_cast<float *>(dalloc(uint64_t(nb * attn_w) * 4));
+        tmp_ = static_cast<float *>(dalloc(uint64_t(nb * std::max(E, attn_w)) * 4));
+        q_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_q()) * 4));
+        k_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_k_gqa()) * 4));
+        v_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_v_gqa()) * 4));
+        g_ = static_cast<float *>(dalloc(uint64_t(nb * ff) * 4));
+        u_ = static_cast<float *>(dalloc(uint64_t(nb * ff) * 4));
+        y_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
+        gsh_ = static_cast<float *>(dalloc(uint64_t(nb) * 4));
+        act_ = dalloc(uint64_t(nb * max_k(ctx) / 32) * KTD_CUDA_ACT_BLOCK_BYTES);
+        pos_ = static_cast<int32_t *>(dalloc(uint64_t(nb) * 4));
+        nkv_ = static_cast<int32_t *>(dalloc(uint64_t(nb) * 4));
+        kv_rows_ = static_cast<int64_t *>(dalloc(uint64_t(nb) * 8));
+        kv_first_ = static_cast<int64_t *>(dalloc(uint64_t(nb) * 8));
+        void *h = nullptr;
+        check(api_.host_alloc(c_, &h, uint64_t(nb) * (4 + 4 + 8 + 8)), "host_alloc");
+        h_rows_ = static_cast<int64_t *>(h);
+        h_first_ = h_rows_ + nb;
+        h_pos_ = reinterpret_cast<int32_t *>(h_first_ + nb);
+        h_nkv_ = h_pos_ + nb;
+        const uint64_t rows = uint64_t(ctx.n_seq_max()) * uint64_t(ctx.n_ctx());
+        layers_.resize(size_t(hp.n_layer));
+        for (DLayer &l : layers_) {
+            l.k_cache = static_cast<uint16_t *>(dalloc(rows * uint64_t(hp.n_embd_k_cache()) * 2));
+            l.v_cache = static_cast<uint16_t *>(dalloc(rows * uint64_t(hp.n_embd_v_cache()) * 2));
+        }
+        upload_weights();
+        check(api_.sync(c_), "upload");
+    } catch (...) {
+        api_.ctx_destroy(c_);  // frees everything allocated through it
+        throw;
+    }
+}
+
+CudaDevice::~CudaDevice() {
+    if (c_) api_.ctx_destroy(c_);
+}
+
+void CudaDevice::upload_weights() {
+    const Model &model = ctx_.model();
+    // A mapping of our own: the model's may be detached once its arenas hold the (repacked) weights.
+    GGUFOpenOptions o;
+    o.willneed = false;
+    const GGUFFile file = GGUFFile::open(model.file().path(), o);
+    auto upload = [&](const void *src, uint64_t bytes) {
+        void *d = dalloc(bytes);
+        check(api_.copy(c_, d, src, bytes, KTD_CUDA_H2D), "upload");
+        return d;
+    };
+    auto mat = [&](const Matrix &m) {
+        DMat d;
+        if (!m) return d;
+        const GGUFTensorInfo *t = file.find_tensor(m.info->name);
+        if (!t || t->nbytes != m.info->nbytes) throw DeviceError("CUDA device: tensor " + std::string(m.info->name) +
+                                                                 " changed in " + file.path() + " since the load");
+        d.w = upload(file.tensor_data(*t), t->nbytes);
+        d.type = int(t->type);
+        d.k = int64_t(t->ne[0]);
+        d.rows = int64_t(t->ne[1]);
+        // The copy reads the mapping when the stream runs it: wait before the mapping goes.
+        return d;
+    };
+    const ModelWeights &w = model.weights();
+    for (size_t il = 0; il < w.layers.size(); ++il) {
+        const LayerWeights &lw = w.layers[il];
+        DLayer &l = layers_[il];
+        l.wq = mat(lw.wq), l.wk = mat(lw.wk), l.wv = mat(lw.wv), l.wo = mat(lw.wo);
+        l.gate = mat(lw.ffn_gate), l.up = mat(lw.ffn_up), l.down = mat(lw.ffn_down);
+        l.gate_sh = mat(lw.ffn_gate_shexp), l.up_sh = mat(lw.ffn_up_shexp), l.down_sh = mat(lw.ffn_down_shexp);
+        for_each_device_vector(lw, [&](const std::vector<float> &v) {
+            vecs_[v.data()] = static_cast<const float *>(upload(v.data(), v.size() * 4));
+        });
+        if (!lw.ffn_gate_inp_shexp.empty())
+            l.shexp_gate = DMat{vecs_[lw.ffn_gate_inp_shexp.data()], int(GGMLType::F32), 1, E_};
+    }
+    if (!w.rope_freqs.empty()) rope_ff_ = static_cast<const float *>(upload(w.rope_freqs.data(), w.rope_freqs.size() * 4));
+    check(api_.sync(c_), "upload");  // before `file` is unmapped
+}
+
+const float *CudaDevice::dvec(const std::vector<float> &v) const {
+    if (v.empty()) return nullptr;
+    auto it = vecs_.find(v.data());
+    if (it == vecs_.end()) throw std::logic_error("CudaDevice: a weight vector that was not uploaded");
+    return it->second;
+}
+
+float *CudaDevice::buf(Act a) const {
+    switch (a) {
+        case Act::X: return x_;
+        case Act::XN: return xn_;
+        case Act::Attn: return attn_;
+        case Act::Tmp: return tmp_;
+    }
+    return nullptr;
+}
+
+float *CudaDevice::host_buffer(int slot, size_t floats) {
+    if (slot < 0 || slot > 1) return nullptr;
+    if (!h_buf_[slot]) {
+        void *p = nullptr;
+        check(api_.host_alloc(c_, &p, floats * 4), "host_alloc");
+        h_buf_[slot] = static_cast<float *>(p);
+    }
+    return h_buf_[slot];
+}
+
+void CudaDevice::gemv(const DMat &m, const float *x, int64_t n, float *y) {
+    check(api_.gemv(c_, m.type, m.w, m.rows, m.k, x, n, y, act_), "gemv");
+}
+
+void CudaDevice::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    if (n > n_batch_) throw std::logic_error("CudaDevice: chunk larger than n_batch");
+    n_ = n;
+    const int64_t n_ctx = ctx_.n_ctx();
+    for (int64_t i = 0; i < n; ++i) {
+        h_pos_[i] = positions[i];
+        h_first_[i] = int64_t(seq_ids[i]) * n_ctx;
+        h_rows_[i] = h_first_[i] + positions[i];
+        h_nkv_[i] = positions[i] + 1;  // causal: row i sees its sequence's positions [0, pos]
+    }
+    check(api_.copy(c_, pos_, h_pos_, uint64_t(n) * 4, KTD_CUDA_H2D), "copy positions");
+    check(api_.copy(c_, nkv_, h_nkv_, uint64_t(n) * 4, KTD_CUDA_H2D), "copy positions");
+    check(api_.copy(c_, kv_rows_, h_rows_, uint64_t(n) * 8, KTD_CUDA_H2D), "copy positions");
+    check(api_.copy(c_, kv_first_, h_first_, uint64_t(n) * 8, KTD_CUDA_H2D), "copy positions");
+    // The embeddings (the context dequantized them into its scratch).
+    check(api_.copy(c_, x_, ctx_.scratch().x.data(), uint64_t(n * E_) * 4, KTD_CUDA_H2D), "copy embeddings");
+}
+
+void CudaDevice::end_chunk() {
+    check(api_.copy(c_, ctx_.scratch().x.data(), x_, uint64_t(n_ * E_) * 4, KTD_CUDA_D2H), "copy residual");
+    check(api_.sync(c_), "forward");  // also: the staging above may be rewritten by the next chunk
+}
+
+void CudaDevice::norm(const std::vector<float> &w, Act in, Act out) {
+    check(api_.rmsnorm(c_, buf(in), dvec(w), buf(out), n_, int64_t(w.size()), ctx_.model().hparams().norm_eps),
+          "rmsnorm");
+}
+
+void CudaDevice::residual_add(Act t) { check(api_.add(c_, x_, buf(t), n_ * E_), "residual add"); }
+
+void CudaDevice::attention_in(const LayerWeights &w, int il) {
+    const HParams &hp = ctx_.model().hparams();
+    const DLayer &l = layers_[size_t(il)];
+    const int64_t hd = hp.head_dim_k;
+    gemv(l.wq, xn_, n_, q_);
+    gemv(l.wk, xn_, n_, k_);
+    gemv(l.wv, xn_, n_, v_);
+    if (!w.bq.empty()) check(api_.add_rows(c_, q_, dvec(w.bq), n_, hp.n_embd_q()), "bias");
+    if (!w.bk.empty()) check(api_.add_rows(c_, k_, dvec(w.bk), n_, hp.n_embd_k_gqa()), "bias");
+    if (!w.bv.empty()) check(api_.add_rows(c_, v_, dvec(w.bv), n_, hp.n_embd_v_gqa()), "bias");
+    if (!w.attn_q_norm.empty())
+        check(api_.rmsnorm(c_, q_, dvec(w.attn_q_norm), q_, n_ * hp.n_head, hd, hp.norm_eps), "q norm");
+    if (!w.attn_k_norm.empty())
+        check(api_.rmsnorm(c_, k_, dvec(w.attn_k_norm), k_, n_ * hp.n_head_kv, hd, hp.norm_eps), "k norm");
+    const KtdRope rp = ktd_rope(hp.rope);
+    check(api_.rope(c_, &rp, rope_ff_, pos_, q_, n_, hp.n_head, hd), "rope q");
+    check(api_.rope(c_, &rp, rope_ff_, pos_, k_, n_, hp.n_head_kv, hd), "rope k");
+    // q's attn_scale is applied by the attention kernel (scale · q·k).
+}
+
+void CudaDevice::attention(int il) {
+    const HParams &hp = ctx_.model().hparams();
+    const DLayer &l = layers_[size_t(il)];
+    check(api_.kv_write(c_, k_, n_, hp.n_embd_k_gqa(), l.k_cache, kv_rows_), "kv write");
+    check(api_.kv_write(c_, v_, n_, hp.n_embd_v_gqa(), l.v_cache, kv_rows_), "kv write");
+    check(api_.attention(c_, q_, l.k_cache, l.v_cache, attn_, n_, hp.n_head, hp.n_head_kv, hp.head_dim_k, kv_first_,
+                         nkv_, hp.attn_scale),
+          "attention");
+}
+
+void CudaDevice::attention_out(const LayerWeights &w) {
+    const DLayer &l = layers_[size_t(&w - ctx_.model().weights().layers.data())];
+    gemv(l.wo, attn_, n_, tmp_);
+    if (!w.bo.empty()) check(api_.add_rows(c_, tmp_, dvec(w.bo), n_, E_), "bias");
+}
+
+void CudaDevice::mla_attention(const LayerWeights &, int) {
+    throw DeviceError("CUDA device: multi-head latent attention has no device path yet");
+}
+
+void CudaDevice::glu_ffn(const LayerWeights &w, Glu act) {
+    if (act != Glu::SwiGLU && act != Glu::GeGLU)
+        throw DeviceError(std::string("CUDA device: no kernel for ") + glu_name(act));
+    const DLayer &l = layers_[size_t(&w - ctx_.model().weights().layers.data())];
+    gemv(l.gate, xn_, n_, g_);
+    gemv(l.up, xn_, n_, u_);
+    check(api_.glu(c_, act == Glu::SwiGLU ? 0 : 1, g_, u_, n_ * l.gate.rows), "glu");
+    gemv(l.down, g_, n_, tmp_);
+}
+
+void CudaDevice::moe_ffn(const LayerWeights &, int) {
+    throw std::logic_error("CudaDevice::moe_ffn: routed experts run on the host (HybridBackend)");
+}
+
+void CudaDevice::shared_expert_async(const LayerWeights &w, Act in, Act out) {
+    const DLayer &l = layers_[size_t(&w - ctx_.model().weights().layers.data())];
+    float *x = buf(in), *y = buf(out);
+    if (!l.gate_sh) {
+        check(api_.memset0(c_, y, uint64_t(n_ * E_) * 4), "memset");
+        return;
+    }
+    gemv(l.gate_sh, x, n_, g_);
+    gemv(l.up_sh, x, n_, u_);
+    check(api_.glu(c_, 0, g_, u_, n_ * l.gate_sh.rows), "glu");
+    gemv(l.down_sh, g_, n_, y);
+    if (l.shexp_gate) {
+        gemv(l.shexp_gate, x, n_, gsh_);
+        check(api_.gate_rows(c_, y, gsh_, n_, E_), "shared expert gate");
+    }
+}
+
+void CudaDevice::to_host(Act a, float *dst) {
+    check(api_.copy(c_, dst, buf(a), uint64_t(n_ * E_) * 4, KTD_CUDA_D2H), "copy to host");
+    check(api_.event_record(c_, ev_), "event");
+    check(api_.event_wait(c_, ev_), "copy to host");
+}
+
+void CudaDevice::add_from_host(Act a, const float *src) {
+    check(api_.copy(c_, y_, src, uint64_t(n_ * E_) * 4, KTD_CUDA_H2D), "copy to device");
+    check(api_.add(c_, buf(a), y_, n_ * E_), "add");
+}
+
+void CudaDevice::sync() { check(api_.sync(c_), "sync"); }
+
+void CudaDevice::copy_kv(int src, int dst, int64_t n_tokens) {
+    if (src == dst || n_tokens <= 0) return;
+    const HParams &hp = ctx_.model().hparams();
+    const uint64_t n_ctx = uint64_t(ctx_.n_ctx());
+    for (DLayer &l : layers_)
+        for (auto [cache, dim] : {std::pair{l.k_cache, hp.n_embd_k_cache()}, std::pair{l.v_cache, hp.n_embd_v_cache()}})
+            check(api_.copy(c_, cache + uint64_t(dst) * n_ctx * uint64_t(dim), cache + uint64_t(src) * n_ctx * uint64_t(dim),
+                            uint64_t(n_tokens) * uint64_t(dim) * 2, KTD_CUDA_D2D),
+                  "copy_seq");
+    check(api_.sync(c_), "copy_seq");
+}
+
+std::unique_ptr<DeviceBackend> make_cuda_device(Context &ctx, const std::string &name, int device,
+                                                uint64_t vram_budget) {
+    if (name == "cuda-emulated") return std::make_unique<CudaDevice>(ctx, cuda_api_emulated(), device, vram_budget);
+    std::string reason;
+    const CudaApi *api = cuda_api_library(&reason);
+    if (!api) throw DeviceError("CUDA device: " + reason);
+    return std::make_unique<CudaDevice>(ctx, *api, device, vram_budget);
+}
+
+}  // namespace ktd

@@ -1,0 +1,126 @@
+// CudaDevice: the device half of the hybrid forward (model/hybrid_backend.h) on a CUDA GPU, driven
+// only through the C ABI of libktd_cuda.so (cuda/cuda_api.h) — so the same code runs over the real
+// library or over its host emulation, which is how CI tests it against the CPU forward.
+//
+// On the device: every non-routed-expert weight of the layers (attention, dense FFN, shared
+// experts, norms, biases) as the GGUF blocks are stored in the file (read from a mapping of its
+// own: the CPU's repacked layouts are not used), the KV cache in F16 [n_seq][n_ctx][n_head_kv·hd]
+// per layer, the chunk's activations. The embeddings come up per chunk (n_embd floats a row) and
+// the residual goes back down at the end of the chunk for the output head, which stays on the
+// CPU; per MoE layer XN goes down and the routed sum comes up through page-locked buffers.
+//
+// Supported: the llama family (llama, qwen2, qwen3, and the MoE ones qwen2moe, qwen3moe, Mixtral
+// through HybridBackend). Anything else (MLA, gemma3's sliding window and extra norms, bitnet's
+// scales, head sizes over 256 or K/V heads of different sizes) is refused at construction with
+// DeviceError naming it.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_api.h"
+#include "model/hybrid_backend.h"
+
+namespace ktd {
+
+// The device cannot run this model, or a device call failed (the message has the ABI's reason).
+// Python: ktd._native.DeviceError (a RuntimeError).
+struct DeviceError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+// The device backend's memory does not fit the VRAM budget (the message has the numbers).
+// Python: ktd._native.DeviceMemoryError (a DeviceError and a MemoryError).
+struct DeviceMemoryError : DeviceError {
+    using DeviceError::DeviceError;
+};
+
+// What a CudaDevice for this model and context would allocate on the device, in bytes.
+struct CudaDevicePlan {
+    uint64_t weights = 0, kv_cache = 0, activations = 0;
+    uint64_t total() const { return weights + kv_cache + activations; }
+};
+
+class CudaDevice final : public DeviceBackend {
+public:
+    // Uploads the weights and allocates the KV cache and the activations on `device` through
+    // `api`, within vram_budget bytes (0: the device's memory is the limit). DeviceError when the
+    // model is not supported or the device cannot be used; DeviceMemoryError when the plan does
+    // not fit the budget (nothing is allocated then).
+    CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget);
+    ~CudaDevice() override;
+    CudaDevice(const CudaDevice &) = delete;
+    CudaDevice &operator=(const CudaDevice &) = delete;
+
+    static CudaDevicePlan plan(const Context &ctx);
+    // Why this model cannot run on the device ("" when it can).
+    static std::string unsupported(const Context &ctx);
+
+    void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
+    void norm(const std::vector<float> &w, Act in, Act out) override;
+    void residual_add(Act t) override;
+    void attention_in(const LayerWeights &w, int il) override;
+    void attention(int il) override;
+    void attention_out(const LayerWeights &w) override;
+    void mla_attention(const LayerWeights &w, int il) override;
+    void glu_ffn(const LayerWeights &w, Glu act) override;
+    void moe_ffn(const LayerWeights &w, int il) override;
+    void end_chunk() override;
+    void copy_kv(int src, int dst, int64_t n_tokens) override;
+
+    void to_host(Act a, float *dst) override;
+    void add_from_host(Act a, const float *src) override;
+    void shared_expert_async(const LayerWeights &w, Act in, Act out) override;
+    void sync() override;
+    int64_t rows() const override { return n_; }
+    float *host_buffer(int slot, size_t floats) override;
+
+    uint64_t device_bytes() const { return used_; }
+
+private:
+    struct DMat {
+        const void *w = nullptr;  // device
+        int type = 0;
+        int64_t rows = 0, k = 0;
+        explicit operator bool() const { return w != nullptr; }
+    };
+    struct DLayer {
+        DMat wq, wk, wv, wo, gate, up, down, gate_sh, up_sh, down_sh, shexp_gate;
+        uint16_t *k_cache = nullptr, *v_cache = nullptr;
+    };
+
+    void check(int rc, const char *what) const;
+    void *dalloc(uint64_t bytes);
+    const float *dvec(const std::vector<float> &v) const;  // the device copy of a weight vector (null: empty)
+    float *buf(Act a) const;
+    void gemv(const DMat &m, const float *x, int64_t n, float *y);
+    void upload_weights();
+
+    Context &ctx_;
+    const CudaApi &api_;
+    KtdCudaCtx *c_ = nullptr;
+    KtdCudaEvent *ev_ = nullptr;
+    std::vector<DLayer> layers_;
+    std::map<const float *, const float *> vecs_;  // host vector data → device copy
+    const float *rope_ff_ = nullptr;
+    float *x_ = nullptr, *xn_ = nullptr, *attn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
+    float *g_ = nullptr, *u_ = nullptr, *y_ = nullptr, *gsh_ = nullptr;
+    void *act_ = nullptr;
+    int32_t *pos_ = nullptr, *nkv_ = nullptr;
+    int64_t *kv_rows_ = nullptr, *kv_first_ = nullptr;
+    // Page-locked staging: the chunk's positions/rows, and the two hybrid buffers.
+    int32_t *h_pos_ = nullptr, *h_nkv_ = nullptr;
+    int64_t *h_rows_ = nullptr, *h_first_ = nullptr;
+    float *h_buf_[2] = {nullptr, nullptr};
+    int64_t n_ = 0, E_ = 0, n_batch_ = 0;
+    uint64_t used_ = 0;
+};
+
+// The device backend selected by name: "cuda" (libktd_cuda.so) or "cuda-emulated" (the ABI's host
+// emulation; tests). DeviceError with the reason when the library cannot be used.
+std::unique_ptr<DeviceBackend> make_cuda_device(Context &ctx, const std::string &name, int device,
+                                                uint64_t vram_budget);
+
+}  // namespace ktd

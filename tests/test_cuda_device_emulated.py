@@ -1,0 +1,335 @@
+"""The CUDA device backend (native/src/model/cuda_device.h) over the host emulation of its C ABI
+(native/src/cuda/emu_device.cpp, Context backend "cuda-emulated"), checked against the plain CPU
+forward on tiny models: CudaDevice's orchestration — the weight uploads from the GGUF blocks, the
+buffer bookkeeping, the F16 KV cache layout on the device, positions and sequences, the GQA head
+mapping, prefill chunks and decode, the hybrid copies of the MoE layers — runs here exactly as it
+would over libktd_cuda.so; only the kernels' execution is emulated (the same cuda/block_math.h and
+cuda/ops_math.h arithmetic the CUDA kernels run, compiled for the CPU).
+
+Tolerances, relative to the largest |logit| of the row:
+- F32 weights: the device path multiplies in float as the CPU does, and both keep K/V in F16;
+  what differs is the summation order (the CPU kernels' SIMD lanes and tiles vs one running sum
+  here) and q's attention scale applied to q·k instead of q: a few float ulps through 2 layers,
+  bounded by 1e-4.
+- Block types (Q8_0, Q4_0, Q5_0): both paths quantize each 32 activations to int8 (the device
+  keeps the block scale in f32, the CPU's Q8_0 activations in f16: 3e-4 apart per matmul), and
+  the rounding of int8 activations amplifies such differences: measured 1-2 % of the largest logit
+  on these random tiny models, bounded by 3e-2; greedy tokens must agree wherever the CPU's lead is
+  clear (_compare). That this is the activation quantization and not an orchestration error is
+  checked against the independent float64 forward (reference/numpy_forward.py): the device is as
+  close to it as the CPU is (test_block_types_are_as_close_to_the_float64_oracle_as_the_cpu).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from ktd import _native
+from ktd.engine import Engine
+from models import synthetic_moe, tiny_dense
+from reference.numpy_forward import forward as numpy_forward
+
+F32_TOL = 1e-4
+BLOCK_TOL = 3e-2
+
+
+def _run(eng: Engine, prompt: int = 7, decode: int = 4,
+         forced: list[int] | None = None) -> tuple[list[np.ndarray], list[int]]:
+    """A prefill of `prompt` tokens then greedy decode (or decoding `forced`); the logits of every
+    step and the tokens chosen."""
+    outs = [eng.forward(np.arange(prompt) + 40, np.arange(prompt), np.zeros(prompt), np.ones(prompt, bool))]
+    tokens = [int(np.argmax(outs[0][-1]))]
+    for i in range(decode):
+        t = forced[i] if forced is not None else tokens[-1]
+        outs.append(eng.forward(np.array([t]), np.array([prompt + i]), np.zeros(1), np.ones(1, bool)))
+        tokens.append(int(np.argmax(outs[-1][0])))
+    return outs, tokens
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b) / np.max(np.abs(a), axis=-1, keepdims=True)))
+
+
+# The same checks over the real library on a GPU (make gpu-check runs the gpu-marked tests).
+BACKENDS = ["cuda-emulated", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    if request.param == "cuda":
+        st = _native.cuda_status()
+        if not st["available"]:
+            pytest.skip(f"no usable CUDA device: {st['reason']}")
+    return request.param
+
+
+def _pair(path, backend: str = "cuda-emulated", **kw) -> tuple[Engine, Engine]:
+    cpu = Engine.open(str(path), n_ctx=32, threads=1, **kw)
+    dev = Engine.open(str(path), n_ctx=32, threads=1, **kw)
+    dev.context.set_backend(backend)
+    assert dev.context.backend == backend
+    return cpu, dev
+
+
+def _compare(cpu: Engine, dev: Engine, tol: float, **kw) -> None:
+    """F32: the greedy continuations are identical. Block types: the device decodes the CPU's
+    greedy tokens (teacher forcing) and picks the CPU's token at every step where the CPU's lead
+    over its runner-up is more than twice the tolerance (a closer race is inside the stated
+    precision: random tiny models have near-ties)."""
+    want, want_tokens = _run(cpu, **kw)
+    got, got_tokens = _run(dev, **kw, forced=None if tol == F32_TOL else want_tokens)
+    if tol == F32_TOL:
+        assert got_tokens == want_tokens
+    else:
+        steps = [w[-1] for w in want]
+        for w_row, t_cpu, t_dev in zip(steps, want_tokens, got_tokens):
+            top2 = np.sort(w_row)[-2:]
+            if top2[1] - top2[0] > 2 * tol * np.max(np.abs(w_row)):
+                assert t_dev == t_cpu
+    for w, g in zip(want, got):
+        assert w.shape == g.shape
+        assert _rel(w, g) <= tol, (_rel(w, g), tol)
+
+
+DENSE = [(a, t) for a in ("llama", "qwen2", "qwen3") for t in ("F32", "Q8_0", "Q4_0")] + [("llama", "Q5_0")]
+
+
+@pytest.mark.parametrize("arch, wtype", DENSE)
+def test_dense_decode_and_prefill_match_the_cpu_forward(arch, wtype, tmp_path, backend):
+    path = tmp_path / f"{arch}-{wtype}.gguf"
+    tiny_dense.make_model(arch, path, wtype=wtype)
+    cpu, dev = _pair(path, backend)
+    _compare(cpu, dev, F32_TOL if wtype == "F32" else BLOCK_TOL)
+    # A dense model sends nothing through the hybrid copies.
+    assert dev.context.hybrid_stats()["moe_calls"] == 0
+
+
+@pytest.mark.parametrize("arch, wtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("qwen3", "Q8_0")])
+def test_block_types_are_as_close_to_the_float64_oracle_as_the_cpu(arch, wtype, tmp_path, backend):
+    path = tmp_path / f"{arch}-{wtype}.gguf"
+    tiny_dense.make_model(arch, path, wtype=wtype)
+    toks = list(range(40, 52))
+    ref = numpy_forward(path, toks)
+    cpu, dev = _pair(path, backend)
+    n = len(toks)
+    args = (np.array(toks), np.arange(n), np.zeros(n), np.ones(n, bool))
+    err_cpu, err_dev = _rel(ref, cpu.forward(*args)), _rel(ref, dev.forward(*args))
+    assert err_cpu < 0.05
+    assert err_dev <= 1.5 * err_cpu, (err_dev, err_cpu)
+
+
+def test_prefill_in_chunks_and_the_mistral_gqa_shape(tmp_path, backend):
+    """n_batch 3 cuts the 10-token prompt into chunks (positions continue across them); the
+    mistral variant has 8 query heads over 2 KV heads (groups of 4)."""
+    path = tmp_path / "mistral.gguf"
+    tiny_dense.make_model("llama", path, variant="mistral")
+    cpu, dev = _pair(path, backend, n_batch=3)
+    _compare(cpu, dev, F32_TOL, prompt=10, decode=3)
+
+
+def test_two_sequences_in_one_batch_and_copy_seq(tmp_path, backend):
+    """Rows of two sequences interleaved in one batch attend only their own sequence's cache
+    rows; copy_seq copies the device's KV rows (a fork continues identically)."""
+    path = tmp_path / "qwen2.gguf"
+    tiny_dense.make_model("qwen2", path)
+    cpu, dev = _pair(path, backend, n_seq_max=3)
+    toks = np.array([40, 90, 41, 91, 42, 92, 43])
+    pos = np.array([0, 0, 1, 1, 2, 2, 3])
+    seq = np.array([0, 1, 0, 1, 0, 1, 0])
+    outs = []
+    for eng in (cpu, dev):
+        a = eng.forward(toks, pos, seq, np.ones(7, bool))
+        eng.context.copy_seq(1, 2, 3)
+        b = eng.forward(np.array([93, 93]), np.array([3, 3]), np.array([1, 2]), np.ones(2, bool))
+        outs.append((a, b))
+    assert _rel(outs[0][0], outs[1][0]) <= F32_TOL
+    assert _rel(outs[0][1], outs[1][1]) <= F32_TOL
+    # the fork continues as its source did
+    np.testing.assert_array_equal(outs[1][1][0], outs[1][1][1])
+
+
+MOE = [("qwen2moe", "F32"), ("qwen3moe", "F32"), ("llama", "F32"), ("qwen2moe", "Q8_0")]
+
+
+@pytest.mark.parametrize("arch, wtype", MOE)
+def test_moe_through_the_hybrid_copies_matches_the_cpu_forward(arch, wtype, tmp_path, backend):
+    """Routed experts on the CPU pool, attention and the shared expert (qwen2moe's, with its
+    sigmoid gate) on the device; only XN goes down and the routed sum comes up."""
+    path = tmp_path / f"{arch}.gguf"
+    synthetic_moe.make_model(arch, path, wtype=wtype)
+    cpu, dev = _pair(path, backend)
+    _compare(cpu, dev, F32_TOL if wtype == "F32" else BLOCK_TOL)
+    st = dev.context.hybrid_stats()
+    from ktd.gguf import GGUFFile
+    f = GGUFFile(str(path))
+    n_moe = sum(1 for name in f.tensors if name.endswith("ffn_gate_exps.weight"))
+    E = int(f.tensors["token_embd.weight"].shape[0])
+    assert n_moe > 0 and st["moe_calls"] == n_moe * 5                 # every MoE layer, 5 forwards
+    assert st["bytes_to_host"] == st["bytes_to_device"] == n_moe * (7 + 4) * E * 4
+    # the routing statistics are the host's, as on the CPU path
+    np.testing.assert_array_equal(dev.context.expert_counts(), cpu.context.expert_counts())
+
+
+@pytest.mark.parametrize("arch, maker, why", [
+    ("deepseek2", "moe", "latent attention|deepseek2"),
+    ("gemma3", "dense", "gemma3"),
+    ("bitnet", "dense", "bitnet"),
+])
+def test_unsupported_architectures_are_refused_with_the_reason(arch, maker, why, tmp_path):
+    path = tmp_path / f"{arch}.gguf"
+    if maker == "moe":
+        synthetic_moe.make_model(arch, path)
+    else:
+        tiny_dense.make_model(arch, path, wtype="TQ2_0" if arch == "bitnet" else "F32")
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
+    before = eng.forward(np.arange(3) + 40, np.arange(3), np.zeros(3), np.ones(3, bool))
+    with pytest.raises(_native.DeviceError, match=why):
+        eng.context.set_backend("cuda-emulated")
+    # the context is unchanged: still the CPU, its cache intact
+    assert eng.context.backend == "cpu"
+    assert eng.context.seq_len(0) == 3
+    eng.forward(np.array([50]), np.array([3]), np.zeros(1), np.ones(1, bool))
+    assert before.shape[0] == 3
+
+
+def test_a_budget_too_small_is_refused_with_the_numbers(tmp_path):
+    path = tmp_path / "qwen2.gguf"
+    tiny_dense.make_model("qwen2", path)
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
+    with pytest.raises(_native.DeviceMemoryError) as e:
+        eng.context.set_backend("cuda-emulated", vram_budget=100_000)
+    assert isinstance(e.value, MemoryError) and isinstance(e.value, _native.DeviceError)
+    msg = str(e.value)
+    # the plan's parts and the budget, in bytes
+    assert "budget" in msg and "100000 bytes" in msg and "weights" in msg and "KV cache" in msg
+    import re
+    need = int(re.search(r"\((\d+) bytes: weights (\d+), KV cache (\d+)", msg).group(1))
+    weights = int(re.search(r"weights (\d+)", msg).group(1))
+    kv = int(re.search(r"KV cache (\d+)", msg).group(1))
+    # independent: the F16 KV cache of 2 layers x 32 positions x (K + V) x n_head_kv·head_dim (2·16)
+    assert kv == 2 * 2 * 32 * 2 * 16 * 2
+    # the weights are at least the F32 matrices of the layers as stored (4 bytes per element)
+    from ktd.gguf import GGUFFile
+    f = GGUFFile(str(path))
+    layer_bytes = sum(int(np.prod(t.shape)) * 4 for n, t in f.tensors.items() if n.startswith("blk."))
+    assert layer_bytes <= weights < layer_bytes + 64 * 1024
+    assert need > 100_000
+    assert eng.context.backend == "cpu"
+    # the same budget with room to spare is accepted
+    eng.context.set_backend("cuda-emulated", vram_budget=need)
+    assert eng.context.backend == "cuda-emulated"
+
+
+def test_the_real_library_refuses_cleanly_without_a_device(tmp_path):
+    """No GPU here: 'cuda' gives cuda_status()'s reason as a DeviceError, the context unchanged."""
+    status = _native.cuda_status()
+    if status["available"]:
+        pytest.skip("a CUDA device is usable here: the refusal path is not reachable")
+    path = tmp_path / "qwen2.gguf"
+    tiny_dense.make_model("qwen2", path)
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
+    with pytest.raises(_native.DeviceError) as e:
+        eng.context.set_backend("cuda")
+    # the runtime's own reason (with the library built: it loaded with every ABI v3 entry point and
+    # the context creation asked the driver)
+    assert status["reason"] in str(e.value)
+    assert eng.context.backend == "cpu"
+
+
+def test_a_library_of_another_abi_version_is_refused(tmp_path):
+    """A libktd_cuda.so built for ABI 2 is not called: cuda_status() and the backend say why."""
+    src = tmp_path / "old.c"
+    src.write_text("int ktd_cuda_abi_version(void) { return 2; }\n"
+                   "int ktd_cuda_probe(int *n, char *m, unsigned long k) { *n = 1; return 0; }\n")
+    lib = tmp_path / "libktd_cuda.so"
+    cc = os.environ.get("CC", "cc")
+    try:
+        subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.fail(f"building the stand-in library with {cc} failed: {e}")
+    path = tmp_path / "qwen2.gguf"
+    tiny_dense.make_model("qwen2", path)
+    code = textwrap.dedent(f"""
+        import json
+        from ktd import _native
+        from ktd.engine import Engine
+        out = {{"status": _native.cuda_status()}}
+        eng = Engine.open({str(path)!r}, n_ctx=32, n_seq_max=1, threads=1)
+        try:
+            eng.context.set_backend("cuda")
+            out["backend"] = "accepted"
+        except _native.DeviceError as e:
+            out["backend"] = str(e)
+        print(json.dumps(out))
+    """)
+    env = dict(os.environ, KTD_CUDA_LIBRARY=str(lib))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"]["available"] is False
+    assert "ABI 2" in out["status"]["reason"] and "needs 3" in out["status"]["reason"]
+    assert "ABI 2" in out["backend"] and "needs 3" in out["backend"]
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_qwen_coder_0_5b_greedy_on_the_emulated_device(real_model, backend):
+    """The real model's shapes and types (Q4_K/Q6_K/Q5_0/Q8_0 weights, 14 heads over 2 KV heads of
+    64, QKV biases, the tied output head on the host): greedy continuation identical to the CPU's.
+    Logits within 8 % of the largest (measured up to 4.5 % on the prefill rows: int8 activations,
+    see the module docstring; the greedy choice is the check that matters here)."""
+    path = real_model("qwen2.5-coder-0.5b")
+    cpu, dev = _pair(path, backend)
+    prompt = [40, 41, 42, 43]
+    want, want_tokens = _run(cpu, prompt=len(prompt), decode=4)
+    got, got_tokens = _run(dev, prompt=len(prompt), decode=4)
+    assert got_tokens == want_tokens
+    for w, g in zip(want, got):
+        assert _rel(w, g) <= 0.08
+
+
+def _bench(*args: str) -> tuple[int, dict, str]:
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = Path(args[args.index("--out") + 1])
+    r = subprocess.run([sys.executable, str(root / "tools/gpu_check/hybrid_bench.py"), *args], capture_output=True,
+                       text=True, timeout=300)
+    return r.returncode, json.loads(out.read_text()), r.stdout + r.stderr
+
+
+def test_gpu_check_bench_without_a_device_fails_loudly(tmp_path):
+    """make gpu-check's end-to-end step on a machine without CUDA: exit 2, the reason in its JSON."""
+    status = _native.cuda_status()
+    if status["available"]:
+        pytest.skip("a CUDA device is usable here: the refusal path is not reachable")
+    rc, out, text = _bench("--out", str(tmp_path / "b.json"), "--model", str(tmp_path / "none.gguf"))
+    assert rc == 2 and out["measured"] is False
+    assert status["reason"] in out["error"] and "NOT MEASURED" in text
+
+
+def test_gpu_check_bench_runs_end_to_end_on_the_emulation(tmp_path):
+    """The same script over the emulated ABI on tiny files: greedy identical, the MoE row with its
+    CPU/hybrid figures and HybridStats, deepseek2 refused with the reason (figures of the emulation
+    itself mean nothing and are not checked)."""
+    dense, moe, mla = tmp_path / "q.gguf", tmp_path / "m.gguf", tmp_path / "d.gguf"
+    tiny_dense.make_model("qwen2", dense)
+    synthetic_moe.make_model("qwen2moe", moe)
+    synthetic_moe.make_model("deepseek2", mla, variant="v2")
+    rc, out, text = _bench("--out", str(tmp_path / "b.json"), "--backend", "cuda-emulated", "--model", str(dense),
+                           "--moe", str(moe), str(mla), "--tokens", "5", "--prompt", "6", "--decode", "3",
+                           "--n-ctx", "32", "--threads", "1")
+    assert rc == 0, text
+    assert out["greedy"]["identical"] and len(out["greedy"]["device"]) == 5
+    m, d = out["moe"]
+    assert m["hybrid"]["stats"]["moe_calls"] == 2 * 4              # 2 MoE layers × (1 prefill + 3 decode)
+    assert m["hybrid"]["stats"]["bytes_to_host"] == 2 * (6 + 3) * 64 * 4
+    assert m["cpu"]["decode_tok_s"] > 0 and m["decode_speedup"] > 0
+    assert "deepseek2" in d["refused"]
