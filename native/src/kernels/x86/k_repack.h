@@ -130,7 +130,7 @@ struct Q6_Kx8 {
     using GroupBlock = block_q6_Kx8;
     // No software prefetch in the group loop: the layout is one ascending run per group, which
     // the hardware prefetchers follow (as the plain rows, which have none). Measured here (Zen 4,
-    // 2 threads, loaded machine): with the 8 KiB prefetch the n = 1 GEMV streamed 1.2-2.4x slower
+    // 1 and 2 threads, AVX2 and AVX-512, loaded machine): with the 8 KiB prefetch the n = 1 GEMV streamed 1.2-2.4x slower
     // than without it, and without it about as fast as the plain rows.
     static constexpr bool kSoftwarePrefetch = false;
     template <int NC>
@@ -194,8 +194,9 @@ struct Q6_Kx8 {
     }
 };
 
-// Prefetch distance of the weight stream in bytes (measured here, 1 and 2 threads: 4-16 KiB
-// stream 1.4-1.8x faster than none, 2 KiB less so; _MM_HINT_NTA is slower than none).
+// Prefetch distance of the weight stream in bytes (measured here on the Q4_K layout and the
+// first Q6_K layout, 1 and 2 threads: 4-16 KiB stream 1.4-1.8x faster than none, 2 KiB less so;
+// _MM_HINT_NTA is slower than none).
 constexpr size_t kPrefetchBytes = 8192;
 
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks.
@@ -208,8 +209,9 @@ inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, cons
     for (int64_t b = 0; b < nb; ++b) {
         // Software prefetch kPrefetchBytes ahead of the weight stream where Traits asks for it
         // (groups are contiguous, so this runs on into the next group): on the Q4_K layout one
-        // core's hardware prefetchers alone keep too few lines in flight to reach DRAM bandwidth. The lines of block b + distance
-        // are requested once each (the + 63 covers a block that does not start a line).
+        // core's hardware prefetchers alone keep too few lines in flight to reach DRAM
+        // bandwidth. The lines of block b + distance are requested once each (the + 63 covers a
+        // block that does not start a line).
         if constexpr (Traits::kSoftwarePrefetch) {
             const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
             for (size_t off = 0; off < sizeof(typename Traits::GroupBlock) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
