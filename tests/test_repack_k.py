@@ -48,14 +48,15 @@ def decode_q4_Kx8(blk: np.ndarray) -> np.ndarray:
 
 
 def decode_q6_Kx8(blk: np.ndarray) -> np.ndarray:
-    """One group block (1680 bytes) → float64 [8 rows, 256]."""
+    """One group block (1680 bytes: d, then 8 chunks of 208 bytes) → float64 [8 rows, 256]."""
     d = f16(blk[0:16])
-    sc = blk[16:144].view(np.int8).astype(np.int64).reshape(8, R, 2).transpose(1, 0, 2).reshape(R, 16)
-    ql = blk[144:1168].reshape(8, 4, R, 4).astype(np.int64)  # [s, i, r, t]
+    ch = blk[16:].reshape(8, 208)  # [s, chunk bytes]
+    sc = ch[:, 0:16].view(np.int8).astype(np.int64).reshape(8, R, 2).transpose(1, 0, 2).reshape(R, 16)
+    qh = ch[:, 16:80].reshape(8, 2, R, 4).astype(np.int64)  # [s, h, r, t]: sub-block 2s + h
+    ql = ch[:, 80:208].reshape(8, 4, R, 4).astype(np.int64)  # [s, i, r, t]
     lo = np.concatenate([ql & 15, ql >> 4], axis=1).transpose(2, 0, 1, 3).reshape(R, QK_K)
-    qh = blk[1168:1680].reshape(16, R, 4).astype(np.int64)  # [g, r, t]
-    hi = np.stack([(qh >> (2 * f)) & 3 for f in range(4)], axis=2)  # [g, r, f, t]
-    hi = hi.transpose(1, 0, 2, 3).reshape(R, QK_K)
+    hi = np.stack([(qh >> (2 * f)) & 3 for f in range(4)], axis=3)  # [s, h, r, f, t]
+    hi = hi.transpose(2, 0, 1, 3, 4).reshape(R, QK_K)
     q = (lo | (hi << 4)) - 32
     return d[:, None] * np.repeat(sc, 16, axis=1) * q
 

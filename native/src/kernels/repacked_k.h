@@ -1,4 +1,5 @@
-// Row-interleaved ("repacked") layouts of the K-quants, 8 rows per group (layout version 1).
+// Row-interleaved ("repacked") layouts of the K-quants, 8 rows per group (Q4_K layout version 1,
+// Q6_K version 4).
 //
 // A group block holds super-block b (256 elements) of 8 consecutive rows, arranged so that
 // 32-bit lane r of a 256-bit register belongs to row r: a register holds 4 consecutive elements
@@ -26,7 +27,9 @@ namespace ktd {
 
 constexpr int kRepackRowsK = 8;
 constexpr uint32_t kRepackLayoutQ4_K = 1;
-constexpr uint32_t kRepackLayoutQ6_K = 1;
+// Version numbers are not reused across a type's layouts (Q6_K: 1 the first x8 layout, 3 the arm
+// x4 layout, 4 the x8 layout below).
+constexpr uint32_t kRepackLayoutQ6_K = 4;
 
 // Q4_K, 8 rows. Sub-block j (32 elements) of row r has the 6-bit scale sc and min m of the
 // original block; their "index" is i = 8j + r (0..63).
@@ -45,16 +48,24 @@ struct block_q4_Kx8 {
 };
 static_assert(sizeof(block_q4_Kx8) == kRepackRowsK * sizeof(block_q4_K));
 
-// Q6_K, 8 rows. q = the unsigned 6-bit value (0..63) of an element, w = d[r]·sc·(q − 32).
-//   scales[16p + 2r + h] = the int8 scale of sub-block 2p + h (16 elements) of row r
-//   ql: 32-element chunk s at 128s, the chunk nibble layout above, of the low 4 bits of q
-//   qh[32g + 4r + t] bits 2f..2f+1 = the high 2 bits of q of row r's element 16g + 4f + t
-//       (register g of qh holds sub-block g)
+// Q6_K, 8 rows (layout version 4). q = the unsigned 6-bit value (0..63) of an element,
+// w = d[r]·sc·(q − 32). After d, the block is 8 chunks of 208 bytes, chunk s holding everything
+// the kernels read for elements 32s..32s+31 in the order they read it, so that a group streams
+// as one ascending run of addresses (version 1 kept scales, ql and qh as three separate arrays,
+// which the tile read in three interleaved runs; the hardware prefetchers did not follow them and
+// the n = 1 GEMV streamed slower than the plain rows):
+//   scales[2r + h] = the int8 scale of sub-block 2s + h (16 elements) of row r
+//   qh[32h + 4r + t] bits 2f..2f+1 = the high 2 bits of q of row r's element 32s + 16h + 4f + t
+//       (register h of the chunk's qh holds sub-block 2s + h)
+//   ql: the chunk nibble layout above, of the low 4 bits of q
+struct block_q6_Kx8_chunk {
+    int8_t scales[2 * kRepackRowsK];
+    uint8_t qh[kRepackRowsK * 32 / 4];
+    uint8_t ql[kRepackRowsK * 32 / 2];
+};
 struct block_q6_Kx8 {
     uint16_t d[kRepackRowsK];
-    int8_t scales[kRepackRowsK * QK_K / 16];
-    uint8_t ql[kRepackRowsK * QK_K / 2];
-    uint8_t qh[kRepackRowsK * QK_K / 4];
+    block_q6_Kx8_chunk c[QK_K / 32];
 };
 static_assert(sizeof(block_q6_Kx8) == kRepackRowsK * sizeof(block_q6_K));
 

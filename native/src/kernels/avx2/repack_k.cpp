@@ -103,8 +103,8 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
             for (int r = 0; r < kRepackRowsK; ++r) {
                 src[r] = row[r] ? reinterpret_cast<const block_q6_K *>(row[r]) + b : &kZero;
                 dst.d[r] = src[r]->d;
-                // scales[16p + 2r + h] = scale of sub-block 2p + h: 16-bit units.
-                for (int p = 0; p < 8; ++p) std::memcpy(dst.scales + 16 * p + 2 * r, src[r]->scales + 2 * p, 2);
+                // Chunk p's scales[2r + h] = scale of sub-block 2p + h: 16-bit units.
+                for (int p = 0; p < 8; ++p) std::memcpy(dst.c[p].scales + 2 * r, src[r]->scales + 2 * p, 2);
             }
             // ql: the 32 bytes at 64t + 32p give chunk 4t + p (low nibbles) and 4t + p + 2 (high).
             for (int t = 0; t < 2; ++t)
@@ -113,9 +113,9 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
                     for (int r = 0; r < kRepackRowsK; ++r) split_nibbles(src[r]->ql + 64 * t + 32 * p, lo[r], hi[r]);
                     __m256i v[4];
                     transpose_8x4(lo, v);
-                    for (int i = 0; i < 4; ++i) store256(dst.ql + 128 * (4 * t + p) + 32 * i, v[i]);
+                    for (int i = 0; i < 4; ++i) store256(dst.c[4 * t + p].ql + 32 * i, v[i]);
                     transpose_8x4(hi, v);
-                    for (int i = 0; i < 4; ++i) store256(dst.ql + 128 * (4 * t + p + 2) + 32 * i, v[i]);
+                    for (int i = 0; i < 4; ++i) store256(dst.c[4 * t + p + 2].ql + 32 * i, v[i]);
                 }
             // qh: per (u, v) the four words of 16 source bytes, a 4×4 transpose of 2-bit fields per
             // byte (the reference's two masked swaps), done on all 8 rows at once.
@@ -136,7 +136,7 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
                         a[f + 2] = _mm256_xor_si256(a[f + 2], x);
                         a[f] = _mm256_xor_si256(a[f], _mm256_slli_epi32(x, 4));
                     }
-                    for (int sh = 0; sh < 4; ++sh) store256(dst.qh + 32 * (8 * u + 2 * sh + v), a[sh]);
+                    for (int sh = 0; sh < 4; ++sh) store256(dst.c[4 * u + sh].qh + 32 * v, a[sh]);
                 }
         }
     }

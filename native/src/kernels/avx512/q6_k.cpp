@@ -96,7 +96,6 @@ KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q6_K,
                                               .repack_layout = kRepackLayoutQ6_K,
                                               .repacked_group_bytes = ref::group_bytes_q6_K_x8,
                                               .repack = avx2::repack_q6_K_x8,
-                                              .gemm_repacked = gemm_repacked_k8<Q6_Kx8>,
-                                              .gemv_plain = true});
+                                              .gemm_repacked = gemm_repacked_k8<Q6_Kx8>});
 
 }  // namespace ktd::avx512

@@ -50,13 +50,13 @@ float vec_dot_q6_K_q8_K(int64_t k, const block_q6_K *w, const block_q8_K *a) {
 // q − 32 of element e (< 256) of row r.
 inline int q6_Kx8_value(const block_q6_Kx8 &g, int r, int e) {
     const int s = e / 32, x = e % 32, hi = x / 16, xl = x % 16;
-    const int lo = (g.ql[128 * s + 32 * (xl / 4) + 4 * r + xl % 4] >> (4 * hi)) & 0xF;
-    const int sb = e / 16, f = (e % 16) / 4, t = e % 4;
-    const int h2 = (g.qh[32 * sb + 4 * r + t] >> (2 * f)) & 3;
+    const int lo = (g.c[s].ql[32 * (xl / 4) + 4 * r + xl % 4] >> (4 * hi)) & 0xF;
+    const int f = xl / 4, t = e % 4;
+    const int h2 = (g.c[s].qh[32 * hi + 4 * r + t] >> (2 * f)) & 3;
     return (lo | (h2 << 4)) - 32;
 }
 
-inline int q6_Kx8_scale(const block_q6_Kx8 &g, int r, int sb) { return g.scales[16 * (sb / 2) + 2 * r + sb % 2]; }
+inline int q6_Kx8_scale(const block_q6_Kx8 &g, int r, int sb) { return g.c[sb / 2].scales[2 * r + sb % 2]; }
 
 // As vec_dot_q6_K_q8_K on row r of a run of group blocks (same sums and float operations).
 float vec_dot_q6_Kx8_q8_K(int64_t k, const block_q6_Kx8 *w, int r, const block_q8_K *a) {
@@ -96,7 +96,7 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
                 const block_q6_K &src = reinterpret_cast<const block_q6_K *>(
                     static_cast<const char *>(w) + size_t(g * kRepackRowsK + r) * w_stride)[b];
                 dst.d[r] = src.d;
-                for (int sb = 0; sb < 16; ++sb) dst.scales[16 * (sb / 2) + 2 * r + sb % 2] = src.scales[sb];
+                for (int sb = 0; sb < 16; ++sb) dst.c[sb / 2].scales[2 * r + sb % 2] = src.scales[sb];
                 // Chunk s (elements 32s..32s+31): half t = s/4 of the block, nibble h = (s%4)/2 of
                 // ql[64t + 32(s%2) + x].
                 for (int s = 0; s < 8; ++s) {
@@ -106,7 +106,7 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
                         const uint32_t lo = load_u32(q + 4 * i), hi = load_u32(q + 16 + 4 * i);
                         const uint32_t v = h == 0 ? (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u)
                                                   : ((lo >> 4) & 0x0F0F0F0Fu) | (hi & 0xF0F0F0F0u);
-                        std::memcpy(dst.ql + 128 * s + 32 * i + 4 * r, &v, 4);
+                        std::memcpy(dst.c[s].ql + 32 * i + 4 * r, &v, 4);
                     }
                 }
                 // Sub-block sb = 8u + 2s + v (elements 16sb + 4f + t) takes bits 2s of
@@ -127,7 +127,8 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
                             a[f + 2] ^= x;
                             a[f] ^= x << 4;
                         }
-                        for (int sh = 0; sh < 4; ++sh) std::memcpy(dst.qh + 32 * (8 * u + 2 * sh + v) + 4 * r, &a[sh], 4);
+                        // Sub-block 8u + 2sh + v: chunk 4u + sh, register v of its qh.
+                        for (int sh = 0; sh < 4; ++sh) std::memcpy(dst.c[4 * u + sh].qh + 32 * v + 4 * r, &a[sh], 4);
                     }
             }
         }

@@ -82,6 +82,7 @@ inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], 
 
 struct Q4_Kx8 {
     using GroupBlock = block_q4_Kx8;
+    static constexpr bool kSoftwarePrefetch = true;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
         __m256i pairs[4];
@@ -118,75 +119,84 @@ struct Q4_Kx8 {
     }
 };
 
+// Q6_K: per chunk s (32 elements of the 8 rows, one contiguous block_q6_Kx8_chunk), the two
+// sub-blocks h = 0, 1 one after the other: four registers of q (the ql nibble h, the 2-bit fields
+// of qh register h), dotted with every column and scaled by that sub-block's scales. Taking the
+// halves in turn keeps 4 weight registers live instead of 8, and the −32 offset is summed after
+// the chunk loop (from the scales again, in L1), so the loop holds NC accumulators, not 2·NC:
+// at NC = 1 version 1's loop kept both accumulators and a weight register on the stack (AVX2,
+// 16 registers). Integer sums only, so the order does not change the result.
 struct Q6_Kx8 {
     using GroupBlock = block_q6_Kx8;
+    // No software prefetch in the group loop: the layout is one ascending run per group, which
+    // the hardware prefetchers follow (as the plain rows, which have none). Measured here (Zen 4,
+    // 1 and 2 threads, AVX2 and AVX-512, loaded machine): with the 8 KiB prefetch the n = 1 GEMV streamed 1.2-2.4x slower
+    // than without it, and without it about as fast as the plain rows.
+    static constexpr bool kSoftwarePrefetch = false;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
         const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-        // int16 [2r + h] → lane r = that int16 in both halves (h = 0: even, 1: odd).
-        const __m256i pick_even = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,  //
-                                                   0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
-        const __m256i pick_odd = _mm256_add_epi8(pick_even, _mm256_set1_epi8(2));
-        // Σ sc·(q − 32)·a = Σ sc·q·a − 32·Σ_sb sc_sb·(activation sum of sub-block sb).
-        __m256i isum[NC], osum[NC];
-        for (int c = 0; c < NC; ++c) isum[c] = osum[c] = _mm256_setzero_si256();
+        __m256i isum[NC];
+        for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
         for (int s = 0; s < 8; ++s) {
-            const __m256i sc2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.scales + 16 * s)));
-            const __m256i sc_e = _mm256_shuffle_epi8(sc2, pick_even), sc_o = _mm256_shuffle_epi8(sc2, pick_odd);
-            const __m256i he = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qh + 64 * s));
-            const __m256i ho = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.qh + 64 * s + 32));
-            const __m256i hi_e[4] = {_mm256_slli_epi16(he, 4), _mm256_slli_epi16(he, 2), he, _mm256_srli_epi16(he, 2)};
-            const __m256i hi_o[4] = {_mm256_slli_epi16(ho, 4), _mm256_slli_epi16(ho, 2), ho, _mm256_srli_epi16(ho, 2)};
-            __m256i v[8];
-            for (int i = 0; i < 4; ++i) {
-                const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(g.ql + 128 * s + 32 * i));
-                v[i] = _mm256_or_si256(_mm256_and_si256(ql, m4), _mm256_and_si256(hi_e[i], m30));
-                v[i + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m4), _mm256_and_si256(hi_o[i], m30));
-            }
-#if defined(KTD_ISA_AVX512)
-            // VNNI: each sub-block's 16 products per lane in int32, times the int32 scale (the
-            // sign-extended low int16 of each lane of sc_e / sc_o).
-            const __m256i se32 = _mm256_srai_epi32(_mm256_slli_epi32(sc_e, 16), 16);
-            const __m256i so32 = _mm256_srai_epi32(_mm256_slli_epi32(sc_o, 16), 16);
-            for (int c = 0; c < NC; ++c) {
-                const int8_t *q = a[c]->qs + 32 * s;
-                __m256i e = _mm256_setzero_si256(), o = _mm256_setzero_si256();
+            const block_q6_Kx8_chunk &ch = g.c[s];
+            // int16 [2r + h] → lane r = that int16 in both halves.
+            const __m256i sc2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(ch.scales)));
+            for (int h = 0; h < 2; ++h) {
+                const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,  //
+                                                      0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+                const __m256i sc = _mm256_shuffle_epi8(sc2, _mm256_add_epi8(pick, _mm256_set1_epi8(char(2 * h))));
+                const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ch.qh + 32 * h));
+                __m256i v[4];
                 for (int i = 0; i < 4; ++i) {
-                    e = _mm256_dpbusd_epi32(e, v[i], bcast4(q + 4 * i));
-                    o = _mm256_dpbusd_epi32(o, v[i + 4], bcast4(q + 16 + 4 * i));
+                    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ch.ql + 32 * i));
+                    const __m256i lo = h == 0 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+                    const __m256i hi = i == 0   ? _mm256_slli_epi16(qh, 4)
+                                       : i == 1 ? _mm256_slli_epi16(qh, 2)
+                                       : i == 2 ? qh
+                                                : _mm256_srli_epi16(qh, 2);
+                    v[i] = _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
                 }
-                isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_mullo_epi32(e, se32), _mm256_mullo_epi32(o, so32)));
-                int32_t bs;
-                std::memcpy(&bs, a[c]->bsums + 2 * s, 4);
-                osum[c] = _mm256_add_epi32(osum[c], _mm256_madd_epi16(sc2, _mm256_set1_epi32(bs)));
-            }
+#if defined(KTD_ISA_AVX512)
+                // VNNI: the sub-block's 16 products per lane in int32, times the int32 scale (the
+                // sign-extended low int16 of each lane of sc).
+                const __m256i sc32 = _mm256_srai_epi32(_mm256_slli_epi32(sc, 16), 16);
+                for (int c = 0; c < NC; ++c) {
+                    const int8_t *q = a[c]->qs + 32 * s + 16 * h;
+                    __m256i e = _mm256_setzero_si256();
+                    for (int i = 0; i < 4; ++i) e = _mm256_dpbusd_epi32(e, v[i], bcast4(q + 4 * i));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(e, sc32));
+                }
 #else
-            for (int c = 0; c < NC; ++c) {
-                // q ≤ 63: two registers' products per int16 sum, ≤ 4·63·127 = 32004.
-                const int8_t *q = a[c]->qs + 32 * s;
-                const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], bcast4(q)), _mm256_maddubs_epi16(v[1], bcast4(q + 4)));
-                const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], bcast4(q + 8)), _mm256_maddubs_epi16(v[3], bcast4(q + 12)));
-                const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(v[4], bcast4(q + 16)), _mm256_maddubs_epi16(v[5], bcast4(q + 20)));
-                const __m256i p3 = _mm256_add_epi16(_mm256_maddubs_epi16(v[6], bcast4(q + 24)), _mm256_maddubs_epi16(v[7], bcast4(q + 28)));
-                const __m256i e = _mm256_add_epi32(_mm256_madd_epi16(p0, sc_e), _mm256_madd_epi16(p1, sc_e));
-                const __m256i o = _mm256_add_epi32(_mm256_madd_epi16(p2, sc_o), _mm256_madd_epi16(p3, sc_o));
-                isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(e, o));
-                int32_t bs;
-                std::memcpy(&bs, a[c]->bsums + 2 * s, 4);
-                osum[c] = _mm256_add_epi32(osum[c], _mm256_madd_epi16(sc2, _mm256_set1_epi32(bs)));
-            }
+                for (int c = 0; c < NC; ++c) {
+                    // q ≤ 63: two registers' products per int16 sum, ≤ 4·63·127 = 32004.
+                    const int8_t *q = a[c]->qs + 32 * s + 16 * h;
+                    const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], bcast4(q)), _mm256_maddubs_epi16(v[1], bcast4(q + 4)));
+                    const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], bcast4(q + 8)), _mm256_maddubs_epi16(v[3], bcast4(q + 12)));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(p0, sc), _mm256_madd_epi16(p1, sc)));
+                }
 #endif
+            }
         }
         const __m256 d8 = f16x8(g.d);
         for (int c = 0; c < NC; ++c) {
-            const __m256i sumi = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(osum[c], 5));
+            // Σ sc·(q − 32)·a = Σ sc·q·a − 32·Σ_sb sc_sb·(activation sum of sub-block sb).
+            __m256i osum = _mm256_setzero_si256();
+            for (int s = 0; s < 8; ++s) {
+                const __m256i sc2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(g.c[s].scales)));
+                int32_t bs;
+                std::memcpy(&bs, a[c]->bsums + 2 * s, 4);
+                osum = _mm256_add_epi32(osum, _mm256_madd_epi16(sc2, _mm256_set1_epi32(bs)));
+            }
+            const __m256i sumi = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(osum, 5));
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_set1_ps(a[c]->d)), _mm256_cvtepi32_ps(sumi), acc[c]);
         }
     }
 };
 
-// Prefetch distance of the weight stream in bytes (measured here, 1 and 2 threads: 4-16 KiB
-// stream 1.4-1.8x faster than none, 2 KiB less so; _MM_HINT_NTA is slower than none).
+// Prefetch distance of the weight stream in bytes (measured here on the Q4_K layout and the
+// first Q6_K layout, 1 and 2 threads: 4-16 KiB stream 1.4-1.8x faster than none, 2 KiB less so;
+// _MM_HINT_NTA is slower than none).
 constexpr size_t kPrefetchBytes = 8192;
 
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks.
@@ -197,12 +207,15 @@ inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, cons
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
     const block_q8_K *p[NC];
     for (int64_t b = 0; b < nb; ++b) {
-        // Software prefetch kPrefetchBytes ahead of the weight stream (groups are contiguous,
-        // so this runs on into the next group): one core's hardware prefetchers alone keep
-        // too few lines in flight to reach DRAM bandwidth. The lines of block b + distance
-        // are requested once each (the + 63 covers a block that does not start a line).
-        const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
-        for (size_t off = 0; off < sizeof(typename Traits::GroupBlock) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
+        // Software prefetch kPrefetchBytes ahead of the weight stream where Traits asks for it
+        // (groups are contiguous, so this runs on into the next group): on the Q4_K layout one
+        // core's hardware prefetchers alone keep too few lines in flight to reach DRAM
+        // bandwidth. The lines of block b + distance are requested once each (the + 63 covers a
+        // block that does not start a line).
+        if constexpr (Traits::kSoftwarePrefetch) {
+            const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
+            for (size_t off = 0; off < sizeof(typename Traits::GroupBlock) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
+        }
         for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
         Traits::template dot_group<NC>(g[b], p, acc);
     }
