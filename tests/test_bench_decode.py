@@ -204,3 +204,15 @@ def test_compare_pairs_rows_by_model_and_threads(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert B.main(["no-such-model.gguf", "--compare", str(bad), "--out", str(tmp_path / "x.json")]) == 1
+
+
+@pytest.mark.parametrize("weights_map", ["arena", "gguf"])
+def test_weights_map_option_reaches_the_engine(weights_map, tmp_path, capsys):
+    """--weights-map: the load the decode runs on uses that map (the engine's own memory report)."""
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    out = tmp_path / "decode.json"
+    assert B.main([str(path), "--threads", "1", "--tokens", "2", "--weights-map", weights_map,
+                   "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["weights_map"] == weights_map and row["tokens"] == 2
+    assert f"weights_map {weights_map}: decode" in capsys.readouterr().out
