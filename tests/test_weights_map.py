@@ -206,7 +206,7 @@ def test_gguf_mlock_locks_the_file_pages(tmp_path):
 
 def test_native_rejects_an_unknown_map(tmp_path):
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    with pytest.raises(ValueError, match="weights_map must be 'arena' or 'gguf', got 'mmap'"):
+    with pytest.raises(ValueError, match="weights_map must be 'arena', 'gguf' or 'auto', got 'mmap'"):
         _native.Model(str(path), n_threads=1, pin=False, weights_map="mmap")
 
 
@@ -215,8 +215,61 @@ def test_config_key():
     cfg = ktd_config.load(None, text="model:\n  weights_map: gguf\n", environ={})
     assert cfg.model.weights_map == "gguf" and placement_options(cfg)["weights_map"] == "gguf"
     assert ktd_config.load(None, environ={"KTD_MODEL__WEIGHTS_MAP": "gguf"}).model.weights_map == "gguf"
-    with pytest.raises(ktd_config.ConfigError, match=r"<config>:2: model.weights_map: .*one of arena, gguf"):
+    with pytest.raises(ktd_config.ConfigError, match=r"<config>:2: model.weights_map: .*one of arena, gguf, auto"):
         ktd_config.load(None, text="model:\n  weights_map: mmap\n", environ={})
     with pytest.raises(ktd_config.ConfigError, match="weights_map: gguf .* model.hugepages: hugetlb requires"):
         ktd_config.load(None, text="model:\n  weights_map: gguf\n  hugepages: hugetlb\n", environ={})
     ktd_config.load(None, text="model:\n  weights_map: gguf\n  hugepages: thp\n  mlock: true\n", environ={})
+
+
+# model.weights_map: auto -------------------------------------------------------------------------
+
+def test_auto_miss_serves_from_the_file_and_prepares_the_entry_for_the_next_start(tmp_path, caplog):
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with caplog.at_level(logging.INFO, logger="ktd.engine"):
+        e = Engine.open(str(path), n_ctx=32, threads=2, pin=False, weights_cache=str(cache), weights_map="auto")
+    c = e.model.cache
+    assert c["state"] == "absent" and c["path"].startswith(str(cache))
+    assert e.model.memory["weights_map"] == "gguf" and e.model.repacked_bytes == 0
+    assert "serves from the model file now" in caplog.text
+    plain = _native.Model(str(path), n_threads=2, pin=False, allow_repack=False)
+    np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
+    # The background builder writes the entry the next start maps.
+    assert e.cache_builder is not None and e.cache_builder.wait(timeout=300) == 0
+    assert [str(p) for p in cache.iterdir() if p.suffix == ".ktdw"] == [c["path"]]
+    e2 = Engine.open(str(path), n_ctx=32, threads=2, pin=False, weights_cache=str(cache), weights_map="auto")
+    assert e2.model.cache["state"] == "hit" and e2.cache_builder is None
+    assert e2.model.memory["weights_map"] == "arena" and e2.model.repacked_bytes > 0
+    fresh = _native.Model(str(path), n_threads=2, pin=False)  # repacked, no cache
+    np.testing.assert_array_equal(_logits(e2.model).view(np.uint32), _logits(fresh).view(np.uint32))
+
+
+def test_auto_without_a_cache_or_on_several_nodes_is_arena(tmp_path):
+    path = S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0")
+    m = _native.Model(str(path), n_threads=2, pin=False, weights_map="auto")
+    assert m.memory["weights_map"] == "arena" and m.repacked_bytes > 0 and m.cache["state"] == "off"
+    assert "without a weights cache" in m.memory["weights_map_note"]
+    sysfs = make_sysfs(tmp_path / "sys", "0-1", {0: "0", 1: "1"})
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    m2 = _native.Model(str(path), n_threads=2, pin=False, weights_map="auto", cache_dir=str(cache),
+                       **_placement(sysfs, 2))
+    assert m2.memory["weights_map"] == "arena" and "several NUMA nodes" in m2.memory["weights_map_note"]
+    assert m2.cache["state"] in ("written", "not written")  # the arena path's own entry handling
+
+
+def test_cache_builder_runs_at_idle_priority():
+    import subprocess
+    import sys
+    code = "from ktd.cache_builder import _lower_priority; import os; _lower_priority(); " \
+           "print(os.sched_getscheduler(0), os.nice(0))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert (int(out[0]), int(out[1])) == (os.SCHED_IDLE, 19)
+
+
+def test_auto_config():
+    assert ktd_config.load(None, text="model:\n  weights_map: auto\n", environ={}).model.weights_map == "auto"
+    with pytest.raises(ktd_config.ConfigError, match="weights_map: auto .* model.hugepages: hugetlb requires"):
+        ktd_config.load(None, text="model:\n  weights_map: auto\n  hugepages: hugetlb\n", environ={})

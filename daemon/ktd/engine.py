@@ -87,6 +87,8 @@ class Engine:
         # The GPU decision of the load (ktd.gpu; None: opened without one, i.e. CPU only) and the
         # hybrid backend's transfer counters as of the last snapshot (info() must not lock).
         self.gpu: Any = None
+        # weights_map: auto, a cache miss: the process preparing the entry (ktd.cache_builder).
+        self.cache_builder: Any = None
         self._hybrid_snapshot: dict[str, int] | None = None
 
     @classmethod
@@ -133,8 +135,15 @@ class Engine:
         weights_cache.log_load(cache, cache_off)
         if cache["state"] == "writing":
             weights_cache.log_when_written(model)
+        builder = None
+        if cache["state"] == "absent":  # weights_map: auto, a miss: served from the file meanwhile
+            from ktd import cache_builder
+            builder = cache_builder.spawn(path, cache_dir, threads, {"allow_repack": allow_repack, **placement})
+            cache_builder.watch(builder, cache["path"])
         context = _native.Context(model, n_ctx, n_seq_max + cache_slots, n_batch)
-        return cls(model, context, tokenizer, path, cache_slots)
+        engine = cls(model, context, tokenizer, path, cache_slots)
+        engine.cache_builder = builder
+        return engine
 
     def info(self) -> dict[str, Any]:
         m = self.model

@@ -279,9 +279,12 @@ static void bind_model_class(py::module_ &m) {
                  o.cache_write_background = cache_write_background;
                  o.cache_map = cache_map;
                  o.cache_direct = cache_direct;
-                 if (weights_map != "arena" && weights_map != "gguf")
-                     throw std::invalid_argument("weights_map must be 'arena' or 'gguf', got '" + weights_map + "'");
-                 o.weights_map = weights_map == "gguf" ? WeightsMap::Gguf : WeightsMap::Arena;
+                 if (weights_map != "arena" && weights_map != "gguf" && weights_map != "auto")
+                     throw std::invalid_argument("weights_map must be 'arena', 'gguf' or 'auto', got '" + weights_map +
+                                                 "'");
+                 o.weights_map = weights_map == "gguf"   ? WeightsMap::Gguf
+                                 : weights_map == "auto" ? WeightsMap::Auto
+                                                         : WeightsMap::Arena;
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
@@ -348,7 +351,8 @@ static void bind_model_class(py::module_ &m) {
                 return d;
             },
             "What the load did with the prepared-weights cache: path (of the entry), state (off, hit, "
-            "writing (in the background), written, not written), reason (why an existing entry was not used, or why none was written), "
+            "writing (in the background), written, not written, absent (weights_map: auto, a miss: served from the "
+            "model file, the entry left to a background builder)), reason (why an existing entry was not used, or why none was written), "
             "bytes (of the entry), seconds (reading or writing it), mapped (a hit: the entry's pages mapped into "
             "the arenas rather than read into fresh ones), direct (written: the weights were prepared straight into "
             "the entry's pages, which the model serves from)")

@@ -136,8 +136,11 @@ enum class NumaDense { Interleave, Replicate };
 // after the load. Gguf: served in their plain GGUF layout straight from the file's read-only
 // mapping (its pages are the page cache: nothing is repacked, copied or zeroed at load; the plain
 // kernels decode slower where the type has a repacked layout). One NUMA node only: on several the
-// load falls back to Arena and MemoryLayout::weights_map_note says why.
-enum class WeightsMap { Arena, Gguf };
+// load falls back to Arena and MemoryLayout::weights_map_note says why. Auto: Arena when the
+// weights cache has the entry (a hit), Gguf on a miss (cache state "absent": the entry is left
+// to someone else to prepare, e.g. the daemon's background builder); Arena without a cache or on
+// several nodes.
+enum class WeightsMap { Arena, Gguf, Auto };
 
 struct ModelOptions {
     int n_threads = 0;       // 0: one per physical core

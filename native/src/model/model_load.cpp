@@ -614,7 +614,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     }
     GGUFOpenOptions gopts;
     // A cache hit reads only the vectors from the file; gguf serves every weight from it.
-    gopts.willneed = !use_cache || opts.weights_map == WeightsMap::Gguf;
+    gopts.willneed = !use_cache || opts.weights_map == WeightsMap::Gguf;  // auto: a miss advises then
     std::unique_ptr<Model> m(new Model(GGUFFile::open(path, gopts)));
     m->arch_ = &read_arch(m->file_, m->hp_, m->table_);
     m->init_pool(opts);
@@ -629,6 +629,11 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     // neither sharded slices nor node-local copies exist. On several, the arenas as configured
     // (a restart must not fail over a speed preference), and the note says why.
     bool gguf = opts.weights_map == WeightsMap::Gguf;
+    // auto: the cache decides below (a hit: arena; a miss: gguf); no cache or several nodes: arena.
+    bool auto_map = opts.weights_map == WeightsMap::Auto && use_cache && n_slice == 1;
+    if (opts.weights_map == WeightsMap::Auto && !auto_map)
+        m->mem_.weights_map_note = use_cache ? "model.weights_map: auto: the threads span several NUMA nodes: arenas"
+                                             : "model.weights_map: auto without a weights cache: arenas";
     if (gguf && n_slice > 1) {
         gguf = false;
         std::string nodes_s;
@@ -639,15 +644,15 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                                    "into per-node arenas (model.numa_nodes: [N] serves from the file)";
     }
     m->mem_.weights_map = gguf ? "gguf" : "arena";
-    const bool cache_on = use_cache && !gguf;  // gguf: nothing prepared, nothing to cache
+    bool cache_on = use_cache && !gguf;  // gguf: nothing prepared, nothing to cache
 
     const std::vector<TensorUse> uses = check_tensors(m->file_, m->table_, m->hp_);
     const GGUFTensorInfo *tied = m->file_.find_tensor("output.weight") ? nullptr : m->file_.find_tensor("token_embd.weight");
     const GGUFTensorInfo *embd = m->file_.find_tensor("token_embd.weight");  // required by every table
     if (!embd) throw GGUFError("missing tensor token_embd.weight");
     const MemoryPlan plan = plan_memory(uses, *embd, tied, n_slice, shard, opts.allow_repack);
-    const Arenas arenas = gguf ? Arenas{} : open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_);
-    const std::vector<Arena *> list = arena_list(arenas);
+    Arenas arenas = gguf ? Arenas{} : open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_);
+    std::vector<Arena *> list = arena_list(arenas);
 
     // The cache: read every arena's bytes from the entry when its key matches.
     std::string key;
@@ -670,7 +675,21 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         } else {
             m->file_.advise_willneed();
         }
+        if (auto_map && cached.empty()) {
+            // auto, a miss: served from the file at once; the entry is not prepared here (cs.path
+            // names it for whoever prepares it). The unused arenas go (nothing was touched).
+            gguf = true;
+            cache_on = false;
+            cs.state = "absent";
+            arenas = Arenas{};
+            list.clear();
+            m->mem_.page_kind.clear();
+            m->mem_.page_size = 0;
+            m->mem_.page_reason.clear();
+            m->mem_.dense_bytes = m->mem_.embd_bytes = 0;
+        }
     }
+    m->mem_.weights_map = gguf ? "gguf" : "arena";
     // A miss that may map: the new entry is written while preparing (WeightsCacheWriter: the
     // arenas become shared mappings of its temporary file). Otherwise (it cannot be created, a
     // placement that cannot map) the arenas are anonymous and the entry is written after the load.
