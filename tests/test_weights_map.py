@@ -273,3 +273,30 @@ def test_auto_config():
     assert ktd_config.load(None, text="model:\n  weights_map: auto\n", environ={}).model.weights_map == "auto"
     with pytest.raises(ktd_config.ConfigError, match="weights_map: auto .* model.hugepages: hugetlb requires"):
         ktd_config.load(None, text="model:\n  weights_map: auto\n  hugepages: hugetlb\n", environ={})
+
+
+def test_daemon_status_shows_the_map_and_serves_from_the_file(tmp_path):
+    """A real daemon with KTD_MODEL__WEIGHTS_MAP=gguf: status says gguf with the bytes served from
+    the file, and it generates what an in-process arena engine generates (greedy)."""
+    from daemon_helpers import spawn_real_serve
+    from ktd.client import Client
+    from test_daemon_real_engine import MAX_TOKENS, greedy_in_process
+
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    sock = tmp_path / "ktd.sock"
+    proc = spawn_real_serve(path, sock, {"KTD_MODEL__N_CTX": "128", "KTD_MODEL__WEIGHTS_MAP": "gguf",
+                                         "KTD_MODEL__WEIGHTS_CACHE": "off", "KTD_MODEL__THREADS": "1"})
+    try:
+        with Client(str(sock), timeout=60) as c:
+            status = c.status()
+            got = "".join(c.stream("hello", temperature=0, max_tokens=MAX_TOKENS))
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+    assert status["memory"]["weights_map"] == "gguf"
+    assert status["memory"]["file_mapped_bytes"] == _matrix_bytes(path) > 0
+    assert status["model"]["memory"]["weights_map"] == "gguf"
+    assert "weights map: gguf" in out
+    engine = Engine.open(str(path), n_ctx=128, n_seq_max=1, threads=1)
+    assert got == greedy_in_process(engine, "hello")
