@@ -300,3 +300,20 @@ def test_daemon_status_shows_the_map_and_serves_from_the_file(tmp_path):
     assert "weights map: gguf" in out
     engine = Engine.open(str(path), n_ctx=128, n_seq_max=1, threads=1)
     assert got == greedy_in_process(engine, "hello")
+
+
+def test_inspect_prepare_with_auto_writes_the_entry_an_auto_start_maps(tmp_path):
+    import json
+    import subprocess
+    import sys
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    env = dict(os.environ, KTD_MODEL__WEIGHTS_CACHE=str(cache), KTD_MODEL__THREADS="1", KTD_MODEL__WEIGHTS_MAP="auto")
+    out = subprocess.run([sys.executable, "-m", "ktd", "inspect", str(path), "--prepare", "--json"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    p = json.loads(out.stdout)["prepare"]
+    assert p["weights_map"] == "arena" and p["weights_cache"]["state"] == "written"
+    e = Engine.open(str(path), n_ctx=32, threads=1, pin=False, weights_cache=str(cache), weights_map="auto")
+    assert e.model.cache["state"] == "hit" and e.cache_builder is None

@@ -43,6 +43,8 @@ def _prepare(path: str, config_path: str | None) -> dict:
     except ktd_config.ConfigError as e:
         raise UserError(str(e)) from None
     placement = placement_options(cfg)
+    if placement["weights_map"] == "auto":  # prepare the entry an auto start maps (a miss would serve the file)
+        placement["weights_map"] = "arena"
     cache_dir, why_off = weights_cache.prepare_dir(placement.pop("weights_cache"))
     loading = _native.LoadProgress()
     reporter = _ProgressReporter(loading, _progress_bar) if sys.stderr.isatty() else None
