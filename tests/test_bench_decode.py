@@ -216,3 +216,19 @@ def test_weights_map_option_reaches_the_engine(weights_map, tmp_path, capsys):
     (row,) = json.loads(out.read_text())
     assert row["weights_map"] == weights_map and row["tokens"] == 2
     assert f"weights_map {weights_map}: decode" in capsys.readouterr().out
+
+
+def test_weights_map_pair_bench_on_a_tiny_model(tmp_path, capsys):
+    """python -m ktd.bench.weights_map: both maps really loaded (each model's own memory report),
+    every step timed, the ratio the two medians'."""
+    from ktd.bench import weights_map as W
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    out = tmp_path / "wm.json"
+    assert W.main([str(path), "--steps", "3", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["weights_map"] == {"arena": "arena", "gguf": "gguf"} and row["steps"] == 3
+    c = row["cpu_ms_per_step"]
+    assert c["arena"] > 0 and c["gguf"] > 0
+    assert row["gguf_over_arena"] == pytest.approx(c["gguf"] / c["arena"], rel=1e-2)
+    assert "gguf/arena" in capsys.readouterr().out
+    assert W.main(["no-such-model.gguf", "--out", str(out)]) == 1
