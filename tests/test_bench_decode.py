@@ -204,3 +204,31 @@ def test_compare_pairs_rows_by_model_and_threads(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert B.main(["no-such-model.gguf", "--compare", str(bad), "--out", str(tmp_path / "x.json")]) == 1
+
+
+@pytest.mark.parametrize("weights_map", ["arena", "gguf"])
+def test_weights_map_option_reaches_the_engine(weights_map, tmp_path, capsys):
+    """--weights-map: the load the decode runs on uses that map (the engine's own memory report)."""
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    out = tmp_path / "decode.json"
+    assert B.main([str(path), "--threads", "1", "--tokens", "2", "--weights-map", weights_map,
+                   "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["weights_map"] == weights_map and row["tokens"] == 2
+    assert f"weights_map {weights_map}: decode" in capsys.readouterr().out
+
+
+def test_weights_map_pair_bench_on_a_tiny_model(tmp_path, capsys):
+    """python -m ktd.bench.weights_map: both maps really loaded (each model's own memory report),
+    every step timed, the ratio the two medians'."""
+    from ktd.bench import weights_map as W
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    out = tmp_path / "wm.json"
+    assert W.main([str(path), "--steps", "3", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["weights_map"] == {"arena": "arena", "gguf": "gguf"} and row["steps"] == 3
+    c = row["cpu_ms_per_step"]
+    assert c["arena"] > 0 and c["gguf"] > 0
+    assert row["gguf_over_arena"] == pytest.approx(c["gguf"] / c["arena"], rel=1e-2)
+    assert "gguf/arena" in capsys.readouterr().out
+    assert W.main(["no-such-model.gguf", "--out", str(out)]) == 1

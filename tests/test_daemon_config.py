@@ -133,7 +133,8 @@ def test_numa_and_memory_keys_reach_the_engine_options():
                     environ={"KTD_NUMA__DENSE": "replicate"})
     assert placement_options(c) == {"nodes": [1], "smt": True, "hugepages": "off", "hugetlb_page_size": 1 << 30,
                                     "mlock": True, "numa_experts": "off", "numa_dense": "replicate",
-                                    "weights_cache": "/srv/ktd-cache", "cache_map": True}
+                                    "weights_cache": "/srv/ktd-cache", "cache_map": True,
+                                    "weights_map": "arena"}
     assert placement_options(config.Config())["numa_experts"] == "shard"
     # Unquoted `off` is YAML 1.1 false; quoted it is the string: both mean the choice "off".
     assert config.load(text='numa:\n  experts: "off"\n', environ={}).numa.experts == "off"

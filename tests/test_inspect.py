@@ -299,3 +299,33 @@ def test_memory_plan_arena_bytes_match_the_load(tmp_path, wtype, variant):
     plan = inspect_model(str(path))["memory_plan"]
     model = _native.Model(str(path), n_threads=1, allow_repack=True)
     assert (plan["arena_copied_weights"], plan["arena_repacked_weights"]) == (model.copied_bytes, model.repacked_bytes)
+
+
+@pytest.mark.parametrize("wtype,variant", [("Q8_0", None), ("F16", "tied"), ("Q4_0", None)])
+def test_memory_plan_weights_map_gguf_matches_the_load(tmp_path, wtype, variant):
+    """model.weights_map: gguf: the plan's bytes served from the file and copied are what the native
+    load serves (memory file_bytes) and copies, and nothing is repacked; the text says so."""
+    from ktd import _native
+    from models.tiny_dense import make_model
+    path = make_model("qwen2", tmp_path / f"q2-{wtype}-{variant}.gguf", wtype=wtype, variant=variant)
+    report = inspect_model(str(path), weights_map="gguf")
+    plan = report["memory_plan"]
+    model = _native.Model(str(path), n_threads=1, weights_map="gguf")
+    assert plan["weights_map"] == "gguf" and model.memory["weights_map"] == "gguf"
+    assert (plan["file_served_weights"], plan["arena_copied_weights"], plan["arena_repacked_weights"]) == \
+        (model.memory["file_bytes"], model.copied_bytes, model.repacked_bytes)
+    assert plan["file_served_weights"] > 0
+    text = render(report)
+    assert "model.weights_map: gguf" in text and "served from file" in text and "weights arena" not in text
+    arena = inspect_model(str(path), weights_map="arena")
+    assert arena["memory_plan"]["file_served_weights"] == 0 and "weights arena" in render(arena)
+
+
+def test_inspect_cli_takes_weights_map_from_config(tmp_path):
+    from models.tiny_dense import make_model
+    path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    cfg = tmp_path / "ktd.yaml"
+    cfg.write_text("model:\n  weights_map: gguf\n")
+    out = run_ktd("inspect", str(path), "--config", str(cfg), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["memory_plan"]["weights_map"] == "gguf"

@@ -59,14 +59,15 @@ def test_status_line():
 
 def test_status_document():
     info = {"name": "m", "isa": "avx2", "threads": 8, "numa": {"nodes": []},
-            "memory": {"hugepages": {"kind": "thp"}}}
+            "memory": {"hugepages": {"kind": "thp"}, "weights_map": "gguf", "file_mapped_bytes": 5}}
     doc = instrument.status_document(FACTS, pid=42, info=info, stats=STATS, n_ctx=4096,
                                      prefill_tokens_per_step=256, limits=protocol.Limits(max_tokens=7),
                                      process_memory={"Rss": 1}, system_memory={"MemTotal": 2}, affinity=16)
     assert doc["server"]["pid"] == 42 and doc["server"]["uptime_s"] == 12.346
     assert doc["server"]["socket_activated"] and doc["server"]["connections"] == 3
     assert doc["scheduler"] == {**STATS, "n_ctx": 4096, "prefill_tokens_per_step": 256}
-    assert doc["memory"] == {"process": {"Rss": 1}, "system": {"MemTotal": 2}, "hugepages": {"kind": "thp"}}
+    assert doc["memory"] == {"process": {"Rss": 1}, "system": {"MemTotal": 2}, "hugepages": {"kind": "thp"},
+                             "weights_map": "gguf", "file_mapped_bytes": 5}
     assert doc["cpu"] == {"affinity": 16, "isa": "avx2", "threads": 8, "numa": {"nodes": []}}
     assert doc["limits"]["max_tokens"] == 7 and doc["model"] is info
 

@@ -69,6 +69,16 @@ class ModelConfig:
                                    "where the kernel has them: no copy) rather than reading it into fresh "
                                    "pages; one NUMA node, no mlock, no reserved huge pages (else read)",
                                    kind="bool")
+    weights_map: str = _key("arena", "where the forward reads the weight matrices: arena (repacked into "
+                            "memory of ktd's own at load, or mapped from the weights cache: the fastest "
+                            "decode) or gguf (served in the file's plain layout straight from its page "
+                            "cache, as llama.cpp's mmap: nothing prepared, the first start is about a read "
+                            "of the file, decode slower where a type repacks; one NUMA node, else arena "
+                            "with the reason logged; no weights cache) or auto (arena when the weights "
+                            "cache has the entry, else gguf at once while a background process, nice 19 "
+                            "and SCHED_IDLE, prepares the entry for the next start; arena without a cache "
+                            "or on several NUMA nodes)",
+                            kind="choice", choices=("arena", "gguf", "auto"))
 
 
 @dataclass(frozen=True)
@@ -393,7 +403,19 @@ def load(path: str | None = None, *, text: str | None = None,
         raw = _parse_env_value(name, text_value)
         values[section][key] = _convert(f"{section}.{key}", fields[key].metadata, raw,
                                         f"environment {name}")
-    return Config(**{s: SECTIONS[s](**values[s]) for s in SECTIONS})
+    cfg = Config(**{s: SECTIONS[s](**values[s]) for s in SECTIONS})
+    _check_combinations(cfg, source)
+    return cfg
+
+
+def _check_combinations(cfg: Config, source: str) -> None:
+    """Keys valid one by one that cannot hold together."""
+    mc = cfg.model
+    if mc.weights_map in ("gguf", "auto") and mc.hugepages == "hugetlb":
+        raise ConfigError(f"{source}: model.weights_map: {mc.weights_map} serves the weights from the model "
+                          "file's page cache (auto: until its entry is prepared), which reserved huge pages "
+                          "cannot back, but model.hugepages: hugetlb requires them (use hugepages: auto, thp "
+                          "or off, or weights_map: arena)")
 
 
 def live_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:

@@ -87,6 +87,8 @@ class Engine:
         # The GPU decision of the load (ktd.gpu; None: opened without one, i.e. CPU only) and the
         # hybrid backend's transfer counters as of the last snapshot (info() must not lock).
         self.gpu: Any = None
+        # weights_map: auto, a cache miss: the process preparing the entry (ktd.cache_builder).
+        self.cache_builder: Any = None
         self._hybrid_snapshot: dict[str, int] | None = None
 
     @classmethod
@@ -133,8 +135,15 @@ class Engine:
         weights_cache.log_load(cache, cache_off)
         if cache["state"] == "writing":
             weights_cache.log_when_written(model)
+        builder = None
+        if cache["state"] == "absent":  # weights_map: auto, a miss: served from the file meanwhile
+            from ktd import cache_builder
+            builder = cache_builder.spawn(path, cache_dir, threads, {"allow_repack": allow_repack, **placement})
+            cache_builder.watch(builder, cache["path"])
         context = _native.Context(model, n_ctx, n_seq_max + cache_slots, n_batch)
-        return cls(model, context, tokenizer, path, cache_slots)
+        engine = cls(model, context, tokenizer, path, cache_slots)
+        engine.cache_builder = builder
+        return engine
 
     def info(self) -> dict[str, Any]:
         m = self.model
@@ -156,7 +165,8 @@ class Engine:
             "numa": numa_summary(m.memory),
             "memory": {"hugepages": {"kind": m.memory["page_kind"] or None,
                                      "page_size": int(m.memory["page_size"]),
-                                     "reason": m.memory["page_reason"]}},
+                                     "reason": m.memory["page_reason"]},
+                       **weights_map_summary(m.memory)},
             **({"experts": self._experts_summary()} if m.n_expert else {}),
             **({"gpu": self.gpu.summary(self._hybrid_snapshot)} if self.gpu is not None else {}),
         }
@@ -236,12 +246,12 @@ class Engine:
 
 def placement_options(config: Any) -> dict[str, Any]:
     """Engine.open's placement keywords from a ``ktd.config.Config``: model.numa_nodes, smt,
-    hugepages, hugepage_size, mlock, weights_cache, weights_cache_map and the numa section."""
+    hugepages, hugepage_size, mlock, weights_cache, weights_cache_map, weights_map and the numa section."""
     mc, nc = config.model, config.numa
     return {"nodes": list(mc.numa_nodes), "smt": mc.smt, "hugepages": mc.hugepages,
             "hugetlb_page_size": HUGETLB_PAGE_SIZES[mc.hugepage_size], "mlock": mc.mlock,
             "numa_experts": nc.experts, "numa_dense": nc.dense, "weights_cache": mc.weights_cache,
-            "cache_map": mc.weights_cache_map}
+            "cache_map": mc.weights_cache_map, "weights_map": mc.weights_map}
 
 
 def load(config: Any, progress: Progress) -> Engine:
@@ -304,10 +314,25 @@ _PAGE_KINDS = {
 }
 
 
+def weights_map_summary(mem: dict[str, Any]) -> dict[str, Any]:
+    """``status``'s view of model.weights_map: the map the load used, the bytes the forward reads
+    from the model file's mapping (gguf), and why not the requested map / which tensors were copied."""
+    return {"weights_map": mem["weights_map"], "file_mapped_bytes": int(mem["file_bytes"]),
+            "weights_map_note": mem["weights_map_note"], "file_copy_note": mem["file_copy_note"]}
+
+
 def log_memory(model: "_native.Model", hugepages: str = "auto") -> None:
     """One log line for the pages the prepared weights got and why, one for the NUMA layout
-    (several nodes), and a warning for each placement the kernel refused."""
+    (several nodes), and a warning for each placement the kernel refused; with model.weights_map:
+    gguf, what is served from the file (or why the arenas were used after all)."""
     mem = model.memory
+    if mem["weights_map"] == "gguf":
+        log.info("weights map: gguf: %s of matrices and token_embd served from the model file's mapping "
+                 "(its page cache; nothing repacked)", _size(int(mem["file_bytes"])))
+        if mem["file_copy_note"]:
+            log.warning("weights map: gguf: %s", mem["file_copy_note"])
+    elif mem["weights_map_note"]:
+        log.warning("weights map: %s", mem["weights_map_note"])
     if mem["page_kind"]:
         why = f"; not better because: {mem['page_reason']}" if mem["page_reason"] else ""
         log.info("weights memory (hugepages: %s): %s%s", hugepages,

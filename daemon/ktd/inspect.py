@@ -147,13 +147,17 @@ def _kv_bytes_per_token(arch: str | None, hp: dict[str, Any]) -> int | None:
     return n_layer * n_head_kv * (k_dim + v_dim) * 2
 
 
-def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: int, n_seq: int) -> dict[str, Any]:
+def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: int, n_seq: int,
+                weights_map: str = "arena") -> dict[str, Any]:
     """What loading the model takes: the file (mapped while loading, released after), the weights
     arena (tensors whose block type has a row-interleaved layout are repacked there at load, but
     an output head whose type streams faster plain at one row (kernels.gemv_plain) is not; the
     other matrices and token_embd's lookup rows copied as they are; a tied output head is a
     second copy of token_embd besides, repacked where the type repacks, plain otherwise), the KV
     cache, and the 2 MiB huge pages the arena would need.
+    ``weights_map`` (model.weights_map): with gguf the matrices and token_embd are served from the
+    file's mapping (``file_served_weights``) and the arena holds only those whose data is not aligned
+    as the plain kernels read them (copied; _native.plain_alignment), nothing repacked.
     Tensor types without kernels are listed: such a model fails at load."""
     from ktd import _native
 
@@ -176,11 +180,19 @@ def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: i
                 repacked += embd.nbytes
             else:  # kept plain: a copy of its own besides the lookup rows, as the load makes
                 copied += embd.nbytes
+    served = 0
+    if weights_map == "gguf":
+        weights = matrices + ([embd] if embd is not None else [])
+        aligned = [t for t in weights if t.offset % _native.plain_alignment(t.type_id) == 0]
+        served = sum(t.nbytes for t in aligned)
+        repacked, copied = 0, sum(t.nbytes for t in weights) - served
     unsupported = sorted({t.type_name for t in f.tensors.values() if t.type_name not in supported})
     kv_per_token = _kv_bytes_per_token(arch, hparams)
     hugepage = 2 << 20
     return {
         "mapped_file": f.file_size,
+        "weights_map": weights_map,
+        "file_served_weights": served,
         "arena_repacked_weights": repacked,
         "arena_copied_weights": copied,
         "arena_hugepages_2M": -(-(repacked + copied) // hugepage),
@@ -193,9 +205,11 @@ def memory_plan(f: GGUFFile, arch: str | None, hparams: dict[str, Any], n_ctx: i
 
 
 def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8, vram: int | None = None,
-                  gpu_experts: str | int = "none", gpu_layers: int = 0) -> dict[str, Any]:
+                  gpu_experts: str | int = "none", gpu_layers: int = 0,
+                  weights_map: str | None = None) -> dict[str, Any]:
     """Everything ``ktd inspect`` reports about a model file, as plain data; with ``vram`` (bytes)
-    also the hybrid CPU + GPU placement plan (ktd.placement)."""
+    also the hybrid CPU + GPU placement plan (ktd.placement). ``weights_map``: the memory plan's
+    model.weights_map (None: the default configuration's, with its KTD_* overrides)."""
     f = GGUFFile(path, willneed=False)  # header only: no readahead of the weights
     arch = _get_str(f, "general.architecture")
 
@@ -243,7 +257,13 @@ def inspect_model(path: str, *, n_ctx: int = 4096, n_seq: int = 8, vram: int | N
         },
         "bytes_per_token": bytes_per_token(f, arch, classes),
     }
-    report["memory_plan"] = memory_plan(f, arch, hparams, n_ctx, n_seq)
+    if weights_map is None:
+        from ktd import config as ktd_config
+        try:
+            weights_map = ktd_config.load(None).model.weights_map
+        except ktd_config.ConfigError:
+            weights_map = "arena"
+    report["memory_plan"] = memory_plan(f, arch, hparams, n_ctx, n_seq, weights_map)
     if vram is not None:
         from ktd.placement import hybrid_plan
         report["hybrid_plan"] = hybrid_plan(f.tensors, classes, report["bytes_per_token"]["n_expert"],
@@ -350,10 +370,19 @@ def render(r: dict[str, Any]) -> str:
     if "memory_plan" in r:
         p = r["memory_plan"]
         lines.append("memory plan")
-        lines.append(f"  model file         {_size(p['mapped_file'])} (read while loading, page cache)")
-        lines.append(f"  weights arena      {_size(p['arena_repacked_weights'])} repacked at load + "
-                     f"{_size(p['arena_copied_weights'])} copied "
-                     f"({p['arena_hugepages_2M']} huge pages of 2 MiB for hugepages: hugetlb)")
+        if p.get("weights_map") == "gguf":
+            lines.append(f"  model file         {_size(p['mapped_file'])} (mapped while serving, page cache; "
+                         f"model.weights_map: gguf)")
+            lines.append(f"  served from file   {_size(p['file_served_weights'])} of matrices and token_embd, "
+                         f"plain layout, nothing repacked")
+            if p["arena_copied_weights"]:
+                lines.append(f"  copied             {_size(p['arena_copied_weights'])} (data not aligned as the "
+                             f"plain kernels read it)")
+        else:
+            lines.append(f"  model file         {_size(p['mapped_file'])} (read while loading, page cache)")
+            lines.append(f"  weights arena      {_size(p['arena_repacked_weights'])} repacked at load + "
+                         f"{_size(p['arena_copied_weights'])} copied "
+                         f"({p['arena_hugepages_2M']} huge pages of 2 MiB for hugepages: hugetlb)")
         if p["kv_cache"] is not None:
             lines.append(f"  KV cache (F16)     {_size(p['kv_cache'])} for {p['n_seq_max']} slots x {p['n_ctx']} tokens "
                          f"({_size(p['kv_bytes_per_token'])} per token)")

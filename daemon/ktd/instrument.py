@@ -92,7 +92,10 @@ def status_document(server: ServerFacts, *, pid: int, info: Mapping[str, Any], s
         "model": info,
         "scheduler": {**stats, "n_ctx": n_ctx, "prefill_tokens_per_step": prefill_tokens_per_step},
         "memory": {"process": process_memory, "system": system_memory,
-                   "hugepages": (info.get("memory") or {}).get("hugepages")},
+                   "hugepages": (info.get("memory") or {}).get("hugepages"),
+                   # model.weights_map as loaded, and the bytes served from the model file's mapping
+                   "weights_map": (info.get("memory") or {}).get("weights_map"),
+                   "file_mapped_bytes": (info.get("memory") or {}).get("file_mapped_bytes")},
         "cpu": {"affinity": affinity, "isa": info.get("isa"), "threads": info.get("threads"),
                 "numa": info.get("numa")},
         "gpu": info.get("gpu") or {"backend": "cpu", "device": None},

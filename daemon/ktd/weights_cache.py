@@ -67,6 +67,10 @@ def log_load(cache: dict[str, Any], why_off: str = "") -> None:
     elif state == "writing":
         log.info("prepared-weights cache: %swriting %s in the background",
                  f"rebuilding ({reason}), " if reason else "", cache["path"])
+    elif state == "absent":
+        log.info("prepared-weights cache: no entry (%s); weights_map: auto serves from the model file now and "
+                 "prepares %s in a background process (nice 19, SCHED_IDLE) for the next start", reason or "miss",
+                 cache["path"])
     elif state == "hit":
         log.info("prepared-weights cache: read %s%s in %.2f s from %s", size,
                  " (mapped: the page cache's pages, not copied)" if cache.get("mapped") else "", cache["seconds"],

@@ -1,6 +1,7 @@
 """Decode as % of the DRAM read ceiling, measured fairly on a shared, noisy machine.
 
-    python -m ktd.bench.decode MODEL [--threads 1 2] [--tokens 32] [--out bench/results/decode.json]
+    python -m ktd.bench.decode MODEL [--threads 1 2] [--tokens 32] [--weights-map arena|gguf]
+                               [--out bench/results/decode.json]
 
 Each decode step (one single-token forward + the greedy argmax, as ``ktd.bench.e2e``'s tg) is
 followed by one read-bandwidth measurement over a buffer of the model's bytes per token
@@ -190,8 +191,10 @@ def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_
     }
 
 
-def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False) -> dict[str, Any]:
-    """Interleaved decode steps and bandwidth passes on one model and thread count."""
+def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
+            weights_map: str = "arena") -> dict[str, Any]:
+    """Interleaved decode steps and bandwidth passes on one model and thread count (``weights_map``:
+    model.weights_map, arena = the repacked layout, gguf = the file's plain rows)."""
     from ktd import _native
     from ktd.engine import Engine
     from ktd.inspect import inspect_model
@@ -199,7 +202,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False) 
     if tokens < 1 or threads < 1:
         raise ValueError("tokens and threads must be >= 1")
     bpt = int(inspect_model(path)["bytes_per_token"]["total"])
-    eng = Engine.open(path, n_ctx=PROMPT_TOKENS + tokens + 1, n_seq_max=1, threads=threads)
+    eng = Engine.open(path, n_ctx=PROMPT_TOKENS + tokens + 1, n_seq_max=1, threads=threads, weights_map=weights_map)
     # A fixed prompt of ordinary token ids; what is generated does not change the bytes read.
     prompt = np.arange(100, 100 + PROMPT_TOKENS)
     n = len(prompt)
@@ -220,6 +223,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False) 
         cpu += time.process_time() - c0
         bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1))
     result = {"model": os.path.basename(path), "threads": threads, "bytes_per_token": bpt,
+              "weights_map": eng.model.memory["weights_map"],
               **summarize(steps, bws, bpt), **machine_info(bpt),
               "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
     if with_breakdown:
@@ -285,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="decode steps (each followed by a bandwidth pass)")
     ap.add_argument("--breakdown", action="store_true",
                     help="time every block of the forward and print where a step's time goes")
+    ap.add_argument("--weights-map", choices=("arena", "gguf"), default="arena",
+                    help="model.weights_map: arena (repacked, the default) or gguf (the file's plain rows)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/decode.json"))
     ap.add_argument("--compare", type=Path, metavar="BEFORE.json",
                     help="also print this run against an earlier results file (before/after, per block)")
@@ -311,9 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = []
     for t in args.threads:
-        r = measure(path, t, args.tokens, args.breakdown)
+        r = measure(path, t, args.tokens, args.breakdown, args.weights_map)
         rows.append(r)
-        print(f"{r['model']} {t} thread(s): decode {r['tokens_per_s']:.2f} tok/s = "
+        print(f"{r['model']} {t} thread(s), weights_map {r['weights_map']}: decode {r['tokens_per_s']:.2f} tok/s = "
               f"{r['decode_bytes_per_s'] / 1e9:.2f} GB/s, read bandwidth {r['median_read_bandwidth_bytes_per_s'] / 1e9:.2f}"
               f" GB/s (medians of {r['tokens']} interleaved pairs): {r['pct_of_ceiling']:.1f}% of the ceiling",
               flush=True)

@@ -16,6 +16,8 @@ exist), each measured as a fresh process, page cache warm (one untimed ``cat`` f
              entry and serves from it
 - ``warm``   the same with the cache in ``--cache-dir`` (a directory of its own, filled by one
              untimed run first): every later start
+- ``gguf``   the same with ``model.weights_map: gguf`` (``KTD_MODEL__WEIGHTS_MAP=gguf``): the
+             matrices served from the file's own mapping, nothing prepared (no cache either)
 - ``before`` (``--baseline DIR``: a checkout of the code before this work, built in place) its
              ``ktd run`` with ``PYTHONPATH=DIR/daemon``, the cold command's pair
 
@@ -23,8 +25,8 @@ The commands run alternately, ``--reps`` rounds, so that a change of the machine
 all of them alike; each row reports the best round's wall time and the user+system CPU time of
 that run (``wait4``'s rusage: on a shared machine CPU time is the steadier figure), and the load
 average is printed before and after. The targets the issue sets: warm ≤ 1.5 × cat + import
-(``warm_target``), cold and first ≥ 2× faster than before this work (measured alongside with
-``--baseline``, otherwise the issue's figures or ``--before FILE=SECONDS``).
+(``warm_target``), cold, first (and gguf) ≥ 2× faster than before this work (measured alongside
+with ``--baseline``, otherwise the issue's figures or ``--before FILE=SECONDS``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def measure(model: str, reps: int, threads: int, cache_dir: str, first: FreshCac
         "cold": (run_cmd(model, threads), env_cold),
         "first": (run_cmd(model, threads), env_first),
         "warm": (run_cmd(model, threads), env_warm),
+        "gguf": (run_cmd(model, threads), {**env_cold, "KTD_MODEL__WEIGHTS_MAP": "gguf"}),
     }
     if baseline:
         cmds["before"] = (run_cmd(model, threads), {**env_cold, "PYTHONPATH": os.path.join(baseline, "daemon")})
@@ -180,8 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     src = f"measured alongside: {args.baseline}" if args.baseline else "the issue's figures"
     print(f"| file | cat | import | cold (cache off) | first (cache on, no entry) | warm (cache) | "
-          f"warm target 1.5×cat+import | before ({src}) | cold vs before | first vs before |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"gguf (weights_map: gguf) | warm target 1.5×cat+import | before ({src}) | cold vs before | "
+          f"first vs before | gguf vs before |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         def cell(k: str) -> str:
             return f"{r[k]['wall_s']:.2f} s ({r[k]['cpu_s']:.2f} CPU)"
@@ -190,9 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return f"{r['before_s'] / r[k]['wall_s']:.2f}×" if r.get("before_s") else "-"
         bef = cell("before") if "before" in r else (f"{r['before_s']:.2f} s" if r.get("before_s") else "-")
         print(f"| {os.path.basename(r['model'])} ({r['bytes'] / 1e9:.1f} GB) | {cell('cat')} | {cell('import')} | "
-              f"{cell('cold')} | {cell('first')} | {cell('warm')} | {r['warm_target_s']:.2f} s "
+              f"{cell('cold')} | {cell('first')} | {cell('warm')} | {cell('gguf')} | {r['warm_target_s']:.2f} s "
               f"({'met' if r['warm']['wall_s'] <= r['warm_target_s'] else 'not met'}) | {bef} | {vs('cold')} | "
-              f"{vs('first')} |")
+              f"{vs('first')} | {vs('gguf')} |")
     print(f"\nload average before/after each file: {'; '.join('/'.join(r['loadavg']) for r in rows)}")
     write_results({"cpu": cpu_model(), "threads": args.threads, "reps": args.reps, "baseline": args.baseline,
                    "rows": rows}, args.out)

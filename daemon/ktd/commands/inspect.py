@@ -23,8 +23,8 @@ def register(sub) -> None:
     p.add_argument("--prepare", action="store_true",
                    help="also load the model (placement and model.weights_cache from --config) and "
                         "write its prepared-weights cache entry; reports what the load did")
-    p.add_argument("--config", metavar="FILE", default=None, help="ktd.yaml for --prepare (default: built-in "
-                   "defaults with KTD_* overrides)")
+    p.add_argument("--config", metavar="FILE", default=None, help="ktd.yaml for --prepare and the memory "
+                   "plan's model.weights_map (default: built-in defaults with KTD_* overrides)")
     p.set_defaults(func=run)
 
 
@@ -43,6 +43,8 @@ def _prepare(path: str, config_path: str | None) -> dict:
     except ktd_config.ConfigError as e:
         raise UserError(str(e)) from None
     placement = placement_options(cfg)
+    if placement["weights_map"] == "auto":  # prepare the entry an auto start maps (a miss would serve the file)
+        placement["weights_map"] = "arena"
     cache_dir, why_off = weights_cache.prepare_dir(placement.pop("weights_cache"))
     loading = _native.LoadProgress()
     reporter = _ProgressReporter(loading, _progress_bar) if sys.stderr.isatty() else None
@@ -54,7 +56,9 @@ def _prepare(path: str, config_path: str | None) -> dict:
             reporter.stop()
             sys.stderr.write("\r\x1b[K")
     return {"seconds": round(time.perf_counter() - t0, 3), "repacked_bytes": int(model.repacked_bytes),
-            "copied_bytes": int(model.copied_bytes), "weights_cache": {**model.cache, "why_off": why_off}}
+            "copied_bytes": int(model.copied_bytes), "weights_cache": {**model.cache, "why_off": why_off},
+            "weights_map": model.memory["weights_map"], "file_mapped_bytes": int(model.memory["file_bytes"]),
+            "weights_map_note": model.memory["weights_map_note"]}
 
 
 def run(args) -> int:
@@ -73,9 +77,16 @@ def run(args) -> int:
             experts = int(experts)
     except ValueError as e:
         raise UserError(f"inspect: {e}") from None
+    weights_map = None  # the default configuration's
+    if args.config:
+        from ktd import config as ktd_config
+        try:
+            weights_map = ktd_config.load(args.config).model.weights_map
+        except ktd_config.ConfigError as e:
+            raise UserError(str(e)) from None
     try:
         report = inspect_model(args.model, n_ctx=args.n_ctx, n_seq=args.n_seq, vram=vram, gpu_experts=experts,
-                               gpu_layers=args.gpu_layers)
+                               gpu_layers=args.gpu_layers, weights_map=weights_map)
     except ValueError as e:
         if type(e) is not ValueError:   # GGUFError and friends keep their own handling
             raise
@@ -90,7 +101,11 @@ def run(args) -> int:
         p, c = report["prepare"], report["prepare"]["weights_cache"]
         mib = 1 << 20
         print(f"prepared    in {p['seconds']:.2f} s: {p['repacked_bytes'] / mib:.1f} MiB repacked, "
-              f"{p['copied_bytes'] / mib:.1f} MiB copied")
+              f"{p['copied_bytes'] / mib:.1f} MiB copied"
+              + (f", {p['file_mapped_bytes'] / mib:.1f} MiB served from the file (weights_map: gguf)"
+                 if p["weights_map"] == "gguf" else ""))
+        if p["weights_map_note"]:
+            print(f"weights map  {p['weights_map_note']}")
         what = {"hit": "read from", "written": "written to"}.get(c["state"], c["state"])
         detail = c["path"] if c["state"] in ("hit", "written") else (c["reason"] or c["why_off"])
         print(f"weights cache  {what} {detail}" + (f" ({c['reason']})" if c["state"] == "written" and c["reason"]

@@ -59,6 +59,10 @@ py::dict memory_dict(const Model &x) {
     d["page_kind"] = l.page_kind;
     d["page_size"] = l.page_size;
     d["page_reason"] = l.page_reason;
+    d["weights_map"] = l.weights_map;
+    d["weights_map_note"] = l.weights_map_note;
+    d["file_bytes"] = l.file_bytes;
+    d["file_copy_note"] = l.file_copy_note;
     return d;
 }
 
@@ -234,13 +238,25 @@ static void bind_weights_cache(py::module_ &m) {
 }
 
 static void bind_model_class(py::module_ &m) {
+    m.def(
+        "plain_alignment",
+        [](uint32_t type_id) {
+            const auto info = ggml_type_info(type_id);
+            if (!info) throw std::invalid_argument("unknown GGML type id " + std::to_string(type_id));
+            return plain_alignment(info->type);
+        },
+        py::arg("type_id"),
+        "Bytes a tensor's data must be aligned to for model.weights_map: gguf to serve it from the file's mapping "
+        "(the plain kernels' block alignment); less aligned, it is copied");
+
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A loaded GGUF model (weights checked and prepared)")
         .def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack, std::vector<int> nodes,
                          bool smt, const std::string &sysfs_root, std::vector<int> affinity,
                          const std::string &hugepages, size_t hugetlb_page_size, bool mlock,
                          const std::string &numa_experts, const std::string &numa_dense,
                          const std::string &cache_dir, std::shared_ptr<LoadProgress> progress,
-                         bool cache_write_background, bool cache_map, bool cache_direct) {
+                         bool cache_write_background, bool cache_map, bool cache_direct,
+                         const std::string &weights_map) {
                  ModelOptions o;
                  o.n_threads = n_threads;
                  o.pin = pin;
@@ -264,6 +280,12 @@ static void bind_model_class(py::module_ &m) {
                  o.cache_write_background = cache_write_background;
                  o.cache_map = cache_map;
                  o.cache_direct = cache_direct;
+                 if (weights_map != "arena" && weights_map != "gguf" && weights_map != "auto")
+                     throw std::invalid_argument("weights_map must be 'arena', 'gguf' or 'auto', got '" + weights_map +
+                                                 "'");
+                 o.weights_map = weights_map == "gguf"   ? WeightsMap::Gguf
+                                 : weights_map == "auto" ? WeightsMap::Auto
+                                                         : WeightsMap::Arena;
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
@@ -273,7 +295,7 @@ static void bind_model_class(py::module_ &m) {
              py::arg("hugetlb_page_size") = kPage2M, py::arg("mlock") = false, py::arg("numa_experts") = "shard",
              py::arg("numa_dense") = "interleave", py::arg("cache_dir") = "",
              py::arg("progress") = std::shared_ptr<LoadProgress>(), py::arg("cache_write_background") = false,
-             py::arg("cache_map") = true, py::arg("cache_direct") = true)
+             py::arg("cache_map") = true, py::arg("cache_direct") = true, py::arg("weights_map") = "arena")
         .def_static("supported_archs", &Model::supported_archs)
         .def_static(
             "tensor_classes",
@@ -330,14 +352,18 @@ static void bind_model_class(py::module_ &m) {
                 return d;
             },
             "What the load did with the prepared-weights cache: path (of the entry), state (off, hit, "
-            "writing (in the background), written, not written), reason (why an existing entry was not used, or why none was written), "
+            "writing (in the background), written, not written, absent (weights_map: auto, a miss: served from the "
+            "model file, the entry left to a background builder)), reason (why an existing entry was not used, or why none was written), "
             "bytes (of the entry), seconds (reading or writing it), mapped (a hit: the entry's pages mapped into "
             "the arenas rather than read into fresh ones), direct (written: the weights were prepared straight into "
             "the entry's pages, which the model serves from)")
         .def_property_readonly(
             "memory", &memory_dict,
             "Where the weights went: NUMA nodes (pool order) with their routed-expert bytes and "
-            "binding, the dense policy, the arenas' page kind and why better ones were not used")
+            "binding, the dense policy, the arenas' page kind and why better ones were not used; "
+            "weights_map (arena or gguf, as loaded) with weights_map_note (why not the requested one), "
+            "file_bytes (gguf: matrix and token_embd bytes served from the file's mapping) and "
+            "file_copy_note (gguf: the tensors copied instead, and why)")
         .def("_expert_slice_ranges", &expert_slice_ranges,
              py::arg("layer"), py::arg("which"),
              "Test hook: per expert the parts of a routed-expert stack as (address, bytes, first row, rows)")

@@ -50,6 +50,11 @@ struct Matrix {
 constexpr int64_t kNumaRowAlign = kRowBlock;
 std::pair<int64_t, int64_t> numa_slice_rows(int64_t rows, int n_slice, int s);
 
+// weights_map: gguf serves a tensor from the file's mapping when its data is aligned to this
+// (bytes) for type t, and copies it otherwise. GGUF data is aligned to general.alignment (32
+// unless the file says otherwise; the format allows 1).
+size_t plain_alignment(GGMLType t);
+
 // A 3-D GGUF tensor ne = {k, rows, n_mat}: a stack of n_mat matrices [rows][k] (the experts of a
 // layer, or deepseek2's per-head attn_k_b/attn_v_b), each prepared on its own so one matrix is one
 // contiguous stream.
@@ -126,6 +131,17 @@ class Context;
 // the memory).
 enum class NumaDense { Interleave, Replicate };
 
+// Where the matrices a forward reads live (model.weights_map). Arena: repacked (or copied) into
+// the weights arenas at load, or mapped from a prepared-weights cache entry; the file is unmapped
+// after the load. Gguf: served in their plain GGUF layout straight from the file's read-only
+// mapping (its pages are the page cache: nothing is repacked, copied or zeroed at load; the plain
+// kernels decode slower where the type has a repacked layout). One NUMA node only: on several the
+// load falls back to Arena and MemoryLayout::weights_map_note says why. Auto: Arena when the
+// weights cache has the entry (a hit), Gguf on a miss (cache state "absent": the entry is left
+// to someone else to prepare, e.g. the daemon's background builder); Arena without a cache or on
+// several nodes.
+enum class WeightsMap { Arena, Gguf, Auto };
+
 struct ModelOptions {
     int n_threads = 0;       // 0: one per physical core
     bool pin = true;
@@ -160,6 +176,8 @@ struct ModelOptions {
     // own pages, which the model then serves from (WeightsCacheWriter); false: prepared into
     // anonymous arenas and written after the load (as where mapping is not possible).
     bool cache_direct = true;
+    // Gguf: the matrices and token_embd are served from the GGUF mapping (no arena, no cache).
+    WeightsMap weights_map = WeightsMap::Arena;
 };
 
 // Where the weights went, for the load log and status. nodes: the pool's NUMA nodes, in slice
@@ -184,6 +202,13 @@ struct MemoryLayout {
     std::string page_kind;        // arena_kind_name of the dense arena ("" when no arena)
     size_t page_size = 0;         // its page size, bytes
     std::string page_reason;      // why better page kinds were not used ("" when the first choice worked)
+    // The weights map the load used ("arena" or "gguf"; the requested one unless weights_map_note
+    // says why not), the bytes of matrices and token_embd served from the file's mapping (gguf),
+    // and which tensors gguf copied rather than served, and why ("" when none).
+    std::string weights_map = "arena";
+    std::string weights_map_note;
+    uint64_t file_bytes = 0;
+    std::string file_copy_note;
 };
 
 class Model {

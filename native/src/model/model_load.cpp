@@ -2,6 +2,7 @@
 // architecture's tensor table checked against the file → the memory plan → the weights arenas →
 // every tensor loaded (vectors dequantized, matrices prepared for the kernels: repacked into an
 // arena, one copy per node, or cut into per-node row slices for routed experts).
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <thread>
 #include <type_traits>
 #include <variant>
@@ -136,6 +138,15 @@ std::shared_ptr<Arena> open_placed_arena(size_t bytes, ArenaOptions o, std::stri
 
 }  // namespace
 
+
+// The plain kernels and dequantize_row read blocks through the block struct (alignof 2, or 4
+// where it holds a float) and F32/F16 through their element type: the power of two that divides
+// the block's byte size, up to 4 (sizeof is a multiple of alignof). Rows start at multiples of
+// the row size, so a tensor whose data is aligned so has every row aligned.
+size_t plain_alignment(GGMLType t) {
+    const uint32_t ts = ggml_type_info(t).type_size;
+    return std::min<size_t>(size_t(ts & (~ts + 1)), 4);
+}
 
 std::pair<int64_t, int64_t> numa_slice_rows(int64_t rows, int n_slice, int s) {
     if (n_slice <= 1) return {0, rows};
@@ -303,8 +314,11 @@ class WeightLoader {
 public:
     // attach: the arenas already hold every prepared byte (read from the cache): the same
     // allocations, nothing read from the file but the vectors, nothing written.
-    WeightLoader(Model &m, const ModelOptions &opts, const Arenas &arenas, bool shard, bool replicate, bool attach)
-        : m_(m), f_(m.file_), opts_(opts), a_(arenas), shard_(shard), replicate_(replicate), fill_(!attach) {}
+    // gguf: every matrix and token_embd served from the file's mapping (no arenas, see serve()).
+    WeightLoader(Model &m, const ModelOptions &opts, const Arenas &arenas, bool shard, bool replicate, bool attach,
+                 bool gguf = false)
+        : m_(m), f_(m.file_), opts_(opts), a_(arenas), shard_(shard), replicate_(replicate), fill_(!attach),
+          gguf_(gguf) {}
 
     void load(const TensorUse &u) {
         const GGUFTensorInfo &t = *u.t;
@@ -330,6 +344,21 @@ public:
         const HParams &hp = m_.hp_;
         w.token_embd = f_.find_tensor("token_embd.weight");
         w.token_embd_tk = &kernels_or_throw(*w.token_embd);
+        if (gguf_) {
+            // The lookup reads its rows where the file has them (a copy only if misaligned).
+            const std::shared_ptr<const void> keep = served(*w.token_embd, f_.tensor_data(*w.token_embd),
+                                                            size_t(w.token_embd->nbytes));
+            w.token_embd_data = static_cast<const uint8_t *>(keep ? keep.get() : f_.tensor_data(*w.token_embd));
+            w.token_embd_storage = keep;
+            if (w.output) return;
+            const TypeKernels &tk = matmul_kernels_or_throw(*w.token_embd, "token_embd.weight (tied output)");
+            w.output.info = w.token_embd;
+            // The same rows as the lookup's (served, or copied, once).
+            w.output.pw = prepare_weights(nullptr, tk, w.token_embd_data, row_bytes(*w.token_embd), hp.n_vocab,
+                                          hp.n_embd, false, nullptr);
+            w.output.pw.storage = keep;
+            return;
+        }
         void *embd = a_.dense->alloc(size_t(w.token_embd->nbytes), kPreparedAlign);
         if (fill_) parallel_copy(m_.pool_.get(), embd, f_.tensor_data(*w.token_embd), size_t(w.token_embd->nbytes));
         m_.copied_bytes_ += w.token_embd->nbytes;
@@ -352,6 +381,10 @@ private:
     void load_matrix(Matrix &mat, const GGUFTensorInfo &t, TensorClass cls) {
         const TypeKernels &tk = matmul_kernels_or_throw(t, t.name);
         mat.info = &t;
+        if (gguf_) {
+            mat.pw = serve(tk, t, f_.tensor_data(t), row_bytes(t), int64_t(t.ne[1]), int64_t(t.ne[0]));
+            return;
+        }
         mat.pw = prepare_dense(tk, f_.tensor_data(t), row_bytes(t), int64_t(t.ne[1]), int64_t(t.ne[0]), cls);
         if (fill_) f_.release_pages(t);  // repacked or copied: not read from the file again
     }
@@ -365,6 +398,12 @@ private:
         const uint8_t *src = f_.tensor_data(t);
         st.info = &t;
         st.rows = rows;
+        if (gguf_) {  // one node: never sharded
+            st.mats.resize(size_t(n_mat));
+            for (int64_t e = 0; e < n_mat; ++e)
+                st.mats[size_t(e)] = serve(tk, t, src + size_t(e) * size_t(rows) * rb, rb, rows, k);
+            return;
+        }
         if (!sharded) {
             st.mats.resize(size_t(n_mat));
             for (int64_t e = 0; e < n_mat; ++e)
@@ -414,11 +453,45 @@ private:
         return pw;
     }
 
+    // weights_map: gguf. Null when the `n` bytes at `src` (tensor t's) are served where they are,
+    // in the file's mapping (counted in file_bytes); otherwise (data misaligned for the plain
+    // kernels: plain_alignment) a 64-byte aligned heap copy of them, counted in copied_bytes and
+    // named in file_copy_note.
+    std::shared_ptr<const void> served(const GGUFTensorInfo &t, const uint8_t *src, size_t n) {
+        const size_t need = plain_alignment(t.type);
+        if (uintptr_t(src) % need == 0) {
+            m_.mem_.file_bytes += n;
+            return nullptr;
+        }
+        constexpr std::align_val_t kAlign{kPreparedAlign};
+        void *copy = ::operator new(std::max<size_t>(n, 1), kAlign);
+        std::shared_ptr<const void> keep(copy, [](const void *p) { ::operator delete(const_cast<void *>(p), kAlign); });
+        std::memcpy(copy, src, n);
+        m_.copied_bytes_ += n;
+        if (last_copied_ != &t) {  // a stack's matrices come one after the other: named once
+            std::string &note = m_.mem_.file_copy_note;
+            note += (note.empty() ? "" : ", ") + std::string(t.name) + " (" + std::string(ggml_type_name(t.type)) +
+                    ", at byte " + std::to_string(t.offset) + ", needs " + std::to_string(need) + ")";
+            last_copied_ = &t;
+        }
+        return keep;
+    }
+
+    // A matrix in its plain GGUF layout, served from the file's mapping (or copied: served()).
+    PreparedWeights serve(const TypeKernels &tk, const GGUFTensorInfo &t, const uint8_t *src, size_t rb, int64_t rows,
+                          int64_t k) {
+        const std::shared_ptr<const void> keep = served(t, src, size_t(rows) * rb);
+        PreparedWeights pw = prepare_weights(nullptr, tk, keep ? keep.get() : src, rb, rows, k, false, nullptr);
+        pw.storage = keep;
+        return pw;
+    }
+
     Model &m_;
     const GGUFFile &f_;
     const ModelOptions &opts_;
     const Arenas &a_;
-    bool shard_, replicate_, fill_;
+    bool shard_, replicate_, fill_, gguf_;
+    const GGUFTensorInfo *last_copied_ = nullptr;
 };
 
 std::string Model::supported_archs() {
@@ -540,7 +613,8 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         }
     }
     GGUFOpenOptions gopts;
-    gopts.willneed = !use_cache;  // a cache hit reads only the vectors from the file
+    // A cache hit reads only the vectors from the file; gguf serves every weight from it.
+    gopts.willneed = !use_cache || opts.weights_map == WeightsMap::Gguf;  // auto: a miss advises then
     std::unique_ptr<Model> m(new Model(GGUFFile::open(path, gopts)));
     m->arch_ = &read_arch(m->file_, m->hp_, m->table_);
     m->init_pool(opts);
@@ -551,20 +625,42 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     m->mem_.experts_sharded = shard;
     m->mem_.dense_policy = n_slice == 1 ? "local" : replicate ? "replicate" : "interleave";
 
+    // weights_map: gguf needs one node: the file's page cache is wherever the kernel read it, so
+    // neither sharded slices nor node-local copies exist. On several, the arenas as configured
+    // (a restart must not fail over a speed preference), and the note says why.
+    bool gguf = opts.weights_map == WeightsMap::Gguf;
+    // auto: the cache decides below (a hit: arena; a miss: gguf); no cache or several nodes: arena.
+    bool auto_map = opts.weights_map == WeightsMap::Auto && use_cache && n_slice == 1;
+    if (opts.weights_map == WeightsMap::Auto && !auto_map)
+        m->mem_.weights_map_note = use_cache ? "model.weights_map: auto: the threads span several NUMA nodes: arenas"
+                                             : "model.weights_map: auto without a weights cache: arenas";
+    if (gguf && n_slice > 1) {
+        gguf = false;
+        std::string nodes_s;
+        for (const NumaNodeMemory &nm : m->mem_.nodes) nodes_s += (nodes_s.empty() ? "" : ",") + std::to_string(nm.node);
+        m->mem_.weights_map_note = "model.weights_map: gguf needs the threads on one NUMA node, they span " +
+                                   std::to_string(n_slice) + " (" + nodes_s +
+                                   "): the file's page cache cannot be node-local, so the weights were prepared "
+                                   "into per-node arenas (model.numa_nodes: [N] serves from the file)";
+    }
+    m->mem_.weights_map = gguf ? "gguf" : "arena";
+    bool cache_on = use_cache && !gguf;  // gguf: nothing prepared, nothing to cache
+
     const std::vector<TensorUse> uses = check_tensors(m->file_, m->table_, m->hp_);
     const GGUFTensorInfo *tied = m->file_.find_tensor("output.weight") ? nullptr : m->file_.find_tensor("token_embd.weight");
     const GGUFTensorInfo *embd = m->file_.find_tensor("token_embd.weight");  // required by every table
     if (!embd) throw GGUFError("missing tensor token_embd.weight");
     const MemoryPlan plan = plan_memory(uses, *embd, tied, n_slice, shard, opts.allow_repack);
-    const Arenas arenas = open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_);
-    const std::vector<Arena *> list = arena_list(arenas);
+    Arenas arenas = gguf ? Arenas{} : open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_);
+    std::vector<Arena *> list = arena_list(arenas);
 
     // The cache: read every arena's bytes from the entry when its key matches.
     std::string key;
     std::vector<uint64_t> cached;
     WeightsCacheStatus &cs = m->cache_;
     cs.state = "off";
-    if (use_cache) {
+    if (use_cache && gguf) cs.reason = "model.weights_map: gguf serves the weights from the model file: nothing to prepare";
+    if (cache_on) {
         const std::string layout = cache_layout(opts, m->pool_->nodes(), shard, replicate, list);
         key = cache_identity(m->file_, realpath_s, st) + layout;
         cs.path = weights_cache_path(opts.cache_dir, realpath_s, layout);
@@ -579,13 +675,27 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         } else {
             m->file_.advise_willneed();
         }
+        if (auto_map && cached.empty()) {
+            // auto, a miss: served from the file at once; the entry is not prepared here (cs.path
+            // names it for whoever prepares it). The unused arenas go (nothing was touched).
+            gguf = true;
+            cache_on = false;
+            cs.state = "absent";
+            arenas = Arenas{};
+            list.clear();
+            m->mem_.page_kind.clear();
+            m->mem_.page_size = 0;
+            m->mem_.page_reason.clear();
+            m->mem_.dense_bytes = m->mem_.embd_bytes = 0;
+        }
     }
+    m->mem_.weights_map = gguf ? "gguf" : "arena";
     // A miss that may map: the new entry is written while preparing (WeightsCacheWriter: the
     // arenas become shared mappings of its temporary file). Otherwise (it cannot be created, a
     // placement that cannot map) the arenas are anonymous and the entry is written after the load.
     WeightsCacheWriter direct;
     std::string direct_why;
-    if (use_cache && cached.empty() && opts.cache_map && opts.cache_direct)
+    if (cache_on && cached.empty() && opts.cache_map && opts.cache_direct)
         direct_why = direct.begin(cs.path, key, list);
 
     // Tests only: KTD_TEST_LOAD_TENSOR_DELAY_MS makes the load sleep after each tensor, so that a
@@ -597,7 +707,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         m->n_params_ = m->repacked_bytes_ = m->copied_bytes_ = 0;
         for (NumaNodeMemory &n : m->mem_.nodes) n.expert_bytes = n.dense_copy_bytes = 0;
         for (Arena *a : list) a->reset();
-        WeightLoader loader(*m, opts, arenas, shard, replicate, attach);
+        WeightLoader loader(*m, opts, arenas, shard, replicate, attach, gguf);
         m->w_.layers.resize(size_t(m->hp_.n_layer));
         LoadProgress *progress = attach ? nullptr : opts.progress.get();
         if (progress) {
@@ -629,9 +739,22 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                 break;
             }
     }
-    // Everything the forward reads is in the arenas now: drop the file's pages from the process
-    // (the header, which names and metadata point into, stays as an anonymous copy).
-    m->file_.detach_data();
+    if (gguf) {
+        // The forward reads the file's mapping from now on: it stays (the Model owns it) and none
+        // of its pages was released. mlock locks those page-cache pages, as it locks an arena.
+        if (opts.mlock && m->file_.file_size() &&
+            ::mlock(m->file_.base(), size_t(m->file_.file_size())) != 0)
+            throw SysError("mlock of the model file's mapping (" + std::to_string(m->file_.file_size()) +
+                               " bytes; raise RLIMIT_MEMLOCK, systemd LimitMEMLOCK=)",
+                           errno);
+        if (!m->mem_.file_copy_note.empty())
+            m->mem_.file_copy_note = "copied, their data not aligned as the plain kernels read it (general.alignment " +
+                                     std::to_string(m->file_.alignment()) + "): " + m->mem_.file_copy_note;
+    } else {
+        // Everything the forward reads is in the arenas now: drop the file's pages from the process
+        // (the header, which names and metadata point into, stays as an anonymous copy).
+        m->file_.detach_data();
+    }
     if (direct.active()) {
         const auto t0 = std::chrono::steady_clock::now();
         const std::string err = direct.commit(*m->pool_, opts.progress.get());
@@ -645,7 +768,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
             cs.state = "not written";
             cs.reason = (cs.reason.empty() ? "" : cs.reason + "; ") + err;
         }
-    } else if (use_cache && cached.empty()) {
+    } else if (cache_on && cached.empty()) {
         // A new entry, now or (cache_write_background) from a thread of its own while the model
         // serves: the arenas are only read from here on.
         auto write = [](Model *model, std::string entry, std::string k, Arenas keep, ThreadPool *pool,
