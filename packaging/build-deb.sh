@@ -129,6 +129,7 @@ else
 (cd "$SRC" && KTD_WHEELHOUSE="$WHEELHOUSE" KTD_REQUIREMENTS="$REQS" KTD_WHEEL_VERSION="$WHEEL_VERSION" \
    KTD_BUILD_PIP="$BUILD_VENV/bin/pip" dpkg-buildpackage -b -us -uc >"$OUT/dpkg-buildpackage.log" 2>&1)
 fi || { tail -40 "$OUT/dpkg-buildpackage.log" >&2; die "dpkg-buildpackage failed (log: $OUT/dpkg-buildpackage.log)"; }
+[ "$ARCH" = amd64 ] || arm64_compress_deb "$OUT/$DEB" "$SRC/debian/changelog"
 mkdir -p "$DIST"
 cp "$OUT/$DEB" "$DIST/$DEB"
 say "$DIST/$DEB ($(du -h "$DIST/$DEB" | cut -f1)): $(dpkg-deb -f "$DIST/$DEB" Depends)"
