@@ -131,3 +131,15 @@ arm64_compress_deb() {
   mv "$deb.xz" "$deb"
   rm -rf "$tree" "$OUT"/ktd_*.changes "$OUT"/ktd_*.buildinfo
 }
+
+# 5. the bundle's closure in the arm64 base: the host's apt on the base's apt configuration and
+# dpkg database (Dir=the root, APT::Architecture=arm64, as mmdebstrap drives apt for a foreign
+# root), so the same resolution as apt-get in the root without emulating apt (110 s at load 8;
+# 22 s natively: the same 21 packages). --download-only: nothing is installed.
+arm64_bundle_download() {
+  local r=$1 deb=$2
+  local apt=(apt-get -o Dir="$r" -o Dir::State::status="$r/var/lib/dpkg/status" -o APT::Architecture=arm64
+             -o APT::Architectures::=arm64 -o Debug::NoLocking=1)
+  "${apt[@]}" update -qq >/dev/null \
+    && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -qq -y --download-only --no-install-recommends "$r$deb"
+}

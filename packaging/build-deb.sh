@@ -143,9 +143,13 @@ say "bundle: Depends closure on a minimal Debian 12 -> $BUNDLE"
 root=$(debroot_new "$OUT")
 trap 'debroot_remove "$root"' EXIT
 cp "$DIST/$DEB" "$root/tmp/"
+if [ "$ARCH" = amd64 ]; then
 chroot "$root" apt-get update -qq >/dev/null
 chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -qq -y --download-only \
-  --no-install-recommends "/tmp/$DEB" >"$OUT/bundle.log" 2>&1 || { cat "$OUT/bundle.log" >&2; die "apt-get --download-only failed"; }
+  --no-install-recommends "/tmp/$DEB" >"$OUT/bundle.log" 2>&1
+else
+  arm64_bundle_download "$root" "/tmp/$DEB" >"$OUT/bundle.log" 2>&1
+fi || { cat "$OUT/bundle.log" >&2; die "apt-get --download-only failed"; }
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE"
 cp "$root"/var/cache/apt/archives/*.deb "$BUNDLE/"
