@@ -67,8 +67,11 @@ EOF
 # (tools/arm64/dpkg-register.py --unpacked): `dpkg --configure -a` runs every package's postinst
 # in the root, as a bootstrap's second stage does, base-passwd first (base-files' postinst chowns
 # to root:root, which needs /etc/passwd; its libraries are unpacked, which is all it needs of
-# them: --force-depends); the preinsts of a first install do nothing in these
-# packages that the postinsts need. Fails unless every package ends "install ok installed".
+# them: --force-depends). The preinsts do not run: of minbase's twelve, base-passwd's writes
+# /etc/passwd and /etc/group, as its postinst does on a first configure (the result is the same
+# as mmdebstrap minbase's), libc6's and usr-is-merged's only check the system, and the others act
+# on upgrades only. Fails unless every package ends "install ok installed" and dpkg --audit is
+# clean.
 debroot_configure_unpacked() {
   local r=$1 rc=0
   mount -t proc proc "$r/proc" && mount --bind /dev "$r/dev" || return 1
