@@ -129,6 +129,7 @@ else
 (cd "$SRC" && KTD_WHEELHOUSE="$WHEELHOUSE" KTD_REQUIREMENTS="$REQS" KTD_WHEEL_VERSION="$WHEEL_VERSION" \
    KTD_BUILD_PIP="$BUILD_VENV/bin/pip" dpkg-buildpackage -b -us -uc >"$OUT/dpkg-buildpackage.log" 2>&1)
 fi || { tail -40 "$OUT/dpkg-buildpackage.log" >&2; die "dpkg-buildpackage failed (log: $OUT/dpkg-buildpackage.log)"; }
+[ "$ARCH" = amd64 ] || arm64_compress_deb "$OUT/$DEB" "$SRC/debian/changelog"
 mkdir -p "$DIST"
 cp "$OUT/$DEB" "$DIST/$DEB"
 say "$DIST/$DEB ($(du -h "$DIST/$DEB" | cut -f1)): $(dpkg-deb -f "$DIST/$DEB" Depends)"
@@ -142,9 +143,13 @@ say "bundle: Depends closure on a minimal Debian 12 -> $BUNDLE"
 root=$(debroot_new "$OUT")
 trap 'debroot_remove "$root"' EXIT
 cp "$DIST/$DEB" "$root/tmp/"
+if [ "$ARCH" = amd64 ]; then
 chroot "$root" apt-get update -qq >/dev/null
 chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -qq -y --download-only \
-  --no-install-recommends "/tmp/$DEB" >"$OUT/bundle.log" 2>&1 || { cat "$OUT/bundle.log" >&2; die "apt-get --download-only failed"; }
+  --no-install-recommends "/tmp/$DEB" >"$OUT/bundle.log" 2>&1
+else
+  arm64_bundle_download "$root" "/tmp/$DEB" >"$OUT/bundle.log" 2>&1
+fi || { cat "$OUT/bundle.log" >&2; die "apt-get --download-only failed"; }
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE"
 cp "$root"/var/cache/apt/archives/*.deb "$BUNDLE/"

@@ -10,8 +10,9 @@ DEBIAN_SECURITY_MIRROR=${KTD_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debia
 DEBIAN_CACHE=${KTD_DEBIAN_CACHE:-$KTD_CACHE/debian}
 BASE_TGZ=$DEBIAN_CACHE/bookworm-minbase.tgz
 # DEBROOT_ARCH=arm64 (make deb/test-deb ARCH=arm64): an arm64 base instead, whose programs run under
-# qemu-user-static through binfmt_misc (tools/arm64/binfmt.sh); made by mmdebstrap when the host has
-# it (faster than debootstrap's emulated second stage), debs cached beside the tarball.
+# qemu-user-static through binfmt_misc (tools/arm64/binfmt.sh); with mmdebstrap (debs cached beside
+# the tarball) the packages are unpacked by the host and only configured under qemu (see
+# debroot_configure_unpacked), else debootstrap's emulated second stage.
 DEBROOT_ARCH=${DEBROOT_ARCH:-amd64}
 [ "$DEBROOT_ARCH" = amd64 ] || BASE_TGZ=$DEBIAN_CACHE/bookworm-minbase-$DEBROOT_ARCH.tgz
 
@@ -29,13 +30,21 @@ debroot_base() {
   debootstrap --variant=minbase bookworm "$dir" "$DEBIAN_MIRROR" >"$dir.log" 2>&1 \
     || { tail -20 "$dir.log" >&2; rm -rf "$dir"; return 1; }
   elif command -v mmdebstrap >/dev/null; then
-    echo "mmdebstrap --arch=$DEBROOT_ARCH --variant=minbase bookworm (cached in $BASE_TGZ afterwards)"
-    local debs=$DEBIAN_CACHE/$DEBROOT_ARCH-archives
+    # minbase's packages (Essential, Priority: required, apt; merged /usr as Debian 12 installs
+    # it), unpacked by the host's dpkg-deb (--variant=extract) instead of dpkg under qemu, then
+    # configured by their own maintainer scripts under qemu (debroot_configure_unpacked). Their
+    # own cache of debs: the extract hook registers every deb of the archives directory.
+    echo "mmdebstrap --arch=$DEBROOT_ARCH --variant=extract of minbase's packages, configured under qemu (cached in $BASE_TGZ afterwards)"
+    local debs=$DEBIAN_CACHE/$DEBROOT_ARCH-minbase-archives
     mkdir -p "$debs"
-    mmdebstrap --mode=root --arch="$DEBROOT_ARCH" --variant=minbase \
+    mmdebstrap --mode=root --arch="$DEBROOT_ARCH" --variant=extract \
+      --include='?essential' --include='?priority(required)' --include=apt,usr-is-merged \
+      --setup-hook=/usr/share/mmdebstrap/hooks/merged-usr/setup00.sh \
       --setup-hook='mkdir -p "$1/var/cache/apt/archives"' --setup-hook="sync-in $debs /var/cache/apt/archives/" \
-      --skip=download/empty --customize-hook="sync-out /var/cache/apt/archives $debs" \
+      --skip=download/empty --extract-hook="sync-out /var/cache/apt/archives $debs" \
+      --extract-hook="python3 '$ROOT/tools/arm64/dpkg-register.py' --unpacked \"\$1\" \"\$1\"/var/cache/apt/archives/*.deb" \
       bookworm "$dir" "$DEBIAN_MIRROR" >"$dir.log" 2>&1 \
+      && debroot_configure_unpacked "$dir" >>"$dir.log" 2>&1 \
       || { tail -20 "$dir.log" >&2; rm -rf "$dir"; return 1; }
   else
     echo "debootstrap --arch=$DEBROOT_ARCH --variant=minbase bookworm (cached in $BASE_TGZ afterwards)"
@@ -52,6 +61,28 @@ EOF
   chmod 0755 "$dir"   # mktemp's 0700 would become the root's / (other users could not run anything)
   tar -C "$dir" -czf "$BASE_TGZ.tmp" . && mv "$BASE_TGZ.tmp" "$BASE_TGZ"
   rm -rf "$dir" "$dir.log"
+}
+
+# Configure a root whose packages were unpacked by the host and recorded as unpacked
+# (tools/arm64/dpkg-register.py --unpacked): `dpkg --configure -a` runs every package's postinst
+# in the root, as a bootstrap's second stage does, base-passwd first (base-files' postinst chowns
+# to root:root, which needs /etc/passwd; its libraries are unpacked, which is all it needs of
+# them: --force-depends). The preinsts do not run: of minbase's twelve, base-passwd's writes
+# /etc/passwd and /etc/group, as its postinst does on a first configure (the result is the same
+# as mmdebstrap minbase's), libc6's and usr-is-merged's only check the system, and the others act
+# on upgrades only. Fails unless every package ends "install ok installed" and dpkg --audit is
+# clean.
+debroot_configure_unpacked() {
+  local r=$1 rc=0
+  mount -t proc proc "$r/proc" && mount --bind /dev "$r/dev" || return 1
+  local run=(chroot "$r" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8)
+  "${run[@]}" dpkg --configure --force-depends base-passwd && "${run[@]}" dpkg --configure -a || rc=1
+  umount "$r/proc" "$r/dev"
+  [ $rc = 0 ] || return 1
+  if "${run[@]}" dpkg-query -W -f='${Package} ${Status}\n' | grep -v ' install ok installed$'; then
+    echo "debroot: packages left unconfigured (above)"; return 1
+  fi
+  "${run[@]}" dpkg --audit
 }
 
 # Unpack the base into a new directory and print its path.

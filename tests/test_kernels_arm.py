@@ -107,26 +107,21 @@ def test_bitwise_equal_to_ref(t, isa, random_bytes, rows, k, n):
     np.testing.assert_array_equal(K.quantize_act(t, x, isa=isa), K.quantize_act(t, x, isa="ref"))
 
 
-@pytest.mark.skipif(not K_PAIRS, reason=NO_ARM)
-@pytest.mark.parametrize("t,isa", K_PAIRS)
-@pytest.mark.parametrize("rows,k,n", [(1, 256, 1), (7, 512, 3), (33, 2304, 5), (65, 1024, 17)])
-def test_k_bitwise_equal_to_ref(t, isa, rows, k, n):
-    rng = np.random.default_rng(rows * 31 + k + n)
-    w = random_weights(t, rows, k, rng)
-    x = (rng.standard_normal((n, k)) * 2).astype(np.float32)
-    y = K.matmul(t, w, rows, k, x, isa=isa)
-    y_ref = K.matmul(t, w, rows, k, x, isa="ref")
-    np.testing.assert_array_equal(y.view(np.uint32), y_ref.view(np.uint32))
-    np.testing.assert_array_equal(K.dequantize(t, w, k, isa=isa).view(np.uint32),
-                                  K.dequantize(t, w, k, isa="ref").view(np.uint32))
+# The 256-element types: the K-quants, IQ4_XS and the ternary types (test_kernels_k's random
+# weights) and the i-quants (test_kernels_iq's), each on its own shapes; one check for both.
+K_SHAPES = [(1, 256, 1), (7, 512, 3), (33, 2304, 5), (65, 1024, 17)]
+IQ_SHAPES = [(1, 256, 1), (7, 512, 3), (33, 1280, 5), (65, 1024, 17)]
+SUPERBLOCK_CASES = [pytest.param(t, isa, gen, rows, k, n, id=f"{t}-{isa}-{rows}-{k}-{n}")
+                    for pairs, gen, shapes in ((K_PAIRS, random_weights, K_SHAPES),
+                                               (IQ_PAIRS, iq_random_weights, IQ_SHAPES))
+                    for t, isa in pairs for rows, k, n in shapes]
 
 
-@pytest.mark.skipif(not IQ_PAIRS, reason=NO_ARM)
-@pytest.mark.parametrize("t,isa", IQ_PAIRS)
-@pytest.mark.parametrize("rows,k,n", [(1, 256, 1), (7, 512, 3), (33, 1280, 5), (65, 1024, 17)])
-def test_iq_bitwise_equal_to_ref(t, isa, rows, k, n):
+@pytest.mark.skipif(not SUPERBLOCK_CASES, reason=NO_ARM)
+@pytest.mark.parametrize("t,isa,gen,rows,k,n", SUPERBLOCK_CASES)
+def test_superblock_bitwise_equal_to_ref(t, isa, gen, rows, k, n):
     rng = np.random.default_rng(rows * 31 + k + n)
-    w = iq_random_weights(t, rows, k, rng)
+    w = gen(t, rows, k, rng)
     x = (rng.standard_normal((n, k)) * 2).astype(np.float32)
     y = K.matmul(t, w, rows, k, x, isa=isa)
     y_ref = K.matmul(t, w, rows, k, x, isa="ref")

@@ -30,6 +30,8 @@ import sys
 import tarfile
 
 KEEP_CONTROL = ("md5sums", "shlibs", "symbols", "triggers", "conffiles")
+# --unpacked: the maintainer scripts too, for `dpkg --configure -a` to run.
+SCRIPTS = ("preinst", "postinst", "prerm", "postrm", "config", "templates")
 ALTERNATIVES = re.compile(r"update-alternatives\s+(?:--quiet\s+)?--install\s+([^;&|\n]*)")
 
 
@@ -68,7 +70,7 @@ def parse_control(text):
     return fields
 
 
-def register(root, deb):
+def register(root, deb, unpacked=False):
     control = subprocess.run(["dpkg-deb", "-f", deb], check=True, capture_output=True, text=True).stdout
     fields = parse_control(control)
     get = {k.lower(): v for k, v in fields}
@@ -96,13 +98,14 @@ def register(root, deb):
     proc, tar = deb_tar(deb, "--ctrl-tarfile")
     for member in tar:
         base = os.path.basename(member.name)
-        if member.isfile() and base == "postinst":
+        if member.isfile() and base == "postinst" and not unpacked:
             alts = alternatives(tar.extractfile(member).read().decode(errors="replace"))
             continue
-        if member.isfile() and base in KEEP_CONTROL:
+        if member.isfile() and (base in KEEP_CONTROL or (unpacked and base in SCRIPTS)):
             data = tar.extractfile(member).read()
             with open(os.path.join(info, f"{pkg}.{base}"), "wb") as f:
                 f.write(data)
+            os.chmod(os.path.join(info, f"{pkg}.{base}"), member.mode & 0o755)
             if base == "conffiles":
                 conffiles = [c.strip() for c in data.decode().splitlines() if c.strip().startswith("/")]
     tar.close()
@@ -126,7 +129,7 @@ def register(root, deb):
     for k, v in fields:
         out.append(f"{k}:{v}" if v.startswith("\n") else f"{k}: {v}")
         if k.lower() == "package":
-            out.append("Status: install ok installed")
+            out.append("Status: install ok " + ("unpacked" if unpacked else "installed"))
     if conffiles:
         lines = []
         for c in conffiles:
@@ -144,11 +147,13 @@ def main(argv):
     if len(argv) < 3:
         print("usage: dpkg-register.py ROOT DEB...", file=sys.stderr)
         return 2
+    unpacked = "--unpacked" in argv[1:3]
+    argv = [a for a in argv if a != "--unpacked"]
     root, debs = argv[1], argv[2:]
     admin = os.path.join(root, "var/lib/dpkg")
     for d in ("info", "updates", "triggers", "alternatives"):
         os.makedirs(os.path.join(admin, d), exist_ok=True)
-    stanzas = sorted(register(root, deb) for deb in debs)
+    stanzas = sorted(register(root, deb, unpacked) for deb in debs)
     with open(os.path.join(admin, "status"), "w") as f:
         f.write("\n".join(s for _, s, _ in stanzas))
     # The alternatives the postinsts would have set up (e.g. libblas.so.3, which numpy links to;

@@ -4,7 +4,8 @@
 #   - Debian's arm64 python3, numpy, msgpack, yaml, jinja2, pytest and the Python headers (tests);
 #   - debhelper, python3-venv, python3-pip, gcc, libsystemd-dev (`make deb ARCH=arm64` runs
 #     dpkg-buildpackage in this root, so that dh_shlibdeps reads arm64 libraries and the arm64
-#     dpkg database, and builds systemd-python's C extension for aarch64);
+#     dpkg database; systemd-python's C extension is cross-compiled on the host with this root as
+#     its sysroot: libc6-dev, libsystemd-dev and the python3.11 headers);
 #   - /opt/ktd-pylib: what Debian 12 lacks or has too old, from the package index's aarch64/pure
 #     wheels at the pins of requirements-dev.txt (gguf, hypothesis, llguidance, jsonschema),
 #     installed from the host with `pip install --target --platform` (no emulation needed).

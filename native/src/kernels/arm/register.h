@@ -22,24 +22,28 @@
 
 namespace ktd::KTD_ARM_NS {
 namespace {
-TypeKernels q8_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, decltype(TypeKernels::gemm) gemm) {
+// One entry for every quantized type: its activation type decides the reference quantizer and
+// which arm x4 layout it may carry (Q8_0: with_arm_x4_layout, for Q8_0 and Q4_0; Q8_K:
+// with_arm_k_x4_layout, for Q4_K and Q6_K; every other type keeps the plain layout).
+template <GGMLType Act>
+TypeKernels quant_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, decltype(TypeKernels::gemm) gemm) {
+    static_assert(Act == GGMLType::Q8_0 || Act == GGMLType::Q8_K);
     TypeKernels tk;
     tk.type = type;
-    tk.act_type = GGMLType::Q8_0;
+    tk.act_type = Act;
     tk.dequantize_row = dq;
-    tk.quantize_act_row = ref::quantize_row_q8_0;
     tk.gemm = gemm;
-    return with_arm_x4_layout(tk);
+    if constexpr (Act == GGMLType::Q8_0) {
+        tk.quantize_act_row = ref::quantize_row_q8_0;
+        return with_arm_x4_layout(tk);
+    } else {
+        tk.quantize_act_row = ref::quantize_row_q8_K;
+        return with_arm_k_x4_layout(tk);
+    }
 }
-TypeKernels k_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, decltype(TypeKernels::gemm) gemm) {
-    TypeKernels tk;
-    tk.type = type;
-    tk.act_type = GGMLType::Q8_K;
-    tk.dequantize_row = dq;
-    tk.quantize_act_row = ref::quantize_row_q8_K;
-    tk.gemm = gemm;
-    return with_arm_k_x4_layout(tk);
-}
+// The 32-element types (Q8_0 activations) and the 256-element ones (Q8_K activations).
+constexpr auto q8_entry = quant_entry<GGMLType::Q8_0>;
+constexpr auto k_entry = quant_entry<GGMLType::Q8_K>;
 // Float weights: F32 activations (a copy of the row), kernels/arm/float_neon.h.
 template <typename L>
 TypeKernels float_entry(GGMLType type) {
