@@ -27,16 +27,8 @@ namespace {
 
 // The loaded library's table (cuda/cuda_api.h) or the reason it cannot be used.
 struct CudaLib {
-    const CudaApi *api = nullptr;
+    const CudaApi *api = nullptr;  // null when the library is unusable (then `reason` says why)
     std::string path, reason;
-    // The v2 entry points the tests call (null when the library is unusable).
-    decltype(&ktd_cuda_probe) probe = nullptr;
-    decltype(&ktd_cuda_gemv_host) gemv_host = nullptr;
-    decltype(&ktd_cuda_rmsnorm_host) rmsnorm_host = nullptr;
-    decltype(&ktd_cuda_rope_host) rope_host = nullptr;
-    decltype(&ktd_cuda_glu_host) glu_host = nullptr;
-    decltype(&ktd_cuda_add_host) add_host = nullptr;
-    decltype(&ktd_cuda_attn_decode_host) attn_host = nullptr;
 };
 
 const CudaLib &cuda_lib() {
@@ -44,14 +36,6 @@ const CudaLib &cuda_lib() {
     static std::once_flag once;
     std::call_once(once, [] {
         lib.api = cuda_api_library(&lib.reason, &lib.path);
-        if (!lib.api) return;
-        lib.probe = lib.api->probe;
-        lib.gemv_host = lib.api->gemv_host;
-        lib.rmsnorm_host = lib.api->rmsnorm_host;
-        lib.rope_host = lib.api->rope_host;
-        lib.glu_host = lib.api->glu_host;
-        lib.add_host = lib.api->add_host;
-        lib.attn_host = lib.api->attn_host;
     });
     return lib;
 }
@@ -126,7 +110,7 @@ const float *freq_factors(const py::object &ff, const KtdRope &r) {
 
 const CudaLib &usable_lib() {
     const CudaLib &lib = cuda_lib();
-    if (!lib.probe) throw std::runtime_error(lib.reason);
+    if (!lib.api) throw std::runtime_error(lib.reason);
     return lib;
 }
 
@@ -181,7 +165,7 @@ void bind_cuda_ops(py::module_ &cm) {
             const CudaLib &lib = usable_lib();
             py::array_t<float> y({rows, n});
             char msg[512] = {0};
-            check_rc(lib.rmsnorm_host(x.data(), wp, y.mutable_data(), rows, n, eps, msg, sizeof msg), msg);
+            check_rc(lib.api->rmsnorm_host(x.data(), wp, y.mutable_data(), rows, n, eps, msg, sizeof msg), msg);
             return y;
         },
         py::arg("x"), py::arg("w") = py::none(), py::arg("eps") = 1e-6f, "RMSNorm of each row on CUDA device 0");
@@ -198,7 +182,7 @@ void bind_cuda_ops(py::module_ &cm) {
             py::array_t<float> y({x.shape(0), x.shape(1), x.shape(2)});
             std::copy(x.data(), x.data() + x.size(), y.mutable_data());
             char msg[512] = {0};
-            check_rc(lib.rope_host(&r, f, pos.data(), y.mutable_data(), x.shape(0), int(x.shape(1)), x.shape(2), msg,
+            check_rc(lib.api->rope_host(&r, f, pos.data(), y.mutable_data(), x.shape(0), int(x.shape(1)), x.shape(2), msg,
                                    sizeof msg),
                      msg);
             return y;
@@ -215,7 +199,7 @@ void bind_cuda_ops(py::module_ &cm) {
             py::array_t<float> y(a.size());
             std::copy(a.data(), a.data() + a.size(), y.mutable_data());
             char msg[512] = {0};
-            check_rc(lib.glu_host(kind, y.mutable_data(), b.data(), a.size(), msg, sizeof msg), msg);
+            check_rc(lib.api->glu_host(kind, y.mutable_data(), b.data(), a.size(), msg, sizeof msg), msg);
             return y;
         },
         py::arg("act"), py::arg("a"), py::arg("b"), "act(a) · b on CUDA device 0 (silu: SwiGLU, gelu: GeGLU)");
@@ -227,7 +211,7 @@ void bind_cuda_ops(py::module_ &cm) {
             py::array_t<float> y(a.size());
             std::copy(a.data(), a.data() + a.size(), y.mutable_data());
             char msg[512] = {0};
-            check_rc(lib.add_host(y.mutable_data(), b.data(), a.size(), msg, sizeof msg), msg);
+            check_rc(lib.api->add_host(y.mutable_data(), b.data(), a.size(), msg, sizeof msg), msg);
             return y;
         },
         py::arg("a"), py::arg("b"), "a + b on CUDA device 0");
@@ -243,7 +227,7 @@ void bind_cuda_ops(py::module_ &cm) {
             const int64_t hd = q.shape(1), n_kv = k.shape(0);
             py::array_t<float> out({int64_t(n_head), hd});
             char msg[512] = {0};
-            check_rc(lib.attn_host(q.data(), k.data(), v.data(), out.mutable_data(), n_head, n_head_kv, hd, n_kv,
+            check_rc(lib.api->attn_host(q.data(), k.data(), v.data(), out.mutable_data(), n_head, n_head_kv, hd, n_kv,
                                    scale, msg, sizeof msg),
                      msg);
             return out;
@@ -261,7 +245,7 @@ void bind_cuda(py::module_ &m) {
             const CudaLib &lib = cuda_lib();
             py::dict out;
             out["library"] = lib.path;
-            if (!lib.probe) {
+            if (!lib.api) {
                 out["available"] = false;
                 out["devices"] = 0;
                 out["reason"] = lib.reason;
@@ -269,7 +253,7 @@ void bind_cuda(py::module_ &m) {
             }
             int n = 0;
             char msg[512] = {0};
-            const int rc = lib.probe(&n, msg, sizeof msg);
+            const int rc = lib.api->probe(&n, msg, sizeof msg);
             out["available"] = rc == 0 && n > 0;
             out["devices"] = n;
             out["reason"] = rc == 0 && n == 0 ? std::string("no CUDA device is visible") : std::string(msg);
@@ -346,7 +330,7 @@ void bind_cuda(py::module_ &m) {
         [](const std::string &type, py::array_t<uint8_t, py::array::c_style> w, int64_t rows, int64_t k,
            py::array_t<float, py::array::c_style | py::array::forcecast> x) {
             const CudaLib &lib = cuda_lib();
-            if (!lib.probe) throw std::runtime_error(lib.reason);
+            if (!lib.api) throw std::runtime_error(lib.reason);
             const GGMLType t = type_named(type);
             const auto row = ggml_row_size(t, uint64_t(k));
             if (!row || uint64_t(w.size()) != *row * uint64_t(rows))
@@ -358,7 +342,7 @@ void bind_cuda(py::module_ &m) {
             int rc;
             {
                 py::gil_scoped_release release;
-                rc = lib.gemv_host(int(t), w.data(), int64_t(w.size()), rows, k, x.data(), n, y.mutable_data(), msg,
+                rc = lib.api->gemv_host(int(t), w.data(), int64_t(w.size()), rows, k, x.data(), n, y.mutable_data(), msg,
                                    sizeof msg);
             }
             if (rc != 0) throw std::runtime_error(std::string("gpu_gemv: ") + msg);
