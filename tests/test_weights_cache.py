@@ -265,7 +265,12 @@ def test_load_progress_reports_phases_and_bytes(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()
     seen: list[tuple[str, float | None]] = []
+    # The tiny model would load within the reporter's first period on a fast machine (or before a
+    # busy one schedules the reporter thread): the loader's test hook sleeps 20 ms after each
+    # tensor, so the first load is watched in progress whatever the machine's speed or load.
+    monkeypatch.setenv("KTD_TEST_LOAD_TENSOR_DELAY_MS", "20")
     _open(path, cache, progress=lambda what, f: seen.append((what, f)))
+    monkeypatch.delenv("KTD_TEST_LOAD_TENSOR_DELAY_MS")
     e = _open(path, cache, progress=lambda what, f: seen.append((what, f)))
     section_gib = f"{sum(_native.weights_cache_header(e.model.cache['path'])['section_bytes']) / (1 << 30):.2f} GiB"
     weights = [(w, f) for w, f in seen if f is not None]
