@@ -1,10 +1,11 @@
 """The aarch64 repacked layouts ("arm x4", version 3: 4 rows interleaved in 8-byte groups, SMMLA's
-operand shape) of Q8_0, Q4_0 (native/src/kernels/repacked_q32.h) and Q4_K, Q6_K (repacked_k.h), and
-the NEON / dotprod / i8mm tiles on them.
+operand shape) of the 32-element types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
+(native/src/kernels/repacked_q32.h) and Q4_K, Q6_K (repacked_k.h), and the NEON / dotprod / i8mm
+tiles on them.
 
-- Q8_0/Q4_0: an independent numpy decoder of the layout, written from the header's description,
-  decodes the repacked bytes to exactly gguf-py's dequantization of the original rows (float32,
-  bitwise), and the rows padding the last group are zero.
+- 32-element types: an independent numpy decoder of the layout, written from the header's
+  description, decodes the repacked bytes to exactly gguf-py's dequantization of the original rows
+  (float32, bitwise), and the rows padding the last group are zero.
 - Q4_K/Q6_K: a numpy decoder written from the header rebuilds each row's original block bytes
   from the group blocks (so gguf-py's dequantization of them is the original's); padding rows zero.
 - The tiles (NEON: SMULL/SADALP, dotprod: SDOT, i8mm: SMMLA on pairs of tokens, SDOT for an odd last
@@ -29,7 +30,7 @@ from test_kernels_q32 import inputs
 
 K = _native.kernels
 ARM_ISAS = [i for i in ("neon", "dotprod", "i8mm") if K.isa_compiled(i) and K.isa_supported(i)]
-TYPES = ["Q8_0", "Q4_0"]
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
 K_TYPES = ["Q4_K", "Q6_K"]
 R = 4
 LAYOUT = 3
@@ -43,17 +44,44 @@ def f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
 
 
+# The IQ4_NL code book (the format's definition, as in ggml-common.h and gguf-py).
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+# Group block bytes per layout: d[4] (fp16), then m[4] (fp16) where the type has a min, then qh[16]
+# for the 5-bit types, then qs.
+GROUP_FIELDS = {"Q8_0": ("d", "qs8"), "Q4_0": ("d", "qs4"), "Q4_1": ("d", "m", "qs4"),
+                "Q5_0": ("d", "qh", "qs4"), "Q5_1": ("d", "m", "qh", "qs4"), "IQ4_NL": ("d", "qs4")}
+FIELD_BYTES = {"d": 8, "m": 8, "qh": 16, "qs8": 128, "qs4": 64}
+
+
+def split_group(t: str, blk: np.ndarray) -> dict[str, np.ndarray]:
+    out, at = {}, 0
+    for f in GROUP_FIELDS[t]:
+        out[f] = blk[at:at + FIELD_BYTES[f]]
+        at += FIELD_BYTES[f]
+    assert at == blk.size
+    return out
+
+
 def decode_group(t: str, blk: np.ndarray) -> np.ndarray:
-    """One group block (4 rows) → float32 [4, 32]: w = d·v as gguf-py computes it."""
-    d = f16(blk[0:8])[:, None]
+    """One group block (4 rows) → float32 [4, 32] as gguf-py computes it: d·v, or d·q + m."""
+    g = split_group(t, blk)
+    d = f16(g["d"])[:, None]
     if t == "Q8_0":
         # qs[32c + 8r + t] = row r's element 8c + t
-        v = blk[8:136].view(np.int8).astype(np.int64).reshape(4, 4, 8).transpose(1, 0, 2).reshape(4, 32)
-    else:
-        # qs[32h + 8r + t] = row r's qs byte 8h + t: low nibble element 8h + t, high 16 + 8h + t
-        b = blk[8:72].astype(np.int64).reshape(2, 4, 8).transpose(1, 0, 2).reshape(4, 16)
-        v = np.concatenate([b & 15, b >> 4], axis=1) - 8
-    return d * v.astype(np.float32)
+        v = g["qs8"].view(np.int8).reshape(4, 4, 8).transpose(1, 0, 2).reshape(4, 32)
+        return d * v.astype(np.float32)
+    # qs[32h + 8r + t] = row r's qs byte 8h + t: low nibble element 8h + t, high 16 + 8h + t
+    b = g["qs4"].astype(np.int64).reshape(2, 4, 8).transpose(1, 0, 2).reshape(4, 16)
+    q = np.concatenate([b & 15, b >> 4], axis=1)
+    if "qh" in g:
+        # bit 2c + p of qh byte 8s + t = bit 4 of row 2p + s's element 8c + t
+        bits = (g["qh"].astype(np.int64).reshape(2, 8, 1) >> np.arange(8)) & 1  # [s, t, 2c + p]
+        q = q | (bits.reshape(2, 8, 4, 2).transpose(3, 0, 2, 1).reshape(4, 32) << 4)  # [2p + s, 8c + t]
+    if t == "IQ4_NL":
+        return d * KVALUES_IQ4NL[q]
+    if t in ("Q4_1", "Q5_1"):
+        return d * q.astype(np.float32) + f16(g["m"])[:, None]
+    return d * (q - (16 if t == "Q5_0" else 8)).astype(np.float32)
 
 
 def decode_repacked(t: str, wp: np.ndarray, rows: int, k: int) -> np.ndarray:
@@ -207,3 +235,46 @@ def test_k_prepared_weights_repacked_is_plain_reference(t, isa, n):
     y, repacked = K.matmul_prepared(t, w, rows, k, x, isa=isa, threads=2)
     assert repacked
     np.testing.assert_array_equal(y.view(np.uint32), K.matmul(t, w, rows, k, x, isa="ref").view(np.uint32))
+
+
+# ---- the forward ----------------------------------------------------------------------------------
+
+# The tiny-model generator's 32-element weight types (models/tiny_dense.py) and how far a quantized
+# tiny model's logits may be from the float64 numpy forward (test_forward.TOL_Q).
+MODEL_TYPES = ["Q8_0", "Q4_0", "Q5_0"]
+TOL_Q = 6e-2
+
+
+@pytest.fixture
+def active_isa():
+    """Sets the active ISA for the test and restores the one before it."""
+    before = K.active_isa()
+    yield K.set_active_isa
+    K.set_active_isa(before)
+
+
+@pytest.mark.parametrize("wtype", MODEL_TYPES)
+@pytest.mark.parametrize("isa", ARM_ISAS)
+def test_forward_uses_the_layout(tmp_path, active_isa, wtype, isa):
+    """A tiny model's matrices load into the arm x4 layout (prepare_weights) and the forward on
+    them gives the unrepacked model's logits bit for bit (every tile is the reference's arithmetic),
+    within the quantized bound of the numpy forward."""
+    from models.tiny_dense import make_model, model_filename
+    from reference.numpy_forward import forward as numpy_forward
+
+    active_isa(isa)
+    path = str(make_model("qwen2", tmp_path / model_filename("qwen2", wtype), wtype=wtype))
+    tokens = [1] + np.random.default_rng(2).integers(3, 300, size=11).tolist()
+    n = len(tokens)
+
+    def logits(model):
+        ctx = _native.Context(model, 32, 1, 32)
+        return ctx.forward(np.array(tokens), np.arange(n), np.zeros(n), np.ones(n, bool))
+
+    packed = _native.Model(path, n_threads=2, pin=False, allow_repack=True)
+    plain = _native.Model(path, n_threads=2, pin=False, allow_repack=False)
+    assert packed.repacked_bytes > 0 and plain.repacked_bytes == 0
+    got = logits(packed)
+    np.testing.assert_array_equal(got.view(np.uint32), logits(plain).view(np.uint32))
+    ref = numpy_forward(path, tokens)
+    assert np.max(np.abs(got - ref)) / max(1.0, float(np.max(np.abs(ref)))) < TOL_Q

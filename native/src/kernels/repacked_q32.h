@@ -6,9 +6,10 @@
 // each row's sum stays in its own lane (no horizontal sums). A group block has exactly the bytes of
 // the R row blocks it replaces; rows past the end of the matrix are zero (d = m = 0).
 //
-// Two families, each with its layout version (TypeKernels::repack_layout, which caches key on):
+// Three families, each with its layout version (TypeKernels::repack_layout, which caches key on):
 // - x8 (version 1, the AVX2 kernels; the reference's too): 8 rows, 256-bit registers.
 // - x16 (version 2, the AVX-512 kernels of Q5_0 and Q8_0): 16 rows, 512-bit registers.
+// - arm x4 (version 3, the aarch64 kernels): 4 rows in 8-byte groups, SMMLA's operand (below).
 //
 // The scalar repacks and element accessors in kernels/ref/repacked_q32.cpp are the definition;
 // the ISA entries use the same repacks. Only POD structs here (no inline code), so every ISA may include it.
@@ -96,26 +97,63 @@ static_assert(sizeof(block_q5_0x16) == kRepackRowsQ32x16 * sizeof(block_q5_0));
 static_assert(sizeof(block_q8_0x16) == kRepackRowsQ32x16 * sizeof(block_q8_0));
 
 
-// ---- arm x4 (version 3, the aarch64 NEON / dotprod / i8mm kernels of Q8_0 and Q4_0) -----------
+// ---- arm x4 (version 3, the aarch64 NEON / dotprod / i8mm kernels of all six types) ---------
 // 4 rows, interleaved in 8-byte groups: one 128-bit register holds 8 consecutive elements of two
 // rows (row 2p in its low half, row 2p + 1 in its high half), which is both SMMLA's 2x8 operand
-// and, split in 32-bit lanes, SDOT's (lanes 0-1 row 2p, lanes 2-3 row 2p + 1).
+// and, split in 32-bit lanes, SDOT's (lanes 0-1 row 2p, lanes 2-3 row 2p + 1). "Chunk c" (c < 4)
+// of a block is its elements 8c..8c+7; the kernels hold chunk c of rows 2p, 2p + 1 in register
+// w[c][p]. (Version 3 is each of these types' first arm layout: no type's x8 or x16 layout uses 3.)
 constexpr int kRepackRowsQ32x4 = 4;
 constexpr uint32_t kRepackLayoutQ32ArmX4 = 3;
+
+// The 4-bit types' qs (64 bytes): qs[32h + 8r + t] (h < 2, t < 8) = row r's qs byte 8h + t, i.e.
+// the low nibble is element 8h + t (chunk h) and the high nibble element 16 + 8h + t (chunk 2 + h):
+// each row's 8-byte halves copied as is, so one 16-byte load at 32h + 16p is chunks h and 2 + h of
+// rows 2p, 2p + 1.
+// The 5-bit types' fifth bits (qh, 16 bytes): bit 2c + p of byte 8s + t (s < 2, t < 8) = bit 4 of
+// row 2p + s's element 8c + t, so testing bit 2c + p of all 16 bytes gives register w[c][p]'s
+// fifth bits lane for lane.
 
 // w = d·q, qs[32c + 8r + t] (c < 4, t < 8) = row r's element 8c + t.
 struct block_q8_0x4 {
     uint16_t d[kRepackRowsQ32x4];
     int8_t qs[kRepackRowsQ32x4 * QK8_0];
 };
-// w = d·(q − 8): qs[32h + 8r + t] (h < 2, t < 8) = row r's qs byte 8h + t, i.e. the low nibble is
-// element 8h + t and the high nibble element 16 + 8h + t (each row's 8-byte halves copied as is).
+// w = d·(q − 8), q (0..15) in the 4-bit qs layout.
 struct block_q4_0x4 {
     uint16_t d[kRepackRowsQ32x4];
     uint8_t qs[kRepackRowsQ32x4 * QK4_0 / 2];
 };
+// w = d·q + m, q (0..15) in the 4-bit qs layout.
+struct block_q4_1x4 {
+    uint16_t d[kRepackRowsQ32x4];
+    uint16_t m[kRepackRowsQ32x4];
+    uint8_t qs[kRepackRowsQ32x4 * QK4_1 / 2];
+};
+// w = d·(q − 16), q (0..31): bits 0-3 in the 4-bit qs layout, bit 4 in the qh layout.
+struct block_q5_0x4 {
+    uint16_t d[kRepackRowsQ32x4];
+    uint8_t qh[16];
+    uint8_t qs[kRepackRowsQ32x4 * QK5_0 / 2];
+};
+// w = d·q + m, q (0..31) as in block_q5_0x4.
+struct block_q5_1x4 {
+    uint16_t d[kRepackRowsQ32x4];
+    uint16_t m[kRepackRowsQ32x4];
+    uint8_t qh[16];
+    uint8_t qs[kRepackRowsQ32x4 * QK5_1 / 2];
+};
+// w = d·kvalues_iq4nl[q], the code book indices q in the 4-bit qs layout.
+struct block_iq4_nlx4 {
+    uint16_t d[kRepackRowsQ32x4];
+    uint8_t qs[kRepackRowsQ32x4 * QK4_NL / 2];
+};
 static_assert(sizeof(block_q8_0x4) == kRepackRowsQ32x4 * sizeof(block_q8_0));
 static_assert(sizeof(block_q4_0x4) == kRepackRowsQ32x4 * sizeof(block_q4_0));
+static_assert(sizeof(block_q4_1x4) == kRepackRowsQ32x4 * sizeof(block_q4_1));
+static_assert(sizeof(block_q5_0x4) == kRepackRowsQ32x4 * sizeof(block_q5_0));
+static_assert(sizeof(block_q5_1x4) == kRepackRowsQ32x4 * sizeof(block_q5_1));
+static_assert(sizeof(block_iq4_nlx4) == kRepackRowsQ32x4 * sizeof(block_iq4_nl));
 
 }  // namespace ktd
 
@@ -143,9 +181,8 @@ void repack_q5_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, in
 void repack_q8_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
 }  // namespace ktd::avx2
 namespace ktd::ref {
-// The arm x4 repacks and group sizes (TypeKernels contract), scalar, shared by the aarch64 entries.
-size_t group_bytes_q8_0_x4(int64_t k);
-void repack_q8_0_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
-size_t group_bytes_q4_0_x4(int64_t k);
-void repack_q4_0_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out);
+// The arm x4 layouts (kernels/ref/repacked_q32.cpp): tk, an entry of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+// or IQ4_NL, with its layout's repack fields (repack_rows, repack_layout, repacked_group_bytes,
+// repack: scalar, shared by the aarch64 entries; the caller sets gemm_repacked).
+TypeKernels with_arm_x4_layout(TypeKernels tk);
 }  // namespace ktd::ref

@@ -1,6 +1,6 @@
-// The tiles of the NEON, dotprod and i8mm kernel files on the arm x4 layouts of Q8_0 and Q4_0
-// (kernels/repacked_q32.h: 4 rows, 8-byte interleave; same inline/namespace rule as
-// kernels/arm/q32_neon.h, which this includes).
+// The tiles of the NEON, dotprod and i8mm kernel files on the arm x4 layouts of the 32-element
+// types, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (kernels/repacked_q32.h: 4 rows, 8-byte
+// interleave; same inline/namespace rule as kernels/arm/q32_neon.h, which this includes).
 //
 //   one activation row (decode, and the odd last token of a batch): per group block, the four
 //     rows' exact integer sums by SDOT (dotprod, i8mm) or SMULL + SADALP (NEON);
@@ -9,9 +9,11 @@
 //     block of exact integer sums [row 2p·c, row 2p·c+1, row 2p+1·c, row 2p+1·c+1].
 //
 // Each block's integer sum is exact, then every (row, token) lane does the reference's float
-// operations in its order, sum += (d_w · d_a) · float(isum) per block in block order (vector
-// multiplies and adds, no fused multiply-add), so every tile equals the scalar reference
-// (kernels/ref/q8_0.cpp, q4_0.cpp) bit for bit.
+// operations in its order per block in block order (vector multiplies and adds, no fused
+// multiply-add):
+//   sum += (d_w · d_a) · float(isum)                                  Q8_0, Q4_0, Q5_0, IQ4_NL
+//   sum += (d_w · d_a) · float(isum) + (m_w · d_a) · float(Σ a)       Q4_1, Q5_1 (L::kMin)
+// so every tile equals the scalar reference (kernels/ref/<type>.cpp) bit for bit.
 #pragma once
 #include "kernels/arm/q32_neon.h"
 #include "kernels/kernels.h"
@@ -20,10 +22,12 @@
 
 namespace ktd::KTD_ARM_NS {
 
-// Per layout: load(g, w) puts the 32 int8 weights of the group block's 4 rows into w[c][p]
-// (c < 4: elements 8c..8c+7; p < 2: rows 2p in the low half, 2p + 1 in the high half).
+// Per layout: load(g, w) puts the 32 int8 weight values v of the group block's 4 rows (w = d·v,
+// or d·v + m where kMin) into w[c][p] (c < 4: elements 8c..8c+7; p < 2: rows 2p in the low half,
+// 2p + 1 in the high half).
 struct Q8_0x4Layout {
     using Group = block_q8_0x4;
+    static constexpr bool kMin = false;
     static void load(const Group &g, int8x16_t w[4][2]) {
         for (int c = 0; c < 4; ++c) {
             w[c][0] = vld1q_s8(g.qs + 32 * c);
@@ -31,18 +35,79 @@ struct Q8_0x4Layout {
         }
     }
 };
-struct Q4_0x4Layout {
+
+// The 4-bit qs layout as q (0..15) in w[c][p]: byte 32h + 8r + t holds element 8h + t (chunk h) in
+// its low nibble and 16 + 8h + t (chunk 2 + h) in its high one.
+inline void load_nibbles_x4(const uint8_t *qs, uint8x16_t q[4][2]) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    for (int h = 0; h < 2; ++h)
+        for (int p = 0; p < 2; ++p) {
+            const uint8x16_t b = vld1q_u8(qs + 32 * h + 16 * p);
+            q[h][p] = vandq_u8(b, low4);
+            q[2 + h][p] = vshrq_n_u8(b, 4);
+        }
+}
+// Adds the qh layout's fifth bits: register [c][p] gets 0x10 where bit 2c + p of its lane's byte is set.
+inline void add_bit4_x4(const uint8_t *qh, uint8x16_t q[4][2]) {
+    const uint8x16_t h = vld1q_u8(qh), sixteen = vdupq_n_u8(0x10);
+    for (int c = 0; c < 4; ++c)
+        for (int p = 0; p < 2; ++p)
+            q[c][p] = vorrq_u8(q[c][p], vandq_u8(vtstq_u8(h, vdupq_n_u8(uint8_t(1u << (2 * c + p)))), sixteen));
+}
+// w = q − off (q − off fits int8: off 8 for 4-bit q, 16 for 5-bit, 0 for Q4_1 / Q5_1's 0..31).
+inline void to_s8(const uint8x16_t q[4][2], uint8_t off, int8x16_t w[4][2]) {
+    const uint8x16_t o = vdupq_n_u8(off);
+    for (int c = 0; c < 4; ++c)
+        for (int p = 0; p < 2; ++p) w[c][p] = vreinterpretq_s8_u8(vsubq_u8(q[c][p], o));
+}
+
+struct Q4_0x4Layout {  // q − 8
     using Group = block_q4_0x4;
-    // Byte 32h + 8r + t: low nibble = element 8h + t (chunk h), high nibble = 16 + 8h + t (chunk 2 + h).
+    static constexpr bool kMin = false;
     static void load(const Group &g, int8x16_t w[4][2]) {
-        const uint8x16_t low4 = vdupq_n_u8(0x0F);
-        const int8x16_t eight = vdupq_n_s8(8);
-        for (int h = 0; h < 2; ++h)
-            for (int p = 0; p < 2; ++p) {
-                const uint8x16_t q = vld1q_u8(g.qs + 32 * h + 16 * p);
-                w[h][p] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, low4)), eight);
-                w[2 + h][p] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), eight);
-            }
+        uint8x16_t q[4][2];
+        load_nibbles_x4(g.qs, q);
+        to_s8(q, 8, w);
+    }
+};
+struct Q4_1x4Layout {  // q in 0..15
+    using Group = block_q4_1x4;
+    static constexpr bool kMin = true;
+    static void load(const Group &g, int8x16_t w[4][2]) {
+        uint8x16_t q[4][2];
+        load_nibbles_x4(g.qs, q);
+        to_s8(q, 0, w);
+    }
+};
+struct Q5_0x4Layout {  // q − 16
+    using Group = block_q5_0x4;
+    static constexpr bool kMin = false;
+    static void load(const Group &g, int8x16_t w[4][2]) {
+        uint8x16_t q[4][2];
+        load_nibbles_x4(g.qs, q);
+        add_bit4_x4(g.qh, q);
+        to_s8(q, 16, w);
+    }
+};
+struct Q5_1x4Layout {  // q in 0..31
+    using Group = block_q5_1x4;
+    static constexpr bool kMin = true;
+    static void load(const Group &g, int8x16_t w[4][2]) {
+        uint8x16_t q[4][2];
+        load_nibbles_x4(g.qs, q);
+        add_bit4_x4(g.qh, q);
+        to_s8(q, 0, w);
+    }
+};
+struct IQ4_NLx4Layout {  // kvalues_iq4nl[q]
+    using Group = block_iq4_nlx4;
+    static constexpr bool kMin = false;
+    static void load(const Group &g, int8x16_t w[4][2]) {
+        const int8x16_t table = vld1q_s8(kvalues_iq4nl);
+        uint8x16_t q[4][2];
+        load_nibbles_x4(g.qs, q);
+        for (int c = 0; c < 4; ++c)
+            for (int p = 0; p < 2; ++p) w[c][p] = vqtbl1q_s8(table, q[c][p]);
     }
 };
 
@@ -79,6 +144,11 @@ inline int32x4_t isums_x4(const int8x16_t w[4][2], const int8_t *a) {
 #endif
 }
 
+// Σ a over one activation block (exact).
+inline int32_t block_asum(const int8_t *a) {
+    return int32_t(vaddlvq_s8(vld1q_s8(a))) + int32_t(vaddlvq_s8(vld1q_s8(a + 16)));
+}
+
 inline const block_q8_0 *act_row(const void *xq, size_t x_stride, int c) {
     return reinterpret_cast<const block_q8_0 *>(static_cast<const char *>(xq) + size_t(c) * x_stride);
 }
@@ -98,8 +168,14 @@ inline float32x4_t group_dot_x4(int64_t nb, const typename L::Group *wg, const b
         int8x16_t w[4][2];
         L::load(wg[b], w);
         const int32x4_t isum = isums_x4(w, a[b].qs);
-        const float32x4_t scale = vmulq_n_f32(row_scales_x4(wg[b].d), f16(a[b].d));
-        sum = vaddq_f32(sum, vmulq_f32(scale, vcvtq_f32_s32(isum)));
+        const float da = f16(a[b].d);
+        const float32x4_t dot = vmulq_f32(vmulq_n_f32(row_scales_x4(wg[b].d), da), vcvtq_f32_s32(isum));
+        if constexpr (L::kMin) {
+            const float32x4_t mins = vmulq_n_f32(vmulq_n_f32(row_scales_x4(wg[b].m), da), float(block_asum(a[b].qs)));
+            sum = vaddq_f32(sum, vaddq_f32(dot, mins));
+        } else {
+            sum = vaddq_f32(sum, dot);
+        }
     }
     return sum;
 }
@@ -126,8 +202,18 @@ inline void group_dot_x4_pair(int64_t nb, const typename L::Group *wg, const blo
         const float32x4_t da = vld1q_f32(da_);
         // Lane (row, token): d_w[row] · d_a[token], the reference's product.
         const float32x4_t sc01 = vmulq_f32(vzip1q_f32(dw, dw), da), sc23 = vmulq_f32(vzip2q_f32(dw, dw), da);
-        s01 = vaddq_f32(s01, vmulq_f32(sc01, vcvtq_f32_s32(p01)));
-        s23 = vaddq_f32(s23, vmulq_f32(sc23, vcvtq_f32_s32(p23)));
+        float32x4_t d01 = vmulq_f32(sc01, vcvtq_f32_s32(p01)), d23 = vmulq_f32(sc23, vcvtq_f32_s32(p23));
+        if constexpr (L::kMin) {
+            // + (m_w[row] · d_a[token]) · Σ a[token]
+            const float32x4_t mw = row_scales_x4(wg[b].m);
+            const float as0 = float(block_asum(a0[b].qs)), as1 = float(block_asum(a1[b].qs));
+            const float as_[4] = {as0, as1, as0, as1};
+            const float32x4_t as = vld1q_f32(as_);
+            d01 = vaddq_f32(d01, vmulq_f32(vmulq_f32(vzip1q_f32(mw, mw), da), as));
+            d23 = vaddq_f32(d23, vmulq_f32(vmulq_f32(vzip2q_f32(mw, mw), da), as));
+        }
+        s01 = vaddq_f32(s01, d01);
+        s23 = vaddq_f32(s23, d23);
     }
 }
 #endif
@@ -163,21 +249,19 @@ void gemm_repacked_x4(int64_t k, const void *wp, size_t group_stride, const void
     }
 }
 
-// `tk` (a Q8_0 or Q4_0 entry) with the arm x4 layout and this ISA's tile on it; other types as they are.
+// `tk` (an entry of a 32-element type) with the arm x4 layout and this ISA's tile on it; other
+// types as they are.
 inline TypeKernels with_arm_x4_layout(TypeKernels tk) {
-    if (tk.type != GGMLType::Q8_0 && tk.type != GGMLType::Q4_0) return tk;
-    tk.repack_rows = kRepackRowsQ32x4;
-    tk.repack_layout = kRepackLayoutQ32ArmX4;
-    if (tk.type == GGMLType::Q8_0) {
-        tk.repacked_group_bytes = ref::group_bytes_q8_0_x4;
-        tk.repack = ref::repack_q8_0_x4;
-        tk.gemm_repacked = gemm_repacked_x4<Q8_0x4Layout>;
-    } else {
-        tk.repacked_group_bytes = ref::group_bytes_q4_0_x4;
-        tk.repack = ref::repack_q4_0_x4;
-        tk.gemm_repacked = gemm_repacked_x4<Q4_0x4Layout>;
+    switch (tk.type) {
+        case GGMLType::Q8_0: tk.gemm_repacked = gemm_repacked_x4<Q8_0x4Layout>; break;
+        case GGMLType::Q4_0: tk.gemm_repacked = gemm_repacked_x4<Q4_0x4Layout>; break;
+        case GGMLType::Q4_1: tk.gemm_repacked = gemm_repacked_x4<Q4_1x4Layout>; break;
+        case GGMLType::Q5_0: tk.gemm_repacked = gemm_repacked_x4<Q5_0x4Layout>; break;
+        case GGMLType::Q5_1: tk.gemm_repacked = gemm_repacked_x4<Q5_1x4Layout>; break;
+        case GGMLType::IQ4_NL: tk.gemm_repacked = gemm_repacked_x4<IQ4_NLx4Layout>; break;
+        default: return tk;
     }
-    return tk;
+    return ref::with_arm_x4_layout(tk);
 }
 
 }  // namespace ktd::KTD_ARM_NS

@@ -4,10 +4,10 @@
 // TQ2_0 (Q8_K; k_neon.h, k_more_neon.h), the i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
 // IQ3_XXS, IQ3_S (Q8_K; iq_neon.h) and F32, F16, BF16 (F32; float_neon.h). Activations: the
 // reference quantizers (baseline code, not inline, so calling them from an ISA object is safe).
-// Q8_0 and Q4_0 entries (q8_entry) and Q4_K and Q6_K entries (k_entry) also carry the arm x4
-// repacked layout (kernels/repacked_q32.h, repacked_k.h) and this ISA's tile on it
+// The 32-element types' entries (q8_entry) and the Q4_K and Q6_K entries (k_entry) also carry the
+// arm x4 repacked layout (kernels/repacked_q32.h, repacked_k.h) and this ISA's tile on it
 // (kernels/arm/q32_repack_neon.h, k_repack_neon.h); the other types use the plain layout. The
-// i8mm object registers only those four; the rest fall back to dotprod's.
+// i8mm object registers only those eight; the rest fall back to dotprod's.
 #pragma once
 #include "kernels/arm/float_neon.h"
 #include "kernels/arm/iq_neon.h"
@@ -23,7 +23,7 @@
 namespace ktd::KTD_ARM_NS {
 namespace {
 // One entry for every quantized type: its activation type decides the reference quantizer and
-// which arm x4 layout it may carry (Q8_0: with_arm_x4_layout, for Q8_0 and Q4_0; Q8_K:
+// which arm x4 layout it may carry (Q8_0: with_arm_x4_layout, for every 32-element type; Q8_K:
 // with_arm_k_x4_layout, for Q4_K and Q6_K; every other type keeps the plain layout).
 template <GGMLType Act>
 TypeKernels quant_entry(GGMLType type, decltype(TypeKernels::dequantize_row) dq, decltype(TypeKernels::gemm) gemm) {

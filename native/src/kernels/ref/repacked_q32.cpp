@@ -227,23 +227,104 @@ void repack_q8_0_x16(const void *w, size_t w_stride, int64_t rows, int64_t k, in
         });
 }
 
-// ---- arm x4 (the aarch64 kernels' layout; their tile's specification is the plain reference) ----
-size_t group_bytes_q8_0_x4(int64_t k) { return size_t(k / 32) * sizeof(block_q8_0x4); }
-void repack_q8_0_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
-    repack_groups<block_q8_0x4, block_q8_0, kRepackRowsQ32x4>(
-        w, w_stride, rows, k, g0, g1, out, [](block_q8_0x4 &dst, int r, const block_q8_0 &src) {
-            dst.d[r] = src.d;
-            for (int c = 0; c < 4; ++c) std::memcpy(dst.qs + 32 * c + 8 * r, src.qs + 8 * c, 8);
-        });
+// ---- arm x4 (the aarch64 kernels' layouts; their tile's specification is the plain reference) ----
+namespace {
+
+// Row r's 16 qs bytes into the 4-bit qs layout: its 8-byte halves copied as is.
+void put_nibbles_x4(uint8_t *qs, int r, const uint8_t *src_qs) {
+    for (int h = 0; h < 2; ++h) std::memcpy(qs + 32 * h + 8 * r, src_qs + 8 * h, 8);
+}
+// Row r's qh (bit e of the little-endian u32 = element e's fifth bit) into the qh layout: element
+// 8c + t's bit goes to bit 2c + r/2 of byte 8(r % 2) + t.
+void put_bit4_x4(uint8_t *qh, int r, const uint8_t *src_qh) {
+    uint32_t bits;
+    std::memcpy(&bits, src_qh, 4);
+    for (int e = 0; e < 32; ++e) qh[8 * (r % 2) + e % 8] |= uint8_t(((bits >> e) & 1u) << (2 * (e / 8) + r / 2));
 }
 
-size_t group_bytes_q4_0_x4(int64_t k) { return size_t(k / 32) * sizeof(block_q4_0x4); }
-void repack_q4_0_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
-    repack_groups<block_q4_0x4, block_q4_0, kRepackRowsQ32x4>(
-        w, w_stride, rows, k, g0, g1, out, [](block_q4_0x4 &dst, int r, const block_q4_0 &src) {
-            dst.d[r] = src.d;
-            for (int h = 0; h < 2; ++h) std::memcpy(dst.qs + 32 * h + 8 * r, src.qs + 8 * h, 8);
-        });
+// Per layout: put(dst, r, src) writes row r's block into the (zeroed) group block.
+struct Q8_0x4 {
+    using Group = block_q8_0x4;
+    using Block = block_q8_0;
+    static void put(Group &g, int r, const Block &x) {
+        g.d[r] = x.d;
+        for (int c = 0; c < 4; ++c) std::memcpy(g.qs + 32 * c + 8 * r, x.qs + 8 * c, 8);
+    }
+};
+struct Q4_0x4 {
+    using Group = block_q4_0x4;
+    using Block = block_q4_0;
+    static void put(Group &g, int r, const Block &x) {
+        g.d[r] = x.d;
+        put_nibbles_x4(g.qs, r, x.qs);
+    }
+};
+struct Q4_1x4 {
+    using Group = block_q4_1x4;
+    using Block = block_q4_1;
+    static void put(Group &g, int r, const Block &x) {
+        g.d[r] = x.d;
+        g.m[r] = x.m;
+        put_nibbles_x4(g.qs, r, x.qs);
+    }
+};
+struct Q5_0x4 {
+    using Group = block_q5_0x4;
+    using Block = block_q5_0;
+    static void put(Group &g, int r, const Block &x) {
+        g.d[r] = x.d;
+        put_bit4_x4(g.qh, r, x.qh);
+        put_nibbles_x4(g.qs, r, x.qs);
+    }
+};
+struct Q5_1x4 {
+    using Group = block_q5_1x4;
+    using Block = block_q5_1;
+    static void put(Group &g, int r, const Block &x) {
+        g.d[r] = x.d;
+        g.m[r] = x.m;
+        put_bit4_x4(g.qh, r, x.qh);
+        put_nibbles_x4(g.qs, r, x.qs);
+    }
+};
+struct IQ4_NLx4 {
+    using Group = block_iq4_nlx4;
+    using Block = block_iq4_nl;
+    static void put(Group &g, int r, const Block &x) {
+        g.d[r] = x.d;
+        put_nibbles_x4(g.qs, r, x.qs);
+    }
+};
+
+template <typename L>
+size_t group_bytes_x4(int64_t k) {
+    return size_t(k / 32) * sizeof(typename L::Group);
+}
+template <typename L>
+void repack_x4(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
+    repack_groups<typename L::Group, typename L::Block, kRepackRowsQ32x4>(w, w_stride, rows, k, g0, g1, out, L::put);
+}
+template <typename L>
+TypeKernels with_x4(TypeKernels tk) {
+    tk.repack_rows = kRepackRowsQ32x4;
+    tk.repack_layout = kRepackLayoutQ32ArmX4;
+    tk.repacked_group_bytes = group_bytes_x4<L>;
+    tk.repack = repack_x4<L>;
+    return tk;
+}
+
+}  // namespace
+
+TypeKernels with_arm_x4_layout(TypeKernels tk) {
+    switch (tk.type) {
+        case GGMLType::Q8_0: return with_x4<Q8_0x4>(tk);
+        case GGMLType::Q4_0: return with_x4<Q4_0x4>(tk);
+        case GGMLType::Q4_1: return with_x4<Q4_1x4>(tk);
+        case GGMLType::Q5_0: return with_x4<Q5_0x4>(tk);
+        case GGMLType::Q5_1: return with_x4<Q5_1x4>(tk);
+        case GGMLType::IQ4_NL: return with_x4<IQ4_NLx4>(tk);
+        default: throw std::logic_error("not a 32-element type with an arm x4 layout");
+    }
 }
 
 }  // namespace ktd::ref
