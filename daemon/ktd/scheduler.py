@@ -160,6 +160,9 @@ class Scheduler:
         self.forward_seconds = 0.0
         self.sample_seconds = 0.0
         self._masks = _MaskWorker(overlap_masks)  # grammar masks computed during the forward
+        # The engine holds other weights to switch to (model.weights_map: auto after a miss).
+        self._weights_ready = False
+        engine.on_weights_ready(self._wake_for_weights)
 
     # --- event-loop side (thread-safe) -------------------------------------------------------
 
@@ -213,6 +216,11 @@ class Scheduler:
             self.prefill_tokens_per_step = prefill_tokens_per_step
             self.max_queue = max_queue
 
+    def _wake_for_weights(self) -> None:
+        with self._lock:
+            self._weights_ready = True
+            self._lock.notify()
+
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -255,11 +263,22 @@ class Scheduler:
         try:
             while True:
                 with self._lock:
-                    while not self._stop and not self._running and not self._waiting:
+                    while not self._stop and not self._running and not self._waiting and not self._weights_ready:
                         self.idle = True
                         self._lock.wait()
                     if self._stop and not self._running and not self._waiting:
                         return
+                    # The weights switch: only between steps with no sequence in flight (waiting
+                    # jobs are admitted after it), because the new weights come with a new, empty
+                    # KV cache: a running sequence would lose its KV (carrying it over would mix
+                    # KV computed by other kernels into its continuation).
+                    switch = self._weights_ready and not self._running
+                    if switch:
+                        self._weights_ready = False
+                if switch:
+                    self._switch_weights()
+                    continue
+                with self._lock:
                     self.idle = False
                     self.last_progress = time.monotonic()
                     cancels, self._cancels = self._cancels, {}
@@ -280,6 +299,15 @@ class Scheduler:
                     self._emit(self._waiting.popleft(), "error", Internal("engine thread failed"))
             self._flush()
             raise
+
+    def _switch_weights(self) -> None:
+        try:
+            emptied = self.engine.switch_weights()
+        except Exception:  # the engine keeps the weights it has; requests go on
+            log.exception("weights switch failed")
+            return
+        if emptied:
+            self.prefix.clear()
 
     def _emit(self, job: Job, kind: str, payload: Any) -> None:
         self._outbox.append((job.sink, kind, payload))
