@@ -229,3 +229,24 @@ def test_daemon_stop_leaves_no_builder(model, gate):
     assert proc.returncode == 0, out
     assert not os.path.exists(f"/proc/{builders[0]}"), "the builder outlived the daemon"
 
+
+def test_ktd_run_starts_no_builder_and_prepares_with_prepare(model, gate, monkeypatch, capsys, caplog):
+    """``ktd run`` (one shot) with the default auto and no entry: serves from the file and starts
+    no builder (no child process, nothing written); --prepare writes the entry in the foreground,
+    and the next run maps it."""
+    from ktd import cli
+
+    path, cache = model
+    monkeypatch.setenv("KTD_MODEL__WEIGHTS_CACHE", str(cache))
+    argv = ["run", str(path), "--prompt", "hello", "--max-tokens", "4", "--threads", "1"]
+    children = set(_children(os.getpid()))
+    with caplog.at_level(logging.INFO, logger="ktd.engine"):
+        assert cli.main(argv) == 0
+    first = capsys.readouterr().out
+    assert "no background build here" in caplog.text
+    assert set(_children(os.getpid())) == children and list(cache.iterdir()) == []
+    assert cli.main(argv + ["--prepare"]) == 0
+    assert capsys.readouterr().out == first
+    assert [p.suffix for p in cache.iterdir()] == [".ktdw"] and set(_children(os.getpid())) == children
+    e = Engine.open(str(path), n_ctx=32, threads=1, pin=False, weights_cache=str(cache), weights_map="auto")
+    assert e.model.cache["state"] == "hit" and e.cache_builder is None

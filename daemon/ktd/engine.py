@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ktd import GGUFError, _native, weights_cache
+from ktd import config as ktd_config
 from ktd.engine_api import Progress
 from ktd.errors import ContextOverflow
 from ktd.routing_profile import layer_summaries
@@ -149,7 +150,7 @@ class Engine:
         # One snapshot for both: the background write may end between two reads, and then "writing"
         # would be logged with no thread left to log "written".
         cache = model.cache
-        weights_cache.log_load(cache, cache_off)
+        weights_cache.log_load(cache, cache_off, building=build_in_background)
         if cache["state"] == "writing":
             weights_cache.log_when_written(model)
         context = _native.Context(model, n_ctx, n_seq_max + cache_slots, n_batch)
@@ -410,7 +411,7 @@ def placement_options(config: Any) -> dict[str, Any]:
     return {"nodes": list(mc.numa_nodes), "smt": mc.smt, "hugepages": mc.hugepages,
             "hugetlb_page_size": HUGETLB_PAGE_SIZES[mc.hugepage_size], "mlock": mc.mlock,
             "numa_experts": nc.experts, "numa_dense": nc.dense, "weights_cache": mc.weights_cache,
-            "cache_map": mc.weights_cache_map, "weights_map": mc.weights_map}
+            "cache_map": mc.weights_cache_map, "weights_map": ktd_config.effective_weights_map(mc)[0]}
 
 
 def load(config: Any, progress: Progress) -> Engine:
@@ -424,6 +425,9 @@ def load(config: Any, progress: Progress) -> Engine:
     if not mc.path:
         raise ValueError("model.path is not set")
     decision = gpu.decide(config)
+    _, why = ktd_config.effective_weights_map(mc)
+    if why:
+        log.info("weights map: %s", why)
     engine = Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
                          cache_in_background=True, cache_slots=config.prefix_cache.slots,
                          **placement_options(config))
