@@ -250,3 +250,66 @@ def test_ktd_run_starts_no_builder_and_prepares_with_prepare(model, gate, monkey
     assert [p.suffix for p in cache.iterdir()] == [".ktdw"] and set(_children(os.getpid())) == children
     e = Engine.open(str(path), n_ctx=32, threads=1, pin=False, weights_cache=str(cache), weights_map="auto")
     assert e.model.cache["state"] == "hit" and e.cache_builder is None
+
+
+def _forward_logits(engine: Engine) -> np.ndarray:
+    """A prefill of PROMPTS[1] and two decode steps through the engine's own context (its backend)."""
+    p = np.array(PROMPTS[1], np.int32)
+    n = len(p)
+    out = [engine.forward(p, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), np.ones(n, bool))]
+    for i, t in enumerate((6, 8)):
+        out.append(engine.forward(np.array([t], np.int32), np.array([n + i], np.int32), np.zeros(1, np.int32),
+                                  np.ones(1, bool)))
+    engine.free_seq(0)
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("backend", ["loopback", "cuda-emulated"])
+def test_the_switch_keeps_the_backend(tmp_path, gate, backend):
+    """The hybrid backends (the loopback device, the emulated CUDA device: its own KV cache and
+    copy of the weights) are set on the new context as at load; the old device is released first.
+    The forward equals an arena load's on the same backend, bit for bit."""
+    from models import synthetic_moe as S
+
+    path = S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    arena = Engine.open(str(path), n_ctx=64, threads=2, pin=False)
+    arena.context.set_backend(backend)
+    e = _open_auto(path, cache)
+    try:
+        e.context.set_backend(backend)
+        e.backend_args = (backend, {})
+        gate.touch()
+        assert e.wait_weights_switch(timeout=BUILD_S)["state"] == "ready"
+        assert e.switch_weights() is True and e.model.memory["weights_map"] == "arena"
+        assert e.context.backend == backend
+        np.testing.assert_array_equal(_forward_logits(e).view(np.uint32), _forward_logits(arena).view(np.uint32))
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("arch,wtype", [("qwen3moe", "Q8_0"), ("deepseek2", "Q8_0"), ("qwen2", "Q4_0"),
+                                        ("gemma3", "Q5_0")])
+def test_the_switch_of_other_architectures(tmp_path, gate, arch, wtype):
+    """Expert stacks (MoE), the MLA stacks (deepseek2), tied output (qwen2) and other block types:
+    logits before the switch equal the plain arena's, after it a repacked arena load's, bit for bit."""
+    from models import synthetic_moe as S
+
+    if arch in ("qwen3moe", "deepseek2"):
+        path = S.make_model(arch, tmp_path / "m.gguf", wtype=wtype)
+    else:
+        path = make_model(arch, tmp_path / "m.gguf", wtype=wtype, variant="tied" if arch == "qwen2" else None)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    plain = _native.Model(str(path), n_threads=2, pin=False, allow_repack=False)
+    arena = _native.Model(str(path), n_threads=2, pin=False)
+    e = _open_auto(path, cache)
+    try:
+        np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
+        gate.touch()
+        assert e.wait_weights_switch(timeout=BUILD_S)["state"] == "ready"
+        assert e.switch_weights() is True and e.model.repacked_bytes == arena.repacked_bytes
+        np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(arena).view(np.uint32))
+    finally:
+        e.close()
