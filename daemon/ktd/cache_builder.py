@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -117,6 +118,9 @@ def watch(proc: subprocess.Popen, entry: str,
         if ok:
             log.info("prepared-weights cache: background build written in %.1f s to %s (%s)",
                      time.monotonic() - t0, entry, text.splitlines()[-1] if text else "")
+        elif proc.returncode == -signal.SIGTERM:  # Engine.close (the daemon stopping) or the operator
+            why = "stopped (SIGTERM) before it was written"
+            log.info("prepared-weights cache: background build %s; the next start builds it again", why)
         else:
             why = f"exit {proc.returncode}: {text[-2000:] or 'no message'}"
             log.warning("prepared-weights cache: background build failed (%s)", why)
