@@ -147,6 +147,10 @@ def test_a_failed_switch_keeps_serving_from_the_file(model, monkeypatch, caplog,
             assert e.switch_weights() is False
             assert e.model.memory["weights_map"] == "gguf"
             assert e.info()["memory"]["weights_map_switch"] == st
+            # the entry's path and the reason name the model's path: operators only
+            from ktd.connections import _unprivileged_model
+            assert _unprivileged_model(e.info())["memory"]["weights_map_switch"] == {
+                "state": "failed", "from": "gguf", "to": "arena"}
             np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
         finally:
             e.close()
