@@ -480,3 +480,31 @@ def test_weights_announced_while_idle_are_switched_to_at_once(make):
     s.submit(job([fake_engine.BOS, 65], c, max_tokens=3))
     assert c.wait()[0] == "done"
     assert eng.switches == [0]  # before the job's first forward
+
+
+def test_a_busy_scheduler_holds_new_sequences_back_for_a_pending_switch(make):
+    """switch_hold_after_s (0 here) after the engine announced other weights with a sequence
+    still running, a job submitted meanwhile waits in the queue (a free slot notwithstanding)
+    until the running one ends; then the switch, then the job, from position 0."""
+    eng, s = make(prefill=8, n_seq_max=2)
+    s.switch_hold_after_s = 0.0
+    later = Collector()
+
+    class Offer(Collector):
+        def __call__(self, kind, payload):
+            if kind == "chunk" and not self.chunks:
+                eng.offer_switch()
+                s.submit(job([fake_engine.BOS, 70, 71], later, max_tokens=4))
+            super().__call__(kind, payload)
+
+    offer = Offer()
+    s.submit(job([fake_engine.BOS, 65, 66, 67], offer, max_tokens=12))
+    assert offer.wait()[0] == "done" and later.wait()[0] == "done"
+    [n_before] = eng.switches
+    assert all(len(set(c.seq_ids.tolist())) == 1 for c in eng.calls)  # never both in one step
+    assert len(eng.calls) - n_before == 4 and eng.calls[n_before].positions.min() == 0
+    tok = fake_engine.ByteTokenizer()
+    assert "".join(offer.chunks) == tok.decode(fake_engine.reference_greedy([fake_engine.BOS, 65, 66, 67], 12,
+                                                                             stop_at_eos=False))
+    assert "".join(later.chunks) == tok.decode(fake_engine.reference_greedy([fake_engine.BOS, 70, 71], 4,
+                                                                             stop_at_eos=False))
