@@ -311,9 +311,18 @@ def test_the_switch_of_other_architectures(tmp_path, gate, arch, wtype):
     e = _open_auto(path, cache)
     try:
         np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
+        _greedy(e, PROMPTS[0])
+        routed = e.expert_counts()
         gate.touch()
         assert e.wait_weights_switch(timeout=BUILD_S)["state"] == "ready"
         assert e.switch_weights() is True and e.model.repacked_bytes == arena.repacked_bytes
         np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(arena).view(np.uint32))
+        # MoE: the routing statistics stay cumulative across the switch (the routing profile's)
+        np.testing.assert_array_equal(e.expert_counts(), routed)
+        _greedy(e, PROMPTS[0])
+        assert e.expert_counts().sum() == 2 * routed.sum() and (e.expert_counts() >= routed).all()
+        assert (routed.sum() > 0) == (e.model.n_expert > 0)
+        e.reset_expert_counts()
+        assert not e.expert_counts().any()
     finally:
         e.close()

@@ -86,6 +86,9 @@ class Engine:
         # and must not wait for the context lock a running forward holds).
         self._expert_snapshot: np.ndarray | None = None
         self._expert_snapshot_at = 0.0
+        # The routing counts of contexts replaced by a weights switch (added to the context's own:
+        # the counts stay cumulative since load; None: no switch, or reset since).
+        self._expert_base: np.ndarray | None = None
         # The GPU decision of the load (ktd.gpu; None: opened without one, i.e. CPU only) and the
         # hybrid backend's transfer counters as of the last snapshot (info() must not lock).
         self.gpu: Any = None
@@ -252,8 +255,9 @@ class Engine:
             self._switch_failed(f"the backend {name} cannot be set on the new weights: {type(e).__name__}: {e}")
             # A device backend was released and set again: its KV cache went with it.
             return name.startswith("cuda")
+        if self.model.n_expert:
+            self._expert_base = self.expert_counts()  # the old context's, carried over
         self.model, self.context = model, context
-        self._expert_snapshot = None
         self._hybrid_snapshot = None
         try:
             self.model.pin_forward_thread()  # as the scheduler did for the first model (one node: nothing)
@@ -337,7 +341,8 @@ class Engine:
     def expert_counts(self) -> np.ndarray:
         """uint64 [n_layer, n_expert]: tokens routed to each expert since load or the last reset
         (dense layers 0). Engine thread only: it waits for a running forward."""
-        return self.context.expert_counts()
+        counts = self.context.expert_counts()
+        return counts if self._expert_base is None else counts + self._expert_base
 
     def expert_snapshot(self) -> np.ndarray | None:
         """The routing counts as of the last forward's snapshot (any thread; at most
@@ -346,6 +351,7 @@ class Engine:
 
     def reset_expert_counts(self) -> None:
         self.context.reset_expert_counts()
+        self._expert_base = None
         self._expert_snapshot = None
 
     def _experts_summary(self) -> dict[str, Any]:
@@ -364,7 +370,7 @@ class Engine:
         except _native.ContextOverflow as e:
             raise ContextOverflow(str(e)) from None
         if self.model.n_expert and time.monotonic() - self._expert_snapshot_at >= self.EXPERT_SNAPSHOT_S:
-            self._expert_snapshot = self.context.expert_counts()
+            self._expert_snapshot = self.expert_counts()
             self._expert_snapshot_at = time.monotonic()
             if self.gpu is not None and self.gpu.backend != "cpu":
                 self._hybrid_snapshot = self.context.hybrid_stats()
