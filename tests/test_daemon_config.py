@@ -129,7 +129,8 @@ def test_numa_and_memory_keys_reach_the_engine_options():
     from ktd.engine import placement_options
 
     c = config.load(text="model:\n  numa_nodes: [1]\n  smt: true\n  hugepages: off\n  hugepage_size: 1G\n"
-                         "  mlock: true\n  weights_cache: /srv/ktd-cache\nnuma:\n  experts: off\n",
+                         "  mlock: true\n  weights_cache: /srv/ktd-cache\n  weights_map: arena\n"
+                         "numa:\n  experts: off\n",
                     environ={"KTD_NUMA__DENSE": "replicate"})
     assert placement_options(c) == {"nodes": [1], "smt": True, "hugepages": "off", "hugetlb_page_size": 1 << 30,
                                     "mlock": True, "numa_experts": "off", "numa_dense": "replicate",

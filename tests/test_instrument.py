@@ -55,6 +55,12 @@ def test_status_line():
         "serving m.gguf on /run/ktd/ktd.sock (socket-activated): 1/4 slots, 2 queued, 12.2 tok/s, reloads=2")
     plain = instrument.ServerFacts("reloading", "/tmp/s", False, 0, 0, 0.0)
     assert instrument.status_line(plain, "m", STATS) == "reloading m on /tmp/s: 1/4 slots, 2 queued, 12.2 tok/s"
+    # model.weights_map: auto after a miss: the switch while it is pending or when it failed, not once done
+    for state, note in (("building", ", weights gguf (building arena)"), ("ready", ", weights gguf (ready arena)"),
+                        ("failed", ", weights gguf (switch to arena failed)"), ("done", ""), ("none", "")):
+        info = {"memory": {"weights_map_switch": {"state": state, "from": "gguf", "to": "arena"}}}
+        assert instrument.status_line(plain, "m", STATS, info) == \
+            "reloading m on /tmp/s: 1/4 slots, 2 queued, 12.2 tok/s" + note
 
 
 def test_status_document():

@@ -432,3 +432,79 @@ def test_prefix_cache_cancelled_sequence_is_kept_engine_failure_is_not(make):
     text, usage = _run(s, p + [33], max_tokens=3)
     assert usage["cached_tokens"] == len(p)
     assert text == _text(fake_engine.reference_greedy(p + [33], 3, stop_at_eos=False))
+
+
+# --- the weights switch (model.weights_map: auto): only with no sequence in flight -----------------
+
+def test_weights_switch_waits_until_no_sequence_is_in_flight(make):
+    """The engine announces other weights while two sequences decode (from the first chunk's
+    delivery, on the engine thread): the switch comes only after both have ended, before the next
+    job; the fake engine's new KV cache is empty, so a sequence continued across it would fail its
+    position check, and a prefix-cache entry kept across it would too."""
+    eng, s = make(prefill=8, n_seq_max=2, cache_slots=2)
+    first = [Collector() for _ in range(2)]
+
+    class Offer(Collector):
+        def __call__(self, kind, payload):
+            if kind == "chunk" and not self.chunks:
+                eng.offer_switch()
+            super().__call__(kind, payload)
+
+    offer = Offer()
+    s.submit(job([fake_engine.BOS, 65, 66, 67], offer, max_tokens=12))
+    for c in first:
+        s.submit(job([fake_engine.BOS, 65, 66, 67], c, max_tokens=12))
+    for c in (offer, *first):
+        assert c.wait()[0] == "done"
+    after = Collector()
+    s.submit(job([fake_engine.BOS, 65, 66, 67, 68], after, max_tokens=6))
+    assert after.wait()[0] == "done"
+    # Two slots: offer's job and first[0] ran together, the switch came when both had ended
+    # (a switch under them would have failed their next forward), then first[1] was admitted and,
+    # its prompt's prefix cache entry dropped with the old KV, prefilled from position 0.
+    assert len(eng.switches) == 1
+    n_before = eng.switches[0]
+    assert eng.calls[n_before].positions.min() == 0 and 0 < n_before < len(eng.calls)
+    tok = fake_engine.ByteTokenizer()
+    ref = tok.decode(fake_engine.reference_greedy([fake_engine.BOS, 65, 66, 67], 12, stop_at_eos=False))
+    assert ["".join(c.chunks) for c in (offer, *first)] == [ref] * 3
+    ref = tok.decode(fake_engine.reference_greedy([fake_engine.BOS, 65, 66, 67, 68], 6, stop_at_eos=False))
+    assert "".join(after.chunks) == ref
+
+
+def test_weights_announced_while_idle_are_switched_to_at_once(make):
+    eng, s = make()
+    assert eng.switches == []
+    eng.offer_switch()
+    c = Collector()
+    s.submit(job([fake_engine.BOS, 65], c, max_tokens=3))
+    assert c.wait()[0] == "done"
+    assert eng.switches == [0]  # before the job's first forward
+
+
+def test_a_busy_scheduler_holds_new_sequences_back_for_a_pending_switch(make):
+    """switch_hold_after_s (0 here) after the engine announced other weights with a sequence
+    still running, a job submitted meanwhile waits in the queue (a free slot notwithstanding)
+    until the running one ends; then the switch, then the job, from position 0."""
+    eng, s = make(prefill=8, n_seq_max=2)
+    s.switch_hold_after_s = 0.0
+    later = Collector()
+
+    class Offer(Collector):
+        def __call__(self, kind, payload):
+            if kind == "chunk" and not self.chunks:
+                eng.offer_switch()
+                s.submit(job([fake_engine.BOS, 70, 71], later, max_tokens=4))
+            super().__call__(kind, payload)
+
+    offer = Offer()
+    s.submit(job([fake_engine.BOS, 65, 66, 67], offer, max_tokens=12))
+    assert offer.wait()[0] == "done" and later.wait()[0] == "done"
+    [n_before] = eng.switches
+    assert all(len(set(c.seq_ids.tolist())) == 1 for c in eng.calls)  # never both in one step
+    assert len(eng.calls) - n_before == 4 and eng.calls[n_before].positions.min() == 0
+    tok = fake_engine.ByteTokenizer()
+    assert "".join(offer.chunks) == tok.decode(fake_engine.reference_greedy([fake_engine.BOS, 65, 66, 67], 12,
+                                                                             stop_at_eos=False))
+    assert "".join(later.chunks) == tok.decode(fake_engine.reference_greedy([fake_engine.BOS, 70, 71], 4,
+                                                                             stop_at_eos=False))

@@ -319,7 +319,8 @@ def test_the_daemon_writes_a_new_entry_in_the_background(tmp_path, caplog):
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
     reference = _logits(_open(path))
-    cfg = ktd_config.load(text=f"model:\n  path: {path}\n  n_ctx: 32\n  threads: 2\n  weights_cache: {cache}\n",
+    cfg = ktd_config.load(text=f"model:\n  path: {path}\n  n_ctx: 32\n  threads: 2\n  weights_cache: {cache}\n"
+                               "  weights_map: arena\n",
                           environ={})
     with caplog.at_level(logging.INFO, logger="ktd.engine"):
         e = load(cfg, lambda what, f: None)

@@ -211,7 +211,9 @@ def test_native_rejects_an_unknown_map(tmp_path):
 
 
 def test_config_key():
-    assert ktd_config.load(None, environ={}).model.weights_map == "arena"
+    assert ktd_config.load(None, environ={}).model.weights_map == "auto"  # the default
+    cfg = ktd_config.load(None, text="model:\n  weights_map: arena\n", environ={})
+    assert cfg.model.weights_map == "arena" and placement_options(cfg)["weights_map"] == "arena"
     cfg = ktd_config.load(None, text="model:\n  weights_map: gguf\n", environ={})
     assert cfg.model.weights_map == "gguf" and placement_options(cfg)["weights_map"] == "gguf"
     assert ktd_config.load(None, environ={"KTD_MODEL__WEIGHTS_MAP": "gguf"}).model.weights_map == "gguf"
@@ -270,9 +272,14 @@ def test_cache_builder_runs_at_idle_priority():
 
 
 def test_auto_config():
-    assert ktd_config.load(None, text="model:\n  weights_map: auto\n", environ={}).model.weights_map == "auto"
-    with pytest.raises(ktd_config.ConfigError, match="weights_map: auto .* model.hugepages: hugetlb requires"):
-        ktd_config.load(None, text="model:\n  weights_map: auto\n  hugepages: hugetlb\n", environ={})
+    cfg = ktd_config.load(None, text="model:\n  weights_map: auto\n", environ={})
+    assert cfg.model.weights_map == "auto" and placement_options(cfg)["weights_map"] == "auto"
+    assert ktd_config.effective_weights_map(cfg.model) == ("auto", "")
+    # hugetlb (a configuration written when arena was the default) keeps starting: auto is arena.
+    for text in ("model:\n  weights_map: auto\n  hugepages: hugetlb\n", "model:\n  hugepages: hugetlb\n"):
+        cfg = ktd_config.load(None, text=text, environ={})
+        assert placement_options(cfg)["weights_map"] == "arena"
+        assert "reserved huge pages cannot back" in ktd_config.effective_weights_map(cfg.model)[1]
 
 
 def test_daemon_status_shows_the_map_and_serves_from_the_file(tmp_path):

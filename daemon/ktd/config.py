@@ -69,15 +69,16 @@ class ModelConfig:
                                    "where the kernel has them: no copy) rather than reading it into fresh "
                                    "pages; one NUMA node, no mlock, no reserved huge pages (else read)",
                                    kind="bool")
-    weights_map: str = _key("arena", "where the forward reads the weight matrices: arena (repacked into "
+    weights_map: str = _key("auto", "where the forward reads the weight matrices: arena (repacked into "
                             "memory of ktd's own at load, or mapped from the weights cache: the fastest "
                             "decode) or gguf (served in the file's plain layout straight from its page "
                             "cache, as llama.cpp's mmap: nothing prepared, the first start is about a read "
                             "of the file, decode slower where a type repacks; one NUMA node, else arena "
                             "with the reason logged; no weights cache) or auto (arena when the weights "
                             "cache has the entry, else gguf at once while a background process, nice 19 "
-                            "and SCHED_IDLE, prepares the entry for the next start; arena without a cache "
-                            "or on several NUMA nodes)",
+                            "and SCHED_IDLE, prepares the entry, which the daemon then switches to when no "
+                            "request is in flight, and the next start maps; arena without a cache, on "
+                            "several NUMA nodes or with hugepages: hugetlb)",
                             kind="choice", choices=("arena", "gguf", "auto"))
 
 
@@ -411,11 +412,21 @@ def load(path: str | None = None, *, text: str | None = None,
 def _check_combinations(cfg: Config, source: str) -> None:
     """Keys valid one by one that cannot hold together."""
     mc = cfg.model
-    if mc.weights_map in ("gguf", "auto") and mc.hugepages == "hugetlb":
-        raise ConfigError(f"{source}: model.weights_map: {mc.weights_map} serves the weights from the model "
-                          "file's page cache (auto: until its entry is prepared), which reserved huge pages "
-                          "cannot back, but model.hugepages: hugetlb requires them (use hugepages: auto, thp "
-                          "or off, or weights_map: arena)")
+    if mc.weights_map == "gguf" and mc.hugepages == "hugetlb":
+        raise ConfigError(f"{source}: model.weights_map: gguf serves the weights from the model file's page "
+                          "cache, which reserved huge pages cannot back, but model.hugepages: hugetlb requires "
+                          "them (use hugepages: auto, thp or off, or weights_map: arena)")
+
+
+def effective_weights_map(mc: ModelConfig) -> tuple[str, str]:
+    """(the model.weights_map the engine is given, why it is not the configured one or ""). auto
+    (the default) with hugepages: hugetlb is arena: reserved huge pages cannot back the file's
+    page cache auto serves from after a cache miss, and a configuration that asked for hugetlb
+    before auto was the default must keep starting (an explicit gguf is refused instead)."""
+    if mc.weights_map == "auto" and mc.hugepages == "hugetlb":
+        return "arena", ("model.weights_map: auto with model.hugepages: hugetlb is arena (reserved huge pages "
+                         "cannot back the model file's page cache, which auto serves from after a cache miss)")
+    return mc.weights_map, ""
 
 
 def live_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:

@@ -120,6 +120,10 @@ def _unprivileged_model(info: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in info.items() if k != "path"}
     if isinstance(info.get("weights_cache"), Mapping):  # its entry's path and reason name the model's path
         out["weights_cache"] = {k: v for k, v in info["weights_cache"].items() if k in ("state", "bytes")}
+    memory = info.get("memory")
+    if isinstance(memory, Mapping) and isinstance(memory.get("weights_map_switch"), Mapping):  # entry, reason: likewise
+        out["memory"] = {**memory, "weights_map_switch": {k: v for k, v in memory["weights_map_switch"].items()
+                                                          if k in ("state", "from", "to", "at")}}
     return out
 
 

@@ -11,11 +11,13 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ktd import GGUFError, _native, weights_cache
+from ktd import config as ktd_config
 from ktd.engine_api import Progress
 from ktd.errors import ContextOverflow
 from ktd.routing_profile import layer_summaries
@@ -84,18 +86,33 @@ class Engine:
         # and must not wait for the context lock a running forward holds).
         self._expert_snapshot: np.ndarray | None = None
         self._expert_snapshot_at = 0.0
+        # The routing counts of contexts replaced by a weights switch (added to the context's own:
+        # the counts stay cumulative since load; None: no switch, or reset since).
+        self._expert_base: np.ndarray | None = None
         # The GPU decision of the load (ktd.gpu; None: opened without one, i.e. CPU only) and the
         # hybrid backend's transfer counters as of the last snapshot (info() must not lock).
         self.gpu: Any = None
         # weights_map: auto, a cache miss: the process preparing the entry (ktd.cache_builder).
         self.cache_builder: Any = None
         self._hybrid_snapshot: dict[str, int] | None = None
+        # The context's backend as set at load (set_backend's arguments; None: the CPU): the
+        # weights switch sets it on the new context.
+        self.backend_args: tuple[str, dict[str, Any]] | None = None
+        # The switch from the file's weights to the entry the builder wrote (see switch_weights):
+        # Model keywords to open the entry with (None: nothing to switch to), what status shows,
+        # the (model, context) opened and waiting for the engine thread, and its wake-up.
+        self._reopen: dict[str, Any] | None = None
+        self.weights_switch: dict[str, Any] = {"state": "none"}
+        self._switch_lock = threading.Condition()
+        self._prepared: tuple[Any, Any] | None = None
+        self._wake: Callable[[], None] | None = None
+        self._closed = False
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
              n_batch: int = 512, pin: bool = True, allow_repack: bool = True, cache_slots: int = 0,
              progress: Progress | None = None, tokenizer: Tokenizer | None = None,
-             cache_in_background: bool = False, **placement: Any) -> "Engine":
+             cache_in_background: bool = False, build_in_background: bool = True, **placement: Any) -> "Engine":
         """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file.
 
         ``cache_slots``: KV slots beyond ``n_seq_max`` for the prefix cache (``ktd.prefix_cache``).
@@ -104,7 +121,11 @@ class Engine:
         model.weights_cache value: auto, off or a directory; absent = off); see ``load`` for the
         config keys they come from. ``tokenizer``: the file's, when the caller has already read it.
         ``cache_in_background``: a new cache entry is written by a thread of its own after the
-        load (the daemon: it serves meanwhile) rather than before returning."""
+        load (the daemon: it serves meanwhile) rather than before returning.
+        ``build_in_background``: model.weights_map: auto, a cache miss: a process of its own
+        (ktd.cache_builder) prepares the entry while the engine serves from the file, and the
+        engine switches to it when it is written (``switch_weights``); False: no builder, the
+        file's weights until the engine is closed (``ktd run``)."""
         path = os.fspath(path)
         # The tokenizer first: its metadata is checked in a fraction of a second, before the
         # weights are read.
@@ -132,18 +153,161 @@ class Engine:
         # One snapshot for both: the background write may end between two reads, and then "writing"
         # would be logged with no thread left to log "written".
         cache = model.cache
-        weights_cache.log_load(cache, cache_off)
+        weights_cache.log_load(cache, cache_off, building=build_in_background)
         if cache["state"] == "writing":
             weights_cache.log_when_written(model)
-        builder = None
-        if cache["state"] == "absent":  # weights_map: auto, a miss: served from the file meanwhile
-            from ktd import cache_builder
-            builder = cache_builder.spawn(path, cache_dir, threads, {"allow_repack": allow_repack, **placement})
-            cache_builder.watch(builder, cache["path"])
         context = _native.Context(model, n_ctx, n_seq_max + cache_slots, n_batch)
         engine = cls(model, context, tokenizer, path, cache_slots)
-        engine.cache_builder = builder
+        if cache["state"] == "absent" and build_in_background:
+            # weights_map: auto, a miss: served from the file meanwhile; the entry is built by a
+            # process of its own, and the engine switches to it once it is written.
+            from ktd import cache_builder
+            engine._reopen = {"n_threads": threads, "pin": pin, "allow_repack": allow_repack, "cache_dir": cache_dir,
+                              **placement, "weights_map": "auto"}
+            engine.weights_switch = {"state": "building", "from": "gguf", "to": "arena", "entry": cache["path"]}
+            engine.cache_builder = cache_builder.spawn(path, cache_dir, threads,
+                                                       {"allow_repack": allow_repack, **placement})
+            cache_builder.watch(engine.cache_builder, cache["path"], on_end=engine._builder_ended)
         return engine
+
+    # --- the weights switch (model.weights_map: auto after a miss) ---------------------------------
+
+    def _builder_ended(self, ok: bool, why: str) -> None:
+        """The builder's watch thread: the entry is written (ok) or not. Opens it as a warm start
+        does (mapped, every checksum verified) with a KV cache of its own, here, while the engine
+        serves; switch_weights then swaps them in on the engine thread. Any failure is logged and
+        recorded, and the engine keeps serving from the file."""
+        if not ok:
+            self._switch_failed(f"the background build failed: {why}")
+            return
+        with self._switch_lock:
+            if self._closed:
+                return
+            self._set_switch(state="opening")
+        t0 = time.monotonic()
+        try:
+            assert self._reopen is not None
+            # auto: the entry mapped (a hit) or, whatever is wrong with it, the file (a miss).
+            model = _native.Model(self.path, **self._reopen)
+            c = model.cache
+            if c["state"] != "hit":
+                del model
+                self._switch_failed(f"the entry cannot be used: {c['reason'] or c['state']}")
+                return
+            context = _native.Context(model, self.n_ctx, self.n_kv_slots, self.context.n_batch)
+        except Exception as e:  # GGUFError, OSError, MemoryError: the file or the entry changed under us
+            self._switch_failed(f"opening the entry failed: {type(e).__name__}: {e}")
+            return
+        with self._switch_lock:
+            if self._closed:
+                return
+            self._prepared = (model, context)
+            self._set_switch(state="ready", open_s=round(time.monotonic() - t0, 3))
+            wake = self._wake
+        log.info("weights map: the prepared entry %s is open (%.2f s, checksums verified); switching to it when no "
+                 "request is in flight", c["path"], time.monotonic() - t0)
+        if wake is not None:
+            wake()
+
+    def _switch_failed(self, reason: str) -> None:
+        with self._switch_lock:
+            if self._closed:
+                return
+            self._set_switch(state="failed", reason=reason)
+        log.warning("weights map: not switching to the prepared entry, serving from the model file until the next "
+                    "start: %s", reason)
+
+    def _set_switch(self, **fields: Any) -> None:
+        # under _switch_lock
+        self.weights_switch = {**self.weights_switch, **fields}
+        self._switch_lock.notify_all()
+
+    def wait_weights_switch(self, states: tuple[str, ...] = ("ready", "done", "failed"),
+                            timeout: float | None = None) -> dict[str, Any]:
+        """Until the switch's state is one of ``states`` (tests, ``timeout`` s at most): its status."""
+        with self._switch_lock:
+            self._switch_lock.wait_for(lambda: self.weights_switch["state"] in states, timeout)
+            return dict(self.weights_switch)
+
+    def on_weights_ready(self, wake: Callable[[], None]) -> None:
+        with self._switch_lock:
+            self._wake = wake
+            ready = self._prepared is not None
+        if ready:
+            wake()
+
+    def switch_weights(self) -> bool:
+        """Engine thread, no sequence in flight: swaps in the model and context opened from the
+        entry (if any). Returns whether every KV slot is empty afterwards (the caller drops its
+        prefix cache): the new context's KV cache starts empty. The file's model is released (its
+        mapping unmapped once nothing refers to it). A backend that cannot be set on the new
+        context leaves the old model serving (a device backend's KV cache is gone then too)."""
+        with self._switch_lock:
+            prepared, self._prepared = self._prepared, None
+        if prepared is None:
+            return False
+        model, context = prepared
+        before = self.model.memory["weights_map"]
+        name = self.backend_args[0] if self.backend_args else "cpu"
+        try:
+            self._move_backend(context)
+        except Exception as e:
+            self._switch_failed(f"the backend {name} cannot be set on the new weights: {type(e).__name__}: {e}")
+            # A device backend was released and set again: its KV cache went with it.
+            return name.startswith("cuda")
+        if self.model.n_expert:
+            self._expert_base = self.expert_counts()  # the old context's, carried over
+        self.model, self.context = model, context
+        self._hybrid_snapshot = None
+        try:
+            self.model.pin_forward_thread()  # as the scheduler did for the first model (one node: nothing)
+        except OSError as e:
+            log.warning("could not pin the engine thread to the new weights' pool: %s", e)
+        after = self.model.memory["weights_map"]
+        with self._switch_lock:
+            self._set_switch(state="done", **{"from": before, "to": after,
+                                              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        log.info("weights map: switched from %s to %s (the prepared entry %s, %s); the model file's pages are "
+                 "released; KV and prefix caches start empty", before, after, self.weights_switch.get("entry"),
+                 "mapped" if model.cache.get("mapped") else "read")
+        return True
+
+    def _move_backend(self, context: Any) -> None:
+        """Sets the load's backend on ``context``. A device backend holds the device's copy of the
+        weights: the old context's is released first, and restored if the new one fails."""
+        if self.backend_args is None:
+            return
+        name, kw = self.backend_args
+        if not name.startswith("cuda"):
+            context.set_backend(name, **kw)
+            return
+        self.context.set_backend("cpu")
+        try:
+            context.set_backend(name, **kw)
+        except Exception:
+            try:
+                self.context.set_backend(name, **kw)
+            except Exception as e:
+                log.error("gpu: the backend %s could not be restored on the model file's weights, running on the "
+                          "CPU only: %s", name, e)
+                self.backend_args = None
+                if self.gpu is not None:
+                    self.gpu.backend, self.gpu.reason = "cpu", str(e)
+            raise
+
+    def close(self) -> None:
+        """Stops the background builder (if it still runs) and drops a switch not yet made."""
+        with self._switch_lock:
+            self._closed = True
+            self._prepared = None
+        b = self.cache_builder
+        if b is not None and b.poll() is None:
+            b.terminate()
+            try:
+                b.wait(timeout=10)
+            except Exception:
+                b.kill()
+                b.wait()
 
     def info(self) -> dict[str, Any]:
         m = self.model
@@ -166,7 +330,7 @@ class Engine:
             "memory": {"hugepages": {"kind": m.memory["page_kind"] or None,
                                      "page_size": int(m.memory["page_size"]),
                                      "reason": m.memory["page_reason"]},
-                       **weights_map_summary(m.memory)},
+                       **weights_map_summary(m.memory), "weights_map_switch": dict(self.weights_switch)},
             **({"experts": self._experts_summary()} if m.n_expert else {}),
             **({"gpu": self.gpu.summary(self._hybrid_snapshot)} if self.gpu is not None else {}),
         }
@@ -177,7 +341,8 @@ class Engine:
     def expert_counts(self) -> np.ndarray:
         """uint64 [n_layer, n_expert]: tokens routed to each expert since load or the last reset
         (dense layers 0). Engine thread only: it waits for a running forward."""
-        return self.context.expert_counts()
+        counts = self.context.expert_counts()
+        return counts if self._expert_base is None else counts + self._expert_base
 
     def expert_snapshot(self) -> np.ndarray | None:
         """The routing counts as of the last forward's snapshot (any thread; at most
@@ -186,6 +351,7 @@ class Engine:
 
     def reset_expert_counts(self) -> None:
         self.context.reset_expert_counts()
+        self._expert_base = None
         self._expert_snapshot = None
 
     def _experts_summary(self) -> dict[str, Any]:
@@ -204,7 +370,7 @@ class Engine:
         except _native.ContextOverflow as e:
             raise ContextOverflow(str(e)) from None
         if self.model.n_expert and time.monotonic() - self._expert_snapshot_at >= self.EXPERT_SNAPSHOT_S:
-            self._expert_snapshot = self.context.expert_counts()
+            self._expert_snapshot = self.expert_counts()
             self._expert_snapshot_at = time.monotonic()
             if self.gpu is not None and self.gpu.backend != "cpu":
                 self._hybrid_snapshot = self.context.hybrid_stats()
@@ -251,7 +417,7 @@ def placement_options(config: Any) -> dict[str, Any]:
     return {"nodes": list(mc.numa_nodes), "smt": mc.smt, "hugepages": mc.hugepages,
             "hugetlb_page_size": HUGETLB_PAGE_SIZES[mc.hugepage_size], "mlock": mc.mlock,
             "numa_experts": nc.experts, "numa_dense": nc.dense, "weights_cache": mc.weights_cache,
-            "cache_map": mc.weights_cache_map, "weights_map": mc.weights_map}
+            "cache_map": mc.weights_cache_map, "weights_map": ktd_config.effective_weights_map(mc)[0]}
 
 
 def load(config: Any, progress: Progress) -> Engine:
@@ -265,15 +431,31 @@ def load(config: Any, progress: Progress) -> Engine:
     if not mc.path:
         raise ValueError("model.path is not set")
     decision = gpu.decide(config)
+    _, why = ktd_config.effective_weights_map(mc)
+    if why:
+        log.info("weights map: %s", why)
     engine = Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
                          cache_in_background=True, cache_slots=config.prefix_cache.slots,
                          **placement_options(config))
+    try:
+        _set_backend(engine, decision, config.gpu)
+    except BaseException:
+        engine.close()  # the builder a miss started goes with the engine
+        raise
+    engine.gpu = decision
+    return engine
+
+
+def _set_backend(engine: Engine, decision: Any, g: Any) -> None:
+    """The GPU decision's backend on the engine's context (decision.backend becomes cpu, with the
+    reason, when an optional device cannot be used)."""
+    from ktd import gpu
+
     if decision.backend == "cuda":
-        from ktd import _native
-        g = config.gpu
         budget = 0 if g.vram_budget == "auto" else int(g.vram_budget)
         try:
             engine.context.set_backend(gpu.cuda_backend_name(), device=decision.device, vram_budget=budget)
+            engine.backend_args = (gpu.cuda_backend_name(), {"device": decision.device, "vram_budget": budget})
         except _native.DeviceError as e:  # an unsupported architecture, the device's memory, a device fault
             if g.required:
                 raise gpu.GpuError(f"gpu.required is set and gpu.device {decision.device} cannot be used: {e}") from e
@@ -282,8 +464,7 @@ def load(config: Any, progress: Progress) -> Engine:
             decision.backend, decision.reason = "cpu", str(e)
     elif decision.backend != "cpu":
         engine.context.set_backend(decision.backend)
-    engine.gpu = decision
-    return engine
+        engine.backend_args = (decision.backend, {})
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

@@ -108,6 +108,24 @@ class Engine(Protocol):
 
     def free_seq(self, seq_id: int) -> None: ...
 
+    def on_weights_ready(self, wake: Callable[[], None]) -> None:
+        """Registers ``wake`` (thread-safe and quick; the scheduler's), called from any thread
+        when the engine holds other weights to switch to (model.weights_map: auto, once the
+        background build is written and opened), at once if it already does. An engine that
+        never switches never calls it."""
+        ...
+
+    def switch_weights(self) -> bool:
+        """Engine thread, only when no sequence is in flight: switch to the weights announced by
+        ``wake``, if any. Returns whether every KV slot is empty afterwards (the prefix cache's
+        entries must then be dropped)."""
+        ...
+
+    def close(self) -> None:
+        """Ends what the engine started besides the model (the background build); called once
+        the engine thread has stopped."""
+        ...
+
     def copy_seq(self, src: int, dst: int, n_tokens: int) -> None:
         """Prefix reuse: the first n_tokens of src's KV become dst's (the prefix cache)."""
         ...

@@ -71,9 +71,23 @@ class ServerFacts:
     uptime_s: float
 
 
-def status_line(server: ServerFacts, model_name: str, stats: Mapping[str, Any]) -> str:
-    """systemd's STATUS= while serving: one line for ``systemctl status``."""
+def _switch_note(info: Mapping[str, Any]) -> str:
+    """The weights switch (model.weights_map: auto after a miss) while it is pending or failed."""
+    sw = (info.get("memory") or {}).get("weights_map_switch") or {}
+    state = sw.get("state", "none")
+    if state in ("building", "opening", "ready"):
+        return f", weights {sw.get('from')} ({state} {sw.get('to')})"
+    if state == "failed":
+        return f", weights {sw.get('from')} (switch to {sw.get('to')} failed)"
+    return ""
+
+
+def status_line(server: ServerFacts, model_name: str, stats: Mapping[str, Any],
+                info: Mapping[str, Any] | None = None) -> str:
+    """systemd's STATUS= while serving: one line for ``systemctl status`` (``info``: the engine's,
+    for a pending weights switch)."""
     extra = f", reloads={server.reloads}" if server.reloads else ""
+    extra += _switch_note(info or {})
     act = " (socket-activated)" if server.activated else ""
     return (f"{server.state} {model_name} on {server.socket}{act}: {stats['slots_in_use']}/"
             f"{stats['slots_total']} slots, {stats['queued']} queued, {stats['tokens_per_s']:.1f} tok/s{extra}")
@@ -206,7 +220,8 @@ class Instrument:
         self._affinity = affinity
 
     def status_line(self, server: ServerFacts) -> str:
-        return status_line(server, self.engine.info().get("name", "model"), self.scheduler.stats())
+        info = self.engine.info()
+        return status_line(server, info.get("name", "model"), self.scheduler.stats(), info)
 
     def status(self, server: ServerFacts, limits: protocol.Limits) -> dict[str, Any]:
         return status_document(server, pid=os.getpid(), info=self.engine.info(), stats=self.scheduler.stats(),

@@ -128,6 +128,10 @@ def _fill_masks(work: list[tuple[int, Constraint]]) -> dict[int, np.ndarray]:
 
 
 class Scheduler:
+    # A weights switch waits for a step with no sequence in flight; after this long without one,
+    # new sequences wait in the queue until the running ones end (a busy daemon switches too).
+    SWITCH_HOLD_AFTER_S = 60.0
+
     def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int,
                  deliver: Deliver = deliver_here, overlap_masks: bool = True, prefix_cache_bytes: int = 0):
         self.engine = engine
@@ -160,6 +164,11 @@ class Scheduler:
         self.forward_seconds = 0.0
         self.sample_seconds = 0.0
         self._masks = _MaskWorker(overlap_masks)  # grammar masks computed during the forward
+        # The engine holds other weights to switch to (model.weights_map: auto after a miss).
+        self._weights_ready = False
+        self._weights_ready_at = 0.0
+        self.switch_hold_after_s = self.SWITCH_HOLD_AFTER_S
+        engine.on_weights_ready(self._wake_for_weights)
 
     # --- event-loop side (thread-safe) -------------------------------------------------------
 
@@ -213,6 +222,12 @@ class Scheduler:
             self.prefill_tokens_per_step = prefill_tokens_per_step
             self.max_queue = max_queue
 
+    def _wake_for_weights(self) -> None:
+        with self._lock:
+            self._weights_ready = True
+            self._weights_ready_at = time.monotonic()
+            self._lock.notify()
+
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -255,11 +270,23 @@ class Scheduler:
         try:
             while True:
                 with self._lock:
-                    while not self._stop and not self._running and not self._waiting:
+                    while not self._stop and not self._running and not self._waiting and not self._weights_ready:
                         self.idle = True
                         self._lock.wait()
                     if self._stop and not self._running and not self._waiting:
                         return
+                    # The weights switch: only between steps with no sequence in flight (waiting
+                    # jobs are admitted after it), because the new weights come with a new, empty
+                    # KV cache: a running sequence would lose its KV (carrying it over would mix
+                    # KV computed by other kernels into its continuation). After
+                    # switch_hold_after_s without such a step, _admit holds new sequences back.
+                    switch = self._weights_ready and not self._running
+                    if switch:
+                        self._weights_ready = False
+                if switch:
+                    self._switch_weights()
+                    continue
+                with self._lock:
                     self.idle = False
                     self.last_progress = time.monotonic()
                     cancels, self._cancels = self._cancels, {}
@@ -280,6 +307,15 @@ class Scheduler:
                     self._emit(self._waiting.popleft(), "error", Internal("engine thread failed"))
             self._flush()
             raise
+
+    def _switch_weights(self) -> None:
+        try:
+            emptied = self.engine.switch_weights()
+        except Exception:  # the engine keeps the weights it has; requests go on
+            log.exception("weights switch failed")
+            return
+        if emptied:
+            self.prefix.clear()
 
     def _emit(self, job: Job, kind: str, payload: Any) -> None:
         self._outbox.append((job.sink, kind, payload))
@@ -312,6 +348,9 @@ class Scheduler:
     def _admit(self) -> None:
         # under the lock. Fairness: the client holding the fewest slots goes first, then the one
         # served longest ago (round robin), then arrival order (min() is stable).
+        if (self._weights_ready and self._running
+                and time.monotonic() - self._weights_ready_at >= self.switch_hold_after_s):
+            return  # the running sequences end, the weights switch, then these are admitted
         while self._free_slots and self._waiting:
             held = collections.Counter(s.job.client for s in self._running.values())
             job = min(self._waiting, key=lambda j: (held[j.client], self._last_admit.get(j.client, -1)))

@@ -288,6 +288,7 @@ class Daemon:
             self.scheduler.cancel_all("the daemon is shutting down")
         await self.connections.close(timeout=5.0)  # the cancelled requests' answers go out first
         self.scheduler.stop(timeout=10.0)
+        self.engine.close()  # the background weights build, if one still runs
         if self.profile is not None:
             # The engine thread has ended: the counts are read directly, and written once more.
             self.profile.update(self.engine.expert_counts())

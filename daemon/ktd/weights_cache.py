@@ -58,8 +58,9 @@ def prepare_dir(value: str) -> tuple[str, str]:
     return d, ""
 
 
-def log_load(cache: dict[str, Any], why_off: str = "") -> None:
-    """One log line: what the load did with the cache."""
+def log_load(cache: dict[str, Any], why_off: str = "", building: bool = True) -> None:
+    """One log line: what the load did with the cache (``building``: an auto miss starts the
+    background build)."""
     state, reason = cache["state"], cache["reason"]
     size = f"{cache['bytes'] / (1 << 20):.0f} MiB"
     if state == "off":
@@ -67,10 +68,14 @@ def log_load(cache: dict[str, Any], why_off: str = "") -> None:
     elif state == "writing":
         log.info("prepared-weights cache: %swriting %s in the background",
                  f"rebuilding ({reason}), " if reason else "", cache["path"])
-    elif state == "absent":
+    elif state == "absent" and building:
         log.info("prepared-weights cache: no entry (%s); weights_map: auto serves from the model file now and "
-                 "prepares %s in a background process (nice 19, SCHED_IDLE) for the next start", reason or "miss",
+                 "prepares %s in a background process (nice 19, SCHED_IDLE), then switches to it", reason or "miss",
                  cache["path"])
+    elif state == "absent":
+        log.info("prepared-weights cache: no entry (%s); weights_map: auto serves from the model file now "
+                 "(no background build here; `ktd run --prepare` or `ktd inspect --prepare` writes %s)",
+                 reason or "miss", cache["path"])
     elif state == "hit":
         log.info("prepared-weights cache: read %s%s in %.2f s from %s", size,
                  " (mapped: the page cache's pages, not copied)" if cache.get("mapped") else "", cache["seconds"],

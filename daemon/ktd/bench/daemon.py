@@ -141,7 +141,10 @@ class DaemonRun:
     def __init__(self, model: str, threads: int, n_seq_max: int, n_ctx: int = N_CTX):
         self.dir = tempfile.mkdtemp(prefix="ktd-bench-", dir="/tmp")
         self.socket = os.path.join(self.dir, "ktd.sock")
-        config = {"model": {"path": model, "n_ctx": n_ctx, "n_seq_max": n_seq_max, "threads": threads},
+        # weights_map: arena: the steady state is measured (auto would serve a cache miss from the
+        # file until its background build is switched to, in the middle of the run).
+        config = {"model": {"path": model, "n_ctx": n_ctx, "n_seq_max": n_seq_max, "threads": threads,
+                            "weights_map": "arena"},
                   "server": {"socket": self.socket, "socket_group": None},
                   "logging": {"level": "warning"}}
         self.config = os.path.join(self.dir, "ktd.yaml")

@@ -10,7 +10,8 @@ exist), each measured as a fresh process, page cache warm (one untimed ``cat`` f
 - ``import`` ``python -c "import ktd.engine, ktd._native"``: the fixed start-up of the Python
              process, independent of the model
 - ``cold``   ``ktd run FILE --prompt Hi --max-tokens 1`` with the prepared-weights cache off
-             (``KTD_MODEL__WEIGHTS_CACHE=off``): the first load of a model
+             (``KTD_MODEL__WEIGHTS_CACHE=off``) and ``model.weights_map: arena`` (as cold, first
+             and warm): the first load of a model
 - ``first``  the same with the cache on and no entry yet (a fresh directory before each run): the
              first start of a model as installed, which prepares the weights straight into the new
              entry and serves from it
@@ -100,9 +101,12 @@ def run_cmd(model: str, threads: int) -> list[str]:
 
 def measure(model: str, reps: int, threads: int, cache_dir: str, first: FreshCacheDir,
             baseline: str | None = None) -> dict[str, Any]:
-    env_cold = {**os.environ, "KTD_MODEL__WEIGHTS_CACHE": "off"}
-    env_warm = {**os.environ, "KTD_MODEL__WEIGHTS_CACHE": cache_dir}
-    env_first = {**os.environ, "KTD_MODEL__WEIGHTS_CACHE": first.path}
+    # cold, first and warm measure the arena map (not the default auto, which serves a miss from
+    # the file: the gguf row); the baseline predates model.weights_map.
+    base = {**os.environ, "KTD_MODEL__WEIGHTS_CACHE": "off"}
+    env_cold = {**base, "KTD_MODEL__WEIGHTS_MAP": "arena"}
+    env_warm = {**env_cold, "KTD_MODEL__WEIGHTS_CACHE": cache_dir}
+    env_first = {**env_cold, "KTD_MODEL__WEIGHTS_CACHE": first.path}
     cmds: dict[str, tuple[list[str], dict[str, str] | None]] = {
         "cat": (["cat", model], None),
         "import": ([sys.executable, "-c", "import ktd.engine, ktd._native"], None),
@@ -112,7 +116,7 @@ def measure(model: str, reps: int, threads: int, cache_dir: str, first: FreshCac
         "gguf": (run_cmd(model, threads), {**env_cold, "KTD_MODEL__WEIGHTS_MAP": "gguf"}),
     }
     if baseline:
-        cmds["before"] = (run_cmd(model, threads), {**env_cold, "PYTHONPATH": os.path.join(baseline, "daemon")})
+        cmds["before"] = (run_cmd(model, threads), {**base, "PYTHONPATH": os.path.join(baseline, "daemon")})
     timed(["cat", model])  # the page cache warm for every row
     timed(*cmds["warm"])  # the cache entry written
     runs: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}

@@ -2,6 +2,10 @@
 
 MODEL is a GGUF path or a known model name (fetched into the cache if absent). At the end one line
 on stderr gives the measured speeds: ``prefill: X tok/s, decode: Y tok/s``.
+
+With model.weights_map: auto (the default) a run that misses the weights cache serves from the
+model file and starts no background build (a one-shot run would leave it behind or cut it
+short); ``--prepare`` prepares the entry in the foreground instead (as weights_map: arena).
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ def register(sub) -> None:
                    help="take the memory placement from a ktd.yaml (model.numa_nodes, smt, hugepages, "
                         "hugepage_size, mlock and the numa section; KTD_* overrides apply); default: built-in "
                         "defaults")
+    p.add_argument("--prepare", action="store_true",
+                   help="model.weights_map: auto and the weights cache has no entry: prepare the entry now, "
+                        "before generating (a slow first run, then every start maps it); without it such a "
+                        "run serves from the model file and prepares nothing (no background build)")
     p.set_defaults(func=run)
 
 
@@ -100,7 +108,11 @@ def run(args) -> int:
         raise UserError("the prompt encodes to no tokens")
     n_ctx = len(prompt) + args.max_tokens
     bar = _progress_bar if sys.stderr.isatty() else None
-    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, tokenizer=tok, **placement)
+    if args.prepare and placement["weights_map"] == "auto":
+        placement["weights_map"] = "arena"  # a miss prepares (and writes) the entry here
+    # A one-shot run starts no background build (it would outlive or be cut by the run's end).
+    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, tokenizer=tok,
+                      build_in_background=False, **placement)
     if bar:
         sys.stderr.write("\r\x1b[K")
 

@@ -138,8 +138,8 @@ enum class NumaDense { Interleave, Replicate };
 // kernels decode slower where the type has a repacked layout). One NUMA node only: on several the
 // load falls back to Arena and MemoryLayout::weights_map_note says why. Auto: Arena when the
 // weights cache has the entry (a hit), Gguf on a miss (cache state "absent": the entry is left
-// to someone else to prepare, e.g. the daemon's background builder); Arena without a cache or on
-// several nodes.
+// to someone else to prepare: the daemon's background builder, whose entry the daemon then
+// switches to, daemon/ktd/engine.py); Arena without a cache or on several nodes.
 enum class WeightsMap { Arena, Gguf, Auto };
 
 struct ModelOptions {
