@@ -80,14 +80,25 @@ inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], 
     return _mm256_fnmadd_ps(_mm256_mul_ps(dmin8, ad), _mm256_cvtepi32_ps(msum), acc);
 }
 
+// Software prefetch in the decode (nc = 1) group loop of the repacked Q4_K and Q6_K layouts
+// (gemm_group_k8 below), AVX2 tier only. Measured quiet, alternating builds, on an AVX2-only
+// AMD EPYC Zen 3 (family 25 model 1, 32 MiB L3, 2 vCPU): with the 8 KiB prefetch the n = 1 GEMV
+// from DRAM streamed at 93-104% of the read bandwidth at one thread against 75-83% without
+// (Q4_K 1.5B ffn_up x18), Q6_K 10.3-12.3 GB/s against 9.1-9.7, and Qwen2.5-Coder-1.5B decode
+// reached 80-92% of the ceiling at one thread against 73-81% (2 threads: 73-89% against
+// 76-83%, within noise). On a Zen 4 running the AVX2 tier (KTD_ISA=avx2, not its default) the
+// same prefetch was measured 17-25% slower; its default AVX-512 tier keeps its own choice (no
+// prefetch in Q6_K, q4_k_x1.h's for Q4_K). Never in prefill (nc > 1): compute-bound there, and
+// the prefetch cost the n = 128 GEMM up to 30% at one thread.
+#if defined(KTD_ISA_AVX2)
+inline constexpr bool kDecodePrefetchK = true;
+#else
+inline constexpr bool kDecodePrefetchK = false;
+#endif
+
 struct Q4_Kx8 {
     using GroupBlock = block_q4_Kx8;
-    // No software prefetch in the group loop either (each group is one ascending run): measured
-    // quiet here (Zen 4 VM, AVX2, repacked n = 1 GEMV from DRAM, three alternating pairs) the
-    // 8 KiB prefetch made 215040x1536 stream at 27.2 / 54.4 GB/s (1 / 2 threads) against
-    // 32.0 / 64.2 without it, and Qwen2.5-Coder-1.5B decode 46.7 against 52.2 tok/s. It had been
-    // added (c887c3f) on a 1.4-1.8x gain measured under load; the head prefetch below stays.
-    static constexpr bool kSoftwarePrefetch = false;
+    static constexpr bool kSoftwarePrefetch = kDecodePrefetchK;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
         __m256i pairs[4];
@@ -133,11 +144,7 @@ struct Q4_Kx8 {
 // 16 registers). Integer sums only, so the order does not change the result.
 struct Q6_Kx8 {
     using GroupBlock = block_q6_Kx8;
-    // No software prefetch in the group loop: the layout is one ascending run per group, which
-    // the hardware prefetchers follow (as the plain rows, which have none). Measured here (Zen 4,
-    // 1 and 2 threads, AVX2 and AVX-512, loaded machine): with the 8 KiB prefetch the n = 1 GEMV streamed 1.2-2.4x slower
-    // than without it, and without it about as fast as the plain rows.
-    static constexpr bool kSoftwarePrefetch = false;
+    static constexpr bool kSoftwarePrefetch = kDecodePrefetchK;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
         const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
@@ -218,7 +225,7 @@ inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, cons
         // core's hardware prefetchers alone keep too few lines in flight to reach DRAM
         // bandwidth. The lines of block b + distance are requested once each (the + 63 covers a
         // block that does not start a line).
-        if constexpr (Traits::kSoftwarePrefetch) {
+        if constexpr (Traits::kSoftwarePrefetch && NC == 1) {
             const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
             for (size_t off = 0; off < sizeof(typename Traits::GroupBlock) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
         }
