@@ -133,7 +133,20 @@ def _bench(arch: str, variant: str | None) -> MoeConfig:
         return MoeConfig(arch="qwen3moe", n_vocab=151936, n_embd=2048, n_layer=12, n_head=32, n_head_kv=4,
                          n_embd_head=128, n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768, qk_norm=True,
                          expert_weights_norm=True, rope_theta=1e6, n_ctx_train=40960)
-    raise ValueError(f"no bench preset for arch {arch!r} variant {variant!r} (bench presets: deepseek2 v2, qwen3moe)")
+    if arch == "deepseek2" and variant == "v3":
+        # DeepSeek-V3/R1 shaped (the dynamic i-quant check, `--dynamic-iq`): its MLA (q LoRA 1536, kv
+        # LoRA 512, 128 + 64 / 128 head dims), vocabulary, sigmoid routing with the selection bias,
+        # group-limited top-8 (4 of 8 groups), one shared expert, renormalised x2.5 weights; narrower
+        # (2048 wide, 64 experts of 768, 4 layers) so it is a few minutes to make. Expert rows are
+        # whole 256-blocks, as the i-quants need.
+        return MoeConfig(arch="deepseek2", n_vocab=129280, n_embd=2048, n_layer=4, n_head=16, n_head_kv=1,
+                         n_embd_head=0, n_ff=6144, n_expert=64, n_expert_used=8, n_ff_exp=768,
+                         n_expert_shared=1, n_layer_dense_lead=1, q_lora_rank=1536, kv_lora_rank=512,
+                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, gating="sigmoid",
+                         exp_probs_b=True, n_expert_groups=8, n_group_used=4, expert_weights_norm=True,
+                         expert_weights_scale=2.5, n_ctx_train=163840)
+    raise ValueError(f"no bench preset for arch {arch!r} variant {variant!r} (bench presets: deepseek2 v2 and v3, "
+                     "qwen3moe)")
 
 
 PRESETS = {"tiny": _tiny, "bench": _bench}
