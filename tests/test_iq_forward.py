@@ -115,20 +115,9 @@ def test_inspect_counts_iq_types(files):
 
 @pytest.mark.parametrize("name", list(FILES))
 def test_logits_match_llama_cpp(files, name):
-    path = files(name)
-    toks = _tokens(N_TOKENS)
-    llm = _llama(path)
-    llm.eval(toks)
-    want = np.array(llm.scores[: len(toks)], dtype=np.float64)
-    llm.close()
-    e = Engine.open(path, threads=2, pin=False, n_ctx=64)
-    n = len(toks)
-    got = e.forward(np.array(toks), np.arange(n), np.zeros(n, int), np.ones(n, bool))
-    err = np.abs(got - want).max(axis=-1)
-    top1 = float((got.argmax(-1) == want.argmax(-1)).mean())
-    stats = f"max {err.max():.3g} median {np.median(err):.3g} top1 {top1:.3f}"
+    median, top1, stats = _divergence(*_teacher_forced(files(name), _tokens(N_TOKENS)))
     print(f"\n{name}: {stats}")
-    assert np.median(err) <= MEDIAN_ABS and top1 >= TOP1, stats
+    assert median <= MEDIAN_ABS and top1 >= TOP1, stats
 
 
 @pytest.mark.parametrize("name", ["dyn", "f32-a"])
@@ -184,9 +173,9 @@ def _bench_v3(wtype: str):
     return path
 
 
-def _teacher_forced(path) -> tuple[np.ndarray, np.ndarray]:
+def _teacher_forced(path, toks: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of `toks` (all positions) from llama.cpp and from ktd, on the same file."""
     pytest.importorskip("llama_cpp", reason="llama.cpp (llama-cpp-python, tools/oracle.sh) is the reference")
-    toks = np.random.default_rng(11).integers(3, 120000, size=N_TOKENS).tolist()
     llm = _llama(path)
     llm.eval(toks)
     want = np.array(llm.scores[: len(toks)], dtype=np.float64)
@@ -196,6 +185,10 @@ def _teacher_forced(path) -> tuple[np.ndarray, np.ndarray]:
     got = e.forward(np.array(toks), np.arange(n), np.zeros(n, int), np.ones(n, bool))
     del e
     return got, want
+
+
+def _bench_tokens() -> list[int]:
+    return np.random.default_rng(11).integers(3, 120000, size=N_TOKENS).tolist()
 
 
 def _divergence(got: np.ndarray, want: np.ndarray) -> tuple[float, float, str]:
@@ -209,7 +202,7 @@ def _divergence(got: np.ndarray, want: np.ndarray) -> tuple[float, float, str]:
 def test_bench_v3_f32_matches_llama_cpp():
     """F32 weights (6.2 GB; ~13 GB of RAM with both engines): neither engine rounds activations,
     so the V3 forward at full head and rank sizes must match llama.cpp to float accuracy."""
-    got, want = _teacher_forced(_bench_v3("F32"))
+    got, want = _teacher_forced(_bench_v3("F32"), _bench_tokens())
     median, top1, stats = _divergence(got, want)
     print(f"\nbench v3 F32: {stats}")
     assert median <= 0.05 and top1 == 1.0, stats
@@ -223,7 +216,7 @@ def test_bench_dynamic_file_no_further_than_its_q4_k_m_twin():
     dyn, twin = _bench_v3("dyn-iq-Q4_K_M"), _bench_v3("Q4_K_M")
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(dyn)).tensors}
     assert types["blk.1.ffn_gate_exps.weight"] == "IQ1_S" and types["blk.1.ffn_down_exps.weight"] == "IQ2_XXS"
-    m_dyn, t_dyn, s_dyn = _divergence(*_teacher_forced(dyn))
-    m_twin, t_twin, s_twin = _divergence(*_teacher_forced(twin))
+    m_dyn, t_dyn, s_dyn = _divergence(*_teacher_forced(dyn, _bench_tokens()))
+    m_twin, t_twin, s_twin = _divergence(*_teacher_forced(twin, _bench_tokens()))
     print(f"\nbench v3 dynamic: {s_dyn}\nbench v3 Q4_K_M:  {s_twin}")
     assert m_dyn <= 1.2 * m_twin + 0.1 and t_dyn >= t_twin - 0.1, (s_dyn, s_twin)
