@@ -202,10 +202,10 @@ class Engine:
             if self._closed:
                 return
             self._prepared = (model, context)
+            log.info("weights map: the prepared entry %s is open (%.2f s, checksums verified); switching to it when "
+                     "no request is in flight", c["path"], time.monotonic() - t0)
             self._set_switch(state="ready", open_s=round(time.monotonic() - t0, 3))
             wake = self._wake
-        log.info("weights map: the prepared entry %s is open (%.2f s, checksums verified); switching to it when no "
-                 "request is in flight", c["path"], time.monotonic() - t0)
         if wake is not None:
             wake()
 
@@ -213,9 +213,10 @@ class Engine:
         with self._switch_lock:
             if self._closed:
                 return
+            # Logged before the lock is released: whoever waits for "failed" finds the line written.
+            log.warning("weights map: not switching to the prepared entry, serving from the model file until the "
+                        "next start: %s", reason)
             self._set_switch(state="failed", reason=reason)
-        log.warning("weights map: not switching to the prepared entry, serving from the model file until the next "
-                    "start: %s", reason)
 
     def _set_switch(self, **fields: Any) -> None:
         # under _switch_lock
@@ -265,11 +266,11 @@ class Engine:
             log.warning("could not pin the engine thread to the new weights' pool: %s", e)
         after = self.model.memory["weights_map"]
         with self._switch_lock:
+            log.info("weights map: switched from %s to %s (the prepared entry %s, %s); the model file's pages are "
+                     "released; KV and prefix caches start empty", before, after, self.weights_switch.get("entry"),
+                     "mapped" if model.cache.get("mapped") else "read")
             self._set_switch(state="done", **{"from": before, "to": after,
                                               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        log.info("weights map: switched from %s to %s (the prepared entry %s, %s); the model file's pages are "
-                 "released; KV and prefix caches start empty", before, after, self.weights_switch.get("entry"),
-                 "mapped" if model.cache.get("mapped") else "read")
         return True
 
     def _move_backend(self, context: Any) -> None:
