@@ -65,7 +65,7 @@ struct MoeScratch {
     std::vector<float> hg, hu;          // [pairs][n_ff_exp] routed gate/up → swiglu
     std::vector<float> sg, su;          // [n][n_ff_shexp] shared gate/up → swiglu
     std::vector<uint8_t> hq, sq;        // quantized swiglu rows for down_exps / down_shexp
-    std::vector<float> yd, ys;          // [pairs][n_embd] routed down outputs, [n][n_embd] shared
+    std::vector<float> yd, ys;          // [pairs][n_embd] routed down outputs (decode: [jobs][n_embd]), [n][n_embd] shared
     // One expert's work over its ntok tokens: gate/up GEMMs into hg/hu (row stride n_ff), swiglu,
     // then the down GEMM from the quantized rows hq into yd (row stride n_embd).
     struct Job {
@@ -114,10 +114,10 @@ struct MoeScratch {
         std::vector<float> weights;         // [n_expert_used]
         std::vector<uint8_t> xq;            // xn in each activation format, back to back
         std::vector<DecodeJob> jobs;        // selection order, then the shared expert
-        std::vector<float> tmp;             // [down rows of one item] one expert's down outputs
     };
     std::vector<DecodeWorker> dec;                    // [n_threads]
-    std::unique_ptr<std::atomic<int64_t>[]> dec_done; // [jobs] gate/up rows finished per job
+    // [jobs] gate/up rows finished per job, then [down row blocks] jobs finished per block
+    std::unique_ptr<std::atomic<int64_t>[]> dec_done;
     size_t dec_done_size = 0;
 };
 

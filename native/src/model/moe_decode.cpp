@@ -37,14 +37,18 @@ int64_t block_rows(int64_t rows, int64_t n_items) {
 //   3. gate+up of all selected experts and the shared expert as one list of row blocks taken
 //      dynamically, swiglu per block; the worker that finishes a job's last block quantizes its
 //      hidden row for down; barrier;
-//   4. down as one list of output-row blocks, each over all jobs in selection order (shared last),
-//      summing weight · down rows as it goes: no per-expert outputs, no serial weighted sum.
+//   4. down as one list of (job, output-row block) items, job by job, into per-job outputs; the
+//      worker that finishes the last job of a row block sums that block's rows over all jobs in
+//      selection order (shared last): y = Σ weight · down rows, with no third barrier. An item is
+//      one contiguous stretch of one matrix (a quarter to an eighth of it), not a sliver of every
+//      selected expert's: each new stretch costs the hardware prefetcher its ramp-up, and in the
+//      (row block, all jobs) order of before that was ~14 KiB per stretch.
 // The sums are in the same order as moe_ffn's general path, so both give the same bits.
 
 // One call of the decode path: the layer, its sizes, the activation formats of xn (router, routed
 // gate/up, shared gate/up) back to back in each worker's xq, and the item sizes: gate/up rows of
-// all jobs and the E down rows, each cut into about kDecodeItemsPerThread · nth blocks (one block
-// per job / one in all on a single thread).
+// all jobs, and the E down rows of every job, each cut into about kDecodeItemsPerThread · nth
+// blocks in all (one block per job on a single thread).
 struct DecodeCall {
     DecodeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part);
     const LayerWeights &w;
@@ -61,7 +65,7 @@ struct DecodeCall {
     size_t xq_bytes = 0;
     int n_fmt = 0, f_router = -1, f_gate = -1, f_up = -1, f_sgate = -1, f_sup = -1;
     size_t hq_row = 0, sq_row = 0;
-    int64_t up_block = 0, down_block = 0, n_up_items = 0, n_down_items = 0;
+    int64_t up_block = 0, down_block = 0, n_up_items = 0, n_down_items = 0, down_per_job = 0;
     uint64_t *counts = nullptr;
     const float *probs_b = nullptr, *sh_gate_w = nullptr;
 };
@@ -87,10 +91,13 @@ DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float
     hq_row = act_row_size(*w.ffn_down_exps.mats[0].tk, ff);
     const int64_t up_rows = int64_t(k) * ff + ff_sh;
     up_block = nth > 1 ? block_rows(up_rows, kDecodeItemsPerThread * nth) : std::max(ff, ff_sh);
-    down_block = nth > 1 ? block_rows(E, kDecodeItemsPerThread * nth) : E;
+    // Every job's down has E rows: the same blocks for all, so a row block's count of finished
+    // jobs tells when its sum can be taken.
+    down_block = nth > 1 ? block_rows(E, (kDecodeItemsPerThread * nth + n_jobs - 1) / n_jobs) : E;
+    down_per_job = (E + down_block - 1) / down_block;
     // Every routed expert has ff rows, so the item count does not depend on the routing.
     n_up_items = int64_t(k) * ((ff + up_block - 1) / up_block) + (shared ? (ff_sh + up_block - 1) / up_block : 0);
-    n_down_items = (E + down_block - 1) / down_block;
+    n_down_items = int64_t(n_jobs) * down_per_job;
     counts = ctx.layer_expert_counts(il);
     probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
     sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
@@ -106,23 +113,25 @@ void decode_prepare(const DecodeCall &c) {
         grow(dw.ids, size_t(c.k));
         grow(dw.weights, size_t(c.k));
         grow(dw.xq, c.xq_bytes);
-        grow(dw.tmp, size_t(c.down_block));
         dw.jobs.reserve(size_t(c.n_jobs));
     }
     grow(s.logits, size_t(c.ne));
     grow(s.hg, size_t(c.k) * size_t(c.ff));
     grow(s.hu, size_t(c.k) * size_t(c.ff));
     grow(s.hq, size_t(c.k) * c.hq_row);
+    grow(s.yd, size_t(c.n_jobs) * size_t(c.E));
     if (c.shared) {
         grow(s.sg, size_t(c.ff_sh));
         grow(s.su, size_t(c.ff_sh));
         grow(s.sq, c.sq_row);
     }
-    if (s.dec_done_size < size_t(c.n_jobs)) {
-        s.dec_done = std::make_unique<std::atomic<int64_t>[]>(size_t(c.n_jobs));
-        s.dec_done_size = size_t(c.n_jobs);
+    // Counters: gate/up rows finished per job, then jobs finished per down row block.
+    const size_t n_done = size_t(c.n_jobs) + size_t(c.down_per_job);
+    if (s.dec_done_size < n_done) {
+        s.dec_done = std::make_unique<std::atomic<int64_t>[]>(n_done);
+        s.dec_done_size = n_done;
     }
-    for (int j = 0; j < c.n_jobs; ++j) s.dec_done[size_t(j)].store(0, std::memory_order_relaxed);
+    for (size_t j = 0; j < n_done; ++j) s.dec_done[j].store(0, std::memory_order_relaxed);
     s.up_list.reset(size_t(c.n_up_items));
     s.down_list.reset(size_t(c.n_down_items));
 }
@@ -187,18 +196,22 @@ void decode_up_item(const DecodeCall &c, const MoeScratch::DecodeWorker &dw, int
         j.down->tk->quantize_act_row(j.hg, j.hq, j.n_ff);
 }
 
-// 4. Output rows [d0, d1) over all jobs: y = Σ_j weight_j · down_j (selection order), + gate · shared.
-void decode_down_item(const DecodeCall &c, MoeScratch::DecodeWorker &dw, int64_t it, int tid) {
-    float *t = dw.tmp.data();
-    const int64_t d0 = it * c.down_block, d1 = std::min(c.E, d0 + c.down_block);
-    for (size_t jj = 0; jj < dw.jobs.size(); ++jj) {
-        const MoeScratch::DecodeJob &j = dw.jobs[jj];
-        matmul_tile(*j.down, d0, d1, j.hq, j.hq_row, t, 1, 1, tid);
-        const float wt = j.weight;
-        if (jj == 0)
-            for (int64_t d = d0; d < d1; ++d) c.y[d] = wt * t[d - d0];
+// 4. Output rows [d0, d1) of one job into its row of yd; the worker finishing the block's last job
+// sums the block: y = Σ_j weight_j · down_j (selection order), + gate · shared.
+void decode_down_item(const DecodeCall &c, const MoeScratch::DecodeWorker &dw, int64_t it, int tid) {
+    const int64_t jj = it / c.down_per_job, b = it % c.down_per_job;
+    const int64_t d0 = b * c.down_block, d1 = std::min(c.E, d0 + c.down_block);
+    const MoeScratch::DecodeJob &job = dw.jobs[size_t(jj)];
+    float *yd = c.s.yd.data();
+    matmul_tile(*job.down, d0, d1, job.hq, job.hq_row, yd + size_t(jj) * size_t(c.E) + d0, 1, 1, tid);
+    if (c.s.dec_done[size_t(c.n_jobs + b)].fetch_add(1, std::memory_order_acq_rel) + 1 != c.n_jobs) return;
+    for (int j = 0; j < c.n_jobs; ++j) {
+        const float wt = dw.jobs[size_t(j)].weight;
+        const float *t = yd + size_t(j) * size_t(c.E);
+        if (j == 0)
+            for (int64_t d = d0; d < d1; ++d) c.y[d] = wt * t[d];
         else
-            for (int64_t d = d0; d < d1; ++d) c.y[d] += wt * t[d - d0];
+            for (int64_t d = d0; d < d1; ++d) c.y[d] += wt * t[d];
     }
 }
 
