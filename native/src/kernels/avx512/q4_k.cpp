@@ -11,7 +11,7 @@
 #include <immintrin.h>
 
 #include "kernels/x86/k_quants.h"
-#include "kernels/avx512/q4_k_x1.h"
+#include "kernels/x86/k_repack.h"
 #include "kernels/blocks.h"
 #include "kernels/k_scales.h"
 #include "kernels/kernels.h"
@@ -84,6 +84,26 @@ struct Q4K {
         for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]) - hsum(accm[c]);
     }
 };
+
+// Decode (nc = 1) of the 8-row layout: the shared tile (Q4_Kx8::dot_group<1>, 256-bit) with the
+// AVX2 tier's software prefetch (kDecodePrefetchK); prefill through the same tile without it.
+// A 512-bit decode kernel (VNNI dpbusd on an activation row expanded to 2 KiB per super-block, with
+// the same prefetch) was this entry's decode before. Measured on an AMD EPYC Zen 4 (family 25
+// model 17, 32 MiB L3, 2 vCPU), ktd.bench.kernels Q4_K repacked n = 1 from DRAM, the two kernels
+// alternating over 3 rounds: 1.5B ffn_up x18 (k = 1536) 1 thread 17.8-18.9 GB/s against
+// 23.1-25.6 for the 256-bit tile, 2 threads 27.6-31.5 against 32.2-39.2; 0.5B ffn_down x55
+// (k = 4864: the expanded row, 38 KiB, no longer fits L1d) 9.2-11.9 against 22.8, and 20.3-23.9
+// against 33.6-36.4 (93-106% of the read bandwidth). The decode of the qwen3moe bench file's
+// attention and experts (k = 2048 and 4096) ran at 47-58% of the bandwidth with it.
+struct Q4_Kx8_Decode : Q4_Kx8 {
+    static constexpr bool kSoftwarePrefetch = true;
+};
+
+void gemm_repacked_q4_K(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
+                        size_t ldy, int nr, int nc) {
+    if (nc == 1) return gemm_repacked_k8<Q4_Kx8_Decode>(k, wp, group_stride, xq, x_stride, y, ldy, nr, nc);
+    gemm_repacked_k8<Q4_Kx8>(k, wp, group_stride, xq, x_stride, y, ldy, nr, nc);
+}
 
 }  // namespace
 

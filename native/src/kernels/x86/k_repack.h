@@ -87,9 +87,11 @@ inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], 
 // (Q4_K 1.5B ffn_up x18), Q6_K 10.3-12.3 GB/s against 9.1-9.7, and Qwen2.5-Coder-1.5B decode
 // reached 80-92% of the ceiling at one thread against 73-81% (2 threads: 73-89% against
 // 76-83%, within noise). On a Zen 4 running the AVX2 tier (KTD_ISA=avx2, not its default) the
-// same prefetch was measured 17-25% slower; its default AVX-512 tier keeps its own choice (no
-// prefetch in Q6_K, q4_k_x1.h's for Q4_K). Never in prefill (nc > 1): compute-bound there, and
-// the prefetch cost the n = 128 GEMM up to 30% at one thread.
+// same prefetch was measured 17-25% slower (session 9); on a Zen 4 of the same model in session 11
+// the AVX2 tier's Q4_K decode with it streamed at 93-106% of the read bandwidth at 2 threads, and
+// the AVX-512 tier's Q4_K decode now uses it too (Q4_Kx8_Decode in avx512/q4_k.cpp); its Q6_K
+// keeps no prefetch. Never in prefill (nc > 1): compute-bound there, and the prefetch cost the
+// n = 128 GEMM up to 30% at one thread.
 #if defined(KTD_ISA_AVX2)
 inline constexpr bool kDecodePrefetchK = true;
 #else
