@@ -85,8 +85,8 @@ struct Q4K {
     }
 };
 
-// Decode (nc = 1) of the 8-row layout: the shared tile (Q4_Kx8::dot_group<1>, 256-bit) with the
-// AVX2 tier's software prefetch (kDecodePrefetchK); prefill through the same tile without it.
+// The 8-row layout through the shared tile (Q4_Kx8::dot_group, 256-bit), with the AVX2 tier's
+// software prefetch in decode (gemm_group_k8 issues it only for nc = 1; prefill has none).
 // A 512-bit decode kernel (VNNI dpbusd on an activation row expanded to 2 KiB per super-block, with
 // the same prefetch) was this entry's decode before. Measured on an AMD EPYC Zen 4 (family 25
 // model 17, 32 MiB L3, 2 vCPU), ktd.bench.kernels Q4_K repacked n = 1 from DRAM, the two kernels
@@ -99,12 +99,6 @@ struct Q4_Kx8_Decode : Q4_Kx8 {
     static constexpr bool kSoftwarePrefetch = true;
 };
 
-void gemm_repacked_q4_K(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
-                        size_t ldy, int nr, int nc) {
-    if (nc == 1) return gemm_repacked_k8<Q4_Kx8_Decode>(k, wp, group_stride, xq, x_stride, y, ldy, nr, nc);
-    gemm_repacked_k8<Q4_Kx8>(k, wp, group_stride, xq, x_stride, y, ldy, nr, nc);
-}
-
 }  // namespace
 
 KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q4_K,
@@ -116,6 +110,6 @@ KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q4_K,
                                               .repack_layout = kRepackLayoutQ4_K,
                                               .repacked_group_bytes = ref::group_bytes_q4_K_x8,
                                               .repack = avx2::repack_q4_K_x8,
-                                              .gemm_repacked = gemm_repacked_q4_K});
+                                              .gemm_repacked = gemm_repacked_k8<Q4_Kx8_Decode>});
 
 }  // namespace ktd::avx512

@@ -81,17 +81,16 @@ inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], 
 }
 
 // Software prefetch in the decode (nc = 1) group loop of the repacked Q4_K and Q6_K layouts
-// (gemm_group_k8 below), AVX2 tier only. Measured quiet, alternating builds, on an AVX2-only
-// AMD EPYC Zen 3 (family 25 model 1, 32 MiB L3, 2 vCPU): with the 8 KiB prefetch the n = 1 GEMV
+// (gemm_group_k8 below): the AVX2 tier's, and the AVX-512 tier's Q4_K (Q4_Kx8_Decode in
+// avx512/q4_k.cpp). Measured quiet, alternating builds, on an AVX2-only AMD EPYC Zen 3 (family 25 model 1, 32 MiB L3, 2 vCPU): with the 8 KiB prefetch the n = 1 GEMV
 // from DRAM streamed at 93-104% of the read bandwidth at one thread against 75-83% without
 // (Q4_K 1.5B ffn_up x18), Q6_K 10.3-12.3 GB/s against 9.1-9.7, and Qwen2.5-Coder-1.5B decode
 // reached 80-92% of the ceiling at one thread against 73-81% (2 threads: 73-89% against
 // 76-83%, within noise). On a Zen 4 running the AVX2 tier (KTD_ISA=avx2, not its default) the
 // same prefetch was measured 17-25% slower (session 9); on a Zen 4 of the same model in session 11
-// the AVX2 tier's Q4_K decode with it streamed at 93-106% of the read bandwidth at 2 threads, and
-// the AVX-512 tier's Q4_K decode now uses it too (Q4_Kx8_Decode in avx512/q4_k.cpp); its Q6_K
-// keeps no prefetch. Never in prefill (nc > 1): compute-bound there, and the prefetch cost the
-// n = 128 GEMM up to 30% at one thread.
+// the AVX2 tier's Q4_K decode with it streamed at 93-106% of the read bandwidth at 2 threads. The
+// AVX-512 tier's Q6_K keeps no prefetch. Never in prefill (nc > 1): compute-bound there, and the
+// prefetch cost the n = 128 GEMM up to 30% at one thread.
 #if defined(KTD_ISA_AVX2)
 inline constexpr bool kDecodePrefetchK = true;
 #else
@@ -208,8 +207,8 @@ struct Q6_Kx8 {
     }
 };
 
-// Prefetch distance of the weight stream in bytes, for a layout whose Traits asks for it (none
-// does now: see Q4_Kx8 and Q6_Kx8), and of each tile's head (prefetch_head). First measured on
+// Prefetch distance of the weight stream in bytes, for a layout whose Traits asks for it (see
+// kDecodePrefetchK), and of each tile's head (prefetch_head). First measured on
 // the old Q4_K and Q6_K layouts under load: 4-16 KiB 1.4-1.8x faster than none, 2 KiB less so;
 // _MM_HINT_NTA slower than none.
 constexpr size_t kPrefetchBytes = 8192;
