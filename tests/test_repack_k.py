@@ -275,3 +275,54 @@ def test_real_model_shapes(qt, rows, k):
         np.testing.assert_array_equal(y2, K.matmul_repacked(qt, wp, rows, k, x, isa=isa, threads=1))
         y1 = K.matmul_repacked(qt, wp, rows, k, x[:1], isa=isa, threads=2)  # the GEMV path (n = 1)
         assert (np.abs(y1 - y2[:1]) <= 1e-5 * np.abs(y2[:1]) + 1e-6).all()
+
+
+@pytest.fixture
+def restore_decode_prefetch():
+    yield
+    K.set_decode_prefetch(-1)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt", TYPES)
+def test_decode_prefetch_changes_no_bits(qt, isa, restore_decode_prefetch):
+    """The decode GEMV (n = 1) with and without the software prefetch (k_decode_prefetch): the
+    same sums in the same order, so the same bits, and both within the oracles' bounds; prefill
+    (n > 1) never prefetches and is unchanged."""
+    rng = np.random.default_rng(21)
+    for rows, k in [(1, 256), (9, 512), (768, 2048), (77, 1280)]:
+        w = random_weights(qt, rows, k, rng)
+        wp = K.repack(qt, w, rows, k, isa=isa)
+        x1 = rng.standard_normal((1, k)).astype(np.float32)
+        xn = rng.standard_normal((5, k)).astype(np.float32)
+        got = {}
+        for on in (1, 0):
+            K.set_decode_prefetch(on)
+            assert K.decode_prefetch() is bool(on)
+            got[on] = (check_against_oracles(qt, isa, w, wp, rows, k, x1, threads=2),
+                       K.matmul_repacked(qt, wp, rows, k, xn, isa=isa, threads=2))
+        for a, b in zip(got[1], got[0]):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_decode_prefetch_default_and_override(restore_decode_prefetch):
+    """The CPU default (off on AMD Zen 4 and later: family 25 with AVX-512F, or above; on
+    elsewhere), KTD_DECODE_PREFETCH=0|1 read at first use, and a clear error for anything else."""
+    import subprocess
+    import sys
+
+    f = _native.cpu_features()
+    zen4_or_later = f.vendor == "AuthenticAMD" and (f.family > 25 or (f.family == 25 and f.avx512f))
+    assert K.decode_prefetch_default() is (not zen4_or_later)
+    K.set_decode_prefetch(-1)
+    assert K.decode_prefetch() is K.decode_prefetch_default()
+    with pytest.raises(ValueError, match="expected 0, 1 or -1"):
+        K.set_decode_prefetch(2)
+    probe = "from ktd import _native; print(_native.kernels.decode_prefetch())"
+    for value, want in (("0", "False"), ("1", "True")):
+        out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "KTD_DECODE_PREFETCH": value},
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert out == want
+    bad = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "KTD_DECODE_PREFETCH": "yes"},
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "KTD_DECODE_PREFETCH=yes: expected 0 or 1" in bad.stderr

@@ -165,6 +165,7 @@ def machine_info(bytes_per_token: int) -> dict[str, Any]:
     features = _native.cpu_features()
     llc = machine.last_level_cache()
     return {"cpu_model_name": features.model_name or features.vendor, "isa": _native.kernels.active_isa(),
+            "decode_prefetch": _native.kernels.decode_prefetch(),
             "last_level_cache": llc, "cpu_count": os.cpu_count(),
             "cache_assisted": cache_assisted(bytes_per_token, llc["bytes"] if llc else None)}
 
@@ -324,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
               f" GB/s (medians of {r['tokens']} interleaved pairs): {r['pct_of_ceiling']:.1f}% of the ceiling",
               flush=True)
         llc = r["last_level_cache"]
-        print(f"  {r['cpu_model_name']}, kernels {r['isa']}, last-level cache "
+        print(f"  {r['cpu_model_name']}, kernels {r['isa']} (decode prefetch {'on' if r['decode_prefetch'] else 'off'}), "
+              "last-level cache "
               f"{llc['bytes'] >> 20 if llc else '?'} MiB{' (cache-assisted: bytes/token < 4x the cache, its % of the DRAM ceiling is not comparable)' if r['cache_assisted'] else ''}; "
               f"load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}", flush=True)
         if args.breakdown:

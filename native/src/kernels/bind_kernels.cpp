@@ -79,6 +79,12 @@ void bind_kernels(py::module_ &m) {
     k.def("active_isa", [] { return std::string(isa_name(active_isa())); },
           "ISA used by default (CPUID, or KTD_ISA)");
     k.def("set_active_isa", [](const std::string &name) { set_active_isa(parse_isa(name)); });
+    k.def("decode_prefetch", [] { return k_decode_prefetch(); },
+          "whether the repacked x86 decode GEMV prefetches in software (CPU default, or KTD_DECODE_PREFETCH)");
+    k.def("decode_prefetch_default", [] { return k_decode_prefetch_default(); },
+          "this CPU's default for decode_prefetch (off on AMD Zen 4 and later)");
+    k.def("set_decode_prefetch", [](int on) { set_k_decode_prefetch(on); }, py::arg("on"),
+          "1 or 0 to force the decode prefetch, -1 for the CPU default");
     k.def("isa_supported", [](const std::string &name) { return isa_supported_by_cpu(parse_isa(name)); });
     k.def("isa_compiled", [](const std::string &name) { return isa_compiled(parse_isa(name)); });
     k.def("supported_types", [](const std::string &name) {

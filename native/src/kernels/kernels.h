@@ -102,6 +102,18 @@ bool isa_chosen_explicitly();
 void set_active_isa(Isa isa);  // throws std::invalid_argument if not compiled or not supported
 Isa parse_isa(std::string_view name);  // throws std::invalid_argument
 
+// Software prefetch in the decode (n = 1) GEMV of the repacked x86 layouts (the K-quants' 8-row
+// tiles, kernels/x86/k_repack.h; the 32-element types' 8- and 16-row tiles, kernels/avx2/q32.h and
+// kernels/avx512/q32_vnni.h). Whether it pays depends on the core, not on the ISA tier: measured
+// faster on a Xeon and on an AMD Zen 3, slower on an AMD Zen 4, so the default is off on AMD
+// Zen 4 and later and on elsewhere (k_decode_prefetch_default). KTD_DECODE_PREFETCH=0|1 (read
+// once, at first use) or set_k_decode_prefetch overrides; set_k_decode_prefetch(-1) goes back to
+// the default. Prefill (n > 1) is not affected.
+bool k_decode_prefetch();
+void set_k_decode_prefetch(int on);  // 0, 1, or -1 = the default (throws std::invalid_argument otherwise)
+// The default for this CPU.
+bool k_decode_prefetch_default();
+
 // Bytes of one activation row of k elements for a type (its act_type row size).
 size_t act_row_size(const TypeKernels &tk, int64_t k);
 

@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -134,6 +135,48 @@ void set_active_isa(Isa isa) {
     std::call_once(g_active_once, [] {});
     g_active = isa;
     g_isa_chosen = true;
+}
+
+namespace {
+// -1: not decided yet; 0 or 1 once k_decode_prefetch has run (or set_k_decode_prefetch).
+std::atomic<int> g_k_prefetch{-1};
+
+int k_prefetch_initial() {
+    if (const char *env = std::getenv("KTD_DECODE_PREFETCH"); env && *env) {
+        const std::string v(env);
+        if (v == "0") return 0;
+        if (v == "1") return 1;
+        throw std::invalid_argument("KTD_DECODE_PREFETCH=" + v + ": expected 0 or 1");
+    }
+    return k_decode_prefetch_default() ? 1 : 0;
+}
+}  // namespace
+
+bool k_decode_prefetch_default() {
+    // Measured (kernels/x86/k_repack.h at kPrefetchBytes, kernels/avx2/q32.h): the prefetch made
+    // the n = 1 GEMV from DRAM faster at one thread on a Xeon (Q32 layouts) and on an AVX2-only
+    // AMD Zen 3 (K-quants, 1.1-1.3x), and slower, up to 1.5x, on an AMD Zen 4 (family 25 model 17),
+    // in both the AVX2 and the AVX-512 tier. Zen 4 is AMD family 25 with AVX-512F (Zen 3 is family
+    // 25 without it); later AMD families (Zen 5: 26) are unmeasured and taken to be as Zen 4.
+    // Other x86 cores keep it on. No aarch64 kernel reads this.
+    const CpuFeatures &f = cpu_features();
+    const bool amd_zen4_or_later = f.vendor == "AuthenticAMD" && (f.family > 25 || (f.family == 25 && f.avx512f));
+    return !amd_zen4_or_later;
+}
+
+bool k_decode_prefetch() {
+    int v = g_k_prefetch.load(std::memory_order_relaxed);
+    if (v < 0) {
+        int expected = -1;
+        g_k_prefetch.compare_exchange_strong(expected, k_prefetch_initial(), std::memory_order_relaxed);
+        v = g_k_prefetch.load(std::memory_order_relaxed);
+    }
+    return v != 0;
+}
+
+void set_k_decode_prefetch(int on) {
+    if (on < -1 || on > 1) throw std::invalid_argument("set_k_decode_prefetch: expected 0, 1 or -1, got " + std::to_string(on));
+    g_k_prefetch.store(on < 0 ? (k_decode_prefetch_default() ? 1 : 0) : on, std::memory_order_relaxed);
 }
 
 void register_type_kernels(Isa isa, const TypeKernels &tk) {

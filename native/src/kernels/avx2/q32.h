@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "kernels/blocks.h"
+#include "kernels/kernels.h"
 #include "kernels/repacked_q32.h"
 #include "kernels/x86/common.h"
 
@@ -171,7 +172,7 @@ inline __m256i dot_group_u4(const __m256i v[8], const block_q8_0 &a) {
     for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], act_quad(a, j)));
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
-template <typename Traits, int NC>
+template <typename Traits, int NC, bool Prefetch = true>
 inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_0 *const *a,
                        const int32_t *asum_off, float *y, size_t ldy, int rows_valid) {
     __m256 acc[NC];
@@ -180,8 +181,9 @@ inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const b
     const block_q8_0 *p[NC];
     int32_t off[NC] = {};
     for (int64_t b = 0; b < nb; ++b) {
-        for (size_t o = 0; o < sizeof(typename Traits::GroupBlock); o += 64)
-            _mm_prefetch(reinterpret_cast<const char *>(g + b) + kPrefetchBytes + o, _MM_HINT_T0);
+        if constexpr (Prefetch)
+            for (size_t o = 0; o < sizeof(typename Traits::GroupBlock); o += 64)
+                _mm_prefetch(reinterpret_cast<const char *>(g + b) + kPrefetchBytes + o, _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) {
             p[c] = a[c] + b;
@@ -193,7 +195,8 @@ inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const b
     for (int c = 0; c < NC; ++c) store_rows8(acc[c], y + size_t(c) * ldy, rows_valid);
 }
 
-// gemm_repacked for an 8-row interleaved layout (TypeKernels::gemm_repacked contract).
+// gemm_repacked for an 8-row interleaved layout (TypeKernels::gemm_repacked contract). The
+// software prefetch runs in prefill, and in decode (nc = 1) where k_decode_prefetch() says so.
 template <typename Traits>
 void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
                       size_t ldy, int nr, int nc) {
@@ -209,12 +212,16 @@ void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void
                 asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActSumScale * act_sum(a[b]);
         }
     }
+    const bool prefetch = nc > 1 || k_decode_prefetch();
     const auto tile = [&]<int NC>(int gi, int c0, const block_q8_0 *const *a) {
         const auto *g = reinterpret_cast<const typename Traits::GroupBlock *>(static_cast<const char *>(wp) +
                                                                               size_t(gi) * group_stride);
         const int32_t *off = asum_off ? asum_off + size_t(c0) * size_t(nb) : nullptr;
         const int valid = std::min(kRepackRows, nr - gi * kRepackRows);
-        gemm_group<Traits, NC>(nb, g, a, off, y + size_t(c0) * ldy + size_t(gi) * kRepackRows, ldy, valid);
+        float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRows;
+        if constexpr (NC == 1)
+            if (!prefetch) return gemm_group<Traits, 1, false>(nb, g, a, off, yg, ldy, valid);
+        gemm_group<Traits, NC>(nb, g, a, off, yg, ldy, valid);
     };
     const int n_groups = (nr + kRepackRows - 1) / kRepackRows;
     for_each_tile<block_q8_0, kColTile>(n_groups, kRowChunk / kRepackRows, xq, x_stride, nc, tile);

@@ -85,22 +85,12 @@ struct Q4K {
     }
 };
 
-// The 8-row layout through the shared tile (Q4_Kx8::dot_group, 256-bit), with the AVX2 tier's
-// software prefetch in decode (gemm_group_k8 issues it only for nc = 1; prefill has none).
-// A 512-bit decode kernel (VNNI dpbusd on an activation row expanded to 2 KiB per super-block, with
-// the same prefetch) was this entry's decode before. Measured on an AMD EPYC Zen 4 (family 25
-// model 17, 32 MiB L3, 2 vCPU), ktd.bench.kernels Q4_K repacked n = 1 from DRAM, the two kernels
-// alternating over 3 rounds: 1.5B ffn_up x18 (k = 1536) 1 thread 17.8-18.9 GB/s against
-// 23.1-25.6 for the 256-bit tile, 2 threads 27.6-31.5 against 32.2-39.2; 0.5B ffn_down x55
-// (k = 4864: the expanded row, 38 KiB, no longer fits L1d) 9.2-11.9 against 22.8, and 20.3-23.9
-// against 33.6-36.4 (93-106% of the read bandwidth). The decode of the qwen3moe bench file's
-// attention and experts (k = 2048 and 4096) ran at 47-58% of the bandwidth with it.
-struct Q4_Kx8_Decode : Q4_Kx8 {
-    static constexpr bool kSoftwarePrefetch = true;
-};
-
 }  // namespace
 
+// The repacked layout runs the shared 8-row tile (kernels/x86/k_repack.h: 256-bit, VNNI dpbusd),
+// decode with the software prefetch where k_decode_prefetch() says so. A 512-bit decode kernel on
+// an activation row expanded to 2 KiB per super-block was this entry's decode before a19ed52:
+// on a Zen 4 it streamed at half the tile's rate once the row outgrew L1d (k = 4864).
 KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q4_K,
                                               .act_type = GGMLType::Q8_K,
                                               .dequantize_row = dequantize_row_q4_K,
@@ -110,6 +100,6 @@ KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q4_K,
                                               .repack_layout = kRepackLayoutQ4_K,
                                               .repacked_group_bytes = ref::group_bytes_q4_K_x8,
                                               .repack = avx2::repack_q4_K_x8,
-                                              .gemm_repacked = gemm_repacked_k8<Q4_Kx8_Decode>});
+                                              .gemm_repacked = gemm_repacked_k8<Q4_Kx8>});
 
 }  // namespace ktd::avx512

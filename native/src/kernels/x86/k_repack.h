@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "kernels/blocks.h"
+#include "kernels/kernels.h"
 #include "kernels/repacked_k.h"
 #include "kernels/x86/common.h"
 #include "kernels/x86/k_quants.h"
@@ -80,26 +81,8 @@ inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], 
     return _mm256_fnmadd_ps(_mm256_mul_ps(dmin8, ad), _mm256_cvtepi32_ps(msum), acc);
 }
 
-// Software prefetch in the decode (nc = 1) group loop of the repacked Q4_K and Q6_K layouts
-// (gemm_group_k8 below): the AVX2 tier's, and the AVX-512 tier's Q4_K (Q4_Kx8_Decode in
-// avx512/q4_k.cpp). Measured quiet, alternating builds, on an AVX2-only AMD EPYC Zen 3 (family 25 model 1, 32 MiB L3, 2 vCPU): with the 8 KiB prefetch the n = 1 GEMV
-// from DRAM streamed at 93-104% of the read bandwidth at one thread against 75-83% without
-// (Q4_K 1.5B ffn_up x18), Q6_K 10.3-12.3 GB/s against 9.1-9.7, and Qwen2.5-Coder-1.5B decode
-// reached 80-92% of the ceiling at one thread against 73-81% (2 threads: 73-89% against
-// 76-83%, within noise). On a Zen 4 running the AVX2 tier (KTD_ISA=avx2, not its default) the
-// same prefetch was measured 17-25% slower (session 9); on a Zen 4 of the same model in session 11
-// the AVX2 tier's Q4_K decode with it streamed at 93-106% of the read bandwidth at 2 threads. The
-// AVX-512 tier's Q6_K keeps no prefetch. Never in prefill (nc > 1): compute-bound there, and the
-// prefetch cost the n = 128 GEMM up to 30% at one thread.
-#if defined(KTD_ISA_AVX2)
-inline constexpr bool kDecodePrefetchK = true;
-#else
-inline constexpr bool kDecodePrefetchK = false;
-#endif
-
 struct Q4_Kx8 {
     using GroupBlock = block_q4_Kx8;
-    static constexpr bool kSoftwarePrefetch = kDecodePrefetchK;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
         __m256i pairs[4];
@@ -145,7 +128,6 @@ struct Q4_Kx8 {
 // 16 registers). Integer sums only, so the order does not change the result.
 struct Q6_Kx8 {
     using GroupBlock = block_q6_Kx8;
-    static constexpr bool kSoftwarePrefetch = kDecodePrefetchK;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
         const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
@@ -207,26 +189,34 @@ struct Q6_Kx8 {
     }
 };
 
-// Prefetch distance of the weight stream in bytes, for a layout whose Traits asks for it (see
-// kDecodePrefetchK), and of each tile's head (prefetch_head). First measured on
-// the old Q4_K and Q6_K layouts under load: 4-16 KiB 1.4-1.8x faster than none, 2 KiB less so;
-// _MM_HINT_NTA slower than none.
+// Software prefetch of the weight stream in the decode (nc = 1) GEMV, where k_decode_prefetch()
+// says so (kernels/kernels.h): kPrefetchBytes ahead, and each tile's head (prefetch_head). Whether
+// it pays depends on the core. Measured quiet, alternating builds, on an AVX2-only AMD EPYC Zen 3
+// (family 25 model 1, 32 MiB L3, 2 vCPU): the n = 1 GEMV from DRAM streamed at 93-104% of the
+// read bandwidth at one thread against 75-83% without (Q4_K 1.5B ffn_up x18), Q6_K 10.3-12.3 GB/s
+// against 9.1-9.7, and Qwen2.5-Coder-1.5B decode reached 80-92% of the ceiling at one thread
+// against 73-81%. On an AMD EPYC Zen 4 (family 25 model 17, AVX-512) it is the other way round,
+// in both tiers (session 12, one thread, 12 copies of 1.5B ffn_up from DRAM, alternating, 3
+// rounds): AVX2 Q6_K 14.2-16.6 GB/s with it against 22.6-24.8 without, Q4_K 18.1-22.9 against
+// 22.7-24.7; the AVX-512 tier's Q4_K 14.6-15.9 against 18.3-28.0. Never in prefill (nc > 1):
+// compute-bound there, and the prefetch cost the n = 128 GEMM up to 30% at one thread.
+// The distance was first measured on the old Q4_K and Q6_K layouts under load: 4-16 KiB 1.4-1.8x
+// faster than none, 2 KiB less so; _MM_HINT_NTA slower than none.
 constexpr size_t kPrefetchBytes = 8192;
 
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks.
-template <typename Traits, int NC>
+template <typename Traits, int NC, bool Prefetch = false>
 inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_K *const *a, float *y,
                           size_t ldy, int rows_valid) {
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
     const block_q8_K *p[NC];
     for (int64_t b = 0; b < nb; ++b) {
-        // Software prefetch kPrefetchBytes ahead of the weight stream where Traits asks for it
-        // (groups are contiguous, so this runs on into the next group): on the Q4_K layout one
-        // core's hardware prefetchers alone keep too few lines in flight to reach DRAM
-        // bandwidth. The lines of block b + distance are requested once each (the + 63 covers a
-        // block that does not start a line).
-        if constexpr (Traits::kSoftwarePrefetch && NC == 1) {
+        // Software prefetch kPrefetchBytes ahead of the weight stream (groups are contiguous, so
+        // this runs on into the next group): on a Zen 3 one core's hardware prefetchers alone
+        // keep too few lines in flight to reach DRAM bandwidth. The lines of block b + distance
+        // are requested once each (the + 63 covers a block that does not start a line).
+        if constexpr (Prefetch) {
             const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
             for (size_t off = 0; off < sizeof(typename Traits::GroupBlock) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
         }
@@ -247,19 +237,34 @@ inline void prefetch_head(const char *wb, int nr, size_t group_stride) {
 
 // TypeKernels::gemm_repacked for the K-quant 8-row layouts. Groups are taken in chunks of about
 // kRowChunkBytes so a chunk stays in L2 while every tile of kMaxCols columns passes over it.
+// Decode (nc = 1) prefetches where k_decode_prefetch() says so; the same arithmetic either way.
 template <typename Traits>
 void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void *xq, size_t x_stride, float *y,
                       size_t ldy, int nr, int nc) {
     using GroupBlock = typename Traits::GroupBlock;
     const int64_t nb = k / QK_K;
     const char *wb = static_cast<const char *>(wp);
-    prefetch_head(wb, nr, group_stride);
     const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
+    const char *xb = static_cast<const char *>(xq);
+    if (nc == 1) {
+        const block_q8_K *a[1] = {reinterpret_cast<const block_q8_K *>(xb)};
+        if (k_decode_prefetch()) {
+            prefetch_head(wb, nr, group_stride);
+            for (int gi = 0; gi < n_groups; ++gi)
+                gemm_group_k8<Traits, 1, true>(nb, reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride), a,
+                                               y + size_t(gi) * kRepackRowsK, ldy, std::min(kRepackRowsK, nr - gi * kRepackRowsK));
+        } else {
+            for (int gi = 0; gi < n_groups; ++gi)
+                gemm_group_k8<Traits, 1>(nb, reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride), a,
+                                         y + size_t(gi) * kRepackRowsK, ldy, std::min(kRepackRowsK, nr - gi * kRepackRowsK));
+        }
+        return;
+    }
+    prefetch_head(wb, nr, group_stride);  // prefill keeps the head prefetch it always had
     const int chunk = group_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / group_stride);
     // The loops written out rather than through for_each_tile: with the driver, GCC 12 folded the
     // Q6_K weight loads into the shifts and the 172 MB Q6_K output head of the deepseek2 bench file
     // decoded ~60% slower at one thread (perf: 8.1k -> 13.8k samples over 200 steps).
-    const char *xb = static_cast<const char *>(xq);
     for (int g0 = 0; g0 < n_groups; g0 += chunk) {
         const int g1 = std::min(n_groups, g0 + chunk);
         for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
