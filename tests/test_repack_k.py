@@ -323,6 +323,8 @@ def test_decode_prefetch_default_and_override(restore_decode_prefetch):
         out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "KTD_DECODE_PREFETCH": value},
                              capture_output=True, text=True, check=True).stdout.strip()
         assert out == want
-    bad = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "KTD_DECODE_PREFETCH": "yes"},
-                         capture_output=True, text=True)
-    assert bad.returncode != 0 and "KTD_DECODE_PREFETCH=yes: expected 0 or 1" in bad.stderr
+    # A bad value is reported where the kernels are chosen (active_isa, at the model load).
+    for code in (probe, "from ktd import _native; _native.kernels.active_isa()"):
+        bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KTD_DECODE_PREFETCH": "yes"},
+                             capture_output=True, text=True)
+        assert bad.returncode != 0 and "KTD_DECODE_PREFETCH=yes: expected 0 or 1" in bad.stderr

@@ -120,7 +120,12 @@ bool isa_supported_by_cpu(Isa isa) {
 }
 
 Isa active_isa() {
-    std::call_once(g_active_once, [] { g_active = default_isa(); });
+    std::call_once(g_active_once, [] {
+        g_active = default_isa();
+        // KTD_DECODE_PREFETCH is read here too, so that a bad value is reported where the kernels
+        // are chosen (the model load), not by the first decode's worker threads.
+        k_decode_prefetch();
+    });
     return g_active;
 }
 

@@ -9,8 +9,9 @@
 // activation sums are taken once per call, the row scales are one fp16 vector per block.
 //
 // Decode (n ≤ 8) streams the weights once: all columns of the call are taken per weight block
-// (no re-read), and the next blocks are prefetched kPrefetchBytes ahead of the stream (one core
-// reaches DRAM bandwidth only with more misses in flight than the hardware prefetcher keeps).
+// (no re-read), and the next blocks are prefetched kPrefetchBytes ahead of the stream where
+// k_decode_prefetch() says so (on the Xeon this was tuned on, one core reached DRAM bandwidth only
+// with more misses in flight than the hardware prefetcher keeps; on a Zen 4 it did without).
 #pragma once
 #include <immintrin.h>
 
