@@ -248,15 +248,17 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     const char *xb = static_cast<const char *>(xq);
     if (nc == 1) {
         const block_q8_K *a[1] = {reinterpret_cast<const block_q8_K *>(xb)};
+        const auto decode = [&]<bool Prefetch>() {
+            for (int gi = 0; gi < n_groups; ++gi)
+                gemm_group_k8<Traits, 1, Prefetch>(nb, reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride),
+                                                   a, y + size_t(gi) * kRepackRowsK, ldy,
+                                                   std::min(kRepackRowsK, nr - gi * kRepackRowsK));
+        };
         if (k_decode_prefetch()) {
             prefetch_head(wb, nr, group_stride);
-            for (int gi = 0; gi < n_groups; ++gi)
-                gemm_group_k8<Traits, 1, true>(nb, reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride), a,
-                                               y + size_t(gi) * kRepackRowsK, ldy, std::min(kRepackRowsK, nr - gi * kRepackRowsK));
+            decode.template operator()<true>();
         } else {
-            for (int gi = 0; gi < n_groups; ++gi)
-                gemm_group_k8<Traits, 1>(nb, reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride), a,
-                                         y + size_t(gi) * kRepackRowsK, ldy, std::min(kRepackRowsK, nr - gi * kRepackRowsK));
+            decode.template operator()<false>();
         }
         return;
     }
