@@ -336,6 +336,40 @@ def test_work_list_rejects_bad_ranges():
         wl.claim(2)
 
 
+def test_range_list_owner_takes_its_front_then_steals_from_the_backs():
+    rl = _native.RangeList()
+    rl.reset(10, 3)  # ranges [0, 3), [3, 6), [6, 10), as parallel_for cuts them
+    assert rl.n_owners == 3
+    assert rl.claim(1) == 3  # an owner starts at the front of its own range
+    # Owner 0 runs through its range, then takes the others' items from their backs: the next
+    # owner's first (down to what owner 1 already took), then owner 2's.
+    assert [rl.claim(0) for _ in range(10)] == [0, 1, 2, 5, 4, 9, 8, 7, 6, None]
+    assert rl.claim(1) is None and rl.claim(2) is None  # stays empty until the next reset
+    rl.reset(2, 4)  # fewer items than owners: empty ranges steal at once
+    assert sorted([rl.claim(0), rl.claim(0)]) == [0, 1] and rl.claim(3) is None
+    with pytest.raises(IndexError):
+        rl.claim(4)
+    with pytest.raises(ValueError, match="owners"):
+        rl.reset(5, 0)
+    with pytest.raises(ValueError, match="2\\^32"):
+        rl.reset(1 << 32, 2)
+
+
+@pytest.mark.parametrize("n", [0, 3, 1000])
+def test_range_list_every_item_once_across_workers(fake_machine, n):
+    # Real concurrency (the claims run without the GIL): worker 0's items sleep, so the others
+    # finish their own ranges and race for its back while it takes its front.
+    sysfs, affinity = fake_machine(2)
+    pool = _native.ThreadPool(n_threads=4, pin=False, sysfs_root=sysfs, affinity=affinity)
+    hits, by = run_with_timeout(lambda: _native.range_list_exercise(pool, n, slow_tid=0, rounds=20))
+    assert hits == [20] * n
+    assert all(0 <= t < pool.size for t in by)
+    # Within its own range a worker takes only the front, the thieves only the back: what worker
+    # 0 ran of its range is a prefix of it (empty when the thieves were quicker).
+    own0 = [i for i, t in enumerate(by[: n // pool.size]) if t == 0]
+    assert own0 == list(range(len(own0)))
+
+
 def test_bad_options():
     with pytest.raises(ValueError, match="exceeds"):
         _native.ThreadPool(n_threads=N_CPUS + 1)

@@ -1,8 +1,11 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <optional>
+#include <thread>
 
 #include "bindings.h"
 #include "cpu/features.h"
@@ -213,6 +216,48 @@ void bind_cpu(py::module_ &m) {
                  return std::nullopt;
              },
              py::arg("slice") = 0, "the next item of the slice, or None when it has none left");
+
+    py::class_<RangeList>(m, "RangeList")
+        .def(py::init<>())
+        .def("reset", &RangeList::reset, py::arg("n"), py::arg("n_owner"))
+        .def_property_readonly("n_owners", &RangeList::n_owners)
+        .def(
+            "claim",
+            [](RangeList &r, int tid) -> std::optional<size_t> {
+                if (tid < 0 || tid >= r.n_owners()) throw std::out_of_range("RangeList: no owner " + std::to_string(tid));
+                size_t item;
+                if (r.claim(tid, item)) return item;
+                return std::nullopt;
+            },
+            py::arg("tid"), "the front of tid's range, else the back of another's; None when all are empty");
+    // For the tests: `rounds` regions in which every worker of `pool` drains one RangeList of n
+    // items without the GIL (slow_tid's items sleep a while, so the others run out and steal).
+    // Returns (claims per item summed over the rounds, the worker that ran each item last round).
+    m.def(
+        "range_list_exercise",
+        [](ThreadPool &pool, size_t n, int slow_tid, int rounds) {
+            RangeList list;
+            std::unique_ptr<std::atomic<int>[]> hits(new std::atomic<int>[n]);
+            for (size_t i = 0; i < n; ++i) hits[i].store(0);
+            std::vector<int> by(n, -1);
+            {
+                py::gil_scoped_release release;
+                for (int r = 0; r < rounds; ++r) {
+                    list.reset(n, pool.size());
+                    pool.run([&](int tid, int) {
+                        list.drain(tid, [&](size_t it) {
+                            hits[it].fetch_add(1, std::memory_order_relaxed);
+                            by[it] = tid;
+                            if (tid == slow_tid) std::this_thread::sleep_for(std::chrono::microseconds(50));
+                        });
+                    });
+                }
+            }
+            std::vector<int> counts(n);
+            for (size_t i = 0; i < n; ++i) counts[i] = hits[i].load();
+            return py::make_tuple(counts, by);
+        },
+        py::arg("pool"), py::arg("n"), py::arg("slow_tid") = -1, py::arg("rounds") = 1);
 }
 
 }  // namespace ktd

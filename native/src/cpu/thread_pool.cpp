@@ -396,6 +396,50 @@ bool WorkList::claim(int slice, size_t &item) {
     return item < c.end;
 }
 
+// A range [lo, hi) packed as lo | hi << 32 in one word, so that the owner (lo + 1) and a thief
+// (hi - 1) race on one compare-and-swap and never both take the last item.
+struct alignas(kCacheLine) RangeList::Range {
+    std::atomic<uint64_t> lo_hi{0};
+};
+
+RangeList::RangeList() = default;
+RangeList::~RangeList() = default;
+
+void RangeList::reset(size_t n, int n_owner) {
+    if (n_owner < 1) throw std::invalid_argument("RangeList: " + std::to_string(n_owner) + " owners, expected >= 1");
+    if (n >= (size_t(1) << 32)) throw std::invalid_argument("RangeList: " + std::to_string(n) + " items, expected < 2^32");
+    if (n_owner > capacity_) {
+        ranges_ = std::make_unique<Range[]>(size_t(n_owner));
+        capacity_ = n_owner;
+    }
+    for (int t = 0; t < n_owner; ++t) {
+        const uint64_t lo = n * size_t(t) / size_t(n_owner), hi = n * size_t(t + 1) / size_t(n_owner);
+        ranges_[size_t(t)].lo_hi.store(lo | (hi << 32), std::memory_order_relaxed);
+    }
+    n_owner_ = n_owner;
+}
+
+bool RangeList::claim(int tid, size_t &item) {
+    // Relaxed is enough, as in WorkList::claim: the items' inputs were published by the reset's
+    // run() or barrier, and their outputs are synchronized by the caller's own counters or barrier.
+    constexpr uint64_t kLow = 0xffffffffu;
+    std::atomic<uint64_t> &own = ranges_[size_t(tid)].lo_hi;
+    for (uint64_t v = own.load(std::memory_order_relaxed); (v & kLow) < (v >> 32);)
+        if (own.compare_exchange_weak(v, v + 1, std::memory_order_relaxed)) {
+            item = size_t(v & kLow);
+            return true;
+        }
+    for (int k = 1; k < n_owner_; ++k) {
+        std::atomic<uint64_t> &other = ranges_[size_t((tid + k) % n_owner_)].lo_hi;
+        for (uint64_t v = other.load(std::memory_order_relaxed); (v & kLow) < (v >> 32);)
+            if (other.compare_exchange_weak(v, v - (uint64_t(1) << 32), std::memory_order_relaxed)) {
+                item = size_t((v >> 32) - 1);
+                return true;
+            }
+    }
+    return false;
+}
+
 static void check_tid(const ThreadPool::Impl &s, int tid) {
     if (tid < 0 || tid >= s.nth)
         throw std::out_of_range("worker id " + std::to_string(tid) + " out of range [0, " +

@@ -108,6 +108,41 @@ private:
     int capacity_ = 0, n_slice_ = 0;
 };
 
+// Items [0, n) cut into n_owner contiguous ranges, one per worker (as parallel_for cuts them):
+// worker tid claims its own range front to back, and once it is empty takes items from the back
+// of the others' (the next worker's first). For weights streamed item by item, where a WorkList
+// would hand each worker every nth item: here a worker's consecutive items are consecutive in
+// memory, so the hardware prefetcher's stream runs on from one item into the next instead of
+// starting cold at each, and a thief takes the far end of a range, away from its owner's stream.
+// The MoE decode's ~100-200 KiB items streamed 5-18% faster this way at 2 threads on a Zen 4
+// (moe_decode.cpp). Same contract as WorkList otherwise: reset() while nobody claims, published
+// through run() or a barrier; claim() from any number of workers at once (a compare-and-swap on
+// the range's own cache line). No allocation once it has seen its largest owner count.
+class RangeList {
+public:
+    RangeList();
+    ~RangeList();
+    RangeList(const RangeList &) = delete;
+    RangeList &operator=(const RangeList &) = delete;
+
+    // n < 2^32 items over n_owner >= 1 ranges; std::invalid_argument otherwise.
+    void reset(size_t n, int n_owner);
+    int n_owners() const { return n_owner_; }
+    // The next item for worker tid (0 <= tid < n_owners(), unchecked): the front of its own range,
+    // else the back of another's; false when every range is empty.
+    bool claim(int tid, size_t &item);
+    // fn(item) for every item this worker claims, until all ranges are empty.
+    template <class Fn>
+    void drain(int tid, Fn &&fn) {
+        for (size_t item; claim(tid, item);) fn(item);
+    }
+
+private:
+    struct Range;
+    std::unique_ptr<Range[]> ranges_;  // [capacity_], one cache line each
+    int capacity_ = 0, n_owner_ = 0;
+};
+
 class ThreadPool {
 public:
     explicit ThreadPool(const ThreadPoolOptions &opts = {});

@@ -25,9 +25,10 @@
 // slices the sharded experts are stored in) and a worker takes only its node's items, so it
 // streams only its node's memory; the items cover the same rows, so the result is unchanged.
 // One token (decode, moe_ffn_decode in moe_decode.cpp) takes a leaner plan: the router joins the same
-// parallel region, gate+up of all selected experts and the shared expert is one list of small row
-// blocks, and down is one list of output-row blocks over all experts that sums the weighted rows
-// itself (two barriers per layer instead of six and a second region).
+// parallel region, gate and up of all selected experts and the shared expert are one list of small
+// row blocks, and down is one list of output-row blocks over all experts that sums the weighted rows
+// itself (two barriers per layer instead of six and a second region); each worker takes a
+// contiguous run of those items (RangeList), so it streams long stretches of weights.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -92,7 +93,7 @@ struct MoeScratch {
     // which read only rows of that slice (one slice: every item, every worker).
     std::vector<Item> up_items, down_items;
     std::vector<size_t> up_start, down_start;  // [n_slice + 1]
-    // The gate/up and down items as claimed by the workers (decode too: its items in one slice).
+    // The gate/up and down items as claimed by the workers.
     WorkList up_list, down_list;
 
     // Decode (n = 1, moe_ffn_decode): every worker routes the token itself and keeps its own copy
@@ -102,7 +103,8 @@ struct MoeScratch {
         const PreparedWeights *gate, *up, *down;
         int64_t n_ff;
         float weight;        // routing weight (the shared expert's sigmoid gate, or 1)
-        int64_t up_item0;    // first gate/up item of this job in the combined list
+        int64_t up_item0;    // first gate/up item of this job in the combined list: up_blocks
+        int64_t up_blocks;   // gate blocks from there, then as many up blocks
         float *hg, *hu;      // [n_ff] gate/up rows → swiglu in hg
         uint8_t *hq;         // hg quantized for down (written by the worker finishing the job)
         size_t hq_row;       // its bytes
@@ -119,6 +121,7 @@ struct MoeScratch {
     // [jobs] gate/up rows finished per job, then [down row blocks] jobs finished per block
     std::unique_ptr<std::atomic<int64_t>[]> dec_done;
     size_t dec_done_size = 0;
+    RangeList dec_up_list, dec_down_list;  // the decode's gate/up and down items
 };
 
 // Bench/test hook: copies x_row [n_embd] into the context's recorded states (ForwardScratch::
