@@ -93,6 +93,14 @@ def test_block_bytes_add_up_to_inspects_bytes_per_token(kind, arch, tmp_path):
     assert blocks["moe_ffn"] >= per_token["routed_experts"]
     assert (blocks["moe_ffn"] > 0) == (kind == "moe")
     assert (blocks["mla_attention"] > 0) == (arch == "deepseek2")
+    # The MoE FFN's parts split its bytes: the router, gate and up, down (routed at k/n as above).
+    parts = B.bytes_per_block(path, parts=True)
+    assert set(parts) == {"moe_router", "moe_gate_up", "moe_down"}
+    assert sum(parts.values()) == blocks["moe_ffn"]
+    assert all((v > 0) == (kind == "moe") for v in parts.values())
+    if kind == "moe":
+        # gate and up are each as large as down in these files (same type, transposed shapes)
+        assert parts["moe_gate_up"] > parts["moe_down"] > parts["moe_router"]
 
 
 def test_breakdown_arithmetic():
@@ -111,6 +119,26 @@ def test_breakdown_arithmetic():
     assert rows["step"]["bytes_per_token"] == 40_000_000 and "moe_ffn" not in rows
     with pytest.raises(ValueError):
         B.breakdown(profile, 0, 0.01, {}, 1e9)
+
+
+def test_breakdown_lists_the_moe_parts_under_their_block_and_leaves_them_out_of_the_sums():
+    # 2 steps of 10 ms; moe_ffn 6 ms/step, of which router 1, gate/up 3, down 1.5 (0.5 outside them)
+    profile = {"moe_ffn": (12_000_000, 2), "moe_router": (2_000_000, 2), "moe_gate_up": (6_000_000, 2),
+               "moe_down": (3_000_000, 2), "forward": (16_000_000, 2)}
+    rows = B.breakdown(profile, 2, 0.010, {"moe_ffn": 60_000_000}, 10e9,
+                       {"moe_router": 1_000_000, "moe_gate_up": 36_000_000, "moe_down": 23_000_000})
+    names = [r["block"] for r in rows]
+    assert names[:4] == ["moe_ffn", "moe_ffn > router", "moe_ffn > gate_up", "moe_ffn > down"]
+    by = {r["block"]: r for r in rows}
+    assert by["moe_ffn > gate_up"]["ms_per_step"] == pytest.approx(3.0)
+    assert by["moe_ffn > gate_up"]["gb_per_s"] == pytest.approx(12.0)  # 36 MB in 3 ms
+    assert by["moe_ffn > down"]["pct_of_bandwidth"] == pytest.approx(100 * 23e6 / 1.5e-3 / 10e9)
+    # the parts are not blocks: 8 ms/step forward less the 6 ms of moe_ffn, not less 11.5
+    assert by["forward, outside the blocks"]["ms_per_step"] == pytest.approx(2.0)
+    assert by["step"]["bytes_per_token"] == 60_000_000
+    # no parts timed (prefill only, or a dense model): no part rows
+    assert not any(" > " in r["block"] for r in B.breakdown({"moe_ffn": (1, 1), "forward": (2, 1)}, 1, 0.01,
+                                                             {"moe_ffn": 1}, 1e9))
 
 
 def test_pool_rows_arithmetic():
@@ -180,7 +208,14 @@ def test_native_profile_counts_every_block_and_changes_no_bit(kind, arch, tmp_pa
         ffn_calls = prof["glu_ffn"][1] + prof["moe_ffn"][1]
         assert ffn_calls == 4 * n_layer
         assert (prof["moe_ffn"][1] > 0) == (kind == "moe")
-        assert sum(ns for b, (ns, _) in prof.items() if b != "forward") <= prof["forward"][0]
+        parts = ("moe_router", "moe_gate_up", "moe_down")
+        assert sum(ns for b, (ns, _) in prof.items() if b != "forward" and b not in parts) <= prof["forward"][0]
+        # The MoE parts are timed on the one-token path: once per MoE layer of each of the 3 decodes
+        # (the 5-token prompt takes the general path), inside moe_ffn's time.
+        n_moe = sum(1 for n in GGUFFile(path).tensors if n.endswith(".ffn_gate_exps.weight"))
+        assert all(prof[p][1] == 3 * n_moe for p in parts)
+        assert sum(prof[p][0] for p in parts) <= prof["moe_ffn"][0]
+        assert all((prof[p][0] > 0) == (kind == "moe") for p in parts)
         eng.context.reset_profile()
         assert all(v == (0, 0) for v in eng.context.profile().values())
     np.testing.assert_array_equal(logits[0], logits[1])

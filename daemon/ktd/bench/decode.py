@@ -51,12 +51,18 @@ PROMPT_TOKENS = 16
 # Blocks of a forward (native/src/model/profile.h), in the order a layer runs them.
 BLOCKS = ("embed", "norm", "residual_add", "attention_in", "attention", "attention_out", "mla_attention",
           "glu_ffn", "moe_ffn", "output_head")
+# Parts of a block, timed inside it (profile.h): the one-token MoE FFN's three phases, each from the
+# calling thread's side (router: its rows, the barrier, the routing; gate_up: the gate/up items and
+# the barrier after them; down: the down items and the row sums). Printed under their block; the
+# block's time less theirs is its pool region's set-up, hand-over and join.
+SUB_BLOCKS = {"moe_ffn": ("moe_router", "moe_gate_up", "moe_down")}
 
 
-def bytes_per_block(path: str) -> dict[str, int]:
+def bytes_per_block(path: str, parts: bool = False) -> dict[str, int]:
     """Weight bytes each forward block streams per decoded token; they sum to ``ktd inspect``'s
     bytes per token (routed experts at n_expert_used/n_expert of their size, lookup tables none
-    unless tied to the output head)."""
+    unless tied to the output head). parts: the bytes of the SUB_BLOCKS instead, which sum to
+    their block's."""
     from ktd.gguf import GGUFFile
     from ktd.inspect import LOOKUP_TABLES, OUTPUT_HEAD, TIED_HEAD, bytes_per_token, placement_classes
 
@@ -68,6 +74,19 @@ def bytes_per_block(path: str) -> dict[str, int]:
     head = per_token["output_head_tensor"]
     mla = any(".attn_kv_a_mqa." in name for name in f.tensors)
     out = dict.fromkeys(BLOCKS, 0)
+    sub = {p: 0 for ps in SUB_BLOCKS.values() for p in ps}
+
+    def moe(name: str, nbytes: int) -> None:
+        out["moe_ffn"] += nbytes
+        # The router's rows, the bias of its choice and the shared expert's gate vector are read
+        # while routing; each expert's down matrix in the down phase, gate and up before it.
+        if ".ffn_gate_inp" in name or ".exp_probs_b" in name:
+            sub["moe_router"] += nbytes
+        elif ".ffn_down" in name:
+            sub["moe_down"] += nbytes
+        else:
+            sub["moe_gate_up"] += nbytes
+
     for t in f.tensors.values():
         name, cls = t.name, classes[t.name]
         if name == head:
@@ -75,9 +94,9 @@ def bytes_per_block(path: str) -> dict[str, int]:
         elif name in LOOKUP_TABLES or name in (OUTPUT_HEAD, TIED_HEAD):
             continue                      # one row per token, not counted (as ktd inspect)
         elif cls == "routed_expert":
-            out["moe_ffn"] += t.nbytes // per_token["n_expert"] * per_token["n_expert_used"]
+            moe(name, t.nbytes // per_token["n_expert"] * per_token["n_expert_used"])
         elif cls in ("shared_expert", "router"):
-            out["moe_ffn"] += t.nbytes
+            moe(name, t.nbytes)
         elif len(t.shape) < 2 or name.startswith("output"):
             out["output_head" if name.startswith("output") else "norm"] += t.nbytes  # norms, biases: vectors
         elif ".attn_output." in name:
@@ -88,13 +107,16 @@ def bytes_per_block(path: str) -> dict[str, int]:
             out["glu_ffn"] += t.nbytes
         else:
             raise ValueError(f"{path}: tensor '{name}' belongs to no forward block this breakdown knows")
-    return out
+    return sub if parts else out
 
 
 def breakdown(profile: dict[str, tuple[int, int]], steps: int, step_seconds: float,
-              block_bytes: dict[str, int], bandwidth: float) -> list[dict[str, Any]]:
+              block_bytes: dict[str, int], bandwidth: float,
+              part_bytes: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Rows {block, ms_per_step, pct_of_step, bytes_per_token, gb_per_s, pct_of_bandwidth} from
-    the native per-block sums over ``steps`` forwards, the mean step (s) and the bandwidth (B/s)."""
+    the native per-block sums over ``steps`` forwards, the mean step (s) and the bandwidth (B/s).
+    A block's timed parts (SUB_BLOCKS, bytes from part_bytes) follow it as rows "block > part",
+    which the sums leave out."""
     if steps < 1 or step_seconds <= 0 or bandwidth <= 0:
         raise ValueError("steps, step time and bandwidth must be positive")
     rows = []
@@ -112,6 +134,10 @@ def breakdown(profile: dict[str, tuple[int, int]], steps: int, step_seconds: flo
             continue
         parts += ns / steps / 1e9
         row(b, ns / steps / 1e9, block_bytes.get(b, 0))
+        for p in SUB_BLOCKS.get(b, ()):
+            pns, pcalls = profile.get(p, (0, 0))
+            if pcalls:
+                row(f"{b} > {p.split('_', 1)[1]}", pns / steps / 1e9, (part_bytes or {}).get(p, 0))
     forward = profile["forward"][0] / steps / 1e9
     row("forward, outside the blocks", max(forward - parts, 0.0), 0)
     row("step, outside the forward", max(step_seconds - forward, 0.0), 0)
@@ -229,7 +255,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
               "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
     if with_breakdown:
         result["breakdown"] = breakdown(eng.context.profile(), tokens, statistics.fmean(steps),
-                                        bytes_per_block(path), statistics.median(bws))
+                                        bytes_per_block(path), statistics.median(bws), bytes_per_block(path, parts=True))
         result["pool"] = pool_rows(eng.context.pool_stats(), tokens, statistics.fmean(steps), threads, cpu)
         eng.context.set_pool_stats(False)
     del eng  # the weights arena goes before the next thread count maps its own

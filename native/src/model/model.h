@@ -351,6 +351,8 @@ public:
     void set_profiling(bool on);
     bool profiling() const { return profiling_ != nullptr; }
     const ForwardProfile &profile() const { return profile_; }
+    // The profile while profiling is on, else null (for timers inside a block: moe_ffn's parts).
+    ForwardProfile *active_profile() { return profiling_ ? &profile_ : nullptr; }
     void reset_profile() { profile_.reset(); }
 
     // Used by the architecture files.

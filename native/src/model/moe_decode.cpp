@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 
 #include "cpu/thread_pool.h"
 #include "kernels/tile.h"
@@ -73,6 +74,7 @@ struct DecodeCall {
     int64_t up_block = 0, down_block = 0, n_up_items = 0, n_down_items = 0, down_per_job = 0;
     uint64_t *counts = nullptr;
     const float *probs_b = nullptr, *sh_gate_w = nullptr;
+    ForwardProfile *prof = nullptr;  // times the three phases on tid 0 while profiling (profile.h)
 };
 
 DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, float *y_, MoePart part)
@@ -107,6 +109,7 @@ DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float
     counts = ctx.layer_expert_counts(il);
     probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
     sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
+    prof = ctx.active_profile();
 }
 
 // Scratch for the call, the jobs' completion counters and the two work lists, before the region.
@@ -232,11 +235,16 @@ void decode_down_item(const DecodeCall &c, const MoeScratch::DecodeWorker &dw, i
 
 void decode_region(const DecodeCall &c, int tid, int nt) {
     MoeScratch::DecodeWorker &dw = c.s.dec[size_t(tid)];
+    // Each emplace ends the previous phase's timer (no-ops unless tid 0 is profiling).
+    ForwardProfile *prof = tid == 0 ? c.prof : nullptr;
+    std::optional<OpTimer> phase(std::in_place, prof, ForwardOp::MoeRouter);
     decode_router_rows(c, dw, tid, nt);
     if (nt > 1) c.pool.barrier(tid);
     decode_route(c, dw, tid);
+    phase.emplace(prof, ForwardOp::MoeGateUp);
     c.s.dec_up_list.drain(tid, [&](size_t it) { decode_up_item(c, dw, int64_t(it), tid); });
     if (nt > 1) c.pool.barrier(tid);
+    phase.emplace(prof, ForwardOp::MoeDown);
     c.s.dec_down_list.drain(tid, [&](size_t it) { decode_down_item(c, dw, int64_t(it), tid); });
 }
 

@@ -6,6 +6,13 @@
 // Times are wall-clock nanoseconds of the calling thread, which waits for the pool inside every
 // block, so a block's time includes its hand-over to the workers and the wait for the slowest one.
 // Everything the forward does outside these blocks is the forward's time minus their sum.
+//
+// Three parts of moe_ffn are timed inside it, on its one-token (decode) path only: moe_router (the
+// router rows, the barrier after them, the routing), moe_gate_up (this thread's gate/up items and
+// its wait at the barrier after them) and moe_down (its down items and row sums), each from the
+// calling thread's point of view (tid 0 of the layer's one pool region). moe_ffn minus the three
+// is the region's set-up, hand-over and the wait for the last worker. They are not blocks of their
+// own: a sum over the blocks leaves them out (kFirstSubOp).
 #pragma once
 #include <array>
 #include <chrono>
@@ -17,14 +24,15 @@ namespace ktd {
 
 enum class ForwardOp : int {
     Embed, Norm, ResidualAdd, AttentionIn, Attention, AttentionOut, MlaAttention, GluFfn, MoeFfn,
-    OutputHead, Forward, kCount
+    OutputHead, Forward, MoeRouter, MoeGateUp, MoeDown, kCount
 };
 inline constexpr int kForwardOps = int(ForwardOp::kCount);
+inline constexpr int kFirstSubOp = int(ForwardOp::MoeRouter);  // parts of a block from here on
 
 inline const char *forward_op_name(ForwardOp op) {
     static constexpr const char *names[kForwardOps] = {
         "embed", "norm", "residual_add", "attention_in", "attention", "attention_out", "mla_attention",
-        "glu_ffn", "moe_ffn", "output_head", "forward"};
+        "glu_ffn", "moe_ffn", "output_head", "forward", "moe_router", "moe_gate_up", "moe_down"};
     return names[int(op)];
 }
 
