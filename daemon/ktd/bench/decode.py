@@ -63,6 +63,12 @@ def bytes_per_block(path: str, parts: bool = False) -> dict[str, int]:
     bytes per token (routed experts at n_expert_used/n_expert of their size, lookup tables none
     unless tied to the output head). parts: the bytes of the SUB_BLOCKS instead, which sum to
     their block's."""
+    blocks, sub = block_and_part_bytes(path)
+    return sub if parts else blocks
+
+
+def block_and_part_bytes(path: str) -> tuple[dict[str, int], dict[str, int]]:
+    """bytes_per_block's two answers, (blocks, parts), from one reading of the file."""
     from ktd.gguf import GGUFFile
     from ktd.inspect import LOOKUP_TABLES, OUTPUT_HEAD, TIED_HEAD, bytes_per_token, placement_classes
 
@@ -107,7 +113,7 @@ def bytes_per_block(path: str, parts: bool = False) -> dict[str, int]:
             out["glu_ffn"] += t.nbytes
         else:
             raise ValueError(f"{path}: tensor '{name}' belongs to no forward block this breakdown knows")
-    return sub if parts else out
+    return out, sub
 
 
 def breakdown(profile: dict[str, tuple[int, int]], steps: int, step_seconds: float,
@@ -254,8 +260,9 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
               **summarize(steps, bws, bpt), **machine_info(bpt),
               "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
     if with_breakdown:
-        result["breakdown"] = breakdown(eng.context.profile(), tokens, statistics.fmean(steps),
-                                        bytes_per_block(path), statistics.median(bws), bytes_per_block(path, parts=True))
+        blocks, parts = block_and_part_bytes(path)
+        result["breakdown"] = breakdown(eng.context.profile(), tokens, statistics.fmean(steps), blocks,
+                                        statistics.median(bws), parts)
         result["pool"] = pool_rows(eng.context.pool_stats(), tokens, statistics.fmean(steps), threads, cpu)
         eng.context.set_pool_stats(False)
     del eng  # the weights arena goes before the next thread count maps its own

@@ -419,24 +419,24 @@ void RangeList::reset(size_t n, int n_owner) {
     n_owner_ = n_owner;
 }
 
-bool RangeList::claim(int tid, size_t &item) {
-    // Relaxed is enough, as in WorkList::claim: the items' inputs were published by the reset's
-    // run() or barrier, and their outputs are synchronized by the caller's own counters or barrier.
+// Takes the front (lo) or the back (hi - 1) item of a packed range; false when it is empty.
+// Relaxed is enough, as in WorkList::claim: the items' inputs were published by the reset's run()
+// or barrier, and their outputs are synchronized by the caller's own counters or barrier.
+static bool take_item(std::atomic<uint64_t> &lo_hi, bool front, size_t &item) {
     constexpr uint64_t kLow = 0xffffffffu;
-    std::atomic<uint64_t> &own = ranges_[size_t(tid)].lo_hi;
-    for (uint64_t v = own.load(std::memory_order_relaxed); (v & kLow) < (v >> 32);)
-        if (own.compare_exchange_weak(v, v + 1, std::memory_order_relaxed)) {
-            item = size_t(v & kLow);
+    const uint64_t step = front ? 1 : uint64_t(1) << 32;
+    for (uint64_t v = lo_hi.load(std::memory_order_relaxed); (v & kLow) < (v >> 32);)
+        if (lo_hi.compare_exchange_weak(v, front ? v + step : v - step, std::memory_order_relaxed)) {
+            item = size_t(front ? v & kLow : (v >> 32) - 1);
             return true;
         }
-    for (int k = 1; k < n_owner_; ++k) {
-        std::atomic<uint64_t> &other = ranges_[size_t((tid + k) % n_owner_)].lo_hi;
-        for (uint64_t v = other.load(std::memory_order_relaxed); (v & kLow) < (v >> 32);)
-            if (other.compare_exchange_weak(v, v - (uint64_t(1) << 32), std::memory_order_relaxed)) {
-                item = size_t((v >> 32) - 1);
-                return true;
-            }
-    }
+    return false;
+}
+
+bool RangeList::claim(int tid, size_t &item) {
+    if (take_item(ranges_[size_t(tid)].lo_hi, true, item)) return true;
+    for (int k = 1; k < n_owner_; ++k)
+        if (take_item(ranges_[size_t((tid + k) % n_owner_)].lo_hi, false, item)) return true;
     return false;
 }
 

@@ -103,8 +103,8 @@ struct MoeScratch {
         const PreparedWeights *gate, *up, *down;
         int64_t n_ff;
         float weight;        // routing weight (the shared expert's sigmoid gate, or 1)
-        int64_t up_item0;    // first gate/up item of this job in the combined list: up_blocks
-        int64_t up_blocks;   // gate blocks from there, then as many up blocks
+        int64_t up_item0;    // first gate/up item of this job in the combined list, from which
+        int64_t up_blocks;   // come up_blocks gate blocks, then as many up blocks
         float *hg, *hu;      // [n_ff] gate/up rows → swiglu in hg
         uint8_t *hq;         // hg quantized for down (written by the worker finishing the job)
         size_t hq_row;       // its bytes

@@ -12,7 +12,7 @@
 // its wait at the barrier after them) and moe_down (its down items and row sums), each from the
 // calling thread's point of view (tid 0 of the layer's one pool region). moe_ffn minus the three
 // is the region's set-up, hand-over and the wait for the last worker. They are not blocks of their
-// own: a sum over the blocks leaves them out (kFirstSubOp).
+// own: a sum over the blocks leaves them out.
 #pragma once
 #include <array>
 #include <chrono>
@@ -27,7 +27,6 @@ enum class ForwardOp : int {
     OutputHead, Forward, MoeRouter, MoeGateUp, MoeDown, kCount
 };
 inline constexpr int kForwardOps = int(ForwardOp::kCount);
-inline constexpr int kFirstSubOp = int(ForwardOp::MoeRouter);  // parts of a block from here on
 
 inline const char *forward_op_name(ForwardOp op) {
     static constexpr const char *names[kForwardOps] = {
