@@ -250,7 +250,36 @@ def test_weights_map_option_reaches_the_engine(weights_map, tmp_path, capsys):
                    "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert row["weights_map"] == weights_map and row["tokens"] == 2
-    assert f"weights_map {weights_map}: decode" in capsys.readouterr().out
+    assert f"weights_map {weights_map}, context 16: decode" in capsys.readouterr().out
+
+
+def test_context_option_sets_the_prompt_length(tmp_path, capsys):
+    """--context N: the timed steps run after an N-token prompt (the row records it, and the engine
+    was opened with room for it: N + tokens + 1 positions, more than the default run's)."""
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    out = tmp_path / "decode.json"
+    assert B.main([str(path), "--threads", "1", "--tokens", "2", "--context", "70", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["context"] == 70 and row["tokens"] == 2
+    assert "context 70: decode" in capsys.readouterr().out
+    assert B.main([str(path), "--context", "0", "--out", str(out)]) == 1
+
+
+def test_compare_pairs_rows_of_the_same_context():
+    def res(context, pct):
+        r = {"model": "a.gguf", "threads": 2, "pct_of_ceiling": pct, "tokens_per_s": 1.0, "loadavg_start": None,
+             "breakdown": []}
+        if context is not None:
+            r["context"] = context
+        return r
+
+    # A file from before --context has no context: it was measured after the 16-token prompt.
+    (row,) = B.compare([res(None, 50.0), res(2048, 40.0)], [res(16, 55.0)])
+    assert row["context"] == 16 and row["pct_of_ceiling"] == (50.0, 55.0)
+    (row,) = B.compare([res(None, 50.0), res(2048, 40.0)], [res(2048, 45.0)])
+    assert row["pct_of_ceiling"] == (40.0, 45.0)
+    assert B.compare([res(16, 50.0)], [res(512, 45.0)]) == []
+    assert "context 2048" in B.format_compare([row])
 
 
 def test_weights_map_pair_bench_on_a_tiny_model(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """Decode as % of the DRAM read ceiling, measured fairly on a shared, noisy machine.
 
-    python -m ktd.bench.decode MODEL [--threads 1 2] [--tokens 32] [--weights-map arena|gguf]
-                               [--out bench/results/decode.json]
+    python -m ktd.bench.decode MODEL [--threads 1 2] [--tokens 32] [--context 16]
+                               [--weights-map arena|gguf] [--out bench/results/decode.json]
 
 Each decode step (one single-token forward + the greedy argmax, as ``ktd.bench.e2e``'s tg) is
 followed by one read-bandwidth measurement over a buffer of the model's bytes per token
@@ -26,6 +26,12 @@ worker at the end of each region and inside barriers, the delay from a region's 
 start on each worker, and each worker's busy share of the step. Process CPU seconds per step
 (``time.process_time``) against threads x wall time tell how much of the step the threads ran at
 all: on a shared machine a worker the OS descheduled shows up as join wait with low CPU use.
+
+``--context N`` decodes after a prompt of N tokens instead of 16 (the prompt is not timed): the
+attention over the KV cache grows with the context (it reads N + 1 cached rows per layer and
+token), while the % of the ceiling counts the weight bytes only, so at a long context the
+``attention`` / ``mla_attention`` rows show what the cache costs. ``--compare`` pairs rows of the
+same model, thread count and context.
 
 The result records the load average before and after, the CPU model, the kernels' ISA (set
 ``KTD_ISA=avx2`` to run the AVX2 path on an AVX-512 CPU) and the last-level cache, and flags
@@ -225,19 +231,20 @@ def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_
 
 
 def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
-            weights_map: str = "arena") -> dict[str, Any]:
-    """Interleaved decode steps and bandwidth passes on one model and thread count (``weights_map``:
-    model.weights_map, arena = the repacked layout, gguf = the file's plain rows)."""
+            weights_map: str = "arena", context: int = PROMPT_TOKENS) -> dict[str, Any]:
+    """Interleaved decode steps and bandwidth passes on one model and thread count, after an
+    untimed prompt of ``context`` tokens (``weights_map``: model.weights_map, arena = the repacked
+    layout, gguf = the file's plain rows)."""
     from ktd import _native
     from ktd.engine import Engine
     from ktd.inspect import inspect_model
 
-    if tokens < 1 or threads < 1:
-        raise ValueError("tokens and threads must be >= 1")
+    if tokens < 1 or threads < 1 or context < 1:
+        raise ValueError("tokens, threads and context must be >= 1")
     bpt = int(inspect_model(path)["bytes_per_token"]["total"])
-    eng = Engine.open(path, n_ctx=PROMPT_TOKENS + tokens + 1, n_seq_max=1, threads=threads, weights_map=weights_map)
+    eng = Engine.open(path, n_ctx=context + tokens + 1, n_seq_max=1, threads=threads, weights_map=weights_map)
     # A fixed prompt of ordinary token ids; what is generated does not change the bytes read.
-    prompt = np.arange(100, 100 + PROMPT_TOKENS)
+    prompt = 100 + np.arange(context) % max(1, eng.n_vocab - 100)
     n = len(prompt)
     logits = eng.forward(prompt, np.arange(n), np.zeros(n), np.arange(n) == n - 1)
     token = int(np.argmax(logits[0]))
@@ -255,7 +262,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         steps.append(time.perf_counter() - t0)
         cpu += time.process_time() - c0
         bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1))
-    result = {"model": os.path.basename(path), "threads": threads, "bytes_per_token": bpt,
+    result = {"model": os.path.basename(path), "threads": threads, "context": context, "bytes_per_token": bpt,
               "weights_map": eng.model.memory["weights_map"],
               **summarize(steps, bws, bpt), **machine_info(bpt),
               "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
@@ -281,15 +288,19 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
 
 
 def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Before/after rows per (model, threads) present in both results files: decode % of the
-    ceiling on each side, and per breakdown block ms/step on each side and the change."""
-    old = {(r["model"], r["threads"]): r for r in before}
+    """Before/after rows per (model, threads, context) present in both results files: decode % of
+    the ceiling on each side, and per breakdown block ms/step on each side and the change (a row
+    without a context, from before --context, was measured after the 16-token prompt)."""
+    def key(r: dict[str, Any]) -> tuple[str, int, int]:
+        return r["model"], r["threads"], r.get("context", PROMPT_TOKENS)
+
+    old = {key(r): r for r in before}
     out = []
     for r in after:
-        b = old.get((r["model"], r["threads"]))
+        b = old.get(key(r))
         if b is None:
             continue
-        row = {"model": r["model"], "threads": r["threads"],
+        row = {"model": r["model"], "threads": r["threads"], "context": key(r)[2],
                "pct_of_ceiling": (b["pct_of_ceiling"], r["pct_of_ceiling"]),
                "tokens_per_s": (b["tokens_per_s"], r["tokens_per_s"]),
                "loadavg_start": (b.get("loadavg_start"), r.get("loadavg_start")), "blocks": []}
@@ -309,11 +320,11 @@ def format_compare(rows: list[dict[str, Any]]) -> str:
         (pb, pa), (tb, ta) = r["pct_of_ceiling"], r["tokens_per_s"]
         lb, la = r["loadavg_start"]
         load = f" (load average {lb[0]:.1f} / {la[0]:.1f})" if lb and la else ""
-        lines.append(f"{r['model']} {r['threads']} thread(s): {tb:.2f} -> {ta:.2f} tok/s, "
+        lines.append(f"{r['model']} {r['threads']} thread(s), context {r['context']}: {tb:.2f} -> {ta:.2f} tok/s, "
                      f"{pb:.1f}% -> {pa:.1f}% of the ceiling{load}")
         for x in r["blocks"]:
             lines.append(f"  {x['block']:28} {x['ms_before']:8.3f} -> {x['ms_after']:8.3f} ms/step ({x['ms_change']:+.3f})")
-    return "\n".join(lines) if lines else "no (model, threads) in both results files"
+    return "\n".join(lines) if lines else "no (model, threads, context) in both results files"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model", help="GGUF file or known model name")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--tokens", type=int, default=32, help="decode steps (each followed by a bandwidth pass)")
+    ap.add_argument("--context", type=int, default=PROMPT_TOKENS,
+                    help="prompt tokens before the timed decode (the KV cache the attention reads)")
     ap.add_argument("--breakdown", action="store_true",
                     help="time every block of the forward and print where a step's time goes")
     ap.add_argument("--weights-map", choices=("arena", "gguf"), default="arena",
@@ -338,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"--compare {args.compare}: {e}", file=sys.stderr)
             return 1
-    if args.tokens < 1 or any(t < 1 for t in args.threads):
-        print("--tokens and --threads must be >= 1", file=sys.stderr)
+    if args.tokens < 1 or args.context < 1 or any(t < 1 for t in args.threads):
+        print("--tokens, --context and --threads must be >= 1", file=sys.stderr)
         return 1
     from ktd.commands.run import _resolve
     from ktd.cli import UserError
@@ -351,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = []
     for t in args.threads:
-        r = measure(path, t, args.tokens, args.breakdown, args.weights_map)
+        r = measure(path, t, args.tokens, args.breakdown, args.weights_map, args.context)
         rows.append(r)
-        print(f"{r['model']} {t} thread(s), weights_map {r['weights_map']}: decode {r['tokens_per_s']:.2f} tok/s = "
+        print(f"{r['model']} {t} thread(s), weights_map {r['weights_map']}, context {args.context}: decode {r['tokens_per_s']:.2f} tok/s = "
               f"{r['decode_bytes_per_s'] / 1e9:.2f} GB/s, read bandwidth {r['median_read_bandwidth_bytes_per_s'] / 1e9:.2f}"
               f" GB/s (medians of {r['tokens']} interleaved pairs): {r['pct_of_ceiling']:.1f}% of the ceiling",
               flush=True)
