@@ -1,8 +1,12 @@
 // AVX2+FMA+F16C attention (see kernels/attention.h): per block, each K/V tile is converted from
-// F16 once (vcvtph2ps) into F32 scratch and then used by all the block's queries.
-//   scores: 8 keys at a time, 8 lane-parallel dot products reduced with one hadd tree
+// F16 once (vcvtph2ps) into F32 scratch and then used by all the block's queries. A row's query
+// heads (the GQA group, or MLA's heads over the one latent) go up to four at a time, so that each
+// key or value vector loaded from the tile feeds four queries from registers: the tile is read
+// from L1/L2 once per four heads instead of once per head (MLA's 64 × 576-float tile does not fit
+// in L1). Per query the arithmetic is the same whatever the heads it goes with:
+//   scores: 8 keys at a time, 8 lane-parallel dot products (ascending d) reduced with one hadd tree
 //   softmax: vectorised exp (Cephes polynomial, ~2 ulp), lanes outside the query's range are 0
-//   P·V:    the query's accumulator, up to 64 floats at a time, stays in registers over the keys
+//   P·V:    the queries' accumulators, 8·NV floats each, stay in registers over the keys
 // Head dims that are not multiples of 8 go to the reference kernel. No std:: templates or inline
 // functions shared with baseline code here (see kernels/x86/common.h).
 #include <immintrin.h>
@@ -38,57 +42,165 @@ __m256 reduce8(const __m256 *acc) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// Scores of query q against the 8 F32 keys kf[0..8) (row stride hdk).
-__m256 scores8(const float *q, const float *kf, int64_t hdk) {
-    __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+__m256 load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
+
+// Dot products of NH queries (q[h], hdk floats each) with KB consecutive F16 keys (row stride
+// ks elements), one 8-lane accumulator per (query, key), summed over d in ascending order:
+// out[h][i] is key i's accumulator for query h. Every key vector loaded (and widened) feeds NH
+// queries from registers.
+template <int NH, int KB>
+void dot_block(const float *const *q, const uint16_t *k, size_t ks, int64_t hdk, __m256 (*out)[8]) {
+    __m256 acc[NH][KB];
+    for (int h = 0; h < NH; ++h)
+        for (int i = 0; i < KB; ++i) acc[h][i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < hdk; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + d);
-        for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kf + i * hdk + d), acc[i]);
-    }
-    return reduce8(acc);
-}
-
-// acc[0..8·NV) = acc · correction + Σ_{j in [a, e)} p[j] · vf[j][0..8·NV)  (vf row stride ldv)
-template <int NV>
-void pv_chunk(float *acc, float correction, const float *p, const float *vf, size_t ldv, int a, int e) {
-    const __m256 c = _mm256_set1_ps(correction);
-    __m256 o[NV];
-    for (int i = 0; i < NV; ++i) o[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * i), c);
-    for (int j = a; j < e; ++j) {
-        const __m256 pj = _mm256_broadcast_ss(p + j);
-        const float *vj = vf + size_t(j) * ldv;
-        for (int i = 0; i < NV; ++i) o[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), o[i]);
-    }
-    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(acc + 8 * i, o[i]);
-}
-
-void pv(float *acc, int64_t hdv, float correction, const float *p, const float *vf, size_t ldv, int a, int e) {
-    for (int64_t d0 = 0; d0 < hdv; d0 += 64) {
-        const int nv = int(min64(64, hdv - d0) / 8);
-        float *ac = acc + d0;
-        const float *vc = vf + d0;
-        switch (nv) {
-            case 1: pv_chunk<1>(ac, correction, p, vc, ldv, a, e); break;
-            case 2: pv_chunk<2>(ac, correction, p, vc, ldv, a, e); break;
-            case 3: pv_chunk<3>(ac, correction, p, vc, ldv, a, e); break;
-            case 4: pv_chunk<4>(ac, correction, p, vc, ldv, a, e); break;
-            case 5: pv_chunk<5>(ac, correction, p, vc, ldv, a, e); break;
-            case 6: pv_chunk<6>(ac, correction, p, vc, ldv, a, e); break;
-            case 7: pv_chunk<7>(ac, correction, p, vc, ldv, a, e); break;
-            default: pv_chunk<8>(ac, correction, p, vc, ldv, a, e); break;
+        __m256 kv[KB];
+        for (int i = 0; i < KB; ++i) kv[i] = load_f16(k + i * ks + d);
+        for (int h = 0; h < NH; ++h) {
+            const __m256 qv = _mm256_loadu_ps(q[h] + d);
+            for (int i = 0; i < KB; ++i) acc[h][i] = _mm256_fmadd_ps(qv, kv[i], acc[h][i]);
         }
     }
+    for (int h = 0; h < NH; ++h)
+        for (int i = 0; i < KB; ++i) out[h][i] = acc[h][i];
 }
 
-// Rows [j0, j1) of an F16 matrix (row stride `stride` elements) → F32 rows of `dim` floats.
-void convert_rows(const uint16_t *src, size_t stride, int64_t j0, int64_t j1, int64_t dim, float *dst) {
-    for (int64_t j = j0; j < j1; ++j) {
-        const uint16_t *s = src + size_t(j) * stride;
-        float *o = dst + size_t(j - j0) * size_t(dim);
-        for (int64_t d = 0; d < dim; d += 8)
-            _mm256_storeu_ps(o + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(s + d))));
+// Scores of NH queries against 8 consecutive F16 keys (row stride ks): lane i of s8[h] =
+// q[h] · key i. The (query, key) accumulators are the same for any NH and KB, so a query's scores
+// do not depend on the heads it is computed with.
+template <int NH, int KB>
+void scores8(const float *const *q, const uint16_t *k, size_t ks, int64_t hdk, __m256 *s8) {
+    __m256 acc[NH][8];
+    for (int i = 0; i < 8; i += KB) {
+        __m256 part[NH][8];
+        dot_block<NH, KB>(q, k + i * ks, ks, hdk, part);
+        for (int h = 0; h < NH; ++h)
+            for (int b = 0; b < KB; ++b) acc[h][i + b] = part[h][b];
     }
+    for (int h = 0; h < NH; ++h) s8[h] = reduce8(acc[h]);
+}
+
+// For each of NH queries: acc[h][0..8·NV) = acc[h] · c[h] + Σ_{j in [a, e)} p[h][j] · v_j[0..8·NV)
+// (F16 value rows, stride vs elements), keys in ascending order; each value vector loaded feeds NH
+// queries.
+template <int NH, int NV>
+void pv_chunk(float *const *acc, const float *c, const float *const *p, const uint16_t *v, size_t vs, int a, int e) {
+    __m256 o[NH][NV];
+    for (int h = 0; h < NH; ++h) {
+        const __m256 ch = _mm256_set1_ps(c[h]);
+        for (int i = 0; i < NV; ++i) o[h][i] = _mm256_mul_ps(_mm256_loadu_ps(acc[h] + 8 * i), ch);
+    }
+    for (int j = a; j < e; ++j) {
+        const uint16_t *vj = v + size_t(j) * vs;
+        __m256 vv[NV];
+        for (int i = 0; i < NV; ++i) vv[i] = load_f16(vj + 8 * i);
+        for (int h = 0; h < NH; ++h) {
+            const __m256 pj = _mm256_broadcast_ss(p[h] + j);
+            for (int i = 0; i < NV; ++i) o[h][i] = _mm256_fmadd_ps(pj, vv[i], o[h][i]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int i = 0; i < NV; ++i) _mm256_storeu_ps(acc[h] + 8 * i, o[h][i]);
+}
+
+// pv_chunk over the whole head_dim_v (a multiple of 8) in chunks of NV vectors, the rest one by one.
+template <int NH, int NV>
+void pv(float *const *acc, int64_t hdv, const float *c, const float *const *p, const uint16_t *v, size_t vs, int a,
+        int e) {
+    float *ac[NH];
+    int64_t d0 = 0;
+    for (; d0 + 8 * NV <= hdv; d0 += 8 * NV) {
+        for (int h = 0; h < NH; ++h) ac[h] = acc[h] + d0;
+        pv_chunk<NH, NV>(ac, c, p, v + d0, vs, a, e);
+    }
+    for (; d0 < hdv; d0 += 8) {
+        for (int h = 0; h < NH; ++h) ac[h] = acc[h] + d0;
+        pv_chunk<NH, 1>(ac, c, p, v + d0, vs, a, e);
+    }
+}
+
+// Query heads per block: their scores and P·V read each key/value vector once for all of them.
+constexpr int kHeadBlock = 4;
+
+// One tile of kAttnTile keys from t0 as the queries read it, F16 straight from the cache. The
+// scores go 8 keys at a time from offset (a & ~7): an 8-key group that reaches outside the tile's
+// keys [ta, tb) (cache rows that may not exist) is read from a zero-padded copy instead, pad[0]
+// for the group at pad_at[0], pad[1] at pad_at[1] (-1: none).
+struct Tile {
+    const uint16_t *k, *v;  // key / value t0
+    size_t ks, vs;          // row strides (elements)
+    int64_t hdk, hdv;
+    const uint16_t *pad[2];
+    int pad_at[2];
+
+    // Key j (offset from t0, a multiple of 8) and its row stride.
+    const uint16_t *keys8(int j, size_t &stride) const {
+        for (int i = 0; i < 2; ++i)
+            if (j == pad_at[i]) {
+                stride = size_t(hdk);
+                return pad[i];
+            }
+        stride = ks;
+        return k + size_t(j) * ks;
+    }
+};
+
+// Queries (r, g0 .. g0 + NH) over keys [a, e) of one tile (offsets from its start): scores, the
+// online-softmax update and P·V. KB keys per dot_block: NH·KB accumulators stay in registers next
+// to the KB key vectors; NV value vectors per pv_chunk likewise.
+template <int NH>
+void attend_heads(const AttnBlock &b, int r, int g0, const Tile &t, int a, int e, float *scratch,
+                  const AttnScratchLayout &lay) {
+    constexpr int KB = NH == 1 ? 8 : NH == 2 ? 4 : 2;
+    constexpr int NV = NH == 1 ? 8 : NH == 2 ? 4 : 2;
+    const float *q[NH];
+    float *s[NH], *acc[NH];
+    int qi[NH];
+    for (int h = 0; h < NH; ++h) {
+        qi[h] = r * b.n_group + g0 + h;
+        q[h] = b.q + size_t(r) * b.q_row_stride + size_t(g0 + h) * size_t(t.hdk);
+        s[h] = scratch + lay.s + size_t(qi[h]) * kAttnTile;
+        acc[h] = scratch + lay.acc + size_t(qi[h]) * size_t(t.hdv);
+    }
+    float *mx = scratch + lay.m, *sum = scratch + lay.l;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i va = _mm256_set1_epi32(a), ve = _mm256_set1_epi32(e);
+    const int j0 = a & ~7;
+    __m256 vmax[NH];
+    for (int h = 0; h < NH; ++h) vmax[h] = _mm256_set1_ps(-INFINITY);
+    for (int j = j0; j < e; j += 8) {
+        const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(j));
+        // in range: a <= idx < e
+        const __m256 in = _mm256_castsi256_ps(
+            _mm256_andnot_si256(_mm256_cmpgt_epi32(va, idx), _mm256_cmpgt_epi32(ve, idx)));
+        size_t ks;
+        const uint16_t *k8 = t.keys8(j, ks);
+        __m256 s8[NH];
+        scores8<NH, KB>(q, k8, ks, t.hdk, s8);
+        for (int h = 0; h < NH; ++h) {
+            const __m256 m8 = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s8[h], in);
+            _mm256_storeu_ps(s[h] + j, m8);
+            vmax[h] = _mm256_max_ps(vmax[h], m8);
+        }
+    }
+    float correction[NH];
+    for (int h = 0; h < NH; ++h) {
+        const float m_old = mx[qi[h]], m_new = max_f(m_old, hmax(vmax[h]));
+        correction[h] = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        const __m256 vm = _mm256_set1_ps(m_new);
+        __m256 psum = _mm256_setzero_ps();
+        for (int j = j0; j < e; j += 8) {
+            const __m256 s8 = _mm256_loadu_ps(s[h] + j);
+            // Lanes out of range hold -inf: exp_ps would give ~1e-38 there, so zero them.
+            const __m256 keep = _mm256_cmp_ps(s8, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+            const __m256 p8 = _mm256_and_ps(exp_ps(_mm256_sub_ps(s8, vm)), keep);
+            _mm256_storeu_ps(s[h] + j, p8);
+            psum = _mm256_add_ps(psum, p8);
+        }
+        sum[qi[h]] = sum[qi[h]] * correction[h] + hsum(psum);
+        mx[qi[h]] = m_new;
+    }
+    pv<NH, NV>(acc, t.hdv, correction, s, t.v, t.vs, a, e);
 }
 
 void attend_block(const AttnBlock &b, float *scratch) {
@@ -98,10 +210,8 @@ void attend_block(const AttnBlock &b, float *scratch) {
         return;
     }
     const AttnScratchLayout lay = attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv);
-    // Values that are the leading entries of the key rows (MLA's latent) are read from the K tile.
-    const bool v_in_k = b.v == b.k && b.v_stride == b.k_stride && hdv <= hdk;
-    float *kf = scratch + lay.kf, *vf = v_in_k ? kf : scratch + lay.vf, *sc = scratch + lay.s;
-    const size_t ldv = size_t(v_in_k ? hdk : hdv);
+    // The two padded 8-key groups live in the (otherwise unused) K tile scratch.
+    uint16_t *pad = reinterpret_cast<uint16_t *>(scratch + lay.kf);
     float *mx = scratch + lay.m, *sum = scratch + lay.l, *acc = scratch + lay.acc;
     const int nq = b.n_rows * b.n_group;
     int64_t lo_min = b.lo[0], hi_max = b.hi[0];
@@ -114,51 +224,37 @@ void attend_block(const AttnBlock &b, float *scratch) {
         sum[i] = 0.0f;
     }
     std::memset(acc, 0, sizeof(float) * size_t(nq) * size_t(hdv));
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t t0 = lo_min - lo_min % kAttnTile; t0 < hi_max; t0 += kAttnTile) {
         const int64_t ta = max64(t0, lo_min), tb = min64(t0 + kAttnTile, hi_max);
-        // The tile's keys in F32; the rows that share an 8-key group with them but are outside
-        // [ta, tb) are zeroed (their scores are computed, then masked).
-        const int64_t za = (ta - t0) & ~int64_t(7), zb = min64(kAttnTile, ((tb - t0) + 7) & ~int64_t(7));
-        std::memset(kf + za * hdk, 0, sizeof(float) * size_t((ta - t0 - za) * hdk));
-        std::memset(kf + (tb - t0) * hdk, 0, sizeof(float) * size_t((zb - (tb - t0)) * hdk));
-        convert_rows(b.k, b.k_stride, ta, tb, hdk, kf + (ta - t0) * hdk);
-        if (!v_in_k) convert_rows(b.v, b.v_stride, ta, tb, hdv, vf + (ta - t0) * hdv);
+        Tile t{b.k + size_t(t0) * b.k_stride, b.v + size_t(t0) * b.v_stride, b.k_stride, b.v_stride, hdk, hdv,
+               {pad, pad + 8 * hdk}, {-1, -1}};
+        // The 8-key groups holding ta and tb - 1, when they reach outside [ta, tb): their keys in
+        // range copied, the others zero (their scores are computed, then masked).
+        const int ga = int(ta - t0) & ~7, gb = int(tb - 1 - t0) & ~7;
+        for (int i = 0, g = ga; i < 2; ++i, g = gb) {
+            if (t0 + g >= ta && t0 + g + 8 <= tb) continue;
+            if (i == 1 && gb == ga) break;
+            uint16_t *dst = pad + size_t(i) * 8 * size_t(hdk);
+            for (int64_t key = t0 + g; key < t0 + g + 8; ++key, dst += hdk) {
+                if (key >= ta && key < tb)
+                    std::memcpy(dst, b.k + size_t(key) * b.k_stride, size_t(hdk) * sizeof(uint16_t));
+                else
+                    std::memset(dst, 0, size_t(hdk) * sizeof(uint16_t));
+            }
+            t.pad_at[i] = g;
+        }
         for (int r = 0; r < b.n_rows; ++r) {
             const int64_t a64 = max64(t0, b.lo[r]), e64 = min64(t0 + kAttnTile, b.hi[r]);
             if (a64 >= e64) continue;
             const int a = int(a64 - t0), e = int(e64 - t0);  // the row's keys in this tile
-            const __m256i va = _mm256_set1_epi32(a), ve = _mm256_set1_epi32(e);
-            const int g0 = a & ~7;
-            for (int g = 0; g < b.n_group; ++g) {
-                const int qi = r * b.n_group + g;
-                const float *q = b.q + size_t(r) * b.q_row_stride + size_t(g) * size_t(hdk);
-                float *s = sc + size_t(qi) * kAttnTile;
-                __m256 vmax = _mm256_set1_ps(-INFINITY);
-                for (int j = g0; j < e; j += 8) {
-                    const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(j));
-                    // in range: a <= idx < e
-                    const __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(
-                        _mm256_cmpgt_epi32(va, idx), _mm256_cmpgt_epi32(ve, idx)));
-                    const __m256 s8 = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scores8(q, kf + j * hdk, hdk), in);
-                    _mm256_storeu_ps(s + j, s8);
-                    vmax = _mm256_max_ps(vmax, s8);
-                }
-                const float m_old = mx[qi], m_new = max_f(m_old, hmax(vmax));
-                const float correction = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-                const __m256 vm = _mm256_set1_ps(m_new);
-                __m256 psum = _mm256_setzero_ps();
-                for (int j = g0; j < e; j += 8) {
-                    const __m256 s8 = _mm256_loadu_ps(s + j);
-                    // Lanes out of range hold -inf: exp_ps would give ~1e-38 there, so zero them.
-                    const __m256 keep = _mm256_cmp_ps(s8, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-                    const __m256 p8 = _mm256_and_ps(exp_ps(_mm256_sub_ps(s8, vm)), keep);
-                    _mm256_storeu_ps(s + j, p8);
-                    psum = _mm256_add_ps(psum, p8);
-                }
-                sum[qi] = sum[qi] * correction + hsum(psum);
-                mx[qi] = m_new;
-                pv(acc + size_t(qi) * size_t(hdv), hdv, correction, s, vf, ldv, a, e);
+            // The row's query heads kHeadBlock at a time, the remainder as one smaller block.
+            int g = 0;
+            for (; g + kHeadBlock <= b.n_group; g += kHeadBlock) attend_heads<kHeadBlock>(b, r, g, t, a, e, scratch, lay);
+            switch (b.n_group - g) {
+                case 1: attend_heads<1>(b, r, g, t, a, e, scratch, lay); break;
+                case 2: attend_heads<2>(b, r, g, t, a, e, scratch, lay); break;
+                case 3: attend_heads<3>(b, r, g, t, a, e, scratch, lay); break;
+                default: break;
             }
         }
     }
