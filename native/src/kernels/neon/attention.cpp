@@ -1,10 +1,12 @@
 // NEON attention (see kernels/attention.h), the twin of kernels/avx2/attention.cpp with 4-float
-// registers: per block, each K/V tile is converted from F16 once (FCVTL, Armv8-A) into F32
-// scratch and then used by all the block's queries.
-//   scores: 4 keys at a time, 4 lane-parallel dot products (FMLA) reduced with one pairwise-add tree
+// registers: keys and values are read as F16 straight from the cache (FCVTL, Armv8-A) and a row's
+// query heads go up to four at a time, so that each key or value vector loaded feeds four queries
+// from registers. Per query the arithmetic is the same whatever the heads it goes with:
+//   scores: 4 keys at a time, 4 lane-parallel dot products (FMLA, ascending d) reduced with one
+//           pairwise-add tree
 //   softmax: vectorised exp (neon/vec_math.h, Cephes polynomial, ~2 ulp), lanes outside the
 //            query's range are 0
-//   P·V:    the query's accumulator, up to 64 floats at a time, stays in registers over the keys
+//   P·V:    the queries' accumulators, 4·NV floats each, stay in registers over the keys
 // Head dims that are not multiples of 4 go to the reference kernel. Within F32 rounding of the
 // reference (tests/test_attention.py's tolerance for every ISA). dotprod and i8mm use it
 // (isa_fallback).
@@ -25,64 +27,149 @@ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 float max_f(float a, float b) { return a > b ? a : b; }
 
-// Scores of query q against the 4 F32 keys kf[0..4) (row stride hdk).
-float32x4_t scores4(const float *q, const float *kf, int64_t hdk) {
-    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+float32x4_t load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+// Scores of NH queries (q[h], hdk floats each) against 4 consecutive F16 keys (row stride ks
+// elements): lane i of s4[h] = q[h] · key i, one accumulator per (query, key) summed over d in
+// ascending order, so a query's scores do not depend on the heads it is computed with. Every key
+// vector loaded (and widened) feeds NH queries from registers.
+template <int NH>
+void scores4(const float *const *q, const uint16_t *k, size_t ks, int64_t hdk, float32x4_t *s4) {
+    float32x4_t acc[NH][4];
+    for (int h = 0; h < NH; ++h)
+        for (int i = 0; i < 4; ++i) acc[h][i] = vdupq_n_f32(0.0f);
     for (int64_t d = 0; d < hdk; d += 4) {
-        const float32x4_t qv = vld1q_f32(q + d);
-        for (int i = 0; i < 4; ++i) acc[i] = vfmaq_f32(acc[i], qv, vld1q_f32(kf + i * hdk + d));
-    }
-    // lane i = the sum of acc[i]'s lanes
-    return vpaddq_f32(vpaddq_f32(acc[0], acc[1]), vpaddq_f32(acc[2], acc[3]));
-}
-
-// acc[0..4·NV) = acc · correction + Σ_{j in [a, e)} p[j] · vf[j][0..4·NV)  (vf row stride ldv)
-template <int NV>
-void pv_chunk(float *acc, float correction, const float *p, const float *vf, size_t ldv, int a, int e) {
-    const float32x4_t c = vdupq_n_f32(correction);
-    float32x4_t o[NV];
-    for (int i = 0; i < NV; ++i) o[i] = vmulq_f32(vld1q_f32(acc + 4 * i), c);
-    for (int j = a; j < e; ++j) {
-        const float32x4_t pj = vdupq_n_f32(p[j]);
-        const float *vj = vf + size_t(j) * ldv;
-        for (int i = 0; i < NV; ++i) o[i] = vfmaq_f32(o[i], pj, vld1q_f32(vj + 4 * i));
-    }
-    for (int i = 0; i < NV; ++i) vst1q_f32(acc + 4 * i, o[i]);
-}
-
-void pv(float *acc, int64_t hdv, float correction, const float *p, const float *vf, size_t ldv, int a, int e) {
-    for (int64_t d0 = 0; d0 < hdv; d0 += 64) {
-        const int nv = int(min64(64, hdv - d0) / 4);
-        float *ac = acc + d0;
-        const float *vc = vf + d0;
-        switch (nv) {
-            case 1: pv_chunk<1>(ac, correction, p, vc, ldv, a, e); break;
-            case 2: pv_chunk<2>(ac, correction, p, vc, ldv, a, e); break;
-            case 3: pv_chunk<3>(ac, correction, p, vc, ldv, a, e); break;
-            case 4: pv_chunk<4>(ac, correction, p, vc, ldv, a, e); break;
-            case 5: pv_chunk<5>(ac, correction, p, vc, ldv, a, e); break;
-            case 6: pv_chunk<6>(ac, correction, p, vc, ldv, a, e); break;
-            case 7: pv_chunk<7>(ac, correction, p, vc, ldv, a, e); break;
-            case 8: pv_chunk<8>(ac, correction, p, vc, ldv, a, e); break;
-            case 9: pv_chunk<9>(ac, correction, p, vc, ldv, a, e); break;
-            case 10: pv_chunk<10>(ac, correction, p, vc, ldv, a, e); break;
-            case 11: pv_chunk<11>(ac, correction, p, vc, ldv, a, e); break;
-            case 12: pv_chunk<12>(ac, correction, p, vc, ldv, a, e); break;
-            case 13: pv_chunk<13>(ac, correction, p, vc, ldv, a, e); break;
-            case 14: pv_chunk<14>(ac, correction, p, vc, ldv, a, e); break;
-            case 15: pv_chunk<15>(ac, correction, p, vc, ldv, a, e); break;
-            default: pv_chunk<16>(ac, correction, p, vc, ldv, a, e); break;
+        float32x4_t kv[4];
+        for (int i = 0; i < 4; ++i) kv[i] = load_f16(k + i * ks + d);
+        for (int h = 0; h < NH; ++h) {
+            const float32x4_t qv = vld1q_f32(q[h] + d);
+            for (int i = 0; i < 4; ++i) acc[h][i] = vfmaq_f32(acc[h][i], qv, kv[i]);
         }
     }
+    // lane i = the sum of acc[h][i]'s lanes
+    for (int h = 0; h < NH; ++h)
+        s4[h] = vpaddq_f32(vpaddq_f32(acc[h][0], acc[h][1]), vpaddq_f32(acc[h][2], acc[h][3]));
 }
 
-// Rows [j0, j1) of an F16 matrix (row stride `stride` elements) → F32 rows of `dim` floats.
-void convert_rows(const uint16_t *src, size_t stride, int64_t j0, int64_t j1, int64_t dim, float *dst) {
-    for (int64_t j = j0; j < j1; ++j) {
-        const uint16_t *s = src + size_t(j) * stride;
-        float *o = dst + size_t(j - j0) * size_t(dim);
-        for (int64_t d = 0; d < dim; d += 4) vst1q_f32(o + d, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(s + d))));
+// For each of NH queries: acc[h][0..4·NV) = acc[h] · c[h] + Σ_{j in [a, e)} p[h][j] · v_j[0..4·NV)
+// (F16 value rows, stride vs elements), keys in ascending order; each value vector loaded feeds NH
+// queries.
+template <int NH, int NV>
+void pv_chunk(float *const *acc, const float *c, const float *const *p, const uint16_t *v, size_t vs, int a, int e) {
+    float32x4_t o[NH][NV];
+    for (int h = 0; h < NH; ++h) {
+        const float32x4_t ch = vdupq_n_f32(c[h]);
+        for (int i = 0; i < NV; ++i) o[h][i] = vmulq_f32(vld1q_f32(acc[h] + 4 * i), ch);
     }
+    for (int j = a; j < e; ++j) {
+        const uint16_t *vj = v + size_t(j) * vs;
+        float32x4_t vv[NV];
+        for (int i = 0; i < NV; ++i) vv[i] = load_f16(vj + 4 * i);
+        for (int h = 0; h < NH; ++h) {
+            const float32x4_t pj = vdupq_n_f32(p[h][j]);
+            for (int i = 0; i < NV; ++i) o[h][i] = vfmaq_f32(o[h][i], pj, vv[i]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int i = 0; i < NV; ++i) vst1q_f32(acc[h] + 4 * i, o[h][i]);
+}
+
+// pv_chunk over the whole head_dim_v (a multiple of 4) in chunks of NV vectors, the rest one by one.
+template <int NH, int NV>
+void pv(float *const *acc, int64_t hdv, const float *c, const float *const *p, const uint16_t *v, size_t vs, int a,
+        int e) {
+    float *ac[NH];
+    int64_t d0 = 0;
+    for (; d0 + 4 * NV <= hdv; d0 += 4 * NV) {
+        for (int h = 0; h < NH; ++h) ac[h] = acc[h] + d0;
+        pv_chunk<NH, NV>(ac, c, p, v + d0, vs, a, e);
+    }
+    for (; d0 < hdv; d0 += 4) {
+        for (int h = 0; h < NH; ++h) ac[h] = acc[h] + d0;
+        pv_chunk<NH, 1>(ac, c, p, v + d0, vs, a, e);
+    }
+}
+
+// Query heads per block: their scores and P·V read each key/value vector once for all of them.
+constexpr int kHeadBlock = 4;
+
+// One tile of kAttnTile keys from t0 as the queries read it, F16 straight from the cache. The
+// scores go 4 keys at a time from offset (a & ~3): a 4-key group that reaches outside the tile's
+// keys [ta, tb) (cache rows that may not exist) is read from a zero-padded copy instead, pad[0]
+// for the group at pad_at[0], pad[1] at pad_at[1] (-1: none).
+struct Tile {
+    const uint16_t *k, *v;  // key / value t0
+    size_t ks, vs;          // row strides (elements)
+    int64_t hdk, hdv;
+    const uint16_t *pad[2];
+    int pad_at[2];
+
+    // Key j (offset from t0, a multiple of 4) and its row stride.
+    const uint16_t *keys4(int j, size_t &stride) const {
+        for (int i = 0; i < 2; ++i)
+            if (j == pad_at[i]) {
+                stride = size_t(hdk);
+                return pad[i];
+            }
+        stride = ks;
+        return k + size_t(j) * ks;
+    }
+};
+
+// Queries (r, g0 .. g0 + NH) over keys [a, e) of one tile (offsets from its start): scores, the
+// online-softmax update and P·V (NV value vectors per pv_chunk: NH·NV accumulators in registers).
+template <int NH>
+void attend_heads(const AttnBlock &b, int r, int g0, const Tile &t, int a, int e, float *scratch,
+                  const AttnScratchLayout &lay) {
+    constexpr int NV = NH <= 2 ? 8 : 4;
+    const float *q[NH];
+    float *s[NH], *acc[NH];
+    int qi[NH];
+    for (int h = 0; h < NH; ++h) {
+        qi[h] = r * b.n_group + g0 + h;
+        q[h] = b.q + size_t(r) * b.q_row_stride + size_t(g0 + h) * size_t(t.hdk);
+        s[h] = scratch + lay.s + size_t(qi[h]) * kAttnTile;
+        acc[h] = scratch + lay.acc + size_t(qi[h]) * size_t(t.hdv);
+    }
+    float *mx = scratch + lay.m, *sum = scratch + lay.l;
+    const int32_t lanes[4] = {0, 1, 2, 3};
+    const int32x4_t lane = vld1q_s32(lanes), va = vdupq_n_s32(a), ve = vdupq_n_s32(e);
+    const float32x4_t ninf = vdupq_n_f32(-INFINITY);
+    const int j0 = a & ~3;
+    float32x4_t vmax[NH];
+    for (int h = 0; h < NH; ++h) vmax[h] = ninf;
+    for (int j = j0; j < e; j += 4) {
+        const int32x4_t idx = vaddq_s32(lane, vdupq_n_s32(j));
+        const uint32x4_t in = vandq_u32(vcleq_s32(va, idx), vcgtq_s32(ve, idx));  // a <= idx < e
+        size_t ks;
+        const uint16_t *k4 = t.keys4(j, ks);
+        float32x4_t s4[NH];
+        scores4<NH>(q, k4, ks, t.hdk, s4);
+        for (int h = 0; h < NH; ++h) {
+            const float32x4_t m4 = vbslq_f32(in, s4[h], ninf);
+            vst1q_f32(s[h] + j, m4);
+            vmax[h] = vmaxq_f32(vmax[h], m4);
+        }
+    }
+    float correction[NH];
+    for (int h = 0; h < NH; ++h) {
+        const float m_old = mx[qi[h]], m_new = max_f(m_old, vmaxvq_f32(vmax[h]));
+        correction[h] = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        const float32x4_t vm = vdupq_n_f32(m_new);
+        float32x4_t psum = vdupq_n_f32(0.0f);
+        for (int j = j0; j < e; j += 4) {
+            const float32x4_t s4 = vld1q_f32(s[h] + j);
+            // Lanes out of range hold -inf: exp_ps would give ~1e-38 there, so zero them.
+            const uint32x4_t drop = vceqq_f32(s4, ninf);
+            const float32x4_t p4 =
+                vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(exp_ps(vsubq_f32(s4, vm))), drop));
+            vst1q_f32(s[h] + j, p4);
+            psum = vaddq_f32(psum, p4);
+        }
+        sum[qi[h]] = sum[qi[h]] * correction[h] + vaddvq_f32(psum);
+        mx[qi[h]] = m_new;
+    }
+    pv<NH, NV>(acc, t.hdv, correction, s, t.v, t.vs, a, e);
 }
 
 void attend_block(const AttnBlock &b, float *scratch) {
@@ -92,10 +179,8 @@ void attend_block(const AttnBlock &b, float *scratch) {
         return;
     }
     const AttnScratchLayout lay = attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv);
-    // Values that are the leading entries of the key rows (MLA's latent) are read from the K tile.
-    const bool v_in_k = b.v == b.k && b.v_stride == b.k_stride && hdv <= hdk;
-    float *kf = scratch + lay.kf, *vf = v_in_k ? kf : scratch + lay.vf, *sc = scratch + lay.s;
-    const size_t ldv = size_t(v_in_k ? hdk : hdv);
+    // The two padded 4-key groups live in the (otherwise unused) K tile scratch.
+    uint16_t *pad = reinterpret_cast<uint16_t *>(scratch + lay.kf);
     float *mx = scratch + lay.m, *sum = scratch + lay.l, *acc = scratch + lay.acc;
     const int nq = b.n_rows * b.n_group;
     int64_t lo_min = b.lo[0], hi_max = b.hi[0];
@@ -108,52 +193,37 @@ void attend_block(const AttnBlock &b, float *scratch) {
         sum[i] = 0.0f;
     }
     std::memset(acc, 0, sizeof(float) * size_t(nq) * size_t(hdv));
-    const int32_t lanes[4] = {0, 1, 2, 3};
-    const int32x4_t lane = vld1q_s32(lanes);
-    const float32x4_t ninf = vdupq_n_f32(-INFINITY);
     for (int64_t t0 = lo_min - lo_min % kAttnTile; t0 < hi_max; t0 += kAttnTile) {
         const int64_t ta = max64(t0, lo_min), tb = min64(t0 + kAttnTile, hi_max);
-        // The tile's keys in F32; the rows that share a 4-key group with them but are outside
-        // [ta, tb) are zeroed (their scores are computed, then masked).
-        const int64_t za = (ta - t0) & ~int64_t(3), zb = min64(kAttnTile, ((tb - t0) + 3) & ~int64_t(3));
-        std::memset(kf + za * hdk, 0, sizeof(float) * size_t((ta - t0 - za) * hdk));
-        std::memset(kf + (tb - t0) * hdk, 0, sizeof(float) * size_t((zb - (tb - t0)) * hdk));
-        convert_rows(b.k, b.k_stride, ta, tb, hdk, kf + (ta - t0) * hdk);
-        if (!v_in_k) convert_rows(b.v, b.v_stride, ta, tb, hdv, vf + (ta - t0) * hdv);
+        Tile t{b.k + size_t(t0) * b.k_stride, b.v + size_t(t0) * b.v_stride, b.k_stride, b.v_stride, hdk, hdv,
+               {pad, pad + 4 * hdk}, {-1, -1}};
+        // The 4-key groups holding ta and tb - 1, when they reach outside [ta, tb): their keys in
+        // range copied, the others zero (their scores are computed, then masked).
+        const int ga = int(ta - t0) & ~3, gb = int(tb - 1 - t0) & ~3;
+        for (int i = 0, g = ga; i < 2; ++i, g = gb) {
+            if (t0 + g >= ta && t0 + g + 4 <= tb) continue;
+            if (i == 1 && gb == ga) break;
+            uint16_t *dst = pad + size_t(i) * 4 * size_t(hdk);
+            for (int64_t key = t0 + g; key < t0 + g + 4; ++key, dst += hdk) {
+                if (key >= ta && key < tb)
+                    std::memcpy(dst, b.k + size_t(key) * b.k_stride, size_t(hdk) * sizeof(uint16_t));
+                else
+                    std::memset(dst, 0, size_t(hdk) * sizeof(uint16_t));
+            }
+            t.pad_at[i] = g;
+        }
         for (int r = 0; r < b.n_rows; ++r) {
             const int64_t a64 = max64(t0, b.lo[r]), e64 = min64(t0 + kAttnTile, b.hi[r]);
             if (a64 >= e64) continue;
             const int a = int(a64 - t0), e = int(e64 - t0);  // the row's keys in this tile
-            const int32x4_t va = vdupq_n_s32(a), ve = vdupq_n_s32(e);
-            const int g0 = a & ~3;
-            for (int g = 0; g < b.n_group; ++g) {
-                const int qi = r * b.n_group + g;
-                const float *q = b.q + size_t(r) * b.q_row_stride + size_t(g) * size_t(hdk);
-                float *s = sc + size_t(qi) * kAttnTile;
-                float32x4_t vmax = ninf;
-                for (int j = g0; j < e; j += 4) {
-                    const int32x4_t idx = vaddq_s32(lane, vdupq_n_s32(j));
-                    const uint32x4_t in = vandq_u32(vcleq_s32(va, idx), vcgtq_s32(ve, idx));  // a <= idx < e
-                    const float32x4_t s4 = vbslq_f32(in, scores4(q, kf + j * hdk, hdk), ninf);
-                    vst1q_f32(s + j, s4);
-                    vmax = vmaxq_f32(vmax, s4);
-                }
-                const float m_old = mx[qi], m_new = max_f(m_old, vmaxvq_f32(vmax));
-                const float correction = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-                const float32x4_t vm = vdupq_n_f32(m_new);
-                float32x4_t psum = vdupq_n_f32(0.0f);
-                for (int j = g0; j < e; j += 4) {
-                    const float32x4_t s4 = vld1q_f32(s + j);
-                    // Lanes out of range hold -inf: exp_ps would give ~1e-38 there, so zero them.
-                    const uint32x4_t drop = vceqq_f32(s4, ninf);
-                    const float32x4_t p4 =
-                        vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(exp_ps(vsubq_f32(s4, vm))), drop));
-                    vst1q_f32(s + j, p4);
-                    psum = vaddq_f32(psum, p4);
-                }
-                sum[qi] = sum[qi] * correction + vaddvq_f32(psum);
-                mx[qi] = m_new;
-                pv(acc + size_t(qi) * size_t(hdv), hdv, correction, s, vf, ldv, a, e);
+            // The row's query heads kHeadBlock at a time, the remainder as one smaller block.
+            int g = 0;
+            for (; g + kHeadBlock <= b.n_group; g += kHeadBlock) attend_heads<kHeadBlock>(b, r, g, t, a, e, scratch, lay);
+            switch (b.n_group - g) {
+                case 1: attend_heads<1>(b, r, g, t, a, e, scratch, lay); break;
+                case 2: attend_heads<2>(b, r, g, t, a, e, scratch, lay); break;
+                case 3: attend_heads<3>(b, r, g, t, a, e, scratch, lay); break;
+                default: break;
             }
         }
     }
