@@ -169,6 +169,56 @@ def test_rows_are_independent_of_their_block(isa):
         np.testing.assert_array_equal(part, whole[r0:r1])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("shape", [(3, 7, 64, 64, 150, 90), (1, 16, 576, 512, 77, 0), (2, 6, 128, 128, 70, 0)],
+                         ids=lambda s: "r{}g{}k{}v{}n{}w{}".format(*s))
+def test_heads_are_independent_of_their_block(isa, shape):
+    """The SIMD kernels compute a row's query heads several at a time: each head's result is the
+    same bits as when it is the group's only head (and so does not depend on the group size)."""
+    n_rows, n_group, hdk, hdv, n_keys, window = shape
+    latent = hdk == 576
+    q, k, v, lo, hi = _case(n_rows, n_group, hdk, hdv, n_keys, n_kv=1, window=window, seed=6)
+    v, kw = (None, {"latent_v": hdv}) if latent else (v, {})
+    whole = A.attend(q, k, v, lo, hi, isa=isa, **kw)
+    for g in range(n_group):
+        alone = A.attend(np.ascontiguousarray(q[:, g:g + 1]), k, v, lo, hi, isa=isa, **kw)
+        np.testing.assert_array_equal(alone[:, 0], whole[:, g])
+
+
+def _before_a_guard_page(a: np.ndarray):
+    """A copy of `a` whose last byte is the last one before an inaccessible page (PROT_NONE):
+    a kernel that reads past the end of the cache rows it was given crashes instead of passing."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    size = -(-a.nbytes // page) * page
+    m = mmap.mmap(-1, size + page)
+    buf = np.frombuffer(m, np.uint8)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    assert libc.mprotect(buf.ctypes.data + size, page, 0) == 0, ctypes.get_errno()  # PROT_NONE
+    out = buf[size - a.nbytes:size].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n_keys", [2, 5, 13, 66, 131])
+def test_kernels_read_no_key_past_the_last(isa, n_keys):
+    """The SIMD kernels read the keys straight from the cache, 8 (AVX2) or 4 (NEON) at a time:
+    the group that holds the last key must come from a padded copy, never from the rows after it
+    (which need not exist). K and V end right before a PROT_NONE page; the results match numpy."""
+    q, k, v, lo, hi = _case(2, 5, 64, 40, n_keys, n_kv=1, seed=n_keys)
+    k, v = _before_a_guard_page(k), _before_a_guard_page(v)
+    out = A.attend(q, k, v, lo, hi, isa=isa)
+    assert _rel(out, _numpy_attention(q, k, v, lo, hi, 0)) < TOL
+    q, k, _, lo, hi = _case(1, 16, 576, 8, n_keys, n_kv=1, seed=n_keys)
+    k = _before_a_guard_page(k)
+    out = A.attend(q, k, None, lo, hi, latent_v=512, isa=isa, split_keys=64)
+    assert _rel(out, _numpy_latent_attention(q, k, lo, hi, 512)) < TOL
+
+
 @pytest.mark.parametrize("isa", SIMD_ISAS or [pytest.param("none", marks=pytest.mark.skip(
     reason="this machine runs no SIMD attention kernel"))])
 def test_simd_kernel_registered(isa):

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 
 namespace ktd {
 
@@ -25,6 +26,25 @@ AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_
     l.acc = l.l + round8(q);
     l.total = l.acc + round8(q * size_t(head_dim_v));
     return l;
+}
+
+void attn_pad_key_groups(const AttnBlock &b, int64_t t0, int64_t ta, int64_t tb, int width, uint16_t *pad,
+                         int pad_at[2]) {
+    const int64_t hdk = b.head_dim_k;
+    const int64_t first = (ta - t0) / width * width, last = (tb - 1 - t0) / width * width;
+    pad_at[0] = pad_at[1] = -1;
+    int n = 0;
+    for (const int64_t g : {first, last}) {
+        if ((t0 + g >= ta && t0 + g + width <= tb) || (n == 1 && g == pad_at[0])) continue;
+        uint16_t *dst = pad + size_t(n) * size_t(width) * size_t(hdk);
+        for (int64_t key = t0 + g; key < t0 + g + width; ++key, dst += hdk) {
+            if (key >= ta && key < tb)
+                std::memcpy(dst, b.k + size_t(key) * b.k_stride, size_t(hdk) * sizeof(uint16_t));
+            else
+                std::memset(dst, 0, size_t(hdk) * sizeof(uint16_t));
+        }
+        pad_at[n++] = int(g);
+    }
 }
 
 void attn_merge(int n_parts, const float *m, const float *l, size_t ml_stride, const float *o, size_t o_stride,

@@ -54,6 +54,15 @@ struct AttnScratchLayout {
 // Not inline: the ISA translation units call it too (no shared inline code, see kernels/x86/common.h).
 AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_k, int64_t head_dim_v);
 
+// The SIMD kernels read the keys of a tile [t0, t0 + kAttnTile) straight from the cache, `width`
+// keys at a time from multiples of width, of which only [ta, tb) are the block's keys (rows outside
+// may not exist). The (at most two) width-key groups that reach outside [ta, tb) are copied to
+// pad (2 × width × head_dim_k F16 values, the kf scratch of the layout): their keys in [ta, tb) as
+// they are, the others zero. pad_at[i] = the offset from t0 of the group copied to
+// pad + i × width × head_dim_k, -1 if none. Not inline: the ISA translation units call it.
+void attn_pad_key_groups(const AttnBlock &b, int64_t t0, int64_t ta, int64_t tb, int width, uint16_t *pad,
+                         int pad_at[2]);
+
 // One block; scratch: attn_scratch_layout(n_rows, n_group, ...).total floats.
 using AttnKernel = void (*)(const AttnBlock &b, float *scratch);
 

@@ -228,21 +228,7 @@ void attend_block(const AttnBlock &b, float *scratch) {
         const int64_t ta = max64(t0, lo_min), tb = min64(t0 + kAttnTile, hi_max);
         Tile t{b.k + size_t(t0) * b.k_stride, b.v + size_t(t0) * b.v_stride, b.k_stride, b.v_stride, hdk, hdv,
                {pad, pad + 8 * hdk}, {-1, -1}};
-        // The 8-key groups holding ta and tb - 1, when they reach outside [ta, tb): their keys in
-        // range copied, the others zero (their scores are computed, then masked).
-        const int ga = int(ta - t0) & ~7, gb = int(tb - 1 - t0) & ~7;
-        for (int i = 0, g = ga; i < 2; ++i, g = gb) {
-            if (t0 + g >= ta && t0 + g + 8 <= tb) continue;
-            if (i == 1 && gb == ga) break;
-            uint16_t *dst = pad + size_t(i) * 8 * size_t(hdk);
-            for (int64_t key = t0 + g; key < t0 + g + 8; ++key, dst += hdk) {
-                if (key >= ta && key < tb)
-                    std::memcpy(dst, b.k + size_t(key) * b.k_stride, size_t(hdk) * sizeof(uint16_t));
-                else
-                    std::memset(dst, 0, size_t(hdk) * sizeof(uint16_t));
-            }
-            t.pad_at[i] = g;
-        }
+        attn_pad_key_groups(b, t0, ta, tb, 8, pad, t.pad_at);
         for (int r = 0; r < b.n_rows; ++r) {
             const int64_t a64 = max64(t0, b.lo[r]), e64 = min64(t0 + kAttnTile, b.hi[r]);
             if (a64 >= e64) continue;
