@@ -97,26 +97,37 @@ void plan_jobs(const HParams &hp, int pool_size, AttnPlan &p) {
     std::stable_sort(p.jobs.begin(), p.jobs.end(), [](const auto &a, const auto &b) { return a.cost > b.cost; });
 }
 
-// What a chunk's attention reads and writes. Cache rows: K [n_seq][n_ctx][dk], V [..][dv] (F16).
+// What a chunk's attention reads and writes. Cache: K [n_seq][n_kv][n_ctx][hd_k], V [..][hd_v]
+// (F16), each KV head's rows of a sequence contiguous.
 struct AttnBuffers {
     const float *q;      // [n][n_embd_q]
     int64_t n_embd_q;
-    uint16_t *kc, *vc;   // vc = kc without a V cache (MLA: the latent is both)
-    int64_t dk, dv;      // row strides
+    uint16_t *kc, *vc;   // vc = nullptr without a V cache (MLA: the latent K rows are the values)
+    int64_t n_kv, hd_k, hd_v;
     int64_t n_ctx;
     float *attn;         // [n][n_head·hd_v]
     float *part;         // [n_part][part_stride]
+
+    // The first cached row of (sequence, KV head) in a cache of head dim hd.
+    size_t head_rows(int32_t seq, int64_t h, int64_t hd) const {
+        return ((size_t(seq) * size_t(n_kv) + size_t(h)) * size_t(n_ctx)) * size_t(hd);
+    }
 };
 
-// This chunk's K [n][dk] and V [n][dv_cache] (dv_cache = 0: none) stored as F16 at (seq, pos).
-void store_kv(const AttnBuffers &b, const float *k, const float *v, int64_t dv_cache, const int32_t *positions,
-              const int32_t *seq_ids, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const size_t slot = size_t(seq_ids[i]) * size_t(b.n_ctx) + size_t(positions[i]);
-        for (int64_t d = 0; d < b.dk; ++d) b.kc[slot * size_t(b.dk) + size_t(d)] = fp32_to_fp16(k[size_t(i * b.dk + d)]);
-        for (int64_t d = 0; d < dv_cache; ++d)
-            b.vc[slot * size_t(b.dv) + size_t(d)] = fp32_to_fp16(v[size_t(i * dv_cache + d)]);
-    }
+// This chunk's K [n][n_kv·hd_k] and V [n][n_kv·hd_v] (when there is a V cache) stored as F16 at
+// (seq, head, pos).
+void store_kv(const AttnBuffers &b, const float *k, const float *v, const int32_t *positions, const int32_t *seq_ids,
+              int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t h = 0; h < b.n_kv; ++h) {
+            uint16_t *kd = b.kc + b.head_rows(seq_ids[i], h, b.hd_k) + size_t(positions[i]) * size_t(b.hd_k);
+            const float *ks = k + (i * b.n_kv + h) * b.hd_k;
+            for (int64_t d = 0; d < b.hd_k; ++d) kd[d] = fp32_to_fp16(ks[d]);
+            if (!b.vc) continue;
+            uint16_t *vd = b.vc + b.head_rows(seq_ids[i], h, b.hd_v) + size_t(positions[i]) * size_t(b.hd_v);
+            const float *vs = v + (i * b.n_kv + h) * b.hd_v;
+            for (int64_t d = 0; d < b.hd_v; ++d) vd[d] = fp32_to_fp16(vs[d]);
+        }
 }
 
 // The kernel's view of one job: its queries, its sequence's K/V of one head, and where it writes
@@ -124,17 +135,18 @@ void store_kv(const AttnBuffers &b, const float *k, const float *v, int64_t dv_c
 AttnBlock job_block(const HParams &hp, const AttnPlan &p, const AttnBuffers &b, const int32_t *seq_ids,
                     const AttnPlan::Job &job) {
     const int64_t hd_k = hp.head_dim_k, hd_v = hp.head_dim_v;
-    const size_t base = size_t(seq_ids[job.row0]) * size_t(b.n_ctx);
     const int64_t head = int64_t(job.head_kv) * p.group + job.head0;  // first query head
     AttnBlock blk;
     blk.q = b.q + job.row0 * b.n_embd_q + head * hd_k;
     blk.q_row_stride = size_t(b.n_embd_q);
     blk.n_rows = job.n_rows;
     blk.n_group = job.n_heads;
-    blk.k = b.kc + base * size_t(b.dk) + size_t(job.head_kv * hd_k);
-    blk.v = b.vc + base * size_t(b.dv) + size_t(job.head_kv * hd_v);
-    blk.k_stride = size_t(b.dk);
-    blk.v_stride = size_t(b.dv);
+    const int32_t seq = seq_ids[job.row0];
+    blk.k = b.kc + b.head_rows(seq, job.head_kv, hd_k);
+    blk.k_stride = size_t(hd_k);
+    // Without a V cache the values are the leading entries of the key rows.
+    blk.v = b.vc ? b.vc + b.head_rows(seq, job.head_kv, hd_v) : blk.k;
+    blk.v_stride = b.vc ? size_t(hd_v) : blk.k_stride;
     blk.head_dim_k = hd_k;
     blk.head_dim_v = hd_v;
     if (job.part < 0) {
@@ -188,11 +200,10 @@ void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids
     plan_attention(hp, il, positions, seq_ids, n, pool.size(), plan);
     if (s_.attn_part.size() < plan.part_lo.size() * plan.part_stride)
         s_.attn_part.resize(plan.part_lo.size() * plan.part_stride);
-    const int64_t dk = hp.n_embd_k_cache(), dv_cache = hp.n_embd_v_cache();
-    uint16_t *kc = k_cache_[size_t(il)].get();
-    const AttnBuffers b{s_.q.data(), hp.n_embd_q(), kc, dv_cache > 0 ? v_cache_[size_t(il)].get() : kc, dk,
-                        dv_cache > 0 ? dv_cache : dk, n_ctx_, s_.attn.data(), s_.attn_part.data()};
-    store_kv(b, s_.k.data(), s_.v.data(), dv_cache, positions, seq_ids, n);
+    const AttnBuffers b{s_.q.data(), hp.n_embd_q(), k_cache_[size_t(il)].get(),
+                        hp.n_embd_v_cache() > 0 ? v_cache_[size_t(il)].get() : nullptr, hp.n_head_kv, hp.head_dim_k,
+                        hp.head_dim_v, n_ctx_, s_.attn.data(), s_.attn_part.data()};
+    store_kv(b, s_.k.data(), s_.v.data(), positions, seq_ids, n);
     // Each job's result does not depend on which worker claims it.
     const AttnKernel kernel = attention_kernel();
     pool.for_each_item(plan.jobs.size(), [&](size_t j, int tid) {

@@ -91,12 +91,14 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
     backend_->copy_kv(src, dst, n_tokens);
     const HParams &hp = model_.hparams();
     for (int il = 0; il < hp.n_layer; ++il) {
-        for (auto [cache, dim] : {std::pair{k_cache_[size_t(il)].get(), hp.n_embd_k_cache()},
-                                  std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_cache()}}) {
-            if (dim == 0) continue;  // no V cache (MLA)
-            const size_t row = size_t(dim);
-            std::memcpy(cache + size_t(dst) * size_t(n_ctx_) * row, cache + size_t(src) * size_t(n_ctx_) * row,
-                        size_t(n_tokens) * row * sizeof(uint16_t));
+        // [n_seq][n_head_kv][n_ctx][head_dim]: the first n_tokens rows of each KV head.
+        for (auto [cache, hd] : {std::pair{k_cache_[size_t(il)].get(), hp.head_dim_k},
+                                 std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_cache() > 0 ? hp.head_dim_v : 0}}) {
+            if (hd == 0) continue;  // no V cache (MLA)
+            const size_t head = size_t(n_ctx_) * size_t(hd), seq = size_t(hp.n_head_kv) * head;
+            for (size_t h = 0; h < size_t(hp.n_head_kv); ++h)
+                std::memcpy(cache + size_t(dst) * seq + h * head, cache + size_t(src) * seq + h * head,
+                            size_t(n_tokens) * size_t(hd) * sizeof(uint16_t));
         }
     }
     seq_len_[size_t(dst)] = n_tokens;

@@ -3,7 +3,8 @@
 //
 // Shapes (GGML order in the file, row-major here): W [rows][k] is a GGUF tensor with ne[0] = k.
 // Activations: x [n][n_embd] F32, one row per batch token. KV cache: per layer, K [n_seq_max]
-// [n_ctx][n_head_kv·head_dim_k] and V [n_seq_max][n_ctx][n_head_kv·head_dim_v], F16.
+// [n_head_kv][n_ctx][head_dim_k] and V [n_seq_max][n_head_kv][n_ctx][head_dim_v], F16: each KV
+// head's rows of a sequence are contiguous, so the attention over one head reads one stream.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -373,7 +374,7 @@ private:
     int64_t n_ctx_;
     int n_seq_max_;
     int64_t n_batch_;
-    std::vector<std::unique_ptr<uint16_t[]>> k_cache_, v_cache_;  // [n_layer] → [n_seq][n_ctx][dim]
+    std::vector<std::unique_ptr<uint16_t[]>> k_cache_, v_cache_;  // [n_layer] → [n_seq][n_head_kv][n_ctx][dim]
     std::vector<int64_t> seq_len_;   // [n_seq_max] tokens held per slot
     std::vector<int64_t> next_pos_;  // [n_seq_max] forward's validation scratch
     std::vector<uint64_t> expert_counts_;  // [n_layer][n_expert]
