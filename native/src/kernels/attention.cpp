@@ -18,9 +18,8 @@ size_t round8(size_t n) { return (n + 7) & ~size_t(7); }
 AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_k, int64_t head_dim_v) {
     const size_t q = size_t(n_rows) * size_t(n_group), tile = size_t(kAttnTile);
     AttnScratchLayout l{};
-    l.kf = 0;
-    l.vf = l.kf + round8(tile * size_t(head_dim_k));
-    l.s = l.vf + round8(tile * size_t(head_dim_v));
+    l.pad = 0;  // 2 × kAttnMaxKeyGroup × head_dim_k F16 values = kAttnMaxKeyGroup × head_dim_k floats
+    l.s = l.pad + round8(size_t(kAttnMaxKeyGroup) * size_t(head_dim_k));
     l.m = l.s + q * tile;
     l.l = l.m + round8(q);
     l.acc = l.l + round8(q);

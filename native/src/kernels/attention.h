@@ -43,13 +43,16 @@ struct AttnBlock {
     float *m_out = nullptr, *l_out = nullptr;
 };
 
+// Keys per group of the SIMD kernels' scores at most (AVX2: 8, NEON: 4).
+constexpr int kAttnMaxKeyGroup = 8;
+
 // The per-thread scratch of a block of Q = n_rows × n_group queries, offsets in floats (multiples
 // of 8; the kernels use unaligned loads, so the scratch needs no particular alignment):
-//   kf [kAttnTile][head_dim_k]  the K tile in F32      vf [kAttnTile][head_dim_v]  the V tile
-//   s  [Q][kAttnTile]           scores / probabilities  m, l [Q]  running max and sum
-//   acc [Q][head_dim_v]         unnormalised output
+//   pad [2][kAttnMaxKeyGroup][head_dim_k] F16  attn_pad_key_groups' copies
+//   s  [Q][kAttnTile]  scores / probabilities  m, l [Q]  running max and sum
+//   acc [Q][head_dim_v]  unnormalised output
 struct AttnScratchLayout {
-    size_t kf, vf, s, m, l, acc, total;
+    size_t pad, s, m, l, acc, total;
 };
 // Not inline: the ISA translation units call it too (no shared inline code, see kernels/x86/common.h).
 AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_k, int64_t head_dim_v);
@@ -57,9 +60,9 @@ AttnScratchLayout attn_scratch_layout(int n_rows, int n_group, int64_t head_dim_
 // The SIMD kernels read the keys of a tile [t0, t0 + kAttnTile) straight from the cache, `width`
 // keys at a time from multiples of width, of which only [ta, tb) are the block's keys (rows outside
 // may not exist). The (at most two) width-key groups that reach outside [ta, tb) are copied to
-// pad (2 × width × head_dim_k F16 values, the kf scratch of the layout): their keys in [ta, tb) as
-// they are, the others zero. pad_at[i] = the offset from t0 of the group copied to
-// pad + i × width × head_dim_k, -1 if none. Not inline: the ISA translation units call it.
+// pad (the layout's pad; width <= kAttnMaxKeyGroup): their keys in [ta, tb) as they are, the
+// others zero. pad_at[i] = the offset from t0 of the group copied to pad + i × width × head_dim_k,
+// -1 if none. Not inline: the ISA translation units call it.
 void attn_pad_key_groups(const AttnBlock &b, int64_t t0, int64_t ta, int64_t tb, int width, uint16_t *pad,
                          int pad_at[2]);
 

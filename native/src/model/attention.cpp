@@ -109,9 +109,7 @@ struct AttnBuffers {
     float *part;         // [n_part][part_stride]
 
     // The first cached row of (sequence, KV head) in a cache of head dim hd.
-    size_t head_rows(int32_t seq, int64_t h, int64_t hd) const {
-        return ((size_t(seq) * size_t(n_kv) + size_t(h)) * size_t(n_ctx)) * size_t(hd);
-    }
+    size_t head_rows(int32_t seq, int64_t h, int64_t hd) const { return kv_head_offset(seq, h, n_kv, n_ctx, hd); }
 };
 
 // This chunk's K [n][n_kv·hd_k] and V [n][n_kv·hd_v] (when there is a V cache) stored as F16 at

@@ -95,9 +95,9 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
         for (auto [cache, hd] : {std::pair{k_cache_[size_t(il)].get(), hp.head_dim_k},
                                  std::pair{v_cache_[size_t(il)].get(), hp.n_embd_v_cache() > 0 ? hp.head_dim_v : 0}}) {
             if (hd == 0) continue;  // no V cache (MLA)
-            const size_t head = size_t(n_ctx_) * size_t(hd), seq = size_t(hp.n_head_kv) * head;
-            for (size_t h = 0; h < size_t(hp.n_head_kv); ++h)
-                std::memcpy(cache + size_t(dst) * seq + h * head, cache + size_t(src) * seq + h * head,
+            for (int64_t h = 0; h < hp.n_head_kv; ++h)
+                std::memcpy(cache + kv_head_offset(dst, h, hp.n_head_kv, n_ctx_, hd),
+                            cache + kv_head_offset(src, h, hp.n_head_kv, n_ctx_, hd),
                             size_t(n_tokens) * size_t(hd) * sizeof(uint16_t));
         }
     }

@@ -298,6 +298,12 @@ struct ForwardScratch {
     std::vector<float> attn_part;
 };
 
+// Elements before the first cached row of (sequence seq, KV head h) in a layer's KV cache of
+// n_head_kv heads of head dim hd and n_ctx positions per sequence ([n_seq][n_head_kv][n_ctx][hd]).
+inline size_t kv_head_offset(int64_t seq, int64_t h, int64_t n_head_kv, int64_t n_ctx, int64_t hd) {
+    return ((size_t(seq) * size_t(n_head_kv) + size_t(h)) * size_t(n_ctx)) * size_t(hd);
+}
+
 class Context {
 public:
     // n_ctx: per-sequence limit; n_seq_max: KV slots; n_batch: rows computed at once (a longer

@@ -96,12 +96,12 @@ constexpr int kHeadBlock = 4;
 // One tile of kAttnTile keys from t0 as the queries read it, F16 straight from the cache. The
 // scores go 4 keys at a time from offset (a & ~3): a 4-key group that reaches outside the tile's
 // keys [ta, tb) (cache rows that may not exist) is read from a zero-padded copy instead, pad[0]
-// for the group at pad_at[0], pad[1] at pad_at[1] (-1: none).
+// for the group at offset pad_at[0], the next 4 × hdk values for pad_at[1] (-1: none).
 struct Tile {
     const uint16_t *k, *v;  // key / value t0
     size_t ks, vs;          // row strides (elements)
     int64_t hdk, hdv;
-    const uint16_t *pad[2];
+    const uint16_t *pad;
     int pad_at[2];
 
     // Key j (offset from t0, a multiple of 4) and its row stride.
@@ -109,7 +109,7 @@ struct Tile {
         for (int i = 0; i < 2; ++i)
             if (j == pad_at[i]) {
                 stride = size_t(hdk);
-                return pad[i];
+                return pad + size_t(i) * 4 * size_t(hdk);
             }
         stride = ks;
         return k + size_t(j) * ks;
@@ -179,8 +179,7 @@ void attend_block(const AttnBlock &b, float *scratch) {
         return;
     }
     const AttnScratchLayout lay = attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv);
-    // The two padded 4-key groups live in the (otherwise unused) K tile scratch.
-    uint16_t *pad = reinterpret_cast<uint16_t *>(scratch + lay.kf);
+    uint16_t *pad = reinterpret_cast<uint16_t *>(scratch + lay.pad);  // the padded 4-key groups
     float *mx = scratch + lay.m, *sum = scratch + lay.l, *acc = scratch + lay.acc;
     const int nq = b.n_rows * b.n_group;
     int64_t lo_min = b.lo[0], hi_max = b.hi[0];
@@ -196,7 +195,7 @@ void attend_block(const AttnBlock &b, float *scratch) {
     for (int64_t t0 = lo_min - lo_min % kAttnTile; t0 < hi_max; t0 += kAttnTile) {
         const int64_t ta = max64(t0, lo_min), tb = min64(t0 + kAttnTile, hi_max);
         Tile t{b.k + size_t(t0) * b.k_stride, b.v + size_t(t0) * b.v_stride, b.k_stride, b.v_stride, hdk, hdv,
-               {pad, pad + 4 * hdk}, {-1, -1}};
+               pad, {}};
         attn_pad_key_groups(b, t0, ta, tb, 4, pad, t.pad_at);
         for (int r = 0; r < b.n_rows; ++r) {
             const int64_t a64 = max64(t0, b.lo[r]), e64 = min64(t0 + kAttnTile, b.hi[r]);
