@@ -296,3 +296,79 @@ def test_weights_map_pair_bench_on_a_tiny_model(tmp_path, capsys):
     assert row["gguf_over_arena"] == pytest.approx(c["gguf"] / c["arena"], rel=1e-2)
     assert "gguf/arena" in capsys.readouterr().out
     assert W.main(["no-such-model.gguf", "--out", str(out)]) == 1
+
+
+# --- --ab-prefetch: the decode prefetch off and on, step by step ---------------------------------
+
+def test_prefetch_ab_summarizes_each_setting_apart():
+    steps = [0.10, 0.12, 0.11, 0.15, 0.09, 0.13]
+    bws = [10e9, 11e9, 12e9, 13e9, 14e9, 15e9]
+    settings = [0, 1, 0, 1, 0, 1]
+    bpt = 1_000_000_000
+    ab = B.prefetch_ab(steps, bws, settings, bpt)
+    off = B.summarize([0.10, 0.11, 0.09], [10e9, 12e9, 14e9], bpt)
+    on = B.summarize([0.12, 0.15, 0.13], [11e9, 13e9, 15e9], bpt)
+    assert ab["off"] == off and ab["on"] == on
+    assert ab["on_over_off"] == pytest.approx(np.median([0.12, 0.15, 0.13]) / np.median([0.10, 0.11, 0.09]))
+    with pytest.raises(ValueError):  # a setting without steps
+        B.prefetch_ab([0.1], [1e9], [0], bpt)
+
+
+def test_ab_prefetch_alternates_the_setting_and_restores_the_default(tmp_path, capsys, monkeypatch):
+    """Every step runs under the setting it is filed under (the native switch is called before
+    each, off first), the CPU's default is back afterwards, and the row's own figures are the
+    default setting's steps."""
+    from ktd import _native
+
+    real = _native.kernels.set_decode_prefetch
+    calls = []
+
+    def record(on):
+        calls.append(on)
+        real(on)
+
+    monkeypatch.setattr(_native.kernels, "set_decode_prefetch", record)
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    out = tmp_path / "decode.json"
+    assert B.main([str(path), "--threads", "1", "--tokens", "5", "--ab-prefetch", "--out", str(out)]) == 0
+    assert calls == [0, 1, 0, 1, 0, -1]
+    assert _native.kernels.decode_prefetch() == _native.kernels.decode_prefetch_default()
+    (row,) = json.loads(out.read_text())
+    ab = row["decode_prefetch_ab"]
+    assert ab["off"]["tokens"] == 3 and ab["on"]["tokens"] == 2
+    default = "on" if _native.kernels.decode_prefetch_default() else "off"
+    assert row["tokens"] == ab[default]["tokens"] and row["median_step_s"] == ab[default]["median_step_s"]
+    assert ab["on_over_off"] == pytest.approx(ab["on"]["median_step_s"] / ab["off"]["median_step_s"])
+    assert "decode prefetch, alternating step by step: off" in capsys.readouterr().out
+
+
+def test_ab_prefetch_restores_the_default_when_a_step_fails(tmp_path, monkeypatch):
+    from ktd import _native
+    from ktd.engine import Engine
+
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    real_forward = Engine.forward
+    n = {"calls": 0}
+    # The first step forced to the setting that is not the default: step 0 is off, step 1 on.
+    fail_at = 2 + (0 if _native.kernels.decode_prefetch_default() else 1)  # the prompt is call 1
+
+    def failing(self, *a, **kw):
+        n["calls"] += 1
+        if n["calls"] == fail_at:
+            assert _native.kernels.decode_prefetch() != _native.kernels.decode_prefetch_default()
+            raise RuntimeError("boom")
+        return real_forward(self, *a, **kw)
+
+    monkeypatch.setattr(Engine, "forward", failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        B.measure(str(path), 1, 4, ab_prefetch=True)
+    assert _native.kernels.decode_prefetch() == _native.kernels.decode_prefetch_default()
+
+
+def test_ab_prefetch_rejects_a_breakdown_and_a_single_token(tmp_path, capsys):
+    out = str(tmp_path / "x.json")
+    assert B.main(["no-such-model.gguf", "--ab-prefetch", "--breakdown", "--out", out]) == 1
+    assert B.main(["no-such-model.gguf", "--ab-prefetch", "--tokens", "1", "--out", out]) == 1
+    assert "--ab-prefetch needs" in capsys.readouterr().err
+    with pytest.raises(ValueError):
+        B.measure("unused.gguf", 1, 1, ab_prefetch=True)

@@ -1,7 +1,8 @@
 """Decode as % of the DRAM read ceiling, measured fairly on a shared, noisy machine.
 
     python -m ktd.bench.decode MODEL [--threads 1 2] [--tokens 32] [--context 16]
-                               [--weights-map arena|gguf] [--out bench/results/decode.json]
+                               [--weights-map arena|gguf] [--breakdown | --ab-prefetch]
+                               [--out bench/results/decode.json]
 
 Each decode step (one single-token forward + the greedy argmax, as ``ktd.bench.e2e``'s tg) is
 followed by one read-bandwidth measurement over a buffer of the model's bytes per token
@@ -32,6 +33,15 @@ attention over the KV cache grows with the context (it reads N + 1 cached rows p
 token), while the % of the ceiling counts the weight bytes only, so at a long context the
 ``attention`` / ``mla_attention`` rows show what the cache costs. ``--compare`` pairs rows of the
 same model, thread count and context.
+
+``--ab-prefetch`` checks the CPU's default for the decode GEMV's software prefetch
+(``_native.kernels.decode_prefetch_default``: off on AMD Zen 4 and later, on elsewhere; measured
+on two machines only) on the machine at hand: the steps alternate prefetch off and on, one step
+each, so both settings see the same machine at the same moments, and the row gets each setting's
+median step and % of the ceiling and the ratio of the medians (``decode_prefetch_ab``). On a
+shared host whose bandwidth drifts by 10-20% between runs, alternating step by step within one
+process resolves differences of about 1% that separate runs cannot. The row's own figures are
+the default setting's steps. Only the x86 kernels read the setting.
 
 The result records the load average before and after, the CPU model, the kernels' ISA (set
 ``KTD_ISA=avx2`` to run the AVX2 path on an AVX-512 CPU) and the last-level cache, and flags
@@ -230,17 +240,32 @@ def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_
     }
 
 
+def prefetch_ab(steps: Sequence[float], bandwidths: Sequence[float], settings: Sequence[int],
+                bytes_per_token: int) -> dict[str, Any]:
+    """--ab-prefetch: each setting's steps (0 = off, 1 = on; settings[i] is step i's) with the
+    bandwidth passes that followed them, summarized apart, and on/off as the ratio of the median
+    steps (above 1: the prefetch is slower)."""
+    by = {name: ([s for s, v in zip(steps, settings) if v == val], [b for b, v in zip(bandwidths, settings) if v == val])
+          for name, val in (("off", 0), ("on", 1))}
+    out: dict[str, Any] = {name: summarize(st, bw, bytes_per_token) for name, (st, bw) in by.items()}
+    out["on_over_off"] = out["on"]["median_step_s"] / out["off"]["median_step_s"]
+    return out
+
+
 def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
-            weights_map: str = "arena", context: int = PROMPT_TOKENS) -> dict[str, Any]:
+            weights_map: str = "arena", context: int = PROMPT_TOKENS, ab_prefetch: bool = False) -> dict[str, Any]:
     """Interleaved decode steps and bandwidth passes on one model and thread count, after an
     untimed prompt of ``context`` tokens (``weights_map``: model.weights_map, arena = the repacked
-    layout, gguf = the file's plain rows)."""
+    layout, gguf = the file's plain rows; ``ab_prefetch``: the steps alternate the decode prefetch
+    off and on, see the module's doc)."""
     from ktd import _native
     from ktd.engine import Engine
     from ktd.inspect import inspect_model
 
     if tokens < 1 or threads < 1 or context < 1:
         raise ValueError("tokens, threads and context must be >= 1")
+    if ab_prefetch and (tokens < 2 or with_breakdown):
+        raise ValueError("the prefetch A/B needs at least 2 tokens and no breakdown (it would mix both settings)")
     bpt = int(inspect_model(path)["bytes_per_token"]["total"])
     eng = Engine.open(path, n_ctx=context + tokens + 1, n_seq_max=1, threads=threads, weights_map=weights_map)
     # A fixed prompt of ordinary token ids; what is generated does not change the bytes read.
@@ -254,18 +279,33 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         eng.context.set_profiling(True)
         eng.context.set_pool_stats(True)
     cpu = 0.0
-    for i in range(tokens):
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        logits = eng.forward(np.array([token]), np.array([n + i]), np.zeros(1), np.ones(1, bool))
-        token = int(np.argmax(logits[0]))
-        steps.append(time.perf_counter() - t0)
-        cpu += time.process_time() - c0
-        bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1))
+    settings = [i % 2 for i in range(tokens)] if ab_prefetch else []
+    try:
+        for i in range(tokens):
+            if ab_prefetch:
+                _native.kernels.set_decode_prefetch(settings[i])
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            logits = eng.forward(np.array([token]), np.array([n + i]), np.zeros(1), np.ones(1, bool))
+            token = int(np.argmax(logits[0]))
+            steps.append(time.perf_counter() - t0)
+            cpu += time.process_time() - c0
+            bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1))
+    finally:
+        if ab_prefetch:
+            _native.kernels.set_decode_prefetch(-1)  # the CPU's default again
+    ab = prefetch_ab(steps, bws, settings, bpt) if ab_prefetch else None
+    if ab is not None:
+        # The row's own figures: the steps of the CPU's default setting.
+        default = "on" if _native.kernels.decode_prefetch_default() else "off"
+        keep = [i for i, v in enumerate(settings) if v == (default == "on")]
+        steps, bws = [steps[i] for i in keep], [bws[i] for i in keep]
     result = {"model": os.path.basename(path), "threads": threads, "context": context, "bytes_per_token": bpt,
               "weights_map": eng.model.memory["weights_map"],
               **summarize(steps, bws, bpt), **machine_info(bpt),
               "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
+    if ab is not None:
+        result["decode_prefetch_ab"] = ab
     if with_breakdown:
         blocks, parts = block_and_part_bytes(path)
         result["breakdown"] = breakdown(eng.context.profile(), tokens, statistics.fmean(steps), blocks,
@@ -274,6 +314,14 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         eng.context.set_pool_stats(False)
     del eng  # the weights arena goes before the next thread count maps its own
     return result
+
+
+def format_prefetch_ab(ab: dict[str, Any], default_on: bool) -> str:
+    off, on = ab["off"], ab["on"]
+    return (f"  decode prefetch, alternating step by step: off {off['median_step_s'] * 1e3:.3f} ms/step "
+            f"({off['pct_of_ceiling']:.1f}% of the ceiling, {off['tokens']} steps), on {on['median_step_s'] * 1e3:.3f} "
+            f"ms/step ({on['pct_of_ceiling']:.1f}%, {on['tokens']} steps): on/off {ab['on_over_off']:.3f}; "
+            f"this CPU's default: {'on' if default_on else 'off'}")
 
 
 def format_breakdown(rows: list[dict[str, Any]]) -> str:
@@ -338,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="time every block of the forward and print where a step's time goes")
     ap.add_argument("--weights-map", choices=("arena", "gguf"), default="arena",
                     help="model.weights_map: arena (repacked, the default) or gguf (the file's plain rows)")
+    ap.add_argument("--ab-prefetch", action="store_true",
+                    help="alternate the decode GEMV's software prefetch off and on step by step and report both "
+                         "(checks this CPU's default)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/decode.json"))
     ap.add_argument("--compare", type=Path, metavar="BEFORE.json",
                     help="also print this run against an earlier results file (before/after, per block)")
@@ -354,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 1 or args.context < 1 or any(t < 1 for t in args.threads):
         print("--tokens, --context and --threads must be >= 1", file=sys.stderr)
         return 1
+    if args.ab_prefetch and (args.tokens < 2 or args.breakdown):
+        print("--ab-prefetch needs --tokens >= 2 and no --breakdown (the breakdown would mix both settings)",
+              file=sys.stderr)
+        return 1
     from ktd.commands.run import _resolve
     from ktd.cli import UserError
 
@@ -364,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = []
     for t in args.threads:
-        r = measure(path, t, args.tokens, args.breakdown, args.weights_map, args.context)
+        r = measure(path, t, args.tokens, args.breakdown, args.weights_map, args.context, args.ab_prefetch)
         rows.append(r)
         print(f"{r['model']} {t} thread(s), weights_map {r['weights_map']}, context {args.context}: decode {r['tokens_per_s']:.2f} tok/s = "
               f"{r['decode_bytes_per_s'] / 1e9:.2f} GB/s, read bandwidth {r['median_read_bandwidth_bytes_per_s'] / 1e9:.2f}"
@@ -375,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
               "last-level cache "
               f"{llc['bytes'] >> 20 if llc else '?'} MiB{' (cache-assisted: bytes/token < 4x the cache, its % of the DRAM ceiling is not comparable)' if r['cache_assisted'] else ''}; "
               f"load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}", flush=True)
+        if args.ab_prefetch:
+            print(format_prefetch_ab(r["decode_prefetch_ab"], r["decode_prefetch"]), flush=True)
         if args.breakdown:
             print(format_breakdown(r["breakdown"]), flush=True)
             print(format_pool(r["pool"]), flush=True)
