@@ -125,6 +125,19 @@ class ByteTokenizer:
         return ids
 
 
+def _greedy_code(row: np.ndarray) -> int:
+    """The sampler's temperature-0 token of a logits row, or the engine's code for a row it rejects
+    (ktd._native.sampling.greedy_error)."""
+    from ktd import _native
+
+    try:
+        return int(_native.sampling.sample(np.ascontiguousarray(row, np.float32), np.zeros(0, np.int64),
+                                           0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0))
+    except ValueError as e:
+        codes = {_native.sampling.greedy_error(c): c for c in (-1, -2, -3)}
+        return codes[str(e)]
+
+
 def row_logits(history: Sequence[int], eos_bias: float) -> np.ndarray:
     """float32 [N_VOCAB] logits after ``history`` (the last entry is the token at this row)."""
     h = hashlib.blake2b(np.asarray(history, dtype=np.int32).tobytes(), digest_size=8).digest()
@@ -180,6 +193,7 @@ class FakeEngine:
         self.die_after_steps = die_after_steps
         self.kv: list[list[int]] = [[] for _ in range(self.n_kv_slots)]
         self.calls: collections.deque[ForwardCall] = collections.deque(maxlen=10000)
+        self.greedy_calls: collections.deque[bool] = collections.deque(maxlen=10000)  # each call's greedy flag
         self.n_forward = 0
         self.freed: list[int] = []
         self.copies: list[tuple[int, int, int]] = []
@@ -190,7 +204,11 @@ class FakeEngine:
                 "quant": "F32", "isa": "none", "threads": 1, "n_vocab": N_VOCAB,
                 "memory": {"hugepages": "off", "weights_bytes": 0}}
 
-    def forward(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
+    # As the real engine: forward(..., greedy=True) gives each marked row's greedy token (the
+    # sampler's temperature-0 choice on the same logits), so the scheduler's fast path runs here.
+    supports_greedy = True
+
+    def forward(self, tokens, positions, seq_ids, want_logits, greedy: bool = False) -> np.ndarray:
         for a, dt in ((tokens, np.int32), (positions, np.int32), (seq_ids, np.int32), (want_logits, np.bool_)):
             if a.dtype != dt or a.ndim != 1 or a.shape[0] != tokens.shape[0]:
                 raise ValueError("forward: bad array dtype or shape")
@@ -215,6 +233,9 @@ class FakeEngine:
             self.kv[s].append(t)
             if w:
                 out.append(row_logits(self.kv[s], self.eos_bias))
+        self.greedy_calls.append(greedy)
+        if greedy:
+            return np.array([_greedy_code(r) for r in out], np.int32)
         return np.stack(out) if out else np.zeros((0, N_VOCAB), np.float32)
 
     forward_cpu = -1  # never pinned

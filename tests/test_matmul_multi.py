@@ -89,3 +89,28 @@ def test_rejects_bad_job_lists():
         K.matmul_multi([("Q8_0", w256, 16, None), ("Q8_0", w512, 16, None)], 256, x)
     with pytest.raises(ValueError, match="bias"):
         K.matmul_multi([("Q8_0", w256, 16, np.zeros(3, np.float32))], 256, x)
+
+
+# --- the row hook (MatmulRowHook: the greedy argmax's epilogue on the output head) ----------------
+
+@pytest.mark.parametrize("t, rows", [("Q8_0", 5), ("Q4_K", 200), ("Q5_0", 1000), ("Q6_K", 3000)])
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_row_hook_sees_every_final_row_once(t, rows, n, threads):
+    """The hook is called for every row of Y exactly once (its calls tile [0, rows) without
+    overlap), with all n columns, from the workers of the pool, and what it sees is Y's final value,
+    the bias added; Y itself equals the plain matmul plus the bias bit for bit."""
+    rng = np.random.default_rng(rows * 7 + n * 3 + threads)
+    k = 256
+    w = _weights(t, rows, k, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    y, seen, calls = K.matmul_hook_calls(t, w, rows, k, x, bias=bias, threads=threads)
+    plain, _ = K.matmul_prepared(t, w, rows, k, x, threads=threads)
+    assert np.array_equal(y, plain + bias)
+    assert np.array_equal(seen, y)
+    covered = np.zeros(rows, np.int64)
+    for r0, r1, nn, tid in calls:
+        assert 0 <= r0 < r1 <= rows and nn == n and 0 <= tid < threads
+        covered[r0:r1] += 1
+    assert (covered == 1).all()

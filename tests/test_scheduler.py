@@ -508,3 +508,68 @@ def test_a_busy_scheduler_holds_new_sequences_back_for_a_pending_switch(make):
                                                                              stop_at_eos=False))
     assert "".join(later.chunks) == tok.decode(fake_engine.reference_greedy([fake_engine.BOS, 70, 71], 4,
                                                                              stop_at_eos=False))
+
+
+# --- the greedy fast path (Engine.forward(greedy=True)) --------------------------------------------
+
+@pytest.mark.parametrize("params, plain", [
+    (SamplingParams(temperature=0.0), True),
+    (SamplingParams(temperature=0.0, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0), True),
+    (SamplingParams(temperature=0.0, repeat_penalty=1.3, penalty_last_n=0), True),  # window off: no penalty
+    (SamplingParams(temperature=0.0, repeat_penalty=1.3), False),
+    (SamplingParams(temperature=0.0, presence_penalty=0.5), False),
+    (SamplingParams(temperature=0.0, frequency_penalty=0.5), False),
+    (SamplingParams(temperature=0.7), False),
+])
+def test_plain_greedy_is_temperature_0_without_penalties(params, plain):
+    from ktd.sampling import Generation
+
+    eng = fake_engine.FakeEngine()
+    g = Generation(params, prompt=[fake_engine.BOS], eos_ids=frozenset(), stop=(), max_tokens=4,
+                   decoder=eng.tokenizer.stream_decoder() if hasattr(eng.tokenizer, "stream_decoder") else None)
+    assert g.plain_greedy is plain
+    if plain:
+        g.top_logprobs = 2
+        assert not g.plain_greedy  # log-probabilities need the logits
+
+
+def test_greedy_code_is_the_samplers_error():
+    from ktd.sampling import Generation
+
+    g = Generation(GREEDY, prompt=[1], eos_ids=frozenset(), stop=(), max_tokens=4, decoder=None)
+    for code, msg in [(-1, "NaN"), (-2, r"\+inf"), (-3, "no logit is finite")]:
+        with pytest.raises(ValueError, match=msg):
+            g.accept_token(code)
+    assert g.output == []
+
+
+def _run_jobs(s, prompts, **kw):
+    sinks = []
+    for p in prompts:
+        c = Collector()
+        s.submit(Job(client=1, prompt=p, max_tokens=kw.get("max_tokens", 12), stop=(), ignore_eos=True, sink=c,
+                     sampling=kw.get("sampling", GREEDY), top_logprobs=kw.get("top_logprobs")))
+        sinks.append(c)
+    out = []
+    for c in sinks:
+        kind, payload = c.wait()
+        assert kind == "done"
+        out.append("".join(t if isinstance(t, str) else t[0] for t in c.chunks))
+    return out
+
+
+def test_plain_greedy_steps_take_the_engines_greedy_tokens_and_the_same_text(make):
+    """Greedy requests run on forward(greedy=True) and give the text that the logits path gives
+    (the same requests with log-probabilities, which need the logits); a step with any row that is
+    not plain greedy (penalties) runs on the logits."""
+    prompts = [[fake_engine.BOS, 72, 105], [fake_engine.BOS, 65, 66, 67], [fake_engine.BOS, 97]]
+    eng, s = make(prefill=8, n_seq_max=4)
+    fast = _run_jobs(s, prompts)
+    assert any(eng.greedy_calls) and all(eng.greedy_calls)
+    eng2, s2 = make(prefill=8, n_seq_max=4)
+    slow = _run_jobs(s2, prompts, top_logprobs=1)
+    assert not any(eng2.greedy_calls)
+    assert fast == slow
+    eng3, s3 = make(prefill=8, n_seq_max=4)
+    _run_jobs(s3, prompts, sampling=SamplingParams(temperature=0.0, repeat_penalty=1.2))
+    assert not any(eng3.greedy_calls)

@@ -362,12 +362,20 @@ class Engine:
         return {"n_expert": int(m.n_expert), "n_expert_used": int(m.n_expert_used),
                 "layers": layer_summaries(self._expert_snapshot, self.TOP_EXPERTS)}
 
+    # forward(..., greedy=True) is available (the scheduler's fast path for plain greedy rows).
+    supports_greedy = True
+
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
-                want_logits: np.ndarray) -> np.ndarray:
-        """float32 [n_marked, n_vocab]; ContextOverflow if a position reaches n_ctx."""
+                want_logits: np.ndarray, greedy: bool = False) -> np.ndarray:
+        """float32 [n_marked, n_vocab]; ContextOverflow if a position reaches n_ctx. ``greedy``:
+        int32 [n_marked] instead, each marked row's greedy token as the sampler chooses it at
+        temperature 0 without penalties or mask, taken natively while the output head writes the
+        logits (no logits are returned, so none is copied or read again); a negative value where
+        the sampler would reject the row's logits (``_native.sampling.greedy_error`` says why)."""
         try:
             logits = self.context.forward(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
-                                          np.asarray(seq_ids, np.int32), np.asarray(want_logits, np.bool_))
+                                          np.asarray(seq_ids, np.int32), np.asarray(want_logits, np.bool_),
+                                          greedy=greedy)
         except _native.ContextOverflow as e:
             raise ContextOverflow(str(e)) from None
         if self.model.n_expert and time.monotonic() - self._expert_snapshot_at >= self.EXPERT_SNAPSHOT_S:

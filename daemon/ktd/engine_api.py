@@ -100,10 +100,14 @@ class Engine(Protocol):
         ...
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
-                want_logits: np.ndarray) -> np.ndarray:
+                want_logits: np.ndarray, greedy: bool = False) -> np.ndarray:
         """One batch step. tokens/positions/seq_ids: int32 [n]; want_logits: bool [n].
         Returns float32 [n_marked, n_vocab]. May take long; releases the GIL. Raises
-        ``ktd.errors.ContextOverflow`` if a position reaches n_ctx."""
+        ``ktd.errors.ContextOverflow`` if a position reaches n_ctx. Only where the engine has
+        ``supports_greedy = True`` (the scheduler checks): ``greedy=True`` returns int32
+        [n_marked] instead, each marked row's temperature-0 token as the sampler would choose it
+        from those logits (no penalties, no mask), or a negative code where the sampler would
+        reject them (``ktd._native.sampling.greedy_error``)."""
         ...
 
     def free_seq(self, seq_id: int) -> None: ...

@@ -232,6 +232,25 @@ class Generation:
         out, self.logprobs = self.logprobs, []
         return out
 
+    @property
+    def plain_greedy(self) -> bool:
+        """The next token is the plain argmax of the logits: temperature 0, no penalty in effect,
+        no grammar, no log-probabilities. Then an engine may choose it itself while it computes the
+        logits (``Engine.forward(..., greedy=True)``) and the caller passes it to ``accept_token``:
+        the same token as ``accept`` on those logits (the seeded stream draws nothing at
+        temperature 0, so it is not skipped over either)."""
+        p = self.sampler.params
+        penalised = p.penalty_last_n != 0 and (p.repeat_penalty != 1.0 or p.presence_penalty != 0.0
+                                               or p.frequency_penalty != 0.0)
+        return p.temperature == 0.0 and not penalised and self.constraint is None and self.top_logprobs is None
+
+    def accept_token(self, token: int) -> tuple[int, str, str | None]:
+        """As ``accept``, for the token an engine chose greedily (``plain_greedy``); a negative
+        value is the engine's code for logits the sampler rejects: ValueError with its message."""
+        if token < 0:
+            raise ValueError(_native.sampling.greedy_error(int(token)) or f"bad greedy token code {token}")
+        return self._take(int(token))
+
     def accept(self, logits: np.ndarray, mask: np.ndarray | None = None) -> tuple[int, str, str | None]:
         if self.constraint is not None and mask is None:
             mask = self.constraint.mask()
@@ -240,6 +259,9 @@ class Generation:
         else:
             token, lp, top_ids, top = self.sampler.sample_logprobs(logits, self.history, self.top_logprobs, mask)
             self.logprobs.append((token, lp, top_ids, top))
+        return self._take(token)
+
+    def _take(self, token: int) -> tuple[int, str, str | None]:
         self.history.append(token)
         self.output.append(token)
         if token in self.eos_ids:

@@ -135,6 +135,8 @@ class Scheduler:
     def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int,
                  deliver: Deliver = deliver_here, overlap_masks: bool = True, prefix_cache_bytes: int = 0):
         self.engine = engine
+        # Engine.forward(..., greedy=True) (the fast path for plain greedy steps), where the engine has it.
+        self._engine_greedy = bool(getattr(engine, "supports_greedy", False))
         self.deliver = deliver
         self._outbox: list[Event] = []             # events of the current step (engine thread)
         self.prefill_tokens_per_step = prefill_tokens_per_step
@@ -416,14 +418,16 @@ class Scheduler:
                 marked.append(seq)
             fed.append((seq, n))
         masks = self._masks.start(marked)  # the grammars' masks, computed while the forward runs
+        # Every marked row plainly greedy: the engine picks the tokens as it writes the logits, and
+        # no logits come back (Engine.forward(greedy=True); Generation.plain_greedy).
+        greedy = self._engine_greedy and bool(marked) and all(seq.gen.plain_greedy for seq in marked)
         t0 = time.monotonic()
         try:
-            logits = self.engine.forward(np.asarray(tokens, dtype=np.int32),
-                                         np.asarray(positions, dtype=np.int32),
-                                         np.asarray(seq_ids, dtype=np.int32),
-                                         np.asarray(want, dtype=np.bool_))
+            args = (np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32),
+                    np.asarray(seq_ids, dtype=np.int32), np.asarray(want, dtype=np.bool_))
+            logits = self.engine.forward(*args, greedy=True) if greedy else self.engine.forward(*args)
             if logits.shape[0] != len(marked):
-                raise RuntimeError(f"engine returned {logits.shape[0]} logit rows for {len(marked)} marked")
+                raise RuntimeError(f"engine returned {logits.shape[0]} rows for {len(marked)} marked")
         except Exception as e:
             err = e if isinstance(e, ContextOverflow) else Internal(f"engine failure: {type(e).__name__}: {e}")
             log.exception("forward failed; failing the %d sequences of this step", len(fed))
@@ -453,7 +457,10 @@ class Scheduler:
             if seq.job.rid not in self._running:
                 continue
             try:
-                token, text, finish = seq.gen.accept(logits[row], rows.get(row))
+                if greedy:
+                    token, text, finish = seq.gen.accept_token(int(logits[row]))
+                else:
+                    token, text, finish = seq.gen.accept(logits[row], rows.get(row))
             except Exception as e:
                 log.exception("sampling failed for %s", seq.job.label)
                 self._finish(seq, error=Internal(f"sampling failure: {e}"))

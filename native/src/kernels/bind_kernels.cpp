@@ -4,9 +4,12 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <array>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "bindings.h"
 #include "common/error.h"
@@ -269,6 +272,45 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("isa") = py::none(),
        py::arg("threads") = 1, py::arg("allow_repack") = true,
        "prepare_weights + matmul (the forward's path) -> (Y[n, rows], whether the weights were repacked)");
+
+    k.def("matmul_hook_calls", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
+                                  std::optional<f32array> bias, std::optional<std::string> isa, int threads) {
+        // The MatmulRowHook contract (kernels.h): every row of Y once, all n columns, bias added,
+        // the values final when the hook sees them. The hook copies what it sees into seen and
+        // records each call (r0, r1, n, tid).
+        const TypeKernels &tk = lookup(type, isa);
+        const size_t row = checked_row_bytes(tk, w, rows, k_);
+        const int64_t n = check_x(x, k_);
+        if (bias && (bias->ndim() != 1 || bias->shape(0) != rows)) throw py::value_error("bias must be [rows]");
+        f32array y({n, rows}), seen({n, rows});
+        std::fill(seen.mutable_data(), seen.mutable_data() + n * rows, std::numeric_limits<float>::quiet_NaN());
+        struct Rec {
+            float *seen;
+            std::mutex mu;
+            std::vector<std::array<int64_t, 4>> calls;
+        } rec{seen.mutable_data(), {}, {}};
+        const MatmulRowHook hook{[](void *ctx, float *yv, int64_t rws, int64_t r0, int64_t r1, int64_t nn, int tid) {
+                                     auto &r = *static_cast<Rec *>(ctx);
+                                     for (int64_t c = 0; c < nn; ++c)
+                                         std::copy(yv + c * rws + r0, yv + c * rws + r1, r.seen + c * rws + r0);
+                                     std::lock_guard<std::mutex> lk(r.mu);
+                                     r.calls.push_back({r0, r1, nn, tid});
+                                 },
+                                 &rec};
+        ThreadPool *pool = pool_for(threads);
+        MatmulScratch scratch;
+        {
+            py::gil_scoped_release nogil;
+            PreparedWeights pw = prepare_weights(pool, tk, w.data(), row, rows, k_, true);
+            const MatmulJob job{&pw, y.mutable_data(), bias ? bias->data() : nullptr, &hook};
+            matmul_multi(pool, &job, 1, x.data(), n, scratch);
+        }
+        py::list calls;
+        for (const auto &c : rec.calls) calls.append(py::make_tuple(c[0], c[1], c[2], c[3]));
+        return py::make_tuple(y, seen, calls);
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("bias") = py::none(),
+       py::arg("isa") = py::none(), py::arg("threads") = 1,
+       "tests: matmul_multi with a row hook -> (Y[n, rows], what the hook saw [n, rows], its calls (r0, r1, n, tid))");
 
     k.def("matmul_prepared_in_arena", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
                                          const std::string &hugepages, std::optional<std::string> isa, int threads) {

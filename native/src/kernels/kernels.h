@@ -188,10 +188,21 @@ void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t
 // bytes, so there is one hand-over instead of one per matrix and no worker idles at the end of a
 // small matrix. Each output element is still computed by one worker with the same kernel call as in
 // matmul, so the results equal matmul's (then the bias add) bit for bit, for any thread count.
+//
+// A job's optional hook runs on the worker that computed rows [r0, r1) of Y_j (all n columns, row
+// c at y + c·rows, bias added), right after it, while those rows are still in its L1: an epilogue
+// that reads every output once (the greedy argmax of the logits) then costs no second pass over
+// them from DRAM. It may modify those rows. It is called once for every row of Y_j, in no
+// particular order, from any worker (tid), possibly at the same time on different workers.
+struct MatmulRowHook {
+    void (*fn)(void *ctx, float *y, int64_t rows, int64_t r0, int64_t r1, int64_t n, int tid) = nullptr;
+    void *ctx = nullptr;
+};
 struct MatmulJob {
     const PreparedWeights *pw = nullptr;
     float *y = nullptr;
     const float *bias = nullptr;  // [rows] or null
+    const MatmulRowHook *hook = nullptr;
 };
 void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
                   MatmulScratch &scratch);

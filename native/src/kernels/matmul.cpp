@@ -49,6 +49,7 @@ struct JobPlan {
     const PreparedWeights *pw;
     float *y;
     const float *bias;
+    const MatmulRowHook *hook;
     size_t span_bytes;    // weight bytes of kRowBlock rows (the unit of work)
     int64_t groups;       // units: ceil(rows / kRowBlock)
     size_t first_byte;    // offset of the matrix in the combined work list
@@ -62,7 +63,8 @@ struct ActFormat {
     size_t offset;      // of its n rows in a worker's (or the shared) activation buffer
 };
 
-// Rows [r0, r1) of one matrix (r0 a multiple of kRowBlock) on activations xq, then its bias.
+// Rows [r0, r1) of one matrix (r0 a multiple of kRowBlock) on activations xq, then its bias and
+// its hook.
 void run_tile(const JobPlan &j, int64_t r0, int64_t r1, const uint8_t *xq, size_t arow, int64_t n, int tid) {
     const int64_t rows = j.pw->rows;
     matmul_tile(*j.pw, r0, r1, xq, arow, j.y + r0, size_t(rows), int(n), tid);
@@ -71,6 +73,7 @@ void run_tile(const JobPlan &j, int64_t r0, int64_t r1, const uint8_t *xq, size_
             float *yc = j.y + c * rows;
             for (int64_t r = r0; r < r1; ++r) yc[r] += j.bias[r];
         }
+    if (j.hook) j.hook->fn(j.hook->ctx, j.y, rows, r0, r1, n, tid);
 }
 }  // namespace
 
@@ -102,7 +105,7 @@ void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const flo
         const size_t span = pw.repacked ? tk.repacked_group_bytes(k) * size_t(kRowBlock / tk.repack_rows)
                                         : pw.row_bytes * size_t(kRowBlock);
         const int64_t groups = (pw.rows + kRowBlock - 1) / kRowBlock;
-        plan[size_t(j)] = {&pw, jobs[j].y, jobs[j].bias, span, groups, total_bytes, f};
+        plan[size_t(j)] = {&pw, jobs[j].y, jobs[j].bias, jobs[j].hook, span, groups, total_bytes, f};
         total_bytes += span * size_t(groups);
     }
     const int nth = pool ? pool->size() : 1;

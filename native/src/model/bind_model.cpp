@@ -392,7 +392,8 @@ static void bind_context_class(py::module_ &m) {
                                "KV cache bytes one token takes over all layers (MLA: latent + rope key)")
         .def(
             "forward",
-            [](PyContext &c, py::handle tokens, py::handle positions, py::handle seq_ids, py::handle want) {
+            [](PyContext &c, py::handle tokens, py::handle positions, py::handle seq_ids, py::handle want,
+               bool greedy) -> py::object {
                 auto t = vec1d<int32_t>(tokens, "tokens");
                 auto p = vec1d<int32_t>(positions, "positions");
                 auto s = vec1d<int32_t>(seq_ids, "seq_ids");
@@ -403,13 +404,23 @@ static void bind_context_class(py::module_ &m) {
                 int64_t n_marked = 0;
                 for (int64_t i = 0; i < n; ++i) n_marked += w.data()[i] ? 1 : 0;
                 const int64_t n_vocab = c.model->hparams().n_vocab;
-                py::array_t<float> out({n_marked, n_vocab});
                 Batch b;
                 b.tokens = t.data();
                 b.positions = p.data();
                 b.seq_ids = s.data();
                 b.want_logits = reinterpret_cast<const uint8_t *>(w.data());
                 b.n = n;
+                if (greedy) {
+                    py::array_t<int32_t> ids(n_marked);
+                    int32_t *dst = ids.mutable_data();
+                    {
+                        py::gil_scoped_release release;
+                        std::lock_guard<std::mutex> lock(c.mu);
+                        c.ctx->forward(b, nullptr, dst);
+                    }
+                    return ids;
+                }
+                py::array_t<float> out({n_marked, n_vocab});
                 float *dst = out.mutable_data();
                 {
                     py::gil_scoped_release release;
@@ -419,7 +430,11 @@ static void bind_context_class(py::module_ &m) {
                 return out;
             },
             py::arg("tokens"), py::arg("positions"), py::arg("seq_ids"), py::arg("want_logits"),
-            "One batch step; returns float32 [n_marked, n_vocab] (GIL released)")
+            py::arg("greedy") = false,
+            "One batch step; returns float32 [n_marked, n_vocab] (GIL released). greedy=True: int32 "
+            "[n_marked] instead, each marked row's greedy token (the sampler's temperature-0 choice, "
+            "taken as the output head writes the logits) or, where the sampler would reject the "
+            "logits, a negative code (ktd._native.sampling.greedy_error)")
         .def(
             "score",
             [](PyContext &c, py::handle tokens, py::handle positions, py::handle seq_ids, py::handle targets) {

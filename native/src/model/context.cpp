@@ -174,19 +174,41 @@ void Context::check_batch(const Batch &b) {
     }
 }
 
-void Context::forward(const Batch &b, float *logits) {
+void Context::forward(const Batch &b, float *logits, int32_t *greedy) {
     OpTimer timer(profiling_ ? &profile_ : nullptr, ForwardOp::Forward);
     check_batch(b);
     const HParams &hp = model_.hparams();
     int64_t out_row = 0;
     for (int64_t r0 = 0; r0 < b.n; r0 += n_batch_) {
         const int64_t n = std::min(n_batch_, b.n - r0);
-        forward_chunk(b, r0, n, logits ? logits + out_row * hp.n_vocab : nullptr);
+        forward_chunk(b, r0, n, logits ? logits + out_row * hp.n_vocab : nullptr, greedy ? greedy + out_row : nullptr);
         for (int64_t i = r0; i < r0 + n; ++i) out_row += b.want_logits[i] ? 1 : 0;
     }
 }
 
-void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits) {
+namespace {
+
+// The output head's row hook for a greedy forward: the final softcap (when the model has one) on
+// the fresh logits, then each worker's argmax view of each row (sampling/greedy.h).
+struct GreedyHook {
+    sampling::GreedyBest *best;  // [n_threads][n_out]
+    int64_t n_out;
+    float softcap;
+
+    static void fn(void *ctx, float *y, int64_t rows, int64_t r0, int64_t r1, int64_t n, int tid) {
+        const GreedyHook &h = *static_cast<const GreedyHook *>(ctx);
+        for (int64_t c = 0; c < n; ++c) {
+            float *yc = y + c * rows + r0;
+            if (h.softcap > 0.0f)
+                for (int64_t j = 0; j < r1 - r0; ++j) yc[j] = h.softcap * std::tanh(yc[j] / h.softcap);
+            h.best[size_t(tid) * size_t(h.n_out) + size_t(c)].add(yc, r0, r1 - r0);
+        }
+    }
+};
+
+}  // namespace
+
+void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits, int32_t *greedy) {
     const HParams &hp = model_.hparams();
     const ModelWeights &w = model_.weights();
     ThreadPool &pool = model_.pool();
@@ -225,9 +247,29 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
         rms_norm(s_.x.data() + i * E, w.output_norm.data(), s_.xn.data() + n_out * E, E, hp.norm_eps);
         ++n_out;
     }
-    if (n_out > 0) matmul(&pool, w.output.pw, s_.xn.data(), n_out, logits, s_.mm);
-    if (const float c = hp.final_logit_softcap; c > 0.0f && n_out > 0)
-        for (int64_t j = 0; j < n_out * hp.n_vocab; ++j) logits[j] = c * std::tanh(logits[j] / c);
+    if (n_out == 0) return;
+    if (!greedy) {
+        matmul(&pool, w.output.pw, s_.xn.data(), n_out, logits, s_.mm);
+        if (const float c = hp.final_logit_softcap; c > 0.0f)
+            for (int64_t j = 0; j < n_out * hp.n_vocab; ++j) logits[j] = c * std::tanh(logits[j] / c);
+        return;
+    }
+    if (!logits) {
+        if (s_.greedy_logits.size() < size_t(n_out * hp.n_vocab)) s_.greedy_logits.resize(size_t(n_out * hp.n_vocab));
+        logits = s_.greedy_logits.data();
+    }
+    const size_t n_views = size_t(pool.size()) * size_t(n_out);
+    if (s_.greedy_best.size() < n_views) s_.greedy_best.resize(n_views);
+    std::fill(s_.greedy_best.begin(), s_.greedy_best.begin() + ptrdiff_t(n_views), sampling::GreedyBest{});
+    GreedyHook h{s_.greedy_best.data(), n_out, hp.final_logit_softcap};
+    const MatmulRowHook hook{&GreedyHook::fn, &h};
+    const MatmulJob job{&w.output.pw, logits, nullptr, &hook};
+    matmul_multi(&pool, &job, 1, s_.xn.data(), n_out, s_.mm);
+    for (int64_t c = 0; c < n_out; ++c) {
+        sampling::GreedyBest best = s_.greedy_best[size_t(c)];
+        for (int t = 1; t < pool.size(); ++t) best.merge(s_.greedy_best[size_t(t) * size_t(n_out) + size_t(c)]);
+        greedy[c] = best.result();
+    }
 }
 
 void Context::linear(const Matrix &m, const float *x, int64_t n, float *y, const std::vector<float> *bias) {

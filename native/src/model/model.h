@@ -29,6 +29,7 @@
 #include "model/moe.h"
 #include "model/profile.h"
 #include "model/weights_cache.h"
+#include "sampling/greedy.h"
 
 namespace ktd {
 
@@ -296,6 +297,10 @@ struct ForwardScratch {
     std::vector<MatmulScratch> mm_thread;
     // Partial results of split key ranges (Context::attention): [n_part][AttnPlan::part_stride].
     std::vector<float> attn_part;
+    // A greedy forward's logits [n_marked of a chunk][n_vocab] and its per-worker argmax views
+    // [n_threads][n_marked] (Context::forward with greedy ids).
+    std::vector<float> greedy_logits;
+    std::vector<sampling::GreedyBest> greedy_best;
 };
 
 // Elements before the first cached row of (sequence seq, KV head h) in a layer's KV cache of
@@ -315,7 +320,11 @@ public:
     // sequence's current length (starting before it discards the tail). Writes logits of marked
     // rows, in row order, to `logits` [n_marked][n_vocab]. ContextOverflowError if a position is
     // >= n_ctx; std::invalid_argument for any other bad row (nothing is computed then).
-    void forward(const Batch &batch, float *logits);
+    // With `greedy` (then `logits` may be null): also the greedy token of every marked row, in row
+    // order, into greedy [n_marked] — the sampler's temperature-0 choice, or a sampling::kGreedy*
+    // code where the sampler would reject the logits (sampling/greedy.h) — taken by the output head
+    // as it writes each piece of the logits, so no second pass reads them back from memory.
+    void forward(const Batch &batch, float *logits, int32_t *greedy = nullptr);
     // Perplexity (score.cpp): runs `batch` like forward (its want_logits is ignored) and, for every
     // row i with targets[i] >= 0, writes -log softmax(logits of row i)[targets[i]] to nll[k], k the
     // rank of row i among those rows. The logits stay here: rows are run in pieces of at most
@@ -372,7 +381,7 @@ public:
     void attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n);
 
 private:
-    void forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits);
+    void forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits, int32_t *greedy);
     void check_batch(const Batch &b);  // every row of a batch valid (forward's checks)
     void check_seq(int seq_id, const char *what) const;
 

@@ -4,12 +4,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "bindings.h"
 #include "kernels/sampling.h"
+#include "sampling/greedy.h"
 #include "sampling/sampler.h"
 
 namespace py = pybind11;
@@ -73,6 +75,42 @@ std::optional<Words> words_of(const py::object &mask) {
 
 void bind_sampling(py::module_ &m) {
     auto s = m.def_submodule("sampling", "token sampling (penalties, temperature, top-k, top-p, min-p, draw)");
+    s.def("greedy_error", [](int32_t code) -> py::object {
+        const char *msg = sampling::greedy_error(code);
+        return msg ? py::object(py::str(msg)) : py::object(py::none());
+    }, py::arg("code"), "the sampler's message for a negative greedy code of Context.forward(greedy=True); None for a token id");
+    s.def("greedy_pieces", [](Floats logits, const std::vector<int64_t> &cuts, const std::vector<int> &order,
+                              const std::vector<int> &worker) {
+        // The greedy reduction as the output head runs it: the row cut at `cuts` into pieces, added
+        // in `order`, piece order[i] by worker worker[i] (each worker its own view), then merged.
+        if (logits.ndim() != 1) throw py::value_error("logits must be 1-D");
+        const int64_t n = logits.shape(0);
+        std::vector<int64_t> b{0};
+        for (int64_t c : cuts) {
+            if (c <= b.back() || c >= n) throw py::value_error("cuts must ascend strictly inside the row");
+            b.push_back(c);
+        }
+        b.push_back(n);
+        const size_t n_piece = b.size() - 1;
+        if (order.size() != n_piece || worker.size() != n_piece) throw py::value_error("one order and worker entry per piece");
+        int n_workers = 1;
+        for (int w : worker) {
+            if (w < 0) throw py::value_error("worker ids must be >= 0");
+            n_workers = std::max(n_workers, w + 1);
+        }
+        std::vector<sampling::GreedyBest> views(static_cast<size_t>(n_workers));
+        std::vector<bool> seen(n_piece, false);
+        for (size_t i = 0; i < n_piece; ++i) {
+            const int pc = order[i];
+            if (pc < 0 || size_t(pc) >= n_piece || seen[size_t(pc)]) throw py::value_error("order must be a permutation of the pieces");
+            seen[size_t(pc)] = true;
+            views[size_t(worker[i])].add(logits.data() + b[size_t(pc)], b[size_t(pc)], b[size_t(pc) + 1] - b[size_t(pc)]);
+        }
+        sampling::GreedyBest best = views[0];
+        for (size_t w = 1; w < views.size(); ++w) best.merge(views[w]);
+        return best.result();
+    }, py::arg("logits"), py::arg("cuts"), py::arg("order"), py::arg("worker"),
+       "tests: the greedy code of a row added piece by piece (see Context.forward(greedy=True))");
     s.def("kernel_isas", [] {
         std::vector<std::string> out;
         for (Isa i : kAllIsas)
