@@ -73,23 +73,33 @@ MNT=/ktd-$(basename "$REPO" | tr -c 'A-Za-z0-9_.\n-' _)
 mounts=()
 cleanup() { for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -R "${mounts[i]}" || true; done; }
 trap cleanup EXIT
+# A run killed before its cleanup leaves its mounts behind, and once their source is gone (a
+# checkout deleted and cloned again at the same path) the mount point cannot be mounted over
+# (mount: ENOENT). So this checkout's own mount points are detached first (not proc, sys and dev,
+# which runs from other checkouts may be using), and a mount that fails stops the run.
+detach_stale() { while mountpoint -q "$1"; do umount -R -l "$1" || return 1; done; }
+must() { "$@" || { echo "test-arm64: $* failed" >&2; exit 1; }; }
 for m in proc sys dev "$MNT"; do mkdir -p "$ROOT/$m"; done
-mount -t proc proc "$ROOT/proc" && mounts+=("$ROOT/proc")
-mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys" && mounts+=("$ROOT/sys")
-mount --bind /dev "$ROOT/dev" && mounts+=("$ROOT/dev")
-mount --bind "$REPO" "$ROOT$MNT" && mounts+=("$ROOT$MNT")
+must mount -t proc proc "$ROOT/proc" && mounts+=("$ROOT/proc")
+must mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys" && mounts+=("$ROOT/sys")
+must mount --bind /dev "$ROOT/dev" && mounts+=("$ROOT/dev")
+must detach_stale "$ROOT$MNT"
+mkdir -p "$ROOT$MNT"
+must mount --bind "$REPO" "$ROOT$MNT" && mounts+=("$ROOT$MNT")
 # The package (it may live outside the worktree: KTD_ARM64_BUILD).
 PKG_MNT=$MNT-py
+must detach_stale "$ROOT$PKG_MNT"
 mkdir -p "$ROOT$PKG_MNT"
-mount --bind "$PKG" "$ROOT$PKG_MNT" && mounts+=("$ROOT$PKG_MNT")
+must mount --bind "$PKG" "$ROOT$PKG_MNT" && mounts+=("$ROOT$PKG_MNT")
 # The host's model cache, read-only, as KTD_CACHE's models/ in the root (one mount point per
 # checkout, as above).
 MODELS=${KTD_CACHE:-$HOME/.cache/ktd}/models
 CACHE_MNT=$MNT-cache
 if [ -d "$MODELS" ]; then
+    must detach_stale "$ROOT$CACHE_MNT/models"
     mkdir -p "$ROOT$CACHE_MNT/models"
-    mount --bind "$MODELS" "$ROOT$CACHE_MNT/models" && mounts+=("$ROOT$CACHE_MNT/models")
-    mount -o remount,bind,ro "$ROOT$CACHE_MNT/models"
+    must mount --bind "$MODELS" "$ROOT$CACHE_MNT/models" && mounts+=("$ROOT$CACHE_MNT/models")
+    must mount -o remount,bind,ro "$ROOT$CACHE_MNT/models"
     echo "real models: $MODELS (read-only in the root: $(ls "$MODELS"/*.gguf 2>/dev/null | wc -l) files)"
 else
     echo "real models: $MODELS absent (the real-model tests skip; the x86 make test fetches them)"
