@@ -524,9 +524,7 @@ def test_a_busy_scheduler_holds_new_sequences_back_for_a_pending_switch(make):
 def test_plain_greedy_is_temperature_0_without_penalties(params, plain):
     from ktd.sampling import Generation
 
-    eng = fake_engine.FakeEngine()
-    g = Generation(params, prompt=[fake_engine.BOS], eos_ids=frozenset(), stop=(), max_tokens=4,
-                   decoder=eng.tokenizer.stream_decoder() if hasattr(eng.tokenizer, "stream_decoder") else None)
+    g = Generation(params, prompt=[fake_engine.BOS], eos_ids=frozenset(), stop=(), max_tokens=4, decoder=None)
     assert g.plain_greedy is plain
     if plain:
         g.top_logprobs = 2

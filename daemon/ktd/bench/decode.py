@@ -295,14 +295,12 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         if ab_prefetch:
             _native.kernels.set_decode_prefetch(-1)  # the CPU's default again
     ab = prefetch_ab(steps, bws, settings, bpt) if ab_prefetch else None
-    if ab is not None:
-        # The row's own figures: the steps of the CPU's default setting.
-        default = "on" if _native.kernels.decode_prefetch_default() else "off"
-        keep = [i for i, v in enumerate(settings) if v == (default == "on")]
-        steps, bws = [steps[i] for i in keep], [bws[i] for i in keep]
+    # With the A/B, the row's own figures are those of the CPU's default setting's steps.
+    summary = (ab["on" if _native.kernels.decode_prefetch_default() else "off"] if ab is not None
+               else summarize(steps, bws, bpt))
     result = {"model": os.path.basename(path), "threads": threads, "context": context, "bytes_per_token": bpt,
               "weights_map": eng.model.memory["weights_map"],
-              **summarize(steps, bws, bpt), **machine_info(bpt),
+              **summary, **machine_info(bpt),
               "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
     if ab is not None:
         result["decode_prefetch_ab"] = ab

@@ -188,6 +188,11 @@ void Context::forward(const Batch &b, float *logits, int32_t *greedy) {
 
 namespace {
 
+// The final logit softcap (gemma3): y = c·tanh(y / c) on n logits, c > 0.
+void softcap_logits(float *y, int64_t n, float c) {
+    for (int64_t j = 0; j < n; ++j) y[j] = c * std::tanh(y[j] / c);
+}
+
 // The output head's row hook for a greedy forward: the final softcap (when the model has one) on
 // the fresh logits, then each worker's argmax view of each row (sampling/greedy.h).
 struct GreedyHook {
@@ -199,8 +204,7 @@ struct GreedyHook {
         const GreedyHook &h = *static_cast<const GreedyHook *>(ctx);
         for (int64_t c = 0; c < n; ++c) {
             float *yc = y + c * rows + r0;
-            if (h.softcap > 0.0f)
-                for (int64_t j = 0; j < r1 - r0; ++j) yc[j] = h.softcap * std::tanh(yc[j] / h.softcap);
+            if (h.softcap > 0.0f) softcap_logits(yc, r1 - r0, h.softcap);
             h.best[size_t(tid) * size_t(h.n_out) + size_t(c)].add(yc, r0, r1 - r0);
         }
     }
@@ -250,8 +254,7 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
     if (n_out == 0) return;
     if (!greedy) {
         matmul(&pool, w.output.pw, s_.xn.data(), n_out, logits, s_.mm);
-        if (const float c = hp.final_logit_softcap; c > 0.0f)
-            for (int64_t j = 0; j < n_out * hp.n_vocab; ++j) logits[j] = c * std::tanh(logits[j] / c);
+        if (hp.final_logit_softcap > 0.0f) softcap_logits(logits, n_out * hp.n_vocab, hp.final_logit_softcap);
         return;
     }
     if (!logits) {

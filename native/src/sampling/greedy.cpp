@@ -63,7 +63,7 @@ bool piece_max(const float *x, int64_t n, float &m) {
 void GreedyBest::add(const float *x, int64_t id0, int64_t n) {
     if (n <= 0) return;
     // The piece's maximum over its non-NaN values, then, only when it can win, its first id: two
-    // passes over a piece that is in L1.
+    // passes over a piece that is still in cache.
     float m;
     nan |= piece_max(x, n, m);
     if (m < max || (m == max && id0 >= id)) return;
