@@ -79,7 +79,7 @@ trap cleanup EXIT
 # which runs from other checkouts may be using), and a mount that fails stops the run.
 detach_stale() { while mountpoint -q "$1"; do umount -R -l "$1" || return 1; done; }
 must() { "$@" || { echo "test-arm64: $* failed" >&2; exit 1; }; }
-for m in proc sys dev "$MNT"; do mkdir -p "$ROOT/$m"; done
+for m in proc sys dev; do mkdir -p "$ROOT/$m"; done
 must mount -t proc proc "$ROOT/proc" && mounts+=("$ROOT/proc")
 must mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys" && mounts+=("$ROOT/sys")
 must mount --bind /dev "$ROOT/dev" && mounts+=("$ROOT/dev")

@@ -192,8 +192,9 @@ void matmul(ThreadPool *pool, const PreparedWeights &pw, const float *x, int64_t
 // A job's optional hook runs on the worker that computed rows [r0, r1) of Y_j (all n columns, row
 // c at y + c·rows, bias added), right after it, while those rows are still in its caches (a decode
 // claim's rows: L1 or L2): an epilogue that reads every output once (the greedy argmax of the
-// logits) then costs no second pass over them from DRAM. It may modify those rows. It is called once for every row of Y_j, in no
-// particular order, from any worker (tid), possibly at the same time on different workers.
+// logits) then costs no second pass over them from DRAM. It may modify those rows. It is called
+// once for every row of Y_j, in no particular order, from any worker (tid), possibly at the same
+// time on different workers.
 struct MatmulRowHook {
     void (*fn)(void *ctx, float *y, int64_t rows, int64_t r0, int64_t r1, int64_t n, int tid) = nullptr;
     void *ctx = nullptr;

@@ -2,7 +2,8 @@
 // from the cache (vcvtph2ps as they are loaded) and a row's query heads (the GQA group, or MLA's
 // heads over the one latent) go two at a time, so that each key or value vector loaded feeds two
 // queries from registers, next to four keys' (or four value vectors') accumulators per query: the
-// cache rows are read once per two heads instead of once per head. Per query the arithmetic is the same whatever the heads it goes with:
+// cache rows are read once per two heads instead of once per head. Per query the arithmetic is
+// the same whatever the heads it goes with:
 //   scores: 8 keys at a time, 8 lane-parallel dot products (ascending d) reduced with one hadd tree
 //   softmax: vectorised exp (Cephes polynomial, ~2 ulp), lanes outside the query's range are 0
 //   P·V:    the queries' accumulators, 8·NV floats each, stay in registers over the keys
