@@ -182,6 +182,27 @@ def test_connection_limit():
             b.close()
 
 
+def test_connection_limit_refusal_read_after_the_daemon_closed():
+    # The request is sent only after the daemon has answered the refused connection and closed
+    # it: the send fails (EPIPE), and the client still raises the daemon's error, not the pipe's.
+    with DaemonProcess(server={"max_connections": 2}) as d:
+        a, b = d.client(), d.client()
+        try:
+            a.health(), b.health()
+            with d.client() as c:
+                c._sock.settimeout(10)
+                received = b""
+                while chunk := c._sock.recv(65536):  # the notification, then the daemon's close
+                    received += chunk
+                assert received
+                c._unpacker.feed(received)  # as the client would have read it
+                with pytest.raises(Busy, match="too many connections"):
+                    c.health()
+        finally:
+            a.close()
+            b.close()
+
+
 def test_unauthorized_peer_is_refused_and_logged():
     if os.getuid() != 0:
         pytest.skip("needs root to run a client as uid 65534")

@@ -99,7 +99,13 @@ class Client:
 
     def send_request(self, method: str, params: list[Any]) -> int:
         msgid = next(self._ids)
-        self._sock.sendall(protocol.pack([protocol.REQUEST, msgid, method, params]))
+        try:
+            self._sock.sendall(protocol.pack([protocol.REQUEST, msgid, method, params]))
+        except (BrokenPipeError, ConnectionResetError):
+            # The daemon closed first: a refused connection (too many, not allowed) gets its error
+            # notification and is closed without waiting for a request. Raise what it said.
+            while True:
+                self._pump()  # the notification raises its error; the end raises ConnectionLost
         return msgid
 
     def _pump(self) -> None:
