@@ -148,7 +148,7 @@ def test_inspect_plans_the_arena_the_load_fills(real_model):
 def test_a_q6_k_output_head_stays_plain_where_it_streams_faster(real_model):
     """The 1.5B's output head is Q6_K. Where the active kernels' plain Q6_K rows stream faster at one
     activation row than their repacked layout (kernels.gemv_plain; no kernel sets it since the Q6_K
-    x8 layout version 4, which streams as fast as the plain rows), the load copies the head
+    x8 layouts of version 4 and on, which stream as fast as the plain rows), the load copies the head
     as it is and repacks every other matrix (Q6_K ffn_down and attn_v too: prefill's GEMM gains from
     the layout); checked against the file's tensor table read by the Python reader, and ktd
     inspect's plan against the load. The logits stay within the repacked-vs-plain tolerance of

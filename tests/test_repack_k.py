@@ -52,12 +52,10 @@ def decode_q6_Kx8(blk: np.ndarray) -> np.ndarray:
     d = f16(blk[0:16])
     ch = blk[16:].reshape(8, 208)  # [s, chunk bytes]
     sc = ch[:, 0:16].view(np.int8).astype(np.int64).reshape(8, R, 2).transpose(1, 0, 2).reshape(R, 16)
-    qh = ch[:, 16:80].reshape(8, 2, R, 4).astype(np.int64)  # [s, h, r, t]: sub-block 2s + h
-    ql = ch[:, 80:208].reshape(8, 4, R, 4).astype(np.int64)  # [s, i, r, t]
-    lo = np.concatenate([ql & 15, ql >> 4], axis=1).transpose(2, 0, 1, 3).reshape(R, QK_K)
-    hi = np.stack([(qh >> (2 * f)) & 3 for f in range(4)], axis=3)  # [s, h, r, f, t]
-    hi = hi.transpose(2, 0, 1, 3, 4).reshape(R, QK_K)
-    q = (lo | (hi << 4)) - 32
+    b = ch[:, 16:208].reshape(8, 2, 3, R, 4).astype(np.int64)  # [s, h, j, r, t]
+    top = sum(((b[:, :, j] >> 6) & 3) << (2 * j) for j in range(3))  # register 3: [s, h, r, t]
+    q = np.concatenate([b & 63, top[:, :, None]], axis=2)  # [s, h, register, r, t]: element 4·reg + t
+    q = q.transpose(3, 0, 1, 2, 4).reshape(R, QK_K) - 32
     return d[:, None] * np.repeat(sc, 16, axis=1) * q
 
 

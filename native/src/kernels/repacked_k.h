@@ -1,5 +1,5 @@
 // Row-interleaved ("repacked") layouts of the K-quants, 8 rows per group (Q4_K layout version 1,
-// Q6_K version 4).
+// Q6_K version 5).
 //
 // A group block holds super-block b (256 elements) of 8 consecutive rows, arranged so that
 // 32-bit lane r of a 256-bit register belongs to row r: a register holds 4 consecutive elements
@@ -28,8 +28,8 @@ namespace ktd {
 constexpr int kRepackRowsK = 8;
 constexpr uint32_t kRepackLayoutQ4_K = 1;
 // Version numbers are not reused across a type's layouts (Q6_K: 1 the first x8 layout, 3 the arm
-// x4 layout, 4 the x8 layout below).
-constexpr uint32_t kRepackLayoutQ6_K = 4;
+// x4 layout, 4 the x8 layout with separate ql and qh, 5 the x8 layout below).
+constexpr uint32_t kRepackLayoutQ6_K = 5;
 
 // Q4_K, 8 rows. Sub-block j (32 elements) of row r has the 6-bit scale sc and min m of the
 // original block; their "index" is i = 8j + r (0..63).
@@ -48,20 +48,22 @@ struct block_q4_Kx8 {
 };
 static_assert(sizeof(block_q4_Kx8) == kRepackRowsK * sizeof(block_q4_K));
 
-// Q6_K, 8 rows (layout version 4). q = the unsigned 6-bit value (0..63) of an element,
+// Q6_K, 8 rows (layout version 5). q = the unsigned 6-bit value (0..63) of an element,
 // w = d[r]·sc·(q − 32). After d, the block is 8 chunks of 208 bytes, chunk s holding everything
 // the kernels read for elements 32s..32s+31 in the order they read it, so that a group streams
 // as one ascending run of addresses (version 1 kept scales, ql and qh as three separate arrays,
 // which the tile read in three interleaved runs; the hardware prefetchers did not follow them and
 // the n = 1 GEMV streamed slower than the plain rows):
 //   scales[2r + h] = the int8 scale of sub-block 2s + h (16 elements) of row r
-//   qh[32h + 4r + t] bits 2f..2f+1 = the high 2 bits of q of row r's element 32s + 16h + 4f + t
-//       (register h of the chunk's qh holds sub-block 2s + h)
-//   ql: the chunk nibble layout above, of the low 4 bits of q
+//   q[96h + 32j + 4r + t] (h < 2, j < 3, t < 4): bits 0-5 = q of row r's element 32s + 16h + 4j + t,
+//       bits 6-7 = bits 2j..2j+1 of q of its element 32s + 16h + 12 + t
+// So half h of the chunk (sub-block 2s + h) is three registers: masked with 0x3F they are element
+// registers 0-2 of the sub-block, and their top two bits assemble register 3. Version 4 stored the
+// low nibbles and the high 2 bits apart (the Q4_K nibble layout plus a 2-bit plane), which took
+// 15-19 vector operations per sub-block to put the 6-bit values together; this takes 11.
 struct block_q6_Kx8_chunk {
     int8_t scales[2 * kRepackRowsK];
-    uint8_t qh[kRepackRowsK * 32 / 4];
-    uint8_t ql[kRepackRowsK * 32 / 2];
+    uint8_t q[kRepackRowsK * 32 * 6 / 8];
 };
 struct block_q6_Kx8 {
     uint16_t d[kRepackRowsK];

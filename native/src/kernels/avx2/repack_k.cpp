@@ -20,6 +20,7 @@ namespace ktd::avx2 {
 namespace {
 
 inline __m128i load128(const uint8_t *p) { return _mm_loadu_si128(reinterpret_cast<const __m128i *>(p)); }
+inline __m256i load256(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
 
 // 32 source bytes (lo = bytes 0-15, hi = 16-31) → the "even" words (low nibbles of lo, high of
 // hi's low nibbles) and the "odd" ones, as the reference's word-wise loop.
@@ -106,37 +107,35 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
                 // Chunk p's scales[2r + h] = scale of sub-block 2p + h: 16-bit units.
                 for (int p = 0; p < 8; ++p) std::memcpy(dst.c[p].scales + 2 * r, src[r]->scales + 2 * p, 2);
             }
-            // ql: the 32 bytes at 64t + 32p give chunk 4t + p (low nibbles) and 4t + p + 2 (high).
-            for (int t = 0; t < 2; ++t)
-                for (int p = 0; p < 2; ++p) {
-                    __m128i lo[kRepackRowsK], hi[kRepackRowsK];
-                    for (int r = 0; r < kRepackRowsK; ++r) split_nibbles(src[r]->ql + 64 * t + 32 * p, lo[r], hi[r]);
-                    __m256i v[4];
-                    transpose_8x4(lo, v);
-                    for (int i = 0; i < 4; ++i) store256(dst.c[4 * t + p].ql + 32 * i, v[i]);
-                    transpose_8x4(hi, v);
-                    for (int i = 0; i < 4; ++i) store256(dst.c[4 * t + p + 2].ql + 32 * i, v[i]);
+            // Each row's 256 six-bit values as bytes, in element order (positions as in the
+            // reference's q6_K_value: element 128n + 32f + l has its low 4 bits in nibble f / 2 of
+            // ql[64n + 32(f % 2) + l] and its high 2 bits at bit 2f of qh[32n + l]).
+            alignas(32) uint8_t qv[kRepackRowsK][QK_K];
+            const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+            for (int r = 0; r < kRepackRowsK; ++r)
+                for (int n = 0; n < 2; ++n) {
+                    const __m256i ql0 = load256(src[r]->ql + 64 * n), ql1 = load256(src[r]->ql + 64 * n + 32);
+                    const __m256i qh = load256(src[r]->qh + 32 * n);
+                    uint8_t *e = qv[r] + 128 * n;
+                    store256(e, _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+                    store256(e + 32, _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+                    store256(e + 64, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)));
+                    store256(e + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                                     _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
                 }
-            // qh: per (u, v) the four words of 16 source bytes, a 4×4 transpose of 2-bit fields per
-            // byte (the reference's two masked swaps), done on all 8 rows at once.
-            for (int u = 0; u < 2; ++u)
-                for (int v = 0; v < 2; ++v) {
-                    __m128i q[kRepackRowsK];
-                    for (int r = 0; r < kRepackRowsK; ++r) q[r] = load128(src[r]->qh + 32 * u + 16 * v);
-                    __m256i a[4];
-                    transpose_8x4(q, a);
-                    const __m256i m33 = _mm256_set1_epi32(0x33333333), m0f = _mm256_set1_epi32(0x0F0F0F0F);
-                    for (int f = 0; f < 4; f += 2) {
-                        const __m256i x = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(a[f], 2), a[f + 1]), m33);
-                        a[f + 1] = _mm256_xor_si256(a[f + 1], x);
-                        a[f] = _mm256_xor_si256(a[f], _mm256_slli_epi32(x, 2));
-                    }
-                    for (int f = 0; f < 2; ++f) {
-                        const __m256i x = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(a[f], 4), a[f + 2]), m0f);
-                        a[f + 2] = _mm256_xor_si256(a[f + 2], x);
-                        a[f] = _mm256_xor_si256(a[f], _mm256_slli_epi32(x, 4));
-                    }
-                    for (int sh = 0; sh < 4; ++sh) store256(dst.c[4 * u + sh].qh + 32 * v, a[sh]);
+            // Half h of chunk s: the 16 bytes at 32s + 16h of each row, transposed into element
+            // registers 0-3 (lane r = row r); register 3's bits 2j..2j+1 go to bits 6-7 of register j.
+            const __m256i mc0 = _mm256_set1_epi8(char(0xC0));
+            for (int s = 0; s < 8; ++s)
+                for (int h = 0; h < 2; ++h) {
+                    __m128i rw[kRepackRowsK];
+                    for (int r = 0; r < kRepackRowsK; ++r) rw[r] = load128(qv[r] + 32 * s + 16 * h);
+                    __m256i t[4];
+                    transpose_8x4(rw, t);
+                    uint8_t *q = dst.c[s].q + 96 * h;
+                    store256(q, _mm256_or_si256(t[0], _mm256_and_si256(_mm256_slli_epi16(t[3], 6), mc0)));
+                    store256(q + 32, _mm256_or_si256(t[1], _mm256_and_si256(_mm256_slli_epi16(t[3], 4), mc0)));
+                    store256(q + 64, _mm256_or_si256(t[2], _mm256_and_si256(_mm256_slli_epi16(t[3], 2), mc0)));
                 }
         }
     }

@@ -49,11 +49,12 @@ float vec_dot_q6_K_q8_K(int64_t k, const block_q6_K *w, const block_q8_K *a) {
 
 // q − 32 of element e (< 256) of row r.
 inline int q6_Kx8_value(const block_q6_Kx8 &g, int r, int e) {
-    const int s = e / 32, x = e % 32, hi = x / 16, xl = x % 16;
-    const int lo = (g.c[s].ql[32 * (xl / 4) + 4 * r + xl % 4] >> (4 * hi)) & 0xF;
-    const int f = xl / 4, t = e % 4;
-    const int h2 = (g.c[s].qh[32 * hi + 4 * r + t] >> (2 * f)) & 3;
-    return (lo | (h2 << 4)) - 32;
+    const int s = e / 32, h = (e % 32) / 16, j = (e % 16) / 4, t = e % 4;
+    const uint8_t *q = g.c[s].q + 96 * h + 4 * r + t;  // + 32j: register j of the half
+    if (j < 3) return (q[32 * j] & 0x3F) - 32;
+    int v = 0;
+    for (int i = 0; i < 3; ++i) v |= (q[32 * i] >> 6) << (2 * i);
+    return v - 32;
 }
 
 inline int q6_Kx8_scale(const block_q6_Kx8 &g, int r, int sb) { return g.c[sb / 2].scales[2 * r + sb % 2]; }
@@ -73,18 +74,12 @@ float vec_dot_q6_Kx8_q8_K(int64_t k, const block_q6_Kx8 *w, int r, const block_q
     return sum;
 }
 
-inline uint32_t load_u32(const uint8_t *p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-
 }  // namespace
 
 size_t group_bytes_q6_K_x8(int64_t k) { return size_t(k / QK_K) * sizeof(block_q6_Kx8); }
 
-// Word-wise (4 elements of one row at a time) so that repacking at load time runs near memory
-// speed. Source positions as in dequantize_row_q6_K above.
+// Element by element, through q6_K_value: the definition of the layout (the x86 entries use an
+// AVX2 twin that writes the same bytes at load-time speed).
 void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int64_t g0, int64_t g1, void *out) {
     const int64_t nb = k / QK_K;
     auto *o = static_cast<block_q6_Kx8 *>(out);
@@ -97,39 +92,17 @@ void repack_q6_K_x8(const void *w, size_t w_stride, int64_t rows, int64_t k, int
                     static_cast<const char *>(w) + size_t(g * kRepackRowsK + r) * w_stride)[b];
                 dst.d[r] = src.d;
                 for (int sb = 0; sb < 16; ++sb) dst.c[sb / 2].scales[2 * r + sb % 2] = src.scales[sb];
-                // Chunk s (elements 32s..32s+31): half t = s/4 of the block, nibble h = (s%4)/2 of
-                // ql[64t + 32(s%2) + x].
-                for (int s = 0; s < 8; ++s) {
-                    const uint8_t *q = src.ql + 64 * (s / 4) + 32 * (s % 2);
-                    const int h = (s % 4) / 2;
-                    for (int i = 0; i < 4; ++i) {
-                        const uint32_t lo = load_u32(q + 4 * i), hi = load_u32(q + 16 + 4 * i);
-                        const uint32_t v = h == 0 ? (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u)
-                                                  : ((lo >> 4) & 0x0F0F0F0Fu) | (hi & 0xF0F0F0F0u);
-                        std::memcpy(dst.c[s].ql + 32 * i + 4 * r, &v, 4);
-                    }
-                }
-                // Sub-block sb = 8u + 2s + v (elements 16sb + 4f + t) takes bits 2s of
-                // qh[32u + 16v + 4f + t]. For fixed (u, v) the four source words a[f] hold field
-                // (f, s) at bits 2s of each byte and the four destination words field (f, s) at
-                // bits 2f: a 4×4 transpose of 2-bit fields per byte, done with two masked swaps.
-                for (int u = 0; u < 2; ++u)
-                    for (int v = 0; v < 2; ++v) {
-                        uint32_t a[4];
-                        for (int f = 0; f < 4; ++f) a[f] = load_u32(src.qh + 32 * u + 16 * v + 4 * f);
-                        for (int f = 0; f < 4; f += 2) {  // swap (f, s odd) with (f + 1, s even)
-                            const uint32_t x = ((a[f] >> 2) ^ a[f + 1]) & 0x33333333u;
-                            a[f + 1] ^= x;
-                            a[f] ^= x << 2;
+                // Element 32s + 16h + 4j + t (j < 3) in bits 0-5 of q[96h + 32j + 4r + t] of
+                // chunk s; element 32s + 16h + 12 + t spread over bits 6-7 of those three bytes.
+                for (int s = 0; s < 8; ++s)
+                    for (int h = 0; h < 2; ++h)
+                        for (int t = 0; t < 4; ++t) {
+                            const int e = 32 * s + 16 * h + t;
+                            const int top = q6_K_value(src, e + 12) + 32;
+                            for (int j = 0; j < 3; ++j)
+                                dst.c[s].q[96 * h + 32 * j + 4 * r + t] =
+                                    uint8_t((q6_K_value(src, e + 4 * j) + 32) | (((top >> (2 * j)) & 3) << 6));
                         }
-                        for (int f = 0; f < 2; ++f) {  // swap (f, s ≥ 2) with (f + 2, s < 2)
-                            const uint32_t x = ((a[f] >> 4) ^ a[f + 2]) & 0x0F0F0F0Fu;
-                            a[f + 2] ^= x;
-                            a[f] ^= x << 4;
-                        }
-                        // Sub-block 8u + 2sh + v: chunk 4u + sh, register v of its qh.
-                        for (int sh = 0; sh < 4; ++sh) std::memcpy(dst.c[4 * u + sh].qh + 32 * v + 4 * r, &a[sh], 4);
-                    }
             }
         }
 }

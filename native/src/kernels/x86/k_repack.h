@@ -126,8 +126,9 @@ struct Q4_Kx8 {
 };
 
 // Q6_K: per chunk s (32 elements of the 8 rows, one contiguous block_q6_Kx8_chunk), the two
-// sub-blocks h = 0, 1 one after the other: four registers of q (the ql nibble h, the 2-bit fields
-// of qh register h), dotted with every column and scaled by that sub-block's scales. Taking the
+// sub-blocks h = 0, 1 one after the other: three loaded registers give the sub-block's four
+// registers of q (the low 6 bits of each, and register 3 from their top 2 bits: 11 operations,
+// repacked_k.h), dotted with every column and scaled by that sub-block's scales. Taking the
 // halves in turn keeps 4 weight registers live instead of 8, and the −32 offset is summed after
 // the chunk loop (from the scales again, in L1), so the loop holds NC accumulators, not 2·NC:
 // at NC = 1 version 1's loop kept both accumulators and a weight register on the stack (AVX2,
@@ -136,7 +137,7 @@ struct Q6_Kx8 {
     using GroupBlock = block_q6_Kx8;
     template <int NC>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
-        const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+        const __m256i m3f = _mm256_set1_epi8(0x3F), mc0 = _mm256_set1_epi8(char(0xC0));
         __m256i isum[NC];
         for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
         for (int s = 0; s < 8; ++s) {
@@ -147,17 +148,15 @@ struct Q6_Kx8 {
                 const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,  //
                                                       0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
                 const __m256i sc = _mm256_shuffle_epi8(sc2, _mm256_add_epi8(pick, _mm256_set1_epi8(char(2 * h))));
-                const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ch.qh + 32 * h));
-                __m256i v[4];
-                for (int i = 0; i < 4; ++i) {
-                    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ch.ql + 32 * i));
-                    const __m256i lo = h == 0 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-                    const __m256i hi = i == 0   ? _mm256_slli_epi16(qh, 4)
-                                       : i == 1 ? _mm256_slli_epi16(qh, 2)
-                                       : i == 2 ? qh
-                                                : _mm256_srli_epi16(qh, 2);
-                    v[i] = _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
-                }
+                const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ch.q + 96 * h));
+                const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ch.q + 96 * h + 32));
+                const __m256i b2 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ch.q + 96 * h + 64));
+                // Register 3: bits 6-7 of b0, b1, b2 to bits 0-1, 2-3, 4-5, Horner-wise (16-bit
+                // shifts; masked first, so no bit crosses into the byte below).
+                __m256i t = _mm256_or_si256(_mm256_srli_epi16(_mm256_and_si256(b0, mc0), 2), _mm256_and_si256(b1, mc0));
+                t = _mm256_or_si256(_mm256_srli_epi16(t, 2), _mm256_and_si256(b2, mc0));
+                const __m256i v[4] = {_mm256_and_si256(b0, m3f), _mm256_and_si256(b1, m3f), _mm256_and_si256(b2, m3f),
+                                      _mm256_srli_epi16(t, 2)};
 #if defined(KTD_ISA_AVX512)
                 // VNNI: the sub-block's 16 products per lane in int32, times the int32 scale (the
                 // sign-extended low int16 of each lane of sc).
