@@ -83,6 +83,7 @@ def _tiny(kind: str, arch: str, tmp_path) -> str:
 @pytest.mark.parametrize("kind, arch", TINY)
 def test_block_bytes_add_up_to_inspects_bytes_per_token(kind, arch, tmp_path):
     """Every tensor lands in one block, and the blocks' bytes add up to ktd inspect's figure."""
+    from ktd.gguf import GGUFFile
     from ktd.inspect import inspect_model
 
     path = _tiny(kind, arch, tmp_path)
@@ -94,13 +95,22 @@ def test_block_bytes_add_up_to_inspects_bytes_per_token(kind, arch, tmp_path):
     assert (blocks["moe_ffn"] > 0) == (kind == "moe")
     assert (blocks["mla_attention"] > 0) == (arch == "deepseek2")
     # The MoE FFN's parts split its bytes: the router, gate and up, down (routed at k/n as above).
-    parts = B.bytes_per_block(path, parts=True)
-    assert set(parts) == {"moe_router", "moe_gate_up", "moe_down"}
+    all_parts = B.bytes_per_block(path, parts=True)
+    assert set(all_parts) == {"moe_router", "moe_gate_up", "moe_down", "mla_project", "mla_absorb", "mla_cache",
+                              "mla_decompress"}
+    parts = {p: all_parts[p] for p in ("moe_router", "moe_gate_up", "moe_down")}
     assert sum(parts.values()) == blocks["moe_ffn"]
     assert all((v > 0) == (kind == "moe") for v in parts.values())
     if kind == "moe":
         # gate and up are each as large as down in these files (same type, transposed shapes)
         assert parts["moe_gate_up"] > parts["moe_down"] > parts["moe_router"]
+    # The MLA attention's: the projections, wk_b, wv_b (the cache part reads no weights).
+    mla = {p: all_parts[p] for p in ("mla_project", "mla_absorb", "mla_cache", "mla_decompress")}
+    assert sum(mla.values()) == blocks["mla_attention"] and mla["mla_cache"] == 0
+    f = GGUFFile(path)
+    for part, suffix in (("mla_absorb", ".attn_k_b.weight"), ("mla_decompress", ".attn_v_b.weight")):
+        assert mla[part] == sum(t.nbytes for n, t in f.tensors.items() if n.endswith(suffix))
+    assert (mla["mla_project"] > mla["mla_absorb"] > 0) == (arch == "deepseek2")
 
 
 def test_breakdown_arithmetic():
@@ -209,7 +219,13 @@ def test_native_profile_counts_every_block_and_changes_no_bit(kind, arch, tmp_pa
         assert ffn_calls == 4 * n_layer
         assert (prof["moe_ffn"][1] > 0) == (kind == "moe")
         parts = ("moe_router", "moe_gate_up", "moe_down")
-        assert sum(ns for b, (ns, _) in prof.items() if b != "forward" and b not in parts) <= prof["forward"][0]
+        mla_parts = ("mla_project", "mla_absorb", "mla_cache", "mla_decompress")
+        assert (sum(ns for b, (ns, _) in prof.items() if b != "forward" and b not in parts + mla_parts)
+                <= prof["forward"][0])
+        # The MLA parts are timed in every forward (prompt and decodes), once per layer, inside
+        # mla_attention's time.
+        assert all(prof[p][1] == (4 * n_layer if arch == "deepseek2" else 0) for p in mla_parts)
+        assert sum(prof[p][0] for p in mla_parts) <= prof["mla_attention"][0]
         # The MoE parts are timed on the one-token path: once per MoE layer of each of the 3 decodes
         # (the 5-token prompt takes the general path), inside moe_ffn's time.
         n_moe = sum(1 for n in GGUFFile(path).tensors if n.endswith(".ffn_gate_exps.weight"))

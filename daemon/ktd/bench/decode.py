@@ -69,9 +69,13 @@ BLOCKS = ("embed", "norm", "residual_add", "attention_in", "attention", "attenti
           "glu_ffn", "moe_ffn", "output_head")
 # Parts of a block, timed inside it (profile.h): the one-token MoE FFN's three phases, each from the
 # calling thread's side (router: its rows, the barrier, the routing; gate_up: the gate/up items and
-# the barrier after them; down: the down items and the row sums). Printed under their block; the
-# block's time less theirs is its pool region's set-up, hand-over and join.
-SUB_BLOCKS = {"moe_ffn": ("moe_router", "moe_gate_up", "moe_down")}
+# the barrier after them; down: the down items and the row sums); the MLA attention's four (project:
+# the query's and the latent's projections; absorb: the per-head wk_b into the latent space;
+# cache: the attention over the latent KV cache, which reads no weights; decompress: the per-head
+# wv_b). Printed under their block; the block's time less theirs is its pool region's set-up,
+# hand-over and join (MoE), or the copies between the parts (MLA).
+SUB_BLOCKS = {"moe_ffn": ("moe_router", "moe_gate_up", "moe_down"),
+              "mla_attention": ("mla_project", "mla_absorb", "mla_cache", "mla_decompress")}
 
 
 def bytes_per_block(path: str, parts: bool = False) -> dict[str, int]:
@@ -123,8 +127,14 @@ def block_and_part_bytes(path: str) -> tuple[dict[str, int], dict[str, int]]:
             out["output_head" if name.startswith("output") else "norm"] += t.nbytes  # norms, biases: vectors
         elif ".attn_output." in name:
             out["attention_out"] += t.nbytes
+        elif ".attn_" in name and mla:
+            out["mla_attention"] += t.nbytes
+            # wk_b takes the query into the latent space, wv_b the output back out; the rest
+            # (q or q_a and q_b, kv_a_mqa) are the projections.
+            part = "absorb" if ".attn_k_b." in name else "decompress" if ".attn_v_b." in name else "project"
+            sub["mla_" + part] += t.nbytes
         elif ".attn_" in name:
-            out["mla_attention" if mla else "attention_in"] += t.nbytes
+            out["attention_in"] += t.nbytes
         elif ".ffn_" in name:
             out["glu_ffn"] += t.nbytes
         else:

@@ -507,7 +507,8 @@ static void bind_context_class(py::module_ &m) {
             },
             "{block: (nanoseconds, calls)} summed over the forwards since profiling began or the last reset; "
             "'forward' is the whole forward, the rest its parts; moe_router, moe_gate_up and moe_down are parts of "
-            "moe_ffn (its one-token path), not blocks of their own (model/profile.h)")
+            "moe_ffn (its one-token path), mla_project, mla_absorb, mla_cache and mla_decompress parts of "
+            "mla_attention (the CPU backend's), not blocks of their own (model/profile.h)")
         .def("reset_profile", [](PyContext &c) {
             std::lock_guard<std::mutex> l(c.mu);
             c.ctx->reset_profile();

@@ -10,11 +10,13 @@
 //             first r entries of each cached row)
 //   v_h [v_head_dim] = wv_b_h · o_h  → Attn [n][H·v_head_dim]
 #include <cstring>
+#include <optional>
 
 #include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/cpu_backend.h"
 #include "model/model.h"
+#include "model/profile.h"
 
 namespace ktd {
 
@@ -45,6 +47,9 @@ void CpuBackend::mla_attention(const LayerWeights &w, int il) {
     const int64_t hk = r + rope;     // absorbed q head = cache row
     float *q = s_.mla_q.data();      // [n][H][hq]
     float *kv = s_.k.data();         // [n][r + rope]: the cache rows
+    // Each emplace ends the previous part's timer (no-ops unless profiling; profile.h).
+    ForwardProfile *prof = ctx_.active_profile();
+    std::optional<OpTimer> part(std::in_place, prof, ForwardOp::MlaProject);
     // The query's first projection and the latent read the same input: one pool region.
     const MatmulJob in[] = {{w.wq_a ? &w.wq_a.pw : &w.wq.pw, w.wq_a ? s_.mla_q_a.data() : q, nullptr},
                             {&w.wkv_a_mqa.pw, kv, nullptr}};
@@ -55,6 +60,7 @@ void CpuBackend::mla_attention(const LayerWeights &w, int il) {
                      [&](int64_t i) { rms_norm(qa + i * ql, w.attn_q_a_norm.data(), qa + i * ql, ql, hp.norm_eps); });
         ctx_.linear(w.wq_b, qa, n, q);
     }
+    part.emplace(prof, ForwardOp::MlaAbsorb);
     float *heads = s_.mla_heads.data();  // head-major scratch
     for_each_row(pool_, n, kMinParallelRows, [&](int64_t i) {
         const float *cs = &s_.rope_cs[size_t(i * hp.rope.n_rot)];
@@ -76,7 +82,9 @@ void CpuBackend::mla_attention(const LayerWeights &w, int il) {
             for (int64_t d = 0; d < rope; ++d) dst[r + d] = pe[d] * hp.attn_scale;
         }
     });
+    part.emplace(prof, ForwardOp::MlaCache);
     ctx_.attention(il, positions_, seq_ids_, n);  // s.attn [n][H][r]: latent outputs
+    part.emplace(prof, ForwardOp::MlaDecompress);
     // Decompress each head's output: head-major copy (into s.q, free now), v [H][n][dv], then the
     // token-major Attn [n][H·dv] that wo reads.
     float *o_lat = s_.q.data();

@@ -11,8 +11,12 @@
 // router rows, the barrier after them, the routing), moe_gate_up (this thread's gate/up items and
 // its wait at the barrier after them) and moe_down (its down items and row sums), each from the
 // calling thread's point of view (tid 0 of the layer's one pool region). moe_ffn minus the three
-// is the region's set-up, hand-over and the wait for the last worker. They are not blocks of their
-// own: a sum over the blocks leaves them out.
+// is the region's set-up, hand-over and the wait for the last worker. Four parts of mla_attention
+// (the CPU backend's, every batch size): mla_project (the query's and the latent's projections,
+// the q LoRA's norm and up-projection), mla_absorb (norm and rope of the new cache rows, the
+// per-head wk_b that takes the query into the latent space, the scaled query), mla_cache (the
+// attention over the latent cache) and mla_decompress (the per-head wv_b back out of it). None of
+// these parts are blocks of their own: a sum over the blocks leaves them out.
 #pragma once
 #include <array>
 #include <chrono>
@@ -24,14 +28,15 @@ namespace ktd {
 
 enum class ForwardOp : int {
     Embed, Norm, ResidualAdd, AttentionIn, Attention, AttentionOut, MlaAttention, GluFfn, MoeFfn,
-    OutputHead, Forward, MoeRouter, MoeGateUp, MoeDown, kCount
+    OutputHead, Forward, MoeRouter, MoeGateUp, MoeDown, MlaProject, MlaAbsorb, MlaCache, MlaDecompress, kCount
 };
 inline constexpr int kForwardOps = int(ForwardOp::kCount);
 
 inline const char *forward_op_name(ForwardOp op) {
     static constexpr const char *names[kForwardOps] = {
         "embed", "norm", "residual_add", "attention_in", "attention", "attention_out", "mla_attention",
-        "glu_ffn", "moe_ffn", "output_head", "forward", "moe_router", "moe_gate_up", "moe_down"};
+        "glu_ffn", "moe_ffn", "output_head", "forward", "moe_router", "moe_gate_up", "moe_down",
+        "mla_project", "mla_absorb", "mla_cache", "mla_decompress"};
     return names[int(op)];
 }
 
