@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import socket
 import threading
 
@@ -198,6 +199,39 @@ def test_connection_limit_refusal_read_after_the_daemon_closed():
                 c._unpacker.feed(received)  # as the client would have read it
                 with pytest.raises(Busy, match="too many connections"):
                     c.health()
+        finally:
+            a.close()
+            b.close()
+
+
+def test_async_connection_limit_refusal_read_after_the_daemon_closed():
+    # AsyncClient's twin of the test above: the request is written before the read loop has run,
+    # to a connection the daemon has already answered and closed (POLLRDHUP: its close arrived).
+    # The write fails (EPIPE) and the transport stops reading; the client still raises the
+    # daemon's error, not the pipe's, and stays closed with it.
+    with DaemonProcess(server={"max_connections": 2}) as d:
+        a, b = d.client(), d.client()
+        try:
+            a.health(), b.health()
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(d.socket)
+            poll = select.poll()
+            poll.register(sock, select.POLLRDHUP)
+            assert poll.poll(10_000), "the daemon did not close the refused connection"
+
+            async def refused() -> None:
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
+                c = AsyncClient(reader, writer, d.socket, 10.0)
+                try:
+                    with pytest.raises(Busy, match="too many connections"):
+                        await c.health()
+                    assert c.closed
+                    with pytest.raises(Busy, match="too many connections"):
+                        await c.health()
+                finally:
+                    await c.close()
+
+            asyncio.run(refused())
         finally:
             a.close()
             b.close()

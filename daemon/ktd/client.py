@@ -284,9 +284,45 @@ class AsyncClient:
         msgid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._waiters[msgid] = fut
-        self._writer.write(protocol.pack([protocol.REQUEST, msgid, method, params]))
-        await self._writer.drain()
+        await self._write(msgid, [protocol.REQUEST, msgid, method, params])
         return msgid, fut
+
+    async def _write(self, msgid: int, message: list) -> None:
+        self._writer.write(protocol.pack(message))
+        # A send that failed at once (EPIPE) closes the transport: the daemon closed first, as it
+        # does a refused connection (too many, not allowed) right after its error notification,
+        # without waiting for a request. The transport has stopped reading and closes the socket
+        # at the loop's next turn, so a notification still in the socket is read now; one the
+        # transport had already read reaches the read loop before that close.
+        refusal = self._unread_error() if self._writer.transport.is_closing() else None
+        try:
+            await self._writer.drain()
+        except ConnectionError:
+            self._waiters.pop(msgid, None)
+            self._streams.pop(msgid, None)
+            await asyncio.wait({self._task}, timeout=self.timeout)
+            if refusal is None and isinstance(self._closed_error, KtdError):
+                refusal = self._closed_error
+            if refusal is None:
+                raise
+            self._closed_error = refusal  # what later calls raise too, as Client does
+            raise refusal from None
+
+    def _unread_error(self) -> KtdError | None:
+        """The daemon's error notification among the bytes left unread in the socket, if any."""
+        sock = self._writer.get_extra_info("socket")
+        data = b""
+        try:
+            while sock is not None and (chunk := os.read(sock.fileno(), 65536)):  # non-blocking
+                data += chunk
+        except OSError:  # nothing more (EAGAIN), or the socket is gone
+            pass
+        unpacker = _unpacker()
+        unpacker.feed(data)
+        for msg in unpacker:
+            if msg[0] == protocol.NOTIFICATION and msg[1] == protocol.ERROR_NOTIFICATION:
+                return from_wire(msg[2][0])
+        return None
 
     async def _result(self, fut: asyncio.Future) -> Any:
         try:
@@ -330,9 +366,8 @@ class AsyncClient:
         self._streams[msgid] = q
         fut = asyncio.get_running_loop().create_future()
         self._waiters[msgid] = fut
-        self._writer.write(protocol.pack([protocol.REQUEST, msgid, "generate",
-                                          _params({"prompt": prompt, "stream": True, **params})]))
-        await self._writer.drain()
+        await self._write(msgid, [protocol.REQUEST, msgid, "generate",
+                                  _params({"prompt": prompt, "stream": True, **params})])
         return AsyncStream(self, msgid, q, fut)
 
 
