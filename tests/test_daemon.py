@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import socket
@@ -171,37 +172,39 @@ def test_deadline_cancels():
             assert c.health()["status"] == "ok"
 
 
-def test_connection_limit():
+@contextlib.contextmanager
+def _daemon_at_its_connection_limit():
+    """A daemon with server.max_connections 2 and both taken (by two clients that have been
+    answered), so the next connection is refused."""
     with DaemonProcess(server={"max_connections": 2}) as d:
         a, b = d.client(), d.client()
         try:
             a.health(), b.health()
-            with d.client() as c, pytest.raises(Busy, match="too many connections"):
-                c.health()
+            yield d
         finally:
             a.close()
             b.close()
+
+
+def test_connection_limit():
+    with _daemon_at_its_connection_limit() as d:
+        with d.client() as c, pytest.raises(Busy, match="too many connections"):
+            c.health()
 
 
 def test_connection_limit_refusal_read_after_the_daemon_closed():
     # The request is sent only after the daemon has answered the refused connection and closed
     # it: the send fails (EPIPE), and the client still raises the daemon's error, not the pipe's.
-    with DaemonProcess(server={"max_connections": 2}) as d:
-        a, b = d.client(), d.client()
-        try:
-            a.health(), b.health()
-            with d.client() as c:
-                c._sock.settimeout(10)
-                received = b""
-                while chunk := c._sock.recv(65536):  # the notification, then the daemon's close
-                    received += chunk
-                assert received
-                c._unpacker.feed(received)  # as the client would have read it
-                with pytest.raises(Busy, match="too many connections"):
-                    c.health()
-        finally:
-            a.close()
-            b.close()
+    with _daemon_at_its_connection_limit() as d:
+        with d.client() as c:
+            c._sock.settimeout(10)
+            received = b""
+            while chunk := c._sock.recv(65536):  # the notification, then the daemon's close
+                received += chunk
+            assert received
+            c._unpacker.feed(received)  # as the client would have read it
+            with pytest.raises(Busy, match="too many connections"):
+                c.health()
 
 
 def test_async_connection_limit_refusal_read_after_the_daemon_closed():
@@ -209,32 +212,26 @@ def test_async_connection_limit_refusal_read_after_the_daemon_closed():
     # to a connection the daemon has already answered and closed (POLLRDHUP: its close arrived).
     # The write fails (EPIPE) and the transport stops reading; the client still raises the
     # daemon's error, not the pipe's, and stays closed with it.
-    with DaemonProcess(server={"max_connections": 2}) as d:
-        a, b = d.client(), d.client()
-        try:
-            a.health(), b.health()
-            sock = socket.socket(socket.AF_UNIX)
-            sock.connect(d.socket)
-            poll = select.poll()
-            poll.register(sock, select.POLLRDHUP)
-            assert poll.poll(10_000), "the daemon did not close the refused connection"
+    with _daemon_at_its_connection_limit() as d:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(d.socket)
+        poll = select.poll()
+        poll.register(sock, select.POLLRDHUP)
+        assert poll.poll(10_000), "the daemon did not close the refused connection"
 
-            async def refused() -> None:
-                reader, writer = await asyncio.open_unix_connection(sock=sock)
-                c = AsyncClient(reader, writer, d.socket, 10.0)
-                try:
-                    with pytest.raises(Busy, match="too many connections"):
-                        await c.health()
-                    assert c.closed
-                    with pytest.raises(Busy, match="too many connections"):
-                        await c.health()
-                finally:
-                    await c.close()
+        async def refused() -> None:
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
+            c = AsyncClient(reader, writer, d.socket, 10.0)
+            try:
+                with pytest.raises(Busy, match="too many connections"):
+                    await c.health()
+                assert c.closed
+                with pytest.raises(Busy, match="too many connections"):
+                    await c.health()
+            finally:
+                await c.close()
 
-            asyncio.run(refused())
-        finally:
-            a.close()
-            b.close()
+        asyncio.run(refused())
 
 
 def test_unauthorized_peer_is_refused_and_logged():
