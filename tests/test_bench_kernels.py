@@ -64,9 +64,35 @@ def test_json_rows_in_table_units(monkeypatch, capsys, tmp_path):
         if r["n"] == 1:   # the cache-resident figure: 256 KiB // 288 B per row = 910 -> 896 leading rows
             assert r["rows"] == 960 and r["hot_rows"] == 896 and r["hot_gbps"] > 0
             assert r["hot_over_bandwidth"] == pytest.approx(r["hot_gbps"] / r["read_bandwidth_gbps"], rel=1e-9)
-            assert f"{r['hot_gbps']:8.2f} {r['hot_over_bandwidth']:6.2f}" in printed
+            assert f"{r['hot_gbps']:8.2f} {r['hot_over_bandwidth']:6.2f} {r['pct_of_bandwidth_per_pass']:6.1f}" in printed
+            assert r["pct_of_bandwidth_per_pass"] > 0 and r["read_loop_prefetch"] in K.READ_BANDWIDTH_PREFETCH
         else:
-            assert "hot_gbps" not in r
+            assert "hot_gbps" not in r and "pct_of_bandwidth_per_pass" not in r
+
+
+def test_per_pass_figure_is_the_median_of_the_pairs():
+    # 100 B in 1 s against 100 B/s: 100%; against 200 B/s: 50%; in 2 s against 100 B/s: 50%.
+    assert bk.per_pass_pct(100, [(1.0, 100.0), (1.0, 200.0), (2.0, 100.0)]) == pytest.approx(50.0)
+    # The pairs are kept together: best against best would say 100%, and the mean 66.7%.
+    assert bk.per_pass_pct(100, [(1.0, 200.0), (2.0, 100.0), (1.0, 100.0), (4.0, 100.0)]) == pytest.approx(50.0)
+    with pytest.raises(ValueError, match="at least one"):
+        bk.per_pass_pct(100, [])
+
+
+def test_the_per_pass_loop_is_the_fastest_read_loop(monkeypatch):
+    seen = []
+
+    class FakeKernels:
+        READ_BANDWIDTH_PREFETCH = (0, 2048, 4096, 8192)
+
+        @staticmethod
+        def bench_read_bandwidth(nbytes, threads, reps, prefetch):
+            seen.append((nbytes, threads, reps, prefetch))
+            return {0: 10.0, 2048: 12.0, 4096: 13.0, 8192: 11.0}[prefetch]
+
+    monkeypatch.setattr(bk, "K", FakeKernels)
+    assert bk.best_read_loop(1 << 28, 2) == 4096
+    assert seen == [(1 << 28, 2, 2, pf) for pf in (0, 2048, 4096, 8192)]
 
 
 def test_hot_rows_hold_about_256_kib_per_thread_in_whole_row_groups():

@@ -343,6 +343,12 @@ def test_empty_shapes():
 def test_bench_bindings_validate_input():
     """The benchmark's C++ timing loops (no timing asserted: only that they run and reject bad input)."""
     assert K.bench_read_bandwidth(1 << 20, 1, 1) > 0
+    # One loop alone: every distance the best-of measures, and any other (bytes ahead; 0: none).
+    assert K.READ_BANDWIDTH_PREFETCH == (0, 2048, 4096, 8192)
+    for pf in K.READ_BANDWIDTH_PREFETCH + (64, 1 << 20):
+        assert K.bench_read_bandwidth(1 << 20, 2, 1, pf) > 0
+    with pytest.raises(ValueError, match="prefetch must be -1"):
+        K.bench_read_bandwidth(1 << 20, 1, 1, -2)
     w, _ = inputs("Q8_0", 16, 64, 1, seed=3)
     assert K.bench_matmul("Q8_0", w, 16, 64, 2, 2, 1) > 0
     with pytest.raises(ValueError):

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <new>
@@ -72,8 +73,9 @@ struct FreeDeleter {
 };
 }  // namespace
 
-double bench_read_bandwidth(ThreadPool *pool, size_t bytes, int reps) {
+double bench_read_bandwidth(ThreadPool *pool, size_t bytes, int reps, int64_t prefetch) {
     if (bytes < 4096 || reps < 1) throw std::invalid_argument("bench_read_bandwidth: bytes >= 4096 and reps >= 1 required");
+    if (prefetch < -1) throw std::invalid_argument("bench_read_bandwidth: prefetch must be -1 (every variant) or >= 0 bytes");
     bytes &= ~size_t(4095);
     // On 2 MiB pages where the kernel gives them (transparent huge pages in "madvise" mode need
     // the hint), as the weights arena is: streaming 4 KiB pages was measured ~5-8% slower on one
@@ -96,17 +98,19 @@ double bench_read_bandwidth(ThreadPool *pool, size_t bytes, int reps) {
         std::fill(buf.get() + b, buf.get() + e, uint8_t(tid + 1));
     });
     std::vector<uint64_t> sink(size_t(nth) * 8);  // one cache line per worker
-    // Every pass runs each loop variant in turn (no prefetch, then 2, 4 and 8 KiB ahead): the
-    // ceiling is the best any of them reaches.
-    static constexpr size_t kPrefetch[] = {0, 2048, 4096, 8192};
+    // Every pass runs each loop variant in turn (kReadBandwidthPrefetch): the ceiling is the best
+    // any of them reaches. Or only the one asked for.
+    const std::vector<size_t> variants = prefetch < 0 ? std::vector<size_t>(std::begin(kReadBandwidthPrefetch),
+                                                                          std::end(kReadBandwidthPrefetch))
+                                                      : std::vector<size_t>{size_t(prefetch)};
     double best = std::numeric_limits<double>::infinity();
     for (int rep = 0; rep <= reps; ++rep) {
-        for (const size_t prefetch : kPrefetch) {
+        for (const size_t pf : variants) {
             const auto t0 = Clock::now();
             run_on(pool, [&](int tid, int) {
                 size_t b, e;
                 part(tid, b, e);
-                sink[size_t(tid) * 8] += sum_stream(buf.get() + b, e - b, prefetch);
+                sink[size_t(tid) * 8] += sum_stream(buf.get() + b, e - b, pf);
             });
             const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
             if (rep > 0) best = std::min(best, dt);

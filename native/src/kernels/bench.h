@@ -11,8 +11,14 @@ namespace ktd {
 // Streams a freshly allocated buffer of `bytes` (touched first by the worker that reads it)
 // with nth = pool size workers, each summing its own contiguous part; `reps` passes after one
 // untimed pass, each pass timing a plain summing loop and the same loop with software prefetch
-// 2, 4 and 8 KiB ahead. Returns the best read bandwidth seen, in bytes/second.
-double bench_read_bandwidth(ThreadPool *pool, size_t bytes, int reps);
+// 2, 4 and 8 KiB ahead (kReadBandwidthPrefetch), or only the loop with `prefetch` bytes ahead
+// (0: none) when prefetch >= 0. Returns the best read bandwidth seen, in bytes/second.
+//
+// The best of every variant in a pass is also the best of 4 samples of the machine's noise; to
+// compare single runs of something else with single passes, pick the loop first and then time
+// that loop alone (ktd.bench.kernels' per-pass figure does).
+inline constexpr size_t kReadBandwidthPrefetch[] = {0, 2048, 4096, 8192};
+double bench_read_bandwidth(ThreadPool *pool, size_t bytes, int reps, int64_t prefetch = -1);
 
 // Best wall time in seconds of one matmul(W[rows,k] · X[n,k]^T) over `reps` calls after one
 // untimed call; X is synthetic (values in [-1, 1)), the scratch and output are reused.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -355,12 +356,19 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("rows"), py::arg("k"), py::arg("isa") = py::none(), py::arg("allow_repack") = true,
        "Arena bytes prepare_weights takes for a [rows, k] matrix (0: not repacked)");
 
-    k.def("bench_read_bandwidth", [](size_t bytes, int threads, int reps) {
+    k.def("bench_read_bandwidth", [](size_t bytes, int threads, int reps, int64_t prefetch) {
         ThreadPool *pool = pool_for(threads);
         py::gil_scoped_release nogil;
-        return bench_read_bandwidth(pool, bytes, reps);
-    }, py::arg("bytes"), py::arg("threads"), py::arg("reps"),
-       "Best-of-reps read bandwidth (bytes/s) streaming a fresh buffer of `bytes` with `threads` workers");
+        return bench_read_bandwidth(pool, bytes, reps, prefetch);
+    }, py::arg("bytes"), py::arg("threads"), py::arg("reps"), py::arg("prefetch") = -1,
+       "Best-of-reps read bandwidth (bytes/s) streaming a fresh buffer of `bytes` with `threads` workers; "
+       "prefetch -1: the best of every loop in READ_BANDWIDTH_PREFETCH, >= 0: only the loop prefetching "
+       "that many bytes ahead (0: none)");
+    {
+        py::tuple variants(std::size(kReadBandwidthPrefetch));
+        for (size_t i = 0; i < std::size(kReadBandwidthPrefetch); ++i) variants[i] = kReadBandwidthPrefetch[i];
+        k.attr("READ_BANDWIDTH_PREFETCH") = variants;  // the loops' prefetch distances, bytes
+    }
 
     k.def("bench_matmul", [](const std::string &type, u8array w, int64_t rows, int64_t k_, int64_t n, int threads,
                              int reps, std::optional<std::string> isa, bool repacked) {
