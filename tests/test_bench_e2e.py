@@ -89,11 +89,34 @@ def test_ceiling_during_decode_is_the_median_of_the_interleaved_passes():
     assert "read bandwidth during m 1t decode: median 18.00 GB/s of 3 passes (16.00-20.00" in table
     line = next(x for x in table.splitlines() if x.startswith("m ") and "tg128" in x)
     assert line.split()[-2:] == ["46.7", "52.2"]
+    assert c["peak_from"] == "before the run" and c["peak_read_bandwidth_bytes_per_s"] == 20e9  # a tie
+    assert "peak for m" not in table
     # No passes (an old report, or no engine left to measure): no during-decode figures, "-" printed.
     rep = _report(PP + TG)
     assert rep["ceiling"][0]["during_decode"] is None
     line = next(x for x in e2e.format_table(rep).splitlines() if x.startswith("m ") and "tg128" in x)
     assert line.split()[-2:] == ["-", "-"]
+
+
+def test_the_peak_is_a_pass_during_decode_when_one_beat_the_passes_before_the_run():
+    # Before the run 20 GB/s; during decode 16, 25, 18: the ceiling is 25e9 / 400e6 = 62.5 tokens/s,
+    # ktd 21 -> 33.6 %, llama.cpp 23.5 -> 37.6 % (at 20 GB/s they would read 42 % and 47 %, and a
+    # decode at the 25 GB/s moment could read over 100 %). The %@tg figures keep the median, 18.
+    bws = [{"model": "m", "threads": 1, "rep": r, "bytes_per_s": b} for r, b in ((0, 16e9), (0, 25e9), (1, 18e9))]
+    rep = e2e.summarise(model_names=["m"], engines=e2e.DEFAULT_ENGINES, threads=[1], tests=["tg128"], samples=TG,
+                        unavailable={}, read_bandwidth={1: 20e9}, bytes_per_token={"m": 400_000_000},
+                        bw_samples=bws)
+    (c,) = rep["ceiling"]
+    assert c["peak_from"] == "during decode" and c["peak_read_bandwidth_bytes_per_s"] == 25e9
+    assert c["ceiling_tokens_per_s"] == pytest.approx(62.5)
+    assert c["decode_pct_of_ceiling"] == pytest.approx({"ktd": 33.6, "llama.cpp": 37.6})
+    assert c["during_decode"]["read_bandwidth_bytes_per_s"] == 18e9
+    assert rep["read_bandwidth"] == [{"threads": 1, "bytes_per_s": 20e9}]  # the pass before the run, as measured
+    table = e2e.format_table(rep)
+    assert "peak for m 1t: 25.00 GB/s, a pass during its decode" in table
+    line = next(x for x in table.splitlines() if x.startswith("m ") and "tg128" in x)
+    assert line.split()[-5:-2] == ["62.5", "33.6", "37.6"]
+    e2e.validate_report(rep)
 
 
 def test_unavailable_engine_gets_no_number_and_its_reason():
