@@ -71,14 +71,19 @@ def test_paired_ratios_and_medians():
     e2e.validate_report(rep)
 
 
+def _tg_report_with_passes(passes):
+    """The tg128 report of TG at 20 GB/s before the run, with read passes (rep, bytes/s) during decode."""
+    bws = [{"model": "m", "threads": 1, "rep": r, "bytes_per_s": b} for r, b in passes]
+    return e2e.summarise(model_names=["m"], engines=e2e.DEFAULT_ENGINES, threads=[1], tests=["tg128"], samples=TG,
+                         unavailable={}, read_bandwidth={1: 20e9}, bytes_per_token={"m": 400_000_000},
+                         bw_samples=bws)
+
+
 def test_ceiling_during_decode_is_the_median_of_the_interleaved_passes():
     # tg medians: ktd 21.0, llama.cpp 23.5 (TG above); passes around the tg pairs 16, 20, 18 GB/s:
     # median 18e9 / 400e6 = 45 tokens/s -> ktd 21 / 45 = 46.67 %, llama.cpp 23.5 / 45 = 52.22 %;
     # at the 20 GB/s peak the ceiling is 50 tokens/s -> 42 % and 47 %.
-    bws = [{"model": "m", "threads": 1, "rep": r, "bytes_per_s": b} for r, b in ((0, 16e9), (0, 20e9), (1, 18e9))]
-    rep = e2e.summarise(model_names=["m"], engines=e2e.DEFAULT_ENGINES, threads=[1], tests=["tg128"], samples=TG,
-                        unavailable={}, read_bandwidth={1: 20e9}, bytes_per_token={"m": 400_000_000},
-                        bw_samples=bws)
+    rep = _tg_report_with_passes([(0, 16e9), (0, 20e9), (1, 18e9)])
     (c,) = rep["ceiling"]
     assert c["decode_pct_of_ceiling"] == pytest.approx({"ktd": 42.0, "llama.cpp": 47.0})
     d = c["during_decode"]
@@ -102,10 +107,7 @@ def test_the_peak_is_a_pass_during_decode_when_one_beat_the_passes_before_the_ru
     # Before the run 20 GB/s; during decode 16, 25, 18: the ceiling is 25e9 / 400e6 = 62.5 tokens/s,
     # ktd 21 -> 33.6 %, llama.cpp 23.5 -> 37.6 % (at 20 GB/s they would read 42 % and 47 %, and a
     # decode at the 25 GB/s moment could read over 100 %). The %@tg figures keep the median, 18.
-    bws = [{"model": "m", "threads": 1, "rep": r, "bytes_per_s": b} for r, b in ((0, 16e9), (0, 25e9), (1, 18e9))]
-    rep = e2e.summarise(model_names=["m"], engines=e2e.DEFAULT_ENGINES, threads=[1], tests=["tg128"], samples=TG,
-                        unavailable={}, read_bandwidth={1: 20e9}, bytes_per_token={"m": 400_000_000},
-                        bw_samples=bws)
+    rep = _tg_report_with_passes([(0, 16e9), (0, 25e9), (1, 18e9)])
     (c,) = rep["ceiling"]
     assert c["peak_from"] == "during decode" and c["peak_read_bandwidth_bytes_per_s"] == 25e9
     assert c["ceiling_tokens_per_s"] == pytest.approx(62.5)

@@ -15,10 +15,10 @@ Tests, as llama-bench measures them:
 
 Decode is also reported as % of the DRAM ceiling: read bandwidth (measured in this run with the
 same thread count, streaming a buffer far larger than the L3 cache) ÷ bytes read per token
-(``ktd.inspect``), twice: against the peak (the best of ``--bw-reps`` passes before the run, or of the passes during that
-model's decode where one of those was faster: the bandwidth may rise while the run goes on) and
-against the bandwidth measured during decode (one pass right before and one right after every
-repetition's tg128 pair, median): on a virtual machine whose memory bandwidth drifts with its
+(``ktd.inspect``), twice: against the peak (the best of ``--bw-reps`` passes before the run, or
+of the passes during that model's decode where one of those was faster: the bandwidth may rise
+while the run goes on) and against the bandwidth measured during decode (one pass right before
+and one right after every repetition's tg128 pair, median): on a virtual machine whose memory bandwidth drifts with its
 neighbours' load the two differ, and the second is what the decode loop could have had. The per-token cost of the Python harness itself is measured and reported.
 A model whose bytes per token are under 4x the last-level cache is flagged cache-assisted (``*``):
 part of its weight stream comes from the cache, so its % of the ceiling is not comparable with
