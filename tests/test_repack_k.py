@@ -285,20 +285,23 @@ def restore_decode_prefetch():
 @pytest.mark.parametrize("qt", TYPES)
 def test_decode_prefetch_changes_no_bits(qt, isa, restore_decode_prefetch):
     """The decode GEMV (n = 1) with and without the software prefetch (k_decode_prefetch): the
-    same sums in the same order, so the same bits, and both within the oracles' bounds; prefill
-    (n > 1) never prefetches and is unchanged."""
+    same sums in the same order, so the same bits, and both within the oracles' bounds. The same
+    for prefill (n > 1), whose first column tile of each chunk prefetches when it is on: n = 5 and
+    9 are a prefetching tile and untouched ones, (768, 2048) spans several chunks."""
     rng = np.random.default_rng(21)
     for rows, k in [(1, 256), (9, 512), (768, 2048), (77, 1280)]:
         w = random_weights(qt, rows, k, rng)
         wp = K.repack(qt, w, rows, k, isa=isa)
         x1 = rng.standard_normal((1, k)).astype(np.float32)
-        xn = rng.standard_normal((5, k)).astype(np.float32)
+        x5 = rng.standard_normal((5, k)).astype(np.float32)
+        x9 = rng.standard_normal((9, k)).astype(np.float32)
         got = {}
         for on in (1, 0):
             K.set_decode_prefetch(on)
             assert K.decode_prefetch() is bool(on)
             got[on] = (check_against_oracles(qt, isa, w, wp, rows, k, x1, threads=2),
-                       K.matmul_repacked(qt, wp, rows, k, xn, isa=isa, threads=2))
+                       check_against_oracles(qt, isa, w, wp, rows, k, x5, threads=2),
+                       K.matmul_repacked(qt, wp, rows, k, x9, isa=isa, threads=1))
         for a, b in zip(got[1], got[0]):
             np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 

@@ -203,8 +203,10 @@ struct Q6_Kx8 {
 // against 73-81%. On an AMD EPYC Zen 4 (family 25 model 17, AVX-512) it is the other way round,
 // in both tiers (session 12, one thread, 12 copies of 1.5B ffn_up from DRAM, alternating, 3
 // rounds): AVX2 Q6_K 14.2-16.6 GB/s with it against 22.6-24.8 without, Q4_K 18.1-22.9 against
-// 22.7-24.7; the AVX-512 tier's Q4_K 14.6-15.9 against 18.3-28.0. Never in prefill (nc > 1):
-// compute-bound there, and the prefetch cost the n = 128 GEMM up to 30% at one thread.
+// 22.7-24.7; the AVX-512 tier's Q4_K 14.6-15.9 against 18.3-28.0. Not across a whole prefill
+// GEMM (nc > 1): compute-bound there, and prefetching in every tile cost the n = 128 GEMM up to
+// 30% at one thread; in prefill only the first column tile of each chunk prefetches
+// (gemm_repacked_k8).
 // The distance was first measured on the old Q4_K and Q6_K layouts under load: 4-16 KiB 1.4-1.8x
 // faster than none, 2 KiB less so; _MM_HINT_NTA slower than none.
 constexpr size_t kPrefetchBytes = 8192;
@@ -269,26 +271,41 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     }
     prefetch_head(wb, nr, group_stride);  // prefill keeps the head prefetch it always had
     const int chunk = group_stride >= kRowChunkBytes ? 1 : int(kRowChunkBytes / group_stride);
+    // The first column tile of a chunk streams the chunk's weights from DRAM (the later tiles
+    // find them in L2). With a few columns, as an MoE expert has in prefill (Qwen3-MoE pp128:
+    // ~8 tokens each), that tile is as much memory-bound as compute-bound, so where the decode
+    // prefetches (k_decode_prefetch) it prefetches too, and the other tiles do not. Measured on
+    // the Zen 3 above, 2 threads, 96 cold expert-sized matrices per call, the two alternating
+    // (12 pairs of runs at 1 and 2 threads, every one faster): Q4_K 768 x 2048 at n = 4, 8, 12
+    // 1.6-12% faster, Q6_K 2048 x 768 at n = 8 4-6%; Qwen3-MoE bench file pp128 0.99-1.05x, no loss at pp512.
+    // The arithmetic is the same either way.
+    const bool prefetch_first = k_decode_prefetch();
     // The loops written out rather than through for_each_tile: with the driver, GCC 12 folded the
     // Q6_K weight loads into the shifts and the 172 MB Q6_K output head of the deepseek2 bench file
     // decoded ~60% slower at one thread (perf: 8.1k -> 13.8k samples over 200 steps).
+    const auto tiles = [&]<bool Prefetch>(int g0, int g1, int c0) {
+        const int ncc = std::min(kMaxCols, nc - c0);
+        const block_q8_K *a[kMaxCols];
+        for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_K *>(xb + size_t(c0 + c) * x_stride);
+        for (int gi = g0; gi < g1; ++gi) {
+            const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
+            const int valid = std::min(kRepackRowsK, nr - gi * kRepackRowsK);
+            float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRowsK;
+            switch (ncc) {
+                case 1: gemm_group_k8<Traits, 1, Prefetch>(nb, g, a, yg, ldy, valid); break;
+                case 2: gemm_group_k8<Traits, 2, Prefetch>(nb, g, a, yg, ldy, valid); break;
+                case 3: gemm_group_k8<Traits, 3, Prefetch>(nb, g, a, yg, ldy, valid); break;
+                default: gemm_group_k8<Traits, 4, Prefetch>(nb, g, a, yg, ldy, valid); break;
+            }
+        }
+    };
     for (int g0 = 0; g0 < n_groups; g0 += chunk) {
         const int g1 = std::min(n_groups, g0 + chunk);
         for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
-            const int ncc = std::min(kMaxCols, nc - c0);
-            const block_q8_K *a[kMaxCols];
-            for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_K *>(xb + size_t(c0 + c) * x_stride);
-            for (int gi = g0; gi < g1; ++gi) {
-                const auto *g = reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride);
-                const int valid = std::min(kRepackRowsK, nr - gi * kRepackRowsK);
-                float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRowsK;
-                switch (ncc) {
-                    case 1: gemm_group_k8<Traits, 1>(nb, g, a, yg, ldy, valid); break;
-                    case 2: gemm_group_k8<Traits, 2>(nb, g, a, yg, ldy, valid); break;
-                    case 3: gemm_group_k8<Traits, 3>(nb, g, a, yg, ldy, valid); break;
-                    default: gemm_group_k8<Traits, 4>(nb, g, a, yg, ldy, valid); break;
-                }
-            }
+            if (c0 == 0 && prefetch_first)
+                tiles.template operator()<true>(g0, g1, c0);
+            else
+                tiles.template operator()<false>(g0, g1, c0);
         }
     }
 }
