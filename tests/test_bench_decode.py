@@ -26,6 +26,39 @@ def test_summarize_uses_medians_of_both_sides():
     assert r["pct_of_ceiling_pairwise_median"] == pytest.approx(pairwise)
 
 
+def test_summarize_with_read_loops_takes_the_loop_with_the_best_median():
+    """Passes of several read loops: the ceiling is the highest of the loops' medians (not the
+    median of all passes, nor a best-of), and the pairwise figure uses that loop's pairs only."""
+    steps = [0.10, 0.08, 0.20, 0.09, 0.11, 0.12, 0.10, 0.07]
+    bws = [12e9, 19e9, 13e9, 11e9, 14e9, 15e9, 10e9, 16e9]
+    loops = [0, 4096, 0, 4096, 0, 4096, 0, 8192]
+    bpt = 1_000_000_000
+    r = B.summarize(steps, bws, bpt, loops)
+    medians = {pf: float(np.median([b for b, lp in zip(bws, loops) if lp == pf])) for pf in (0, 4096, 8192)}
+    assert medians == {0: 12.5e9, 4096: 15e9, 8192: 16e9}
+    assert r["read_loop_prefetch"] == 8192 and r["read_loop_passes"] == 1
+    assert r["read_loop_medians"] == {str(pf): m for pf, m in medians.items()}
+    assert r["median_read_bandwidth_bytes_per_s"] == pytest.approx(16e9) != float(np.median(bws))
+    assert r["median_step_s"] == pytest.approx(float(np.median(steps)))
+    assert r["pct_of_ceiling"] == pytest.approx(100 * bpt / float(np.median(steps)) / 16e9)
+    assert r["pct_of_ceiling_pairwise_median"] == pytest.approx(100 * bpt / 0.07 / 16e9)
+    # Without loops: the median of every pass, as before.
+    assert B.summarize(steps, bws, bpt)["median_read_bandwidth_bytes_per_s"] == pytest.approx(float(np.median(bws)))
+    with pytest.raises(ValueError, match="read loop of every"):
+        B.summarize(steps, bws, bpt, loops[:-1])
+
+
+def test_read_loops_take_turns_for_both_settings_of_an_ab():
+    """Every loop follows steps of both A/B settings (even and odd steps), in equal numbers."""
+    from ktd import _native
+
+    loops = list(_native.kernels.READ_BANDWIDTH_PREFETCH)
+    n = 4 * len(loops)
+    for parity in (0, 1):
+        seen = [B.read_loop(i) for i in range(parity, n, 2)]
+        assert sorted(seen) == sorted(loops * 2)
+
+
 @pytest.mark.parametrize("steps, bws, bpt", [([], [], 1), ([0.1], [], 1), ([0.1], [1e9], 0), ([0.0], [1e9], 1),
                                              ([0.1], [-1.0], 1)])
 def test_summarize_rejects_bad_input(steps, bws, bpt):
@@ -45,6 +78,12 @@ def test_short_run_on_a_real_model(real_model, tmp_path):
     assert row["bytes_per_token"] == int(inspect_model(str(path))["bytes_per_token"]["total"])
     assert row["pct_of_ceiling"] == pytest.approx(
         100 * row["bytes_per_token"] / row["median_step_s"] / row["median_read_bandwidth_bytes_per_s"])
+    # Two steps, both followed by a pass of the first loop, which is then the ceiling.
+    from ktd import _native
+
+    first = int(_native.kernels.READ_BANDWIDTH_PREFETCH[0])
+    assert row["read_loop_prefetch"] == first and row["read_loop_passes"] == 2
+    assert row["median_read_bandwidth_bytes_per_s"] == row["read_loop_medians"][str(first)]
     blocks = {r["block"]: r for r in row["breakdown"]}
     assert blocks["step"]["bytes_per_token"] == row["bytes_per_token"]
     assert {"attention_in", "attention", "glu_ffn", "output_head"} <= set(blocks)
@@ -54,8 +93,6 @@ def test_short_run_on_a_real_model(real_model, tmp_path):
     pool = row["pool"]
     assert pool["regions_per_step"] > 0 and len(pool["worker_busy_pct_of_step"]) == 1
     assert pool["worker_start_us_mean"] == [] and pool["cpu_ms_per_step"] > 0
-    from ktd import _native
-
     assert row["isa"] == _native.kernels.active_isa() and len(row["loadavg_start"]) == 3
 
 
@@ -352,6 +389,10 @@ def test_ab_prefetch_alternates_the_setting_and_restores_the_default(tmp_path, c
     (row,) = json.loads(out.read_text())
     ab = row["decode_prefetch_ab"]
     assert ab["off"]["tokens"] == 3 and ab["on"]["tokens"] == 2
+    # Steps 0-1 are followed by the first read loop, 2-3 by the second, 4 by the third.
+    loops = [str(int(pf)) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH]
+    assert set(ab["off"]["read_loop_medians"]) == {loops[0], loops[1], loops[2]}
+    assert set(ab["on"]["read_loop_medians"]) == {loops[0], loops[1]}
     default = "on" if _native.kernels.decode_prefetch_default() else "off"
     assert row["tokens"] == ab[default]["tokens"] and row["median_step_s"] == ab[default]["median_step_s"]
     assert ab["on_over_off"] == pytest.approx(ab["on"]["median_step_s"] / ab["off"]["median_step_s"])

@@ -260,9 +260,27 @@ def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
     monkeypatch.setitem(sys.modules, "ktd.engine", module)
     # token ids inside the fake engine's 260-entry vocabulary
     monkeypatch.setattr(e2e, "prompt_tokens", lambda p, n: (np.arange(n) % 200 + 32).astype(np.int32))
+    from ktd import _native
+
+    passes = []
+    real_bw = _native.kernels.bench_read_bandwidth
+
+    def bw_spy(nbytes, threads, reps, prefetch=-1):
+        passes.append((threads, reps, prefetch))
+        return real_bw(nbytes, threads, reps, prefetch)
+
+    monkeypatch.setattr(_native.kernels, "bench_read_bandwidth", bw_spy)
     rep = e2e.run([e2e.BenchModel("q", lambda: path)], ["ktd"], [1, 2], e2e.TESTS, reps=2,
                   bw_bytes=64 << 20, bw_reps=1)
     e2e.validate_report(rep)
+    # The peak before the run keeps the best of every loop; each pass during decode is one pass of
+    # the loop that was fastest before it (the loop choice: two passes of each loop).
+    loops = rep["config"]["read_bandwidth_loop"]
+    assert set(loops) == {"1", "2"} and all(pf in _native.kernels.READ_BANDWIDTH_PREFETCH for pf in loops.values())
+    assert [p for p in passes if p[1] == 1] == ([(1, 1, -1), (2, 1, -1)]
+                                                + [(1, 1, loops["1"])] * 4 + [(2, 1, loops["2"])] * 4)
+    assert sorted(p for p in passes if p[1] == 2) == sorted(
+        (t, 2, int(pf)) for t in (1, 2) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH)
     assert opened == [(str(path), e2e.N_CTX, 1, 1), (str(path), e2e.N_CTX, 1, 2)]
     assert len(rep["rows"]) == 2 * len(e2e.TESTS)
     assert all(len(r["samples"]) == 2 and r["tokens_per_s"] > 0 for r in rep["rows"])

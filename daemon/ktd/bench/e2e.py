@@ -19,7 +19,11 @@ same thread count, streaming a buffer far larger than the L3 cache) ÷ bytes rea
 of the passes during that model's decode where one of those was faster: the bandwidth may rise
 while the run goes on) and against the bandwidth measured during decode (one pass right before
 and one right after every repetition's tg128 pair, median): on a virtual machine whose memory bandwidth drifts with its
-neighbours' load the two differ, and the second is what the decode loop could have had. The per-token cost of the Python harness itself is measured and reported.
+neighbours' load the two differ, and the second is what the decode loop could have had. A pass
+during decode is one pass of one loop, the read loop that was fastest before the run
+(``read_bandwidth_loop``; ``ktd.bench.kernels.best_read_loop``), not the best of every loop: that
+would be the best of four samples, on a Zen 3 0-5% above one loop's median, against a tg128
+that is one. The per-token cost of the Python harness itself is measured and reported.
 A model whose bytes per token are under 4x the last-level cache is flagged cache-assisted (``*``):
 part of its weight stream comes from the cache, so its % of the ceiling is not comparable with
 other machines. The report names the CPU, its caches and the kernels' ISA; on an AVX-512 machine
@@ -730,11 +734,16 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
     load_start = os.getloadavg()
     features = _native.cpu_features()
     llc = machine.last_level_cache()
+    from ktd.bench.kernels import best_read_loop
+
     read_bandwidth: dict[int, float] = {}
+    read_loop: dict[int, int] = {}   # the loop of the passes during decode, per thread count
     for t in threads:
         read_bandwidth[t] = _native.kernels.bench_read_bandwidth(bw_bytes, t, bw_reps)
+        read_loop[t] = int(best_read_loop(bw_bytes, t))
         log(f"read bandwidth, {t} thread(s): {read_bandwidth[t] / 1e9:.2f} GB/s "
-            f"(best of {bw_reps} passes over {bw_bytes >> 20} MiB)")
+            f"(best of {bw_reps} passes over {bw_bytes >> 20} MiB); passes during decode: the loop "
+            f"prefetching {read_loop[t]} bytes ahead, the fastest now")
 
     c = _Collected()
     bytes_per_token: dict[str, int | None] = {}
@@ -752,7 +761,7 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         c.n_vocab = None
         for t in threads:
             _bench_threads(c, m.name, path, tokens, t, engines, tests, reps,
-                           lambda th: _native.kernels.bench_read_bandwidth(bw_bytes, th, 1), peer)
+                           lambda th: _native.kernels.bench_read_bandwidth(bw_bytes, th, 1, read_loop[th]), peer)
         if c.n_vocab:
             c.overhead.append({"model": m.name, "engine": "both", "threads": None, "test": TG_TEST,
                                "how": "input setting + argmax over n_vocab logits, timed alone",
@@ -762,6 +771,7 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         "reps": reps, "tests": list(tests), "threads": list(threads), "engines": list(engines),
         "n_ctx": N_CTX, "n_batch": N_BATCH, "n_ubatch": N_BATCH, "tg_prompt_tokens": TG_PROMPT_TOKENS,
         "read_bandwidth_buffer_bytes": bw_bytes, "read_bandwidth_passes": bw_reps,
+        "read_bandwidth_loop": {str(t): pf for t, pf in read_loop.items()},
         "llama_cpp_python": _version("llama_cpp_python"),
         "llama_bench": ({"exe": peer.exe, "args": list(peer.args)} if peer and "llama-bench" in engines else None),
         "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
