@@ -275,10 +275,11 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     // find them in L2). With a few columns, as an MoE expert has in prefill (Qwen3-MoE pp128:
     // ~8 tokens each), that tile is as much memory-bound as compute-bound, so where the decode
     // prefetches (k_decode_prefetch) it prefetches too, and the other tiles do not. Measured on
-    // the Zen 3 above, 2 threads, 96 cold expert-sized matrices per call, the two alternating
-    // (12 pairs of runs at 1 and 2 threads, every one faster): Q4_K 768 x 2048 at n = 4, 8, 12
-    // 1.6-12% faster, Q6_K 2048 x 768 at n = 8 4-6%; Qwen3-MoE bench file pp128 0.99-1.05x, no loss at pp512.
-    // The arithmetic is the same either way.
+    // the Zen 3 above, 96 cold expert-sized matrices per call, with and without alternating 8
+    // times, 12 cases at 1 and 2 threads, every median faster: Q4_K 768 x 2048 at n = 4, 8, 12
+    // 1.6-12% faster, Q6_K 2048 x 768 at n = 8 4-6%; whole forwards (medians and paired medians
+    // of alternating runs), Qwen3-MoE bench file pp128 0.99-1.05x and pp512 1.00-1.02x,
+    // Qwen2.5-Coder-1.5B pp128 1.02-1.10x. The arithmetic is the same either way.
     const bool prefetch_first = k_decode_prefetch();
     // The loops written out rather than through for_each_tile: with the driver, GCC 12 folded the
     // Q6_K weight loads into the shifts and the 172 MB Q6_K output head of the deepseek2 bench file
