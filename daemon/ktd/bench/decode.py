@@ -18,7 +18,7 @@ A pass is one pass of one loop. The loops (``READ_BANDWIDTH_PREFETCH``: plain, a
 whose passes have the highest median (``read_loop_prefetch``; every loop's median is in
 ``read_loop_medians``). A pass that kept the best of all the loops (as this tool did before) is
 the best of four samples against one decode step: on a Zen 3 whose passes vary by ~10% from one
-to the next, 2.9% above the best loop's median (12 rounds of the two, interleaved, 0.98 GB).
+to the next, 3.0% above the best loop's median (12 rounds of the two, interleaved, 0.98 GB).
 
 ``--breakdown`` also times every block of the forward natively while it decodes
 (``Context.set_profiling``: embedding, norms, residual adds, q/k/v projections, attention over
