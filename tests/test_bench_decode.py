@@ -48,15 +48,50 @@ def test_summarize_with_read_loops_takes_the_loop_with_the_best_median():
         B.summarize(steps, bws, bpt, loops[:-1])
 
 
-def test_read_loops_take_turns_for_both_settings_of_an_ab():
-    """Every loop follows steps of both A/B settings (even and odd steps), in equal numbers."""
+def test_every_read_loop_follows_every_step_in_rotating_order():
+    """Each step is followed by one pass of every loop; the loop that runs first after a step
+    changes from step to step and each loop is first equally often."""
     from ktd import _native
 
-    loops = list(_native.kernels.READ_BANDWIDTH_PREFETCH)
-    n = 4 * len(loops)
-    for parity in (0, 1):
-        seen = [B.read_loop(i) for i in range(parity, n, 2)]
-        assert sorted(seen) == sorted(loops * 2)
+    loops = [int(pf) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH]
+    after = [B.read_loops_after(i) for i in range(2 * len(loops))]
+    assert all(sorted(a) == sorted(loops) for a in after)
+    assert [a[0] for a in after] == loops * 2
+
+
+def test_summarize_with_several_passes_per_step():
+    """pass_steps maps each pass to the step it followed: the ceiling is the best loop's median
+    over its passes, the pairwise figure pairs each of them with its own step, and the median step
+    counts every step once."""
+    steps = [0.10, 0.08, 0.20]
+    bws = [10e9, 12e9, 11e9, 16e9, 9e9, 13e9]
+    loops = [0, 4096, 4096, 0, 0, 4096]
+    pass_steps = [0, 0, 1, 1, 2, 2]
+    bpt = 1_000_000_000
+    r = B.summarize(steps, bws, bpt, loops, pass_steps)
+    assert r["tokens"] == 3 and r["median_step_s"] == pytest.approx(0.10)
+    assert r["read_loop_medians"] == {"0": 10e9, "4096": 12e9}
+    assert r["read_loop_prefetch"] == 4096 and r["read_loop_passes"] == 3
+    assert r["pct_of_ceiling"] == pytest.approx(100 * bpt / 0.10 / 12e9)
+    pairwise = np.median([100 * bpt / 0.10 / 12e9, 100 * bpt / 0.08 / 11e9, 100 * bpt / 0.20 / 13e9])
+    assert r["pct_of_ceiling_pairwise_median"] == pytest.approx(pairwise)
+    for bad in ([0, 0, 1, 1, 2], [0, 0, 1, 1, 2, 3], [0, 0, 1, 1, 2, -1]):
+        with pytest.raises(ValueError, match="step"):
+            B.summarize(steps, bws, bpt, loops, bad)
+
+
+def test_prefetch_ab_keeps_each_settings_passes_with_its_steps():
+    steps = [0.10, 0.20, 0.12, 0.22]
+    settings = [0, 1, 0, 1]
+    bws = [10e9, 11e9, 20e9, 21e9, 12e9, 13e9, 22e9, 23e9]
+    loops = [0, 4096] * 4
+    pass_steps = [0, 0, 1, 1, 2, 2, 3, 3]
+    ab = B.prefetch_ab(steps, bws, settings, 1_000_000_000, loops, pass_steps)
+    assert ab["off"]["read_loop_medians"] == {"0": 11e9, "4096": 12e9}
+    assert ab["on"]["read_loop_medians"] == {"0": 21e9, "4096": 22e9}
+    assert ab["off"]["median_step_s"] == pytest.approx(0.11) and ab["on"]["median_step_s"] == pytest.approx(0.21)
+    assert ab["off"]["read_loop_passes"] == 2 and ab["on"]["read_loop_passes"] == 2
+    assert ab["on_over_off"] == pytest.approx(0.21 / 0.11)
 
 
 @pytest.mark.parametrize("steps, bws, bpt", [([], [], 1), ([0.1], [], 1), ([0.1], [1e9], 0), ([0.0], [1e9], 1),
@@ -78,12 +113,15 @@ def test_short_run_on_a_real_model(real_model, tmp_path):
     assert row["bytes_per_token"] == int(inspect_model(str(path))["bytes_per_token"]["total"])
     assert row["pct_of_ceiling"] == pytest.approx(
         100 * row["bytes_per_token"] / row["median_step_s"] / row["median_read_bandwidth_bytes_per_s"])
-    # Two steps, both followed by a pass of the first loop, which is then the ceiling.
+    # Two steps, each followed by a pass of every loop: each loop has two passes, and the ceiling
+    # is the highest of their medians.
     from ktd import _native
 
-    first = int(_native.kernels.READ_BANDWIDTH_PREFETCH[0])
-    assert row["read_loop_prefetch"] == first and row["read_loop_passes"] == 2
-    assert row["median_read_bandwidth_bytes_per_s"] == row["read_loop_medians"][str(first)]
+    loops = {str(int(pf)) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH}
+    assert set(row["read_loop_medians"]) == loops and row["read_loop_passes"] == 2
+    assert row["median_read_bandwidth_bytes_per_s"] == max(row["read_loop_medians"].values())
+    assert row["median_read_bandwidth_bytes_per_s"] == row["read_loop_medians"][str(row["read_loop_prefetch"])]
+    assert row["ceiling_method"] == B.CEILING_METHOD
     blocks = {r["block"]: r for r in row["breakdown"]}
     assert blocks["step"]["bytes_per_token"] == row["bytes_per_token"]
     assert {"attention_in", "attention", "glu_ffn", "output_head"} <= set(blocks)
@@ -389,10 +427,11 @@ def test_ab_prefetch_alternates_the_setting_and_restores_the_default(tmp_path, c
     (row,) = json.loads(out.read_text())
     ab = row["decode_prefetch_ab"]
     assert ab["off"]["tokens"] == 3 and ab["on"]["tokens"] == 2
-    # Steps 0-1 are followed by the first read loop, 2-3 by the second, 4 by the third.
-    loops = [str(int(pf)) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH]
-    assert set(ab["off"]["read_loop_medians"]) == {loops[0], loops[1], loops[2]}
-    assert set(ab["on"]["read_loop_medians"]) == {loops[0], loops[1]}
+    # Every step is followed by a pass of every read loop, so both settings see all of them, once
+    # per step.
+    loops = {str(int(pf)) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH}
+    assert set(ab["off"]["read_loop_medians"]) == set(ab["on"]["read_loop_medians"]) == loops
+    assert ab["off"]["read_loop_passes"] == 3 and ab["on"]["read_loop_passes"] == 2
     default = "on" if _native.kernels.decode_prefetch_default() else "off"
     assert row["tokens"] == ab[default]["tokens"] and row["median_step_s"] == ab[default]["median_step_s"]
     assert ab["on_over_off"] == pytest.approx(ab["on"]["median_step_s"] / ab["off"]["median_step_s"])
@@ -429,3 +468,21 @@ def test_ab_prefetch_rejects_a_breakdown_and_a_single_token(tmp_path, capsys):
     assert "--ab-prefetch needs" in capsys.readouterr().err
     with pytest.raises(ValueError):
         B.measure("unused.gguf", 1, 1, ab_prefetch=True)
+
+
+def test_compare_says_when_the_ceilings_were_taken_differently():
+    """Files of the three kinds (each pass the best of every loop; the loops taking turns; every
+    loop after every step) are told apart, and a before/after of two kinds says so."""
+    def res(**extra):
+        return {"model": "a.gguf", "threads": 2, "pct_of_ceiling": 80.0, "tokens_per_s": 1.0,
+                "loadavg_start": None, "breakdown": [], **extra}
+
+    best_of, rotating, every = res(), res(read_loop_prefetch=4096), res(read_loop_prefetch=0,
+                                                                       ceiling_method=B.CEILING_METHOD)
+    assert [B.ceiling_method(r) for r in (best_of, rotating, every)] == ["best-of-loops", "rotating-loops",
+                                                                          B.CEILING_METHOD]
+    (row,) = B.compare([rotating], [every])
+    assert row["ceiling_method"] == ("rotating-loops", B.CEILING_METHOD)
+    assert "ceilings were taken differently: rotating-loops before" in B.format_compare([row])
+    (row,) = B.compare([every], [every])
+    assert "differently" not in B.format_compare([row])

@@ -13,12 +13,19 @@ Comparing a median decode rate with a best-of bandwidth taken at another moment 
 another run) understates or overstates the percentage by as much as the machine's noise, 10-20%
 here.
 
-A pass is one pass of one loop. The loops (``READ_BANDWIDTH_PREFETCH``: plain, and prefetching
-2-8 KiB ahead, as the kernels prefetch) take turns, two steps each, and the ceiling is the loop
-whose passes have the highest median (``read_loop_prefetch``; every loop's median is in
-``read_loop_medians``). A pass that kept the best of all the loops (as this tool did before) is
-the best of four samples against one decode step: on a Zen 3 whose passes vary by ~10% from one
-to the next, 3.0% above the best loop's median (12 rounds of the two, interleaved, 0.98 GB).
+A pass is one pass of one loop. Every step is followed by one pass of each loop
+(``READ_BANDWIDTH_PREFETCH``: plain, and prefetching 2-8 KiB ahead, as the kernels prefetch; the
+order rotates from step to step), and the ceiling is the loop whose passes have the highest median
+(``read_loop_prefetch``; every loop's median is in ``read_loop_medians``), so each loop's median
+is taken over as many passes as there are steps. The highest of several medians is itself biased
+upwards (each is a noisy estimate, and the maximum picks the luckiest), the less so the more
+passes each has. On a Zen 3 whose passes vary by ~11% (standard deviation) from one to the next,
+with the loops' medians within 4-7% of each other (every loop after each of 48 steps of
+Qwen2.5-Coder-1.5B and 64 of the 0.5B), bootstrap resampling put the highest median at 1.1-2.7%
+above the highest median of all the passes with 12 passes per loop (the loops taking turns, as
+this tool did before), and 0.2-0.9% with all 48-64. A pass that kept the best of all the loops
+(as it did before that) is the best of four samples against one decode step: 3.0% above the best
+loop's median (12 rounds of the two, interleaved, 0.98 GB).
 
 ``--breakdown`` also times every block of the forward natively while it decodes
 (``Context.set_profiling``: embedding, norms, residual adds, q/k/v projections, attention over
@@ -70,6 +77,10 @@ import numpy as np
 from ktd.bench import write_results
 
 PROMPT_TOKENS = 16
+# How the ceiling was taken (``ceiling_method`` in the results; ``--compare`` says when two files
+# differ). Files without it: "rotating-loops" when they have read_loop_prefetch (one loop's pass
+# after each step, the loops taking turns), else "best-of-loops" (each pass the best of all loops).
+CEILING_METHOD = "every-loop-each-step"
 
 # Blocks of a forward (native/src/model/profile.h), in the order a layer runs them.
 BLOCKS = ("embed", "norm", "residual_add", "attention_in", "attention", "attention_out", "mla_attention",
@@ -235,30 +246,39 @@ def machine_info(bytes_per_token: int) -> dict[str, Any]:
             "cache_assisted": cache_assisted(bytes_per_token, llc["bytes"] if llc else None)}
 
 
-def read_loop(step: int) -> int:
-    """The read loop (its prefetch distance, of READ_BANDWIDTH_PREFETCH) of the pass after decode
-    step ``step``: each loop in turn for two steps, so that alternating A/B settings (even and odd
-    steps) both see every loop."""
+def read_loops_after(step: int) -> list[int]:
+    """The read loops (prefetch distances, every one of READ_BANDWIDTH_PREFETCH) of the passes
+    after decode step ``step``, in turn, the first one rotating from step to step so that no loop
+    always runs first after a step."""
     from ktd import _native
 
-    loops = _native.kernels.READ_BANDWIDTH_PREFETCH
-    return int(loops[(step // 2) % len(loops)])
+    loops = [int(pf) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH]
+    k = step % len(loops)
+    return loops[k:] + loops[:k]
 
 
 def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_per_token: int,
-              loops: Sequence[int] | None = None) -> dict[str, Any]:
+              loops: Sequence[int] | None = None, pass_steps: Sequence[int] | None = None) -> dict[str, Any]:
     """Medians of interleaved decode steps (s) and bandwidth passes (B/s), and decode as % of it.
     ``loops``: the read loop of each pass; the ceiling is then the median of the passes of the
     loop whose median is highest, and the pairwise figure takes only the steps followed by one of
-    those passes. None: one loop (or passes that are already the best of several)."""
-    if not step_seconds or len(step_seconds) != len(bandwidths):
-        raise ValueError("need as many bandwidth passes as decode steps, at least one")
+    those passes. None: one loop (or passes that are already the best of several).
+    ``pass_steps``: the step each pass followed (several passes may follow one step); None: pass
+    i followed step i."""
+    if not step_seconds or not bandwidths:
+        raise ValueError("need at least one decode step and one bandwidth pass")
+    if pass_steps is None:
+        if len(step_seconds) != len(bandwidths):
+            raise ValueError("need as many bandwidth passes as decode steps, at least one")
+        pass_steps = range(len(bandwidths))
+    elif len(pass_steps) != len(bandwidths) or not all(0 <= i < len(step_seconds) for i in pass_steps):
+        raise ValueError("need the step (an index into the steps) of every bandwidth pass")
     if bytes_per_token <= 0 or min(step_seconds) <= 0 or min(bandwidths) <= 0:
         raise ValueError("bytes per token, step times and bandwidths must be positive")
     if loops is not None and len(loops) != len(bandwidths):
         raise ValueError("need the read loop of every bandwidth pass")
     step = statistics.median(step_seconds)
-    pairs = list(zip(step_seconds, bandwidths))
+    pairs = [(step_seconds[i], b) for i, b in zip(pass_steps, bandwidths)]
     out: dict[str, Any] = {}
     if loops is None:
         bw = statistics.median(bandwidths)
@@ -267,7 +287,7 @@ def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_
                    for pf in sorted(set(loops))}
         best = max(medians, key=lambda pf: medians[pf])
         bw = medians[best]
-        pairs = [(s, b) for s, b, lp in zip(step_seconds, bandwidths, loops) if lp == best]
+        pairs = [(step_seconds[i], b) for i, b, lp in zip(pass_steps, bandwidths, loops) if lp == best]
         out = {"read_loop_prefetch": best, "read_loop_medians": {str(pf): m for pf, m in medians.items()},
                "read_loop_passes": len(pairs)}
     decode_bps = bytes_per_token / step
@@ -285,16 +305,23 @@ def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_
 
 
 def prefetch_ab(steps: Sequence[float], bandwidths: Sequence[float], settings: Sequence[int],
-                bytes_per_token: int, loops: Sequence[int] | None = None) -> dict[str, Any]:
+                bytes_per_token: int, loops: Sequence[int] | None = None,
+                pass_steps: Sequence[int] | None = None) -> dict[str, Any]:
     """--ab-prefetch: each setting's steps (0 = off, 1 = on; settings[i] is step i's) with the
-    bandwidth passes that followed them (and their read loops), summarized apart, and on/off as
-    the ratio of the median steps (above 1: the prefetch is slower)."""
-    def pick(values: Sequence[Any] | None, val: int) -> list[Any] | None:
-        return None if values is None else [x for x, v in zip(values, settings) if v == val]
+    bandwidth passes that followed them (and their read loops; ``pass_steps`` as summarize's),
+    summarized apart, and on/off as the ratio of the median steps (above 1: the prefetch is
+    slower)."""
+    followed = list(range(len(bandwidths))) if pass_steps is None else list(pass_steps)
 
-    out: dict[str, Any] = {name: summarize(pick(steps, val), pick(bandwidths, val), bytes_per_token,
-                                           pick(loops, val))
-                           for name, val in (("off", 0), ("on", 1))}
+    def setting(val: int) -> dict[str, Any]:
+        mine = [i for i, v in enumerate(settings) if v == val]
+        index = {i: k for k, i in enumerate(mine)}  # a step's index among this setting's steps
+        passes = [j for j, i in enumerate(followed) if i in index]
+        return summarize([steps[i] for i in mine], [bandwidths[j] for j in passes], bytes_per_token,
+                         None if loops is None else [loops[j] for j in passes],
+                         [index[followed[j]] for j in passes])
+
+    out: dict[str, Any] = {name: setting(val) for name, val in (("off", 0), ("on", 1))}
     out["on_over_off"] = out["on"]["median_step_s"] / out["off"]["median_step_s"]
     return out
 
@@ -320,7 +347,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
     n = len(prompt)
     logits = eng.forward(prompt, np.arange(n), np.zeros(n), np.arange(n) == n - 1)
     token = int(np.argmax(logits[0]))
-    steps, bws, loops = [], [], []
+    steps, bws, loops, pass_steps = [], [], [], []
     load_start = os.getloadavg()
     if with_breakdown:
         eng.context.set_profiling(True)
@@ -337,18 +364,20 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
             token = int(np.argmax(logits[0]))
             steps.append(time.perf_counter() - t0)
             cpu += time.process_time() - c0
-            loops.append(read_loop(i))
-            bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1, loops[-1]))
+            for pf in read_loops_after(i):
+                loops.append(pf)
+                pass_steps.append(i)
+                bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1, pf))
     finally:
         if ab_prefetch:
             _native.kernels.set_decode_prefetch(-1)  # the CPU's default again
-    ab = prefetch_ab(steps, bws, settings, bpt, loops) if ab_prefetch else None
+    ab = prefetch_ab(steps, bws, settings, bpt, loops, pass_steps) if ab_prefetch else None
     # With the A/B, the row's own figures are those of the CPU's default setting's steps.
     summary = (ab["on" if _native.kernels.decode_prefetch_default() else "off"] if ab is not None
-               else summarize(steps, bws, bpt, loops))
+               else summarize(steps, bws, bpt, loops, pass_steps))
     result = {"model": os.path.basename(path), "threads": threads, "context": context, "bytes_per_token": bpt,
               "weights_map": eng.model.memory["weights_map"],
-              **summary, **machine_info(bpt),
+              **summary, "ceiling_method": CEILING_METHOD, **machine_info(bpt),
               "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
     if ab is not None:
         result["decode_prefetch_ab"] = ab
@@ -381,6 +410,18 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+CEILING_NOTES = {
+    "best-of-loops": "each pass the best of every read loop, a ceiling ~3-5% high",
+    "rotating-loops": "the loops taking turns, the highest of medians of a quarter of the passes, ~1-3% high",
+    CEILING_METHOD: "every loop after every step, the highest of medians of all the passes, ~0-1% high",
+}
+
+
+def ceiling_method(row: dict[str, Any]) -> str:
+    """How a results row's ceiling was taken (CEILING_METHOD and the older kinds before it)."""
+    return row.get("ceiling_method") or ("rotating-loops" if "read_loop_prefetch" in row else "best-of-loops")
+
+
 def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Before/after rows per (model, threads, context) present in both results files: decode % of
     the ceiling on each side, and per breakdown block ms/step on each side and the change (a row
@@ -398,8 +439,7 @@ def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[d
                "pct_of_ceiling": (b["pct_of_ceiling"], r["pct_of_ceiling"]),
                "tokens_per_s": (b["tokens_per_s"], r["tokens_per_s"]),
                "loadavg_start": (b.get("loadavg_start"), r.get("loadavg_start")),
-               # A results file without read_loop_prefetch kept the best of every loop per pass.
-               "ceiling_best_of_loops": ("read_loop_prefetch" not in b, "read_loop_prefetch" not in r),
+               "ceiling_method": (ceiling_method(b), ceiling_method(r)),
                "blocks": []}
         ob = {x["block"]: x for x in b.get("breakdown", [])}
         for x in r.get("breakdown", []):
@@ -419,10 +459,10 @@ def format_compare(rows: list[dict[str, Any]]) -> str:
         load = f" (load average {lb[0]:.1f} / {la[0]:.1f})" if lb and la else ""
         lines.append(f"{r['model']} {r['threads']} thread(s), context {r['context']}: {tb:.2f} -> {ta:.2f} tok/s, "
                      f"{pb:.1f}% -> {pa:.1f}% of the ceiling{load}")
-        if r["ceiling_best_of_loops"][0] != r["ceiling_best_of_loops"][1]:
-            old_side = "before" if r["ceiling_best_of_loops"][0] else "after"
-            lines.append(f"  (the {old_side} file's passes kept the best of every read loop, a higher ceiling than "
-                         "one loop's passes: its % of the ceiling reads a few % lower)")
+        mb, ma = r["ceiling_method"]
+        if mb != ma:
+            lines.append(f"  (the ceilings were taken differently: {mb} before, {ma} after; {CEILING_NOTES[mb]}; "
+                         f"{CEILING_NOTES[ma]})")
         for x in r["blocks"]:
             lines.append(f"  {x['block']:28} {x['ms_before']:8.3f} -> {x['ms_after']:8.3f} ms/step ({x['ms_change']:+.3f})")
     return "\n".join(lines) if lines else "no (model, threads, context) in both results files"
@@ -432,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.decode", description=__doc__.splitlines()[0])
     ap.add_argument("model", help="GGUF file or known model name")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--tokens", type=int, default=32, help="decode steps (each followed by a bandwidth pass)")
+    ap.add_argument("--tokens", type=int, default=32,
+                    help="decode steps (each followed by one bandwidth pass of every read loop)")
     ap.add_argument("--context", type=int, default=PROMPT_TOKENS,
                     help="prompt tokens before the timed decode (the KV cache the attention reads)")
     ap.add_argument("--breakdown", action="store_true",
