@@ -22,6 +22,7 @@
 
 #include "common/float16.h"
 #include "common/ggml_types.h"
+#include "common/sum_squares.h"
 #include "cuda/block_math.h"
 #include "cuda/cuda_api.h"
 #include "cuda/ops_math.h"
@@ -354,8 +355,7 @@ int rmsnorm(KtdCudaCtx *ctx, const float *x, const float *w, float *y, int64_t r
         for (int64_t r = 0; r < rows; ++r) {
             const float *xr = x + r * n;
             float *yr = y + r * n;
-            double ss = 0.0;
-            for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * double(xr[i]);
+            const double ss = sum_squares_f64(xr, n);
             const float scale = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
             for (int64_t i = 0; i < n; ++i) yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
         }

@@ -74,7 +74,8 @@ void launch_q(const void *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t 
     gemv_q_kernel<Block><<<blocks_for(rows * n * 32), kThreads, 0, st>>>(static_cast<const Block *>(w), rows, k, act, n, y);
 }
 
-// y [rows][n]: one block per row; the sum of squares in double, as the CPU's rms_norm.
+// y [rows][n]: one block per row; the sum of squares in double, as the CPU's rms_norm (in another
+// order: a tree over the block's threads).
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps) {
     __shared__ double part[256];
     const float *xr = x + int64_t(blockIdx.x) * n;

@@ -4,14 +4,14 @@
 #include <cmath>
 #include <vector>
 
+#include "common/sum_squares.h"
 #include "cpu/thread_pool.h"
 #include "kernels/elementwise.h"
 
 namespace ktd {
 
 void rms_norm(const float *x, const float *w, float *y, int64_t n, float eps) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
+    const double ss = sum_squares_f64(x, n);
     const float scale = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
     if (w) {
         for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
