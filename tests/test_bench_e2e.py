@@ -278,7 +278,8 @@ def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
     loops = rep["config"]["read_bandwidth_loop"]
     assert set(loops) == {"1", "2"} and all(pf in _native.kernels.READ_BANDWIDTH_PREFETCH for pf in loops.values())
     assert [p for p in passes if p[1] == 1] == ([(1, 1, -1), (2, 1, -1)]
-                                                + [(1, 1, loops["1"])] * 4 + [(2, 1, loops["2"])] * 4)
+                                                + [(1, 1, loops["1"])] * 4 * e2e.BRACKET_PASSES
+                                                + [(2, 1, loops["2"])] * 4 * e2e.BRACKET_PASSES)
     assert sorted(p for p in passes if p[1] == 2) == sorted(
         (t, 2, int(pf)) for t in (1, 2) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH)
     assert opened == [(str(path), e2e.N_CTX, 1, 1), (str(path), e2e.N_CTX, 1, 2)]
@@ -297,8 +298,9 @@ def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
     assert [bw["threads"] for bw in rep["read_bandwidth"]] == [1, 2]
     assert all(bw["bytes_per_s"] > 0 for bw in rep["read_bandwidth"])
     assert all(c["decode_pct_of_ceiling"]["ktd"] > 0 for c in rep["ceiling"])
-    # One bandwidth pass before and one after each repetition's tg128, per thread count.
-    assert all(len(c["during_decode"]["samples"]) == 2 * 2 and c["during_decode"]["decode_pct_of_ceiling"]["ktd"] > 0
+    # BRACKET_PASSES bandwidth passes before and as many after each repetition's tg128, per
+    # thread count.
+    assert all(len(c["during_decode"]["samples"]) == 2 * 2 * e2e.BRACKET_PASSES and c["during_decode"]["decode_pct_of_ceiling"]["ktd"] > 0
                for c in rep["ceiling"])
     assert [(i["model"], i["threads"], i["info"]["name"]) for i in rep["config"]["ktd_engine_info"]] == [
         ("q", 1, "fake"), ("q", 2, "fake")]
@@ -384,7 +386,7 @@ def test_llama_bench_peer_runs_one_process_per_measurement(tmp_path):
     assert got == {("pp128", 0): pytest.approx(1000.0), ("pp512", 0): pytest.approx(1000.0),
                    ("tg128", 0): pytest.approx(100.0), ("pp128", 1): pytest.approx(1000.0),
                    ("pp512", 1): pytest.approx(1000.0), ("tg128", 1): pytest.approx(100.0)}
-    assert c.greedy == {} and len(c.bw_samples) == 4 and not c.unavailable
+    assert c.greedy == {} and len(c.bw_samples) == 2 * 2 * e2e.BRACKET_PASSES and not c.unavailable
 
 
 @pytest.mark.parametrize("body,message", [

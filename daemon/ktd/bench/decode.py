@@ -411,7 +411,7 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
 
 
 CEILING_NOTES = {
-    "best-of-loops": "each pass the best of every read loop, a ceiling ~3-5% high",
+    "best-of-loops": "each pass the best of every read loop, a ceiling 0-5% high as measured on a Zen 3",
     "rotating-loops": "the loops taking turns, the highest of medians of a quarter of the passes, ~1-3% high",
     CEILING_METHOD: "every loop after every step, the highest of medians of all the passes, ~0-1% high",
 }

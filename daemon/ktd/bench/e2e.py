@@ -17,9 +17,12 @@ Decode is also reported as % of the DRAM ceiling: read bandwidth (measured in th
 same thread count, streaming a buffer far larger than the L3 cache) ÷ bytes read per token
 (``ktd.inspect``), twice: against the peak (the best of ``--bw-reps`` passes before the run, or
 of the passes during that model's decode where one of those was faster: the bandwidth may rise
-while the run goes on) and against the bandwidth measured during decode (one pass right before
-and one right after every repetition's tg128 pair, median): on a virtual machine whose memory bandwidth drifts with its
-neighbours' load the two differ, and the second is what the decode loop could have had. A pass
+while the run goes on) and against the bandwidth measured during decode (``BRACKET_PASSES`` passes
+right before and as many right after every repetition's tg128 pair, median): on a virtual machine
+whose memory bandwidth drifts with its neighbours' load the two differ, and the second is what the
+decode loop could have had. One pass on each side (as before) gave 6 passes at ``--reps 3``, too
+few on a Zen 3 whose passes vary by ~11%: one such run put a model's decode at 101-105% of their
+median. A pass
 during decode is one pass of one loop, the read loop that was fastest before the run
 (``read_bandwidth_loop``; ``ktd.bench.kernels.best_read_loop``), not the best of every loop: that
 would be the best of four samples, on a Zen 3 0-5% above one loop's median, against a tg128
@@ -66,6 +69,8 @@ ENGINES = ("ktd", "llama.cpp", "llama-bench")
 DEFAULT_ENGINES = ("ktd", "llama.cpp")
 PP_TESTS = {"pp128": 128, "pp512": 512}
 TG_TEST, TG_TOKENS = "tg128", 128
+# Read-bandwidth passes right before and right after each tg128 pair (the %@tg columns).
+BRACKET_PASSES = 4
 TESTS = (*PP_TESTS, TG_TEST)
 TG_PROMPT_TOKENS = 16      # the short prompt before decode (not timed)
 N_CTX = 1024               # >= 512 (pp512) and >= TG_PROMPT_TOKENS + TG_TOKENS
@@ -666,7 +671,8 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
                    engines: Sequence[str], tests: Sequence[str], reps: int,
                    sample_bandwidth: Callable[[int], float] | None = None, peer: PeerBench | None = None) -> None:
     """Open every engine on `path` with `threads`, warm up, then `reps` interleaved repetitions;
-    sample_bandwidth(threads) (B/s) is measured right before and right after each tg128 pair."""
+    sample_bandwidth(threads) (B/s) is measured BRACKET_PASSES times right before and as many right
+    after each tg128 pair."""
     runners: dict[str, Any] = {}
     for name in engines:
         try:
@@ -690,8 +696,8 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
             for test in tests:
                 bracket = test == TG_TEST and sample_bandwidth is not None and bool(runners)
                 if bracket:
-                    c.bw_samples.append({"model": model, "threads": threads, "rep": rep,
-                                         "bytes_per_s": sample_bandwidth(threads)})
+                    c.bw_samples += [{"model": model, "threads": threads, "rep": rep,
+                                      "bytes_per_s": sample_bandwidth(threads)} for _ in range(BRACKET_PASSES)]
                 for name in order:
                     if name not in runners:
                         continue
@@ -712,8 +718,8 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
                             internal.setdefault(name, []).append(
                                 (TG_TOKENS / tps - r.last_decode_internal_s) / TG_TOKENS)
                 if bracket:
-                    c.bw_samples.append({"model": model, "threads": threads, "rep": rep,
-                                         "bytes_per_s": sample_bandwidth(threads)})
+                    c.bw_samples += [{"model": model, "threads": threads, "rep": rep,
+                                      "bytes_per_s": sample_bandwidth(threads)} for _ in range(BRACKET_PASSES)]
         for name, per_token in internal.items():
             tg = [s["tokens_per_s"] for s in c.samples
                   if (s["model"], s["engine"], s["threads"], s["test"]) == (model, name, threads, TG_TEST)]
