@@ -22,8 +22,7 @@ right before and as many right after every repetition's tg128 pair, median): on 
 whose memory bandwidth drifts with its neighbours' load the two differ, and the second is what the
 decode loop could have had. One pass on each side (as before) gave 6 passes at ``--reps 3``, too
 few on a Zen 3 whose passes vary by ~11%: one such run put a model's decode at 101-105% of their
-median. A pass
-during decode is one pass of one loop, the read loop that was fastest before the run
+median. A pass during decode is one pass of one loop, the read loop that was fastest before the run
 (``read_bandwidth_loop``; ``ktd.bench.kernels.best_read_loop``), not the best of every loop: that
 would be the best of four samples, on a Zen 3 0-5% above one loop's median, against a tg128
 that is one. The per-token cost of the Python harness itself is measured and reported.
@@ -691,13 +690,17 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
                 c.fail(model, name, "in warm-up", e)
                 runners.pop(name).close()
         internal: dict[str, list[float]] = {}   # engine -> harness seconds per decode step
+
+        def bracket_passes(rep: int) -> None:
+            c.bw_samples.extend({"model": model, "threads": threads, "rep": rep,
+                                 "bytes_per_s": sample_bandwidth(threads)} for _ in range(BRACKET_PASSES))
+
         for rep in range(reps):
             order = list(runners) if rep % 2 == 0 else list(reversed(runners))
             for test in tests:
                 bracket = test == TG_TEST and sample_bandwidth is not None and bool(runners)
                 if bracket:
-                    c.bw_samples += [{"model": model, "threads": threads, "rep": rep,
-                                      "bytes_per_s": sample_bandwidth(threads)} for _ in range(BRACKET_PASSES)]
+                    bracket_passes(rep)
                 for name in order:
                     if name not in runners:
                         continue
@@ -718,8 +721,7 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
                             internal.setdefault(name, []).append(
                                 (TG_TOKENS / tps - r.last_decode_internal_s) / TG_TOKENS)
                 if bracket:
-                    c.bw_samples += [{"model": model, "threads": threads, "rep": rep,
-                                      "bytes_per_s": sample_bandwidth(threads)} for _ in range(BRACKET_PASSES)]
+                    bracket_passes(rep)
         for name, per_token in internal.items():
             tg = [s["tokens_per_s"] for s in c.samples
                   if (s["model"], s["engine"], s["threads"], s["test"]) == (model, name, threads, TG_TEST)]
