@@ -114,3 +114,51 @@ def test_row_hook_sees_every_final_row_once(t, rows, n, threads):
         assert 0 <= r0 < r1 <= rows and nn == n and 0 <= tid < threads
         covered[r0:r1] += 1
     assert (covered == 1).all()
+
+
+# --- matmul_pair (MatmulPairHook: an FFN's gate and up, then the GLU on each worker's rows) -------
+
+PAIRS = [
+    (("Q4_K", 200), ("Q4_K", 200)),  # rows not a multiple of the 16-row unit
+    (("Q5_0", 1000), ("Q5_0", 1000)),
+    (("Q4_K", 3000), ("Q6_K", 3000)),  # different types, one activation format (Q8_K)
+    (("Q8_0", 48), ("Q5_0", 48)),
+    (("Q4_K", 96), ("Q8_0", 96)),  # two activation formats (Q8_K and Q8_0)
+]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0][0]}+{p[1][0]}x{p[0][1]}")
+@pytest.mark.parametrize("n", [1, 3, 40])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("repack", [False, True])
+def test_pair_matches_multi_and_hook_sees_both_once(pair, n, threads, repack):
+    """matmul_pair's products equal matmul_multi's on the same two matrices bit for bit (biases
+    added), its hook is called for every row exactly once with the final values of both matrices'
+    rows, and what the hook writes into them stays there."""
+    (ta, rows), (tb, _) = pair
+    rng = np.random.default_rng(rows * 11 + n * 5 + threads + 2 * repack)
+    k = 256
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    a = (ta, _weights(ta, rows, k, rng), rows, rng.standard_normal(rows).astype(np.float32))
+    b = (tb, _weights(tb, rows, k, rng), rows, None)
+    ya, yb, seen_a, seen_b, calls = K.matmul_pair_calls(a, b, k, x, threads=threads, repack=repack)
+    want_a, want_b = K.matmul_multi([a, b], k, x, threads=1, repack=repack)
+    np.testing.assert_array_equal(yb, want_b)
+    np.testing.assert_array_equal(seen_a, want_a)
+    np.testing.assert_array_equal(seen_b, want_b)
+    np.testing.assert_array_equal(ya, want_a + np.float32(2.0) * want_b)
+    covered = np.zeros(rows, np.int64)
+    for r0, r1, nn, tid in calls:
+        assert 0 <= r0 < r1 <= rows and nn == n and 0 <= tid < threads
+        assert r0 % 16 == 0  # a unit boundary: the GLU's lanes line up as over the whole row
+        covered[r0:r1] += 1
+    assert (covered == 1).all()
+
+
+def test_pair_rejects_different_rows():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    a = ("Q8_0", _weights("Q8_0", 32, 256, rng), 32, None)
+    b = ("Q8_0", _weights("Q8_0", 16, 256, rng), 16, None)
+    with pytest.raises(ValueError, match="same rows"):
+        K.matmul_pair_calls(a, b, 256, x, threads=2)

@@ -313,6 +313,66 @@ void bind_kernels(py::module_ &m) {
        py::arg("isa") = py::none(), py::arg("threads") = 1,
        "tests: matmul_multi with a row hook -> (Y[n, rows], what the hook saw [n, rows], its calls (r0, r1, n, tid))");
 
+    k.def("matmul_pair_calls", [](py::tuple a, py::tuple b, int64_t k_, f32array x, int threads, bool repack) {
+        // The MatmulPairHook contract (kernels.h): a = (type, w, rows, bias or None), b the same with
+        // the same rows. The hook copies what it sees of both into seen_a/seen_b, records each call
+        // (r0, r1, n, tid), then writes ya = ya + 2·yb on its rows (so the returned ya shows that a
+        // hook's writes land where it was given them).
+        struct Mat {
+            const TypeKernels *tk;
+            u8array w;
+            int64_t rows;
+            f32array bias;
+        };
+        auto mat = [&](py::tuple t) {
+            if (t.size() != 4) throw py::value_error("each matrix is (type, w, rows, bias or None)");
+            Mat m{&lookup(t[0].cast<std::string>(), std::nullopt), t[1].cast<u8array>(), t[2].cast<int64_t>(),
+                  t[3].is_none() ? f32array() : t[3].cast<f32array>()};
+            if (!t[3].is_none() && (m.bias.ndim() != 1 || m.bias.shape(0) != m.rows))
+                throw py::value_error("bias must be float32 [rows]");
+            return m;
+        };
+        Mat ma = mat(a), mb = mat(b);
+        const int64_t n = check_x(x, k_);
+        ThreadPool *pool = pool_for(threads);
+        const size_t row_a = checked_row_bytes(*ma.tk, ma.w, ma.rows, k_);
+        const size_t row_b = checked_row_bytes(*mb.tk, mb.w, mb.rows, k_);
+        f32array ya({n, ma.rows}), yb({n, mb.rows}), seen_a({n, ma.rows}), seen_b({n, mb.rows});
+        std::fill(seen_a.mutable_data(), seen_a.mutable_data() + n * ma.rows, std::numeric_limits<float>::quiet_NaN());
+        std::fill(seen_b.mutable_data(), seen_b.mutable_data() + n * mb.rows, std::numeric_limits<float>::quiet_NaN());
+        struct Rec {
+            float *seen_a, *seen_b;
+            std::mutex mu;
+            std::vector<std::array<int64_t, 4>> calls;
+        } rec{seen_a.mutable_data(), seen_b.mutable_data(), {}, {}};
+        const MatmulPairHook hook{[](void *ctx, float *pa, float *pb, int64_t rws, int64_t r0, int64_t r1, int64_t nn,
+                                     int tid) {
+                                      auto &r = *static_cast<Rec *>(ctx);
+                                      for (int64_t c = 0; c < nn; ++c)
+                                          for (int64_t i = c * rws + r0; i < c * rws + r1; ++i) {
+                                              r.seen_a[i] = pa[i];
+                                              r.seen_b[i] = pb[i];
+                                              pa[i] += 2.0f * pb[i];
+                                          }
+                                      std::lock_guard<std::mutex> lk(r.mu);
+                                      r.calls.push_back({r0, r1, nn, tid});
+                                  },
+                                  &rec};
+        MatmulScratch scratch;
+        {
+            py::gil_scoped_release nogil;
+            const PreparedWeights pa = prepare_weights(pool, *ma.tk, ma.w.data(), row_a, ma.rows, k_, repack);
+            const PreparedWeights pb = prepare_weights(pool, *mb.tk, mb.w.data(), row_b, mb.rows, k_, repack);
+            matmul_pair(pool, {&pa, ya.mutable_data(), bias_ptr(ma.bias)}, {&pb, yb.mutable_data(), bias_ptr(mb.bias)},
+                        hook, x.data(), n, scratch);
+        }
+        py::list calls;
+        for (const auto &c : rec.calls) calls.append(py::make_tuple(c[0], c[1], c[2], c[3]));
+        return py::make_tuple(ya, yb, seen_a, seen_b, calls);
+    }, py::arg("a"), py::arg("b"), py::arg("k"), py::arg("x"), py::arg("threads") = 1, py::arg("repack") = false,
+       "tests: matmul_pair with a hook -> (Y_a after the hook (Y_a + 2 Y_b), Y_b, what the hook saw of "
+       "each [n, rows], its calls (r0, r1, n, tid))");
+
     k.def("matmul_prepared_in_arena", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
                                          const std::string &hugepages, std::optional<std::string> isa, int threads) {
         const TypeKernels &tk = lookup(type, isa);

@@ -208,6 +208,22 @@ struct MatmulJob {
 void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
                   MatmulScratch &scratch);
 
+// Two matrices of the same shape on the same input whose outputs are used row by row together (an
+// FFN's gate and up, then the GLU): matmul_multi on {a, b} with the two interleaved in the work list
+// unit by unit (kRowBlock rows of a, then the same rows of b), so that the worker that computed
+// rows [r0, r1) of both (each job's bias and row hook applied) runs
+// hook.fn(hook.ctx, ya, yb, rows, r0, r1, n, tid) on them next, while they are in its caches: the
+// GLU then needs no pass of its own after the region (on the calling thread alone in decode). Rows
+// as in MatmulRowHook (row c of ya at ya + c·rows); every row once, any order, any worker. The
+// products equal matmul_multi's bit for bit. std::invalid_argument if the rows differ or hook.fn is
+// null.
+struct MatmulPairHook {
+    void (*fn)(void *ctx, float *ya, float *yb, int64_t rows, int64_t r0, int64_t r1, int64_t n, int tid) = nullptr;
+    void *ctx = nullptr;
+};
+void matmul_pair(ThreadPool *pool, const MatmulJob &a, const MatmulJob &b, const MatmulPairHook &hook, const float *x,
+                 int64_t n, MatmulScratch &scratch);
+
 }  // namespace ktd
 
 // Registers a TypeKernels for an ISA when the module loads. Use once per (type, ISA) at namespace

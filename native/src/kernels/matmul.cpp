@@ -1,6 +1,7 @@
 // The matmul driver: quantize the activations (once, shared by all workers behind a barrier; for a
 // few rows, by every worker into its own buffer, with no barrier), then the workers stream the
-// weight rows (of one or several matrices: matmul_multi) in contiguous ranges of row groups,
+// weight rows (of one or several matrices: matmul_multi; two interleaved unit by unit with a hook on
+// both after each range: matmul_pair) in contiguous ranges of row groups,
 // claimed dynamically on one NUMA node. Each output element is computed by exactly one worker
 // with a tile starting on a kRowBlock boundary, so results do not depend on the thread count or
 // on which worker claimed which range.
@@ -75,10 +76,11 @@ void run_tile(const JobPlan &j, int64_t r0, int64_t r1, const uint8_t *xq, size_
         }
     if (j.hook) j.hook->fn(j.hook->ctx, j.y, rows, r0, r1, n, tid);
 }
-}  // namespace
 
-void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
-                  MatmulScratch &scratch) {
+// matmul_multi and matmul_pair. pair: the two jobs' row groups interleaved in the work list (a
+// unit is a kRowBlock span of jobs[0] and the same rows of jobs[1]) and pair->fn after both.
+void run_matmul(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
+                MatmulScratch &scratch, const MatmulPairHook *pair) {
     if (n_jobs < 1 || n_jobs > kMaxJobs)
         throw std::invalid_argument("matmul_multi: " + std::to_string(n_jobs) + " matrices, expected 1.." +
                                     std::to_string(kMaxJobs));
@@ -108,6 +110,12 @@ void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const flo
         plan[size_t(j)] = {&pw, jobs[j].y, jobs[j].bias, jobs[j].hook, span, groups, total_bytes, f};
         total_bytes += span * size_t(groups);
     }
+    if (pair && (n_jobs != 2 || jobs[0].pw->rows != jobs[1].pw->rows))
+        throw std::invalid_argument("matmul_pair: the two matrices must have the same rows (" +
+                                    std::to_string(jobs[0].pw->rows) + " and " +
+                                    std::to_string(jobs[n_jobs - 1].pw->rows) + ")");
+    // Pair: one unit = both matrices' kRowBlock rows, so any byte range covers whole units of both.
+    const size_t pair_span = pair ? plan[0].span_bytes + plan[1].span_bytes : 0;
     const int nth = pool ? pool->size() : 1;
     const bool private_act = nth > 1 && n <= kPrivateActRows;
     if (private_act) {
@@ -143,6 +151,19 @@ void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const flo
         // Runs the row groups of the work list that start in bytes [b0, b1): any partition of
         // [0, total_bytes) into ranges computes every group exactly once.
         auto run_bytes = [&](size_t b0, size_t b1) {
+            if (pair) {
+                const int64_t groups = plan[0].groups;
+                const int64_t g0 = std::min(groups, int64_t((b0 + pair_span - 1) / pair_span));
+                const int64_t g1 = std::min(groups, int64_t((b1 + pair_span - 1) / pair_span));
+                if (g0 >= g1) return;
+                const int64_t r0 = g0 * kRowBlock, r1 = std::min(plan[0].pw->rows, g1 * kRowBlock);
+                for (int j = 0; j < 2; ++j) {
+                    const ActFormat &fm = fmts[size_t(plan[size_t(j)].fmt)];
+                    run_tile(plan[size_t(j)], r0, r1, xq + fm.offset, fm.row_bytes, n, tid);
+                }
+                pair->fn(pair->ctx, plan[0].y, plan[1].y, plan[0].pw->rows, r0, r1, n, tid);
+                return;
+            }
             for (int j = 0; j < n_jobs; ++j) {
                 const JobPlan &p = plan[size_t(j)];
                 auto first_group_from = [&](size_t b) {
@@ -176,6 +197,20 @@ void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const flo
     };
     // std::ref: the std::function wraps a reference, so no allocation per call.
     run_on(pool, std::ref(body));
+}
+
+}  // namespace
+
+void matmul_multi(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
+                  MatmulScratch &scratch) {
+    run_matmul(pool, jobs, n_jobs, x, n, scratch, nullptr);
+}
+
+void matmul_pair(ThreadPool *pool, const MatmulJob &a, const MatmulJob &b, const MatmulPairHook &hook, const float *x,
+                 int64_t n, MatmulScratch &scratch) {
+    if (!hook.fn) throw std::invalid_argument("matmul_pair: no hook");
+    const MatmulJob jobs[2] = {a, b};
+    run_matmul(pool, jobs, 2, x, n, scratch, &hook);
 }
 
 void matmul(ThreadPool *pool, const TypeKernels &tk, const void *w, size_t w_row_bytes, int64_t rows,

@@ -95,19 +95,48 @@ void CpuBackend::attention_out(const LayerWeights &w) {
     }
 }
 
+namespace {
+
+// matmul_pair's hook for a GLU FFN: rows [r0, r1) of gate and up of every batch row scaled, then
+// gate = act(gate) ⊙ up there, on the worker that computed them.
+struct GluHook {
+    GluKernel glu;
+    float gate_scale, up_scale;
+
+    static void fn(void *ctx, float *g, float *u, int64_t rows, int64_t r0, int64_t r1, int64_t n, int) {
+        const GluHook &h = *static_cast<const GluHook *>(ctx);
+        for (int64_t c = 0; c < n; ++c) {
+            float *gc = g + c * rows + r0, *uc = u + c * rows + r0;
+            scale(gc, r1 - r0, h.gate_scale);
+            scale(uc, r1 - r0, h.up_scale);
+            h.glu(gc, uc, r1 - r0);
+        }
+    }
+};
+
+}  // namespace
+
 void CpuBackend::glu_ffn(const LayerWeights &w, Glu act) {
     const int64_t ff = w.ffn_gate.pw.rows, E = hp_.n_embd;
-    // gate and up read the same input: one pool region.
-    const MatmulJob gate_up[] = {{&w.ffn_gate.pw, s_.gate.data(), nullptr}, {&w.ffn_up.pw, s_.up.data(), nullptr}};
-    matmul_multi(&pool_, gate_up, 2, s_.xn.data(), n_, s_.mm);
+    // gate and up read the same input: one pool region, and the GLU (elementwise, so the same
+    // result whichever rows a worker takes) runs in it on each worker's rows as they come out.
+    const MatmulJob gate{&w.ffn_gate.pw, s_.gate.data(), nullptr}, up{&w.ffn_up.pw, s_.up.data(), nullptr};
     const GluKernel glu = glu_kernel(act);
-    for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) {
-        float *g = &s_.gate[size_t(i * ff)], *u = &s_.up[size_t(i * ff)];
-        scale(g, ff, w.gate_scale);
-        scale(u, ff, w.up_scale);
-        glu(g, u, ff);
-        if (!w.ffn_sub_norm.empty()) rms_norm(g, w.ffn_sub_norm.data(), g, ff, hp_.norm_eps);
-    });
+    if (w.ffn_sub_norm.empty()) {
+        GluHook h{glu, w.gate_scale, w.up_scale};
+        matmul_pair(&pool_, gate, up, {&GluHook::fn, &h}, s_.xn.data(), n_, s_.mm);
+    } else {
+        // bitnet: the RMSNorm after the GLU needs whole rows.
+        const MatmulJob gate_up[] = {gate, up};
+        matmul_multi(&pool_, gate_up, 2, s_.xn.data(), n_, s_.mm);
+        for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) {
+            float *g = &s_.gate[size_t(i * ff)], *u = &s_.up[size_t(i * ff)];
+            scale(g, ff, w.gate_scale);
+            scale(u, ff, w.up_scale);
+            glu(g, u, ff);
+            rms_norm(g, w.ffn_sub_norm.data(), g, ff, hp_.norm_eps);
+        });
+    }
     ctx_.linear(w.ffn_down, s_.gate.data(), n_, s_.tmp.data());
     if (w.down_scale != 1.0f)
         for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) { scale(&s_.tmp[size_t(i * E)], E, w.down_scale); });

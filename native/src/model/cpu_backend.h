@@ -1,7 +1,8 @@
 // The CPU backend: the blocks of backend.h on the weight kernels and the context's thread pool,
 // over the activations in the context's ForwardScratch. Row loops go through for_each_row (split
 // over the pool from kMinParallelRows rows on, on the calling thread below: a decode row costs less
-// than a hand-over); matrix products are one pool region each (matmul, matmul_multi).
+// than a hand-over); matrix products are one pool region each (matmul, matmul_multi; matmul_pair for
+// an FFN's gate and up, the GLU applied in the same region by the worker that computed each row).
 #pragma once
 #include <cstdint>
 #include <vector>
