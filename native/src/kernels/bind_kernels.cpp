@@ -326,11 +326,11 @@ void bind_kernels(py::module_ &m) {
         };
         auto mat = [&](py::tuple t) {
             if (t.size() != 4) throw py::value_error("each matrix is (type, w, rows, bias or None)");
-            Mat m{&lookup(t[0].cast<std::string>(), std::nullopt), t[1].cast<u8array>(), t[2].cast<int64_t>(),
-                  t[3].is_none() ? f32array() : t[3].cast<f32array>()};
-            if (!t[3].is_none() && (m.bias.ndim() != 1 || m.bias.shape(0) != m.rows))
+            Mat mt{&lookup(t[0].cast<std::string>(), std::nullopt), t[1].cast<u8array>(), t[2].cast<int64_t>(),
+                   t[3].is_none() ? f32array() : t[3].cast<f32array>()};
+            if (!t[3].is_none() && (mt.bias.ndim() != 1 || mt.bias.shape(0) != mt.rows))
                 throw py::value_error("bias must be float32 [rows]");
-            return m;
+            return mt;
         };
         Mat ma = mat(a), mb = mat(b);
         const int64_t n = check_x(x, k_);
