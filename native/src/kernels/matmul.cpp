@@ -77,6 +77,13 @@ void run_tile(const JobPlan &j, int64_t r0, int64_t r1, const uint8_t *xq, size_
     if (j.hook) j.hook->fn(j.hook->ctx, j.y, rows, r0, r1, n, tid);
 }
 
+// The first unit (span bytes each, `units` of them from first_byte on) that starts at or after byte
+// b of the work list: a range [b0, b1) of it holds units [first_unit(b0), first_unit(b1)).
+int64_t first_unit(size_t b, size_t first_byte, size_t span, int64_t units) {
+    if (b <= first_byte) return 0;
+    return std::min(units, int64_t((b - first_byte + span - 1) / span));
+}
+
 // matmul_multi and matmul_pair. pair: the two jobs' row groups interleaved in the work list (a
 // unit is a kRowBlock span of jobs[0] and the same rows of jobs[1]) and pair->fn after both.
 void run_matmul(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
@@ -110,10 +117,10 @@ void run_matmul(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float
         plan[size_t(j)] = {&pw, jobs[j].y, jobs[j].bias, jobs[j].hook, span, groups, total_bytes, f};
         total_bytes += span * size_t(groups);
     }
-    if (pair && (n_jobs != 2 || jobs[0].pw->rows != jobs[1].pw->rows))
+    if (pair && jobs[0].pw->rows != jobs[1].pw->rows)
         throw std::invalid_argument("matmul_pair: the two matrices must have the same rows (" +
-                                    std::to_string(jobs[0].pw->rows) + " and " +
-                                    std::to_string(jobs[n_jobs - 1].pw->rows) + ")");
+                                    std::to_string(jobs[0].pw->rows) + " and " + std::to_string(jobs[1].pw->rows) +
+                                    ")");
     // Pair: one unit = both matrices' kRowBlock rows, so any byte range covers whole units of both.
     const size_t pair_span = pair ? plan[0].span_bytes + plan[1].span_bytes : 0;
     const int nth = pool ? pool->size() : 1;
@@ -152,9 +159,8 @@ void run_matmul(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float
         // [0, total_bytes) into ranges computes every group exactly once.
         auto run_bytes = [&](size_t b0, size_t b1) {
             if (pair) {
-                const int64_t groups = plan[0].groups;
-                const int64_t g0 = std::min(groups, int64_t((b0 + pair_span - 1) / pair_span));
-                const int64_t g1 = std::min(groups, int64_t((b1 + pair_span - 1) / pair_span));
+                const int64_t g0 = first_unit(b0, 0, pair_span, plan[0].groups);
+                const int64_t g1 = first_unit(b1, 0, pair_span, plan[0].groups);
                 if (g0 >= g1) return;
                 const int64_t r0 = g0 * kRowBlock, r1 = std::min(plan[0].pw->rows, g1 * kRowBlock);
                 for (int j = 0; j < 2; ++j) {
@@ -166,11 +172,8 @@ void run_matmul(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float
             }
             for (int j = 0; j < n_jobs; ++j) {
                 const JobPlan &p = plan[size_t(j)];
-                auto first_group_from = [&](size_t b) {
-                    if (b <= p.first_byte) return int64_t(0);
-                    return std::min(p.groups, int64_t((b - p.first_byte + p.span_bytes - 1) / p.span_bytes));
-                };
-                const int64_t g0 = first_group_from(b0), g1 = first_group_from(b1);
+                const int64_t g0 = first_unit(b0, p.first_byte, p.span_bytes, p.groups);
+                const int64_t g1 = first_unit(b1, p.first_byte, p.span_bytes, p.groups);
                 if (g0 >= g1) continue;
                 const ActFormat &fm = fmts[size_t(p.fmt)];
                 run_tile(p, g0 * kRowBlock, std::min(p.pw->rows, g1 * kRowBlock), xq + fm.offset, fm.row_bytes, n,

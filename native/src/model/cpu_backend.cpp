@@ -121,9 +121,8 @@ void CpuBackend::glu_ffn(const LayerWeights &w, Glu act) {
     // gate and up read the same input: one pool region, and the GLU (elementwise, so the same
     // result whichever rows a worker takes) runs in it on each worker's rows as they come out.
     const MatmulJob gate{&w.ffn_gate.pw, s_.gate.data(), nullptr}, up{&w.ffn_up.pw, s_.up.data(), nullptr};
-    const GluKernel glu = glu_kernel(act);
+    GluHook h{glu_kernel(act), w.gate_scale, w.up_scale};
     if (w.ffn_sub_norm.empty()) {
-        GluHook h{glu, w.gate_scale, w.up_scale};
         matmul_pair(&pool_, gate, up, {&GluHook::fn, &h}, s_.xn.data(), n_, s_.mm);
     } else {
         // bitnet: the RMSNorm after the GLU needs whole rows.
@@ -131,9 +130,7 @@ void CpuBackend::glu_ffn(const LayerWeights &w, Glu act) {
         matmul_multi(&pool_, gate_up, 2, s_.xn.data(), n_, s_.mm);
         for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) {
             float *g = &s_.gate[size_t(i * ff)], *u = &s_.up[size_t(i * ff)];
-            scale(g, ff, w.gate_scale);
-            scale(u, ff, w.up_scale);
-            glu(g, u, ff);
+            GluHook::fn(&h, g, u, ff, 0, ff, 1, 0);  // the whole row
             rms_norm(g, w.ffn_sub_norm.data(), g, ff, hp_.norm_eps);
         });
     }
