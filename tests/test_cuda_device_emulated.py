@@ -37,6 +37,11 @@ from reference.numpy_forward import forward as numpy_forward
 
 F32_TOL = 1e-4
 BLOCK_TOL = 3e-2
+# deepseek2's multi-head latent attention chains more matmuls per layer (q LoRA, the per-head
+# absorption and decompression) and the device applies attn_scale to the scores where the CPU
+# scales the query: measured CPU-device 2e-5-1.03e-4 on the tiny F32 files, while each path is
+# 2.4-3.8e-4 from the float64 MLA oracle (test_mla_is_as_close_to_the_float64_oracle_as_the_cpu).
+MLA_F32_TOL = 5e-4
 
 
 def _run(eng: Engine, prompt: int = 7, decode: int = 4,
@@ -77,14 +82,16 @@ def _pair(path, backend: str = "cuda-emulated", **kw) -> tuple[Engine, Engine]:
     return cpu, dev
 
 
-def _compare(cpu: Engine, dev: Engine, tol: float, **kw) -> None:
-    """F32: the greedy continuations are identical. Block types: the device decodes the CPU's
-    greedy tokens (teacher forcing) and picks the CPU's token at every step where the CPU's lead
-    over its runner-up is more than twice the tolerance (a closer race is inside the stated
-    precision: random tiny models have near-ties)."""
+def _compare(cpu: Engine, dev: Engine, tol: float, same_tokens: bool | None = None, **kw) -> None:
+    """F32 (same_tokens, by default when tol is F32_TOL): the greedy continuations are identical.
+    Block types: the device decodes the CPU's greedy tokens (teacher forcing) and picks the CPU's
+    token at every step where the CPU's lead over its runner-up is more than twice the tolerance (a
+    closer race is inside the stated precision: random tiny models have near-ties)."""
+    if same_tokens is None:
+        same_tokens = tol == F32_TOL
     want, want_tokens = _run(cpu, **kw)
-    got, got_tokens = _run(dev, **kw, forced=None if tol == F32_TOL else want_tokens)
-    if tol == F32_TOL:
+    got, got_tokens = _run(dev, **kw, forced=None if same_tokens else want_tokens)
+    if same_tokens:
         assert got_tokens == want_tokens
     else:
         steps = [w[-1] for w in want]
@@ -124,6 +131,30 @@ def test_block_types_are_as_close_to_the_float64_oracle_as_the_cpu(arch, wtype, 
     assert err_dev <= 1.5 * err_cpu, (err_dev, err_cpu)
 
 
+@pytest.mark.parametrize("variant, wtype", [("v2", "F32"), ("v3", "F32"), ("v2", "Q8_0"), ("v3", "Q8_0")])
+def test_mla_is_as_close_to_the_float64_oracle_as_the_cpu(variant, wtype, tmp_path, backend):
+    """deepseek2 on the device (MLA over the device's latent cache, the MoE layers through the
+    hybrid copies) against the independent float64 MLA/MoE forward (reference/numpy_moe.py), with
+    the bounds test_deepseek2.py holds the CPU to, and no farther from it than the CPU: measured
+    device/CPU 0.98 (F32) and 1.03-1.39 (Q8_0)."""
+    from reference import numpy_moe
+    path = tmp_path / f"deepseek2-{variant}-{wtype}.gguf"
+    synthetic_moe.make_model("deepseek2", path, wtype=wtype, variant=variant)
+    toks = list(range(40, 52))
+    ref = numpy_moe.forward(path, toks)
+    cpu, dev = _pair(path, backend)
+    n = len(toks)
+    args = (np.array(toks), np.arange(n), np.zeros(n), np.ones(n, bool))
+
+    def err(got: np.ndarray) -> float:  # test_deepseek2.py's measure
+        return float(np.max(np.abs(got - ref)) / max(1.0, float(np.max(np.abs(ref)))))
+
+    err_cpu, err_dev = err(cpu.forward(*args)), err(dev.forward(*args))
+    bound, factor = (1e-3, 1.5) if wtype == "F32" else (6e-2, 2.0)
+    assert err_cpu < bound and err_dev < bound, (err_dev, err_cpu)
+    assert err_dev <= factor * err_cpu, (err_dev, err_cpu)
+
+
 def test_prefill_in_chunks_and_the_mistral_gqa_shape(tmp_path, backend):
     """n_batch 3 cuts the 10-token prompt into chunks (positions continue across them); the
     mistral variant has 8 query heads over 2 KV heads (groups of 4)."""
@@ -154,17 +185,27 @@ def test_two_sequences_in_one_batch_and_copy_seq(tmp_path, backend):
     np.testing.assert_array_equal(outs[1][1][0], outs[1][1][1])
 
 
-MOE = [("qwen2moe", "F32"), ("qwen3moe", "F32"), ("llama", "F32"), ("qwen2moe", "Q8_0")]
+MOE = [("qwen2moe", "F32", None), ("qwen3moe", "F32", None), ("llama", "F32", None), ("qwen2moe", "Q8_0", None),
+       # multi-head latent attention on the device: V2 (a plain wq, leading dense layer) and V3 (the
+       # q LoRA, sigmoid routing with the selection bias). Their Q8_0 files are checked against the
+       # float64 oracle instead (test_mla_is_as_close_to_the_float64_oracle_as_the_cpu): in a
+       # decode step there the activation rounding flips a near-tied expert choice between the two
+       # paths (seen: V3, steps 1-2, 0.2-0.3 of the largest logit, the routed experts differing).
+       ("deepseek2", "F32", "v2"), ("deepseek2", "F32", "v3")]
 
 
-@pytest.mark.parametrize("arch, wtype", MOE)
-def test_moe_through_the_hybrid_copies_matches_the_cpu_forward(arch, wtype, tmp_path, backend):
-    """Routed experts on the CPU pool, attention and the shared expert (qwen2moe's, with its
-    sigmoid gate) on the device; only XN goes down and the routed sum comes up."""
+@pytest.mark.parametrize("arch, wtype, variant", MOE)
+def test_moe_through_the_hybrid_copies_matches_the_cpu_forward(arch, wtype, variant, tmp_path, backend):
+    """Routed experts on the CPU pool, attention (deepseek2: MLA over the device's latent cache)
+    and the shared expert (qwen2moe's, with its sigmoid gate) on the device; only XN goes down and
+    the routed sum comes up."""
     path = tmp_path / f"{arch}.gguf"
-    synthetic_moe.make_model(arch, path, wtype=wtype)
+    synthetic_moe.make_model(arch, path, wtype=wtype, variant=variant)
     cpu, dev = _pair(path, backend)
-    _compare(cpu, dev, F32_TOL if wtype == "F32" else BLOCK_TOL)
+    if arch == "deepseek2":
+        _compare(cpu, dev, MLA_F32_TOL, same_tokens=True)
+    else:
+        _compare(cpu, dev, F32_TOL if wtype == "F32" else BLOCK_TOL)
     st = dev.context.hybrid_stats()
     from ktd.gguf import GGUFFile
     f = GGUFFile(str(path))
@@ -176,17 +217,11 @@ def test_moe_through_the_hybrid_copies_matches_the_cpu_forward(arch, wtype, tmp_
     np.testing.assert_array_equal(dev.context.expert_counts(), cpu.context.expert_counts())
 
 
-@pytest.mark.parametrize("arch, maker, why", [
-    ("deepseek2", "moe", "latent attention|deepseek2"),
-    ("gemma3", "dense", "gemma3"),
-    ("bitnet", "dense", "bitnet"),
-])
-def test_unsupported_architectures_are_refused_with_the_reason(arch, maker, why, tmp_path):
+@pytest.mark.parametrize("arch", ["gemma3", "bitnet"])
+def test_unsupported_architectures_are_refused_with_the_reason(arch, tmp_path):
+    why = arch
     path = tmp_path / f"{arch}.gguf"
-    if maker == "moe":
-        synthetic_moe.make_model(arch, path)
-    else:
-        tiny_dense.make_model(arch, path, wtype="TQ2_0" if arch == "bitnet" else "F32")
+    tiny_dense.make_model(arch, path, wtype="TQ2_0" if arch == "bitnet" else "F32")
     eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
     before = eng.forward(np.arange(3) + 40, np.arange(3), np.zeros(3), np.ones(3, bool))
     with pytest.raises(_native.DeviceError, match=why):
@@ -226,6 +261,55 @@ def test_a_budget_too_small_is_refused_with_the_numbers(tmp_path):
     assert eng.context.backend == "cuda-emulated"
 
 
+def test_the_mla_plan_holds_the_latent_cache_only_and_covers_every_allocation(tmp_path):
+    """deepseek2 on the device: the KV cache is the latent rows [c; k_pe] (kv_lora_rank + rope F16
+    values per position and layer, no V cache), the weights every layer tensor but the routed
+    experts, the router and its selection bias (those stay on the host), and the plan's total is a
+    budget the device's allocations fit in."""
+    path = tmp_path / "deepseek2.gguf"
+    synthetic_moe.make_model("deepseek2", path, variant="v3")
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=2, threads=1)
+    with pytest.raises(_native.DeviceMemoryError) as e:
+        eng.context.set_backend("cuda-emulated", vram_budget=1000)
+    import re
+    msg = str(e.value)
+    need, weights, kv = (int(x) for x in re.search(r"\((\d+) bytes: weights (\d+), KV cache (\d+)", msg).groups())
+    from ktd.gguf import GGUFFile
+    f = GGUFFile(str(path))
+    n_layer = int(f.metadata["deepseek2.block_count"])
+    row = int(f.metadata["deepseek2.attention.kv_lora_rank"]) + int(f.metadata["deepseek2.rope.dimension_count"])
+    per_layer = 2 * 32 * row * 2                                   # sequences x positions x row x F16
+    assert kv == n_layer * ((per_layer + 255) // 256 * 256)
+    on_device = sum(t.nbytes for name, t in f.tensors.items() if name.startswith("blk.")
+                    and "_exps." not in name and ".ffn_gate_inp." not in name and ".exp_probs_b." not in name)
+    assert on_device <= weights < on_device + 64 * 1024
+    eng.context.set_backend("cuda-emulated", vram_budget=need)
+    assert eng.context.backend == "cuda-emulated"
+    out = eng.forward(np.arange(5) + 40, np.arange(5), np.zeros(5), np.ones(5, bool))
+    assert np.all(np.isfinite(out))
+
+
+def test_mla_prefill_in_chunks_two_sequences_and_copy_seq(tmp_path, backend):
+    """deepseek2 with n_batch 3: the prompts cut into chunks, two sequences interleaved in one
+    batch each attending its own latent rows, then copy_seq forks the device's latent cache (there
+    is no V cache to copy) and the fork continues as its source."""
+    path = tmp_path / "deepseek2.gguf"
+    synthetic_moe.make_model("deepseek2", path, variant="v3")
+    cpu, dev = _pair(path, backend, n_seq_max=3, n_batch=3)
+    toks = np.array([40, 90, 41, 91, 42, 92, 43])
+    pos = np.array([0, 0, 1, 1, 2, 2, 3])
+    seq = np.array([0, 1, 0, 1, 0, 1, 0])
+    outs = []
+    for eng in (cpu, dev):
+        a = eng.forward(toks, pos, seq, np.ones(7, bool))
+        eng.context.copy_seq(1, 2, 3)
+        b = eng.forward(np.array([93, 93]), np.array([3, 3]), np.array([1, 2]), np.ones(2, bool))
+        outs.append((a, b))
+    assert _rel(outs[0][0], outs[1][0]) <= MLA_F32_TOL
+    assert _rel(outs[0][1], outs[1][1]) <= MLA_F32_TOL
+    np.testing.assert_array_equal(outs[1][1][0], outs[1][1][1])
+
+
 def test_the_real_library_refuses_cleanly_without_a_device(tmp_path):
     """No GPU here: 'cuda' gives cuda_status()'s reason as a DeviceError, the context unchanged."""
     status = _native.cuda_status()
@@ -236,7 +320,7 @@ def test_the_real_library_refuses_cleanly_without_a_device(tmp_path):
     eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
     with pytest.raises(_native.DeviceError) as e:
         eng.context.set_backend("cuda")
-    # the runtime's own reason (with the library built: it loaded with every ABI v3 entry point and
+    # the runtime's own reason (with the library built: it loaded with every ABI v4 entry point and
     # the context creation asked the driver)
     assert status["reason"] in str(e.value)
     assert eng.context.backend == "cpu"
@@ -274,8 +358,8 @@ def test_a_library_of_another_abi_version_is_refused(tmp_path):
     import json
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["status"]["available"] is False
-    assert "ABI 2" in out["status"]["reason"] and "needs 3" in out["status"]["reason"]
-    assert "ABI 2" in out["backend"] and "needs 3" in out["backend"]
+    assert "ABI 2" in out["status"]["reason"] and "needs 4" in out["status"]["reason"]
+    assert "ABI 2" in out["backend"] and "needs 4" in out["backend"]
 
 
 @pytest.mark.slow
@@ -316,8 +400,8 @@ def test_gpu_check_bench_without_a_device_fails_loudly(tmp_path):
 
 
 def test_gpu_check_bench_runs_end_to_end_on_the_emulation(tmp_path):
-    """The same script over the emulated ABI on tiny files: greedy identical, the MoE row with its
-    CPU/hybrid figures and HybridStats, deepseek2 refused with the reason (figures of the emulation
+    """The same script over the emulated ABI on tiny files: greedy identical, the MoE rows (qwen2moe
+    and deepseek2's MLA) with their CPU/hybrid figures and HybridStats (figures of the emulation
     itself mean nothing and are not checked)."""
     dense, moe, mla = tmp_path / "q.gguf", tmp_path / "m.gguf", tmp_path / "d.gguf"
     tiny_dense.make_model("qwen2", dense)
@@ -332,4 +416,8 @@ def test_gpu_check_bench_runs_end_to_end_on_the_emulation(tmp_path):
     assert m["hybrid"]["stats"]["moe_calls"] == 2 * 4              # 2 MoE layers × (1 prefill + 3 decode)
     assert m["hybrid"]["stats"]["bytes_to_host"] == 2 * (6 + 3) * 64 * 4
     assert m["cpu"]["decode_tok_s"] > 0 and m["decode_speedup"] > 0
-    assert "deepseek2" in d["refused"]
+    assert "refused" not in d and "error" not in d, d
+    from ktd.gguf import GGUFFile
+    n_moe = sum(1 for name in GGUFFile(str(mla)).tensors if name.endswith("ffn_gate_exps.weight"))
+    assert n_moe > 0 and d["hybrid"]["stats"]["moe_calls"] == n_moe * 4
+    assert d["cpu"]["decode_tok_s"] > 0 and d["decode_speedup"] > 0

@@ -6,7 +6,7 @@ libktd_cuda.so against the CPU forward, into one JSON (merged into gpu-check.jso
 - moe: per bench file (the synthetic qwen3moe/deepseek2 files of `make synthetic-moe`, or
   --moe paths): prefill and decode tok/s CPU-only vs hybrid on the same machine, and HybridStats
   per decoded token (XN copies, routed experts on the CPU pool, the wait for the device's shared
-  expert). An architecture the device backend refuses (deepseek2's MLA) is recorded with the reason.
+  expert). An architecture the device backend refuses (gemma3, bitnet) is recorded with the reason.
 
 Without a usable CUDA device (or library) this writes the reason into the JSON and exits 2: the
 figures are then unmeasured, never silently skipped. --backend cuda-emulated runs the same steps
@@ -139,7 +139,7 @@ def main() -> int:
             row["decode_speedup"] = row["hybrid"]["decode_tok_s"] / row["cpu"]["decode_tok_s"]
             row["prefill_speedup"] = row["hybrid"]["prefill_tok_s"] / row["cpu"]["prefill_tok_s"]
         except _native.DeviceError as e:
-            row["refused"] = str(e)  # e.g. deepseek2: MLA has no device path yet
+            row["refused"] = str(e)  # an architecture or type the device backend has no path for
     out["measured"] = True
     write()
     print(json.dumps({k: out[k] for k in ("greedy",) if k in out}, indent=1)[:2000])

@@ -90,6 +90,8 @@ const Loaded &loaded() {
         need("ktd_cuda_gate_rows", a.gate_rows);
         need("ktd_cuda_kv_write", a.kv_write);
         need("ktd_cuda_attention", a.attention);
+        need("ktd_cuda_copy2d", a.copy2d);
+        need("ktd_cuda_attention_mla", a.attention_mla);
         if (!missing.empty()) {
             l.reason = l.path + ": not a ktd CUDA backend (entry points missing: " + missing + ")";
             return;

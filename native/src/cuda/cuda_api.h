@@ -47,6 +47,9 @@ struct CudaApi {
     decltype(&ktd_cuda_gate_rows) gate_rows = nullptr;
     decltype(&ktd_cuda_kv_write) kv_write = nullptr;
     decltype(&ktd_cuda_attention) attention = nullptr;
+    // ABI v4: MLA.
+    decltype(&ktd_cuda_copy2d) copy2d = nullptr;
+    decltype(&ktd_cuda_attention_mla) attention_mla = nullptr;
 };
 
 // libktd_cuda.so ($KTD_CUDA_LIBRARY, else beside ktd._native), loaded once: the table when it

@@ -1,4 +1,4 @@
-// libktd_cuda.so's ABI v3 (ktd_cuda.h): a context on one device with its stream, allocations
+// libktd_cuda.so's ABI v3-v4 (ktd_cuda.h): a context on one device with its stream, allocations
 // within a VRAM budget, pinned host buffers, events, and the kernels of cuda/kernels.cuh enqueued
 // on device pointers. What model/cuda_device.h drives; cuda/emu_device.cpp is the same ABI
 // emulated on the host, which is how the orchestration is tested without a GPU.
@@ -168,6 +168,21 @@ extern "C" int ktd_cuda_copy(KtdCudaCtx *c, void *dst, const void *src, uint64_t
     return 0;
 }
 
+extern "C" int ktd_cuda_copy2d(KtdCudaCtx *c, void *dst, uint64_t dpitch, const void *src, uint64_t spitch,
+                               uint64_t width, uint64_t rows, int kind) {
+    KTD_USE(c);
+    if (width == 0 || rows == 0) return 0;
+    if (dpitch < width || spitch < width) return fail(c, KTD_CUDA_E_ARG, "copy2d: pitches must be >= the row width");
+    const cudaMemcpyKind k = kind == KTD_CUDA_H2D   ? cudaMemcpyHostToDevice
+                             : kind == KTD_CUDA_D2H ? cudaMemcpyDeviceToHost
+                             : kind == KTD_CUDA_D2D ? cudaMemcpyDeviceToDevice
+                                                    : cudaMemcpyDefault;
+    if (k == cudaMemcpyDefault) return fail(c, KTD_CUDA_E_ARG, "copy2d: unknown kind " + std::to_string(kind));
+    if (cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, k, c->stream); e != cudaSuccess)
+        return cuda_fail(c, "cudaMemcpy2DAsync", e);
+    return 0;
+}
+
 extern "C" int ktd_cuda_memset0(KtdCudaCtx *c, void *p, uint64_t bytes) {
     KTD_USE(c);
     if (cudaError_t e = cudaMemsetAsync(p, 0, bytes, c->stream); e != cudaSuccess)
@@ -316,4 +331,17 @@ extern "C" int ktd_cuda_attention(KtdCudaCtx *c, const float *q, const uint16_t 
         q, reinterpret_cast<const __half *>(k), reinterpret_cast<const __half *>(v), out, n_head, n_head_kv, hd,
         kv_first, n_kv, 0, scale);
     return launched(c, "attention");
+}
+
+extern "C" int ktd_cuda_attention_mla(KtdCudaCtx *c, const float *q, const uint16_t *kv, float *out, int64_t n_tok,
+                                      int n_head, int64_t hd_k, int64_t hd_v, const int64_t *kv_first,
+                                      const int32_t *n_kv, float scale) {
+    KTD_USE(c);
+    if (n_tok <= 0 || n_head <= 0 || n_head > 65535 || hd_v <= 0 || hd_v > hd_k || hd_k > kMaxHdMla || !kv_first ||
+        !n_kv)
+        return fail(c, KTD_CUDA_E_ARG,
+                    "attention_mla: 0 < n_head <= 65535, 0 < hd_v <= hd_k <= 1024, n_tok > 0, kv ranges given");
+    attn_mla_kernel<<<dim3(unsigned(n_tok), unsigned(n_head)), 32, 0, c->stream>>>(
+        q, reinterpret_cast<const __half *>(kv), out, n_head, hd_k, hd_v, kv_first, n_kv, scale);
+    return launched(c, "attention_mla");
 }

@@ -1,4 +1,4 @@
-// The emulated CUDA backend (cuda/cuda_api.h: cuda_api_emulated): the ABI v3 of ktd_cuda.h
+// The emulated CUDA backend (cuda/cuda_api.h: cuda_api_emulated): the ABI v3-v4 of ktd_cuda.h
 // implemented on the host, a test double, not a fast path. "Device" memory is host memory that the
 // context tracks (so a kernel handed a host pointer, or a range running past an allocation, is an
 // error here as it would be a fault on a GPU), the budget is enforced as the real context enforces
@@ -228,6 +228,35 @@ int copy(KtdCudaCtx *ctx, void *dst, const void *src, uint64_t bytes, int kind) 
         default: return c->fail(KTD_CUDA_E_ARG, "copy: unknown kind " + std::to_string(kind));
     }
     return c->enqueue([=] { std::memmove(dst, src, size_t(bytes)); });
+}
+
+int copy2d(KtdCudaCtx *ctx, void *dst, uint64_t dpitch, const void *src, uint64_t spitch, uint64_t width,
+           uint64_t rows, int kind) {
+    EMU_CTX(ctx);
+    if (width == 0 || rows == 0) return 0;
+    if (dpitch < width || spitch < width) return c->fail(KTD_CUDA_E_ARG, "copy2d: pitches must be >= the row width");
+    // The range from the first byte of the first row to the last byte of the last row.
+    const uint64_t dspan = dpitch * (rows - 1) + width, sspan = spitch * (rows - 1) + width;
+    switch (kind) {
+        case KTD_CUDA_H2D:
+            EMU_DEV(dst, dspan, "copy2d to device (dst)");
+            if (c->is_dev(src, 1)) return c->fail(KTD_CUDA_E_ARG, "copy2d to device: src is device memory");
+            break;
+        case KTD_CUDA_D2H:
+            EMU_DEV(src, sspan, "copy2d to host (src)");
+            if (c->is_dev(dst, 1)) return c->fail(KTD_CUDA_E_ARG, "copy2d to host: dst is device memory");
+            break;
+        case KTD_CUDA_D2D:
+            EMU_DEV(src, sspan, "copy2d on device (src)");
+            EMU_DEV(dst, dspan, "copy2d on device (dst)");
+            break;
+        default: return c->fail(KTD_CUDA_E_ARG, "copy2d: unknown kind " + std::to_string(kind));
+    }
+    return c->enqueue([=] {
+        for (uint64_t r = 0; r < rows; ++r)
+            std::memmove(static_cast<char *>(dst) + r * dpitch, static_cast<const char *>(src) + r * spitch,
+                         size_t(width));
+    });
 }
 
 int memset0(KtdCudaCtx *ctx, void *p, uint64_t bytes) {
@@ -494,6 +523,46 @@ int attention(KtdCudaCtx *ctx, const float *q, const uint16_t *k, const uint16_t
     });
 }
 
+int attention_mla(KtdCudaCtx *ctx, const float *q, const uint16_t *kv, float *out, int64_t n_tok, int n_head,
+                  int64_t hd_k, int64_t hd_v, const int64_t *kv_first, const int32_t *n_kv, float scale) {
+    EMU_CTX(ctx);
+    if (n_tok <= 0 || n_head <= 0 || hd_v <= 0 || hd_v > hd_k || hd_k > 1024)
+        return c->fail(KTD_CUDA_E_ARG, "attention_mla: 0 < hd_v <= hd_k <= 1024, n_tok and n_head positive");
+    EMU_DEV(q, uint64_t(n_tok * n_head * hd_k) * 4, "attention_mla (q)");
+    EMU_DEV(out, uint64_t(n_tok * n_head * hd_v) * 4, "attention_mla (out)");
+    EMU_DEV(kv, uint64_t(hd_k) * 2, "attention_mla (kv)");
+    EMU_DEV(kv_first, uint64_t(n_tok) * 8, "attention_mla (kv_first)");
+    EMU_DEV(n_kv, uint64_t(n_tok) * 4, "attention_mla (n_kv)");
+    auto it = --c->dev.upper_bound(reinterpret_cast<uintptr_t>(kv));
+    const uintptr_t kv_end = it->first + it->second;
+    return c->enqueue([=] {
+        for (int64_t i = 0; i < n_tok; ++i)
+            if (kv_first[i] < 0 || n_kv[i] < 0 || reinterpret_cast<uintptr_t>(kv + (kv_first[i] + n_kv[i]) * hd_k) > kv_end)
+                return c->kernel_fault("attention_mla: token " + std::to_string(i) + "'s key range [" +
+                                       std::to_string(kv_first[i]) + ", +" + std::to_string(n_kv[i]) +
+                                       ") is outside the cache");
+        std::vector<float> acc(static_cast<size_t>(hd_v));
+        for (int64_t i = 0; i < n_tok; ++i)
+            for (int h = 0; h < n_head; ++h) {
+                const float *qh = q + (i * n_head + h) * hd_k;
+                std::fill(acc.begin(), acc.end(), 0.0f);
+                float m = -INFINITY, l = 0.0f;
+                for (int64_t t = 0; t < n_kv[i]; ++t) {
+                    const uint16_t *row = kv + (kv_first[i] + t) * hd_k;
+                    float s = 0.0f;
+                    for (int64_t d = 0; d < hd_k; ++d) s += qh[d] * fp16_to_fp32(row[d]);
+                    s *= scale;
+                    const float m2 = std::max(m, s), corr = std::exp(m - m2), p = std::exp(s - m2);
+                    l = l * corr + p;
+                    for (int64_t d = 0; d < hd_v; ++d) acc[size_t(d)] = acc[size_t(d)] * corr + p * fp16_to_fp32(row[d]);
+                    m = m2;
+                }
+                float *o = out + (i * n_head + h) * hd_v;
+                for (int64_t d = 0; d < hd_v; ++d) o[d] = l > 0.0f ? acc[size_t(d)] / l : 0.0f;
+            }
+    });
+}
+
 int probe(int *n, char *msg, size_t msg_n) {
     if (n) *n = 1;
     if (msg && msg_n) std::snprintf(msg, msg_n, "1 device(s); device 0: emulated on the host (a test double)");
@@ -534,6 +603,8 @@ const CudaApi &cuda_api_emulated() {
         a.gate_rows = gate_rows;
         a.kv_write = kv_write;
         a.attention = attention;
+        a.copy2d = copy2d;
+        a.attention_mla = attention_mla;
         return a;
     }();
     return api;

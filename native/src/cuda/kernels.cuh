@@ -164,6 +164,51 @@ __global__ void attn_kernel(const float *q, const __half *k, const __half *v, fl
     }
 }
 
+// MLA's multi-query attention over the latent cache: one warp per (token, query head) as
+// attn_kernel, the keys the cache rows of hd_k entries, the values their first hd_v (<= hd_k <=
+// kMaxHdMla); q [n_tok][n_head][hd_k], out [n_tok][n_head][hd_v].
+constexpr int kMaxHdMla = 1024;
+__global__ void attn_mla_kernel(const float *q, const __half *kv, float *out, int n_head, int64_t hd_k, int64_t hd_v,
+                                const int64_t *kv_first, const int32_t *n_kvs, float scale) {
+    const int h = blockIdx.y;
+    const int64_t tok = blockIdx.x;
+    const int64_t first = kv_first[tok], n_kv = n_kvs[tok];
+    q += (tok * n_head + h) * hd_k;
+    out += (tok * n_head + h) * hd_v;
+    kv += first * hd_k;
+    const int lane = threadIdx.x;
+    float qv[kMaxHdMla / 32], acc[kMaxHdMla / 32];
+    const int per_k = int((hd_k + 31) / 32), per_v = int((hd_v + 31) / 32);
+    for (int j = 0; j < per_k; ++j) {
+        const int64_t d = lane + 32 * j;
+        qv[j] = d < hd_k ? q[d] : 0.0f;
+    }
+    for (int j = 0; j < per_v; ++j) acc[j] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t t = 0; t < n_kv; ++t) {
+        const __half *row = kv + t * hd_k;
+        float s = 0.0f;
+        for (int j = 0; j < per_k; ++j) {
+            const int64_t d = lane + 32 * j;
+            if (d < hd_k) s += qv[j] * __half2float(row[d]);
+        }
+        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        s *= scale;
+        const float m2 = fmaxf(m, s);
+        const float corr = expf(m - m2), p = expf(s - m2);
+        l = l * corr + p;
+        for (int j = 0; j < per_v; ++j) {
+            const int64_t d = lane + 32 * j;
+            acc[j] = acc[j] * corr + (d < hd_v ? p * __half2float(row[d]) : 0.0f);
+        }
+        m = m2;
+    }
+    for (int j = 0; j < per_v; ++j) {
+        const int64_t d = lane + 32 * j;
+        if (d < hd_v) out[d] = l > 0.0f ? acc[j] / l : 0.0f;
+    }
+}
+
 }  // namespace
 
 namespace {

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#define KTD_CUDA_ABI_VERSION 3
+#define KTD_CUDA_ABI_VERSION 4
 
 extern "C" {
 // Rotary embedding parameters (model/hparams.h RopeParams as plain C).
@@ -117,4 +117,16 @@ int ktd_cuda_kv_write(KtdCudaCtx *c, const float *src, int64_t n_tok, int64_t wi
 int ktd_cuda_attention(KtdCudaCtx *c, const float *q, const uint16_t *k, const uint16_t *v, float *out, int64_t n_tok,
                        int n_head, int n_head_kv, int64_t hd, const int64_t *kv_first, const int32_t *n_kv,
                        float scale);
+
+// --- ABI v4: multi-head latent attention (deepseek2) ------------------------------------------
+// Enqueued strided copy: `rows` rows of width_bytes, the rows dpitch bytes apart at dst and spitch
+// bytes apart at src (pitches >= width_bytes); kind as ktd_cuda_copy.
+int ktd_cuda_copy2d(KtdCudaCtx *c, void *dst, uint64_t dpitch, const void *src, uint64_t spitch, uint64_t width_bytes,
+                    uint64_t rows, int kind);
+// Multi-query attention over one F16 cache whose rows are both the keys and the values (MLA's
+// latent cache): q [n_tok][n_head][hd_k], cache rows of hd_k; row i attends cache rows
+// [kv_first[i], kv_first[i] + n_kv[i]); out [n_tok][n_head][hd_v] = softmax(scale · q·kᵀ) · (the
+// first hd_v entries of each row). 0 < hd_v <= hd_k <= 1024.
+int ktd_cuda_attention_mla(KtdCudaCtx *c, const float *q, const uint16_t *kv, float *out, int64_t n_tok, int n_head,
+                           int64_t hd_k, int64_t hd_v, const int64_t *kv_first, const int32_t *n_kv, float scale);
 }

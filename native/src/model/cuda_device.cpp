@@ -23,14 +23,21 @@ bool kernel_type(GGMLType t) {
 template <class F>
 void for_each_device_matrix(const LayerWeights &w, F &&f) {
     for (const Matrix *m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.ffn_gate, &w.ffn_up, &w.ffn_down, &w.ffn_gate_shexp,
-                            &w.ffn_up_shexp, &w.ffn_down_shexp})
+                            &w.ffn_up_shexp, &w.ffn_down_shexp, &w.wq_a, &w.wq_b, &w.wkv_a_mqa})
         if (*m) f(*m);
+}
+
+// The per-head matrix stacks of a layer (MLA's attn_k_b and attn_v_b), on the device whole.
+template <class F>
+void for_each_device_stack(const LayerWeights &w, F &&f) {
+    for (const MatrixStack *st : {&w.wk_b, &w.wv_b})
+        if (*st) f(*st);
 }
 
 template <class F>
 void for_each_device_vector(const LayerWeights &w, F &&f) {
     for (const std::vector<float> *v : {&w.attn_norm, &w.ffn_norm, &w.bq, &w.bk, &w.bv, &w.bo, &w.attn_q_norm,
-                                        &w.attn_k_norm, &w.ffn_gate_inp_shexp})
+                                        &w.attn_k_norm, &w.ffn_gate_inp_shexp, &w.attn_q_a_norm, &w.attn_kv_a_norm})
         if (!v->empty()) f(*v);
 }
 
@@ -60,6 +67,8 @@ int64_t max_k(const Context &ctx) {
     int64_t k = std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v);
     for (const LayerWeights &w : ctx.model().weights().layers)
         for_each_device_matrix(w, [&](const Matrix &m) { k = std::max<int64_t>(k, int64_t(m.info->ne[0])); });
+    for (const LayerWeights &w : ctx.model().weights().layers)
+        for_each_device_stack(w, [&](const MatrixStack &st) { k = std::max<int64_t>(k, int64_t(st.info->ne[0])); });
     return k;
 }
 
@@ -71,21 +80,40 @@ int64_t max_ff(const Context &ctx) {
     return ff;
 }
 
+// MLA's device buffers, in floats per batch row and floats of padding each (mla_attention ropes
+// k_pe and q_pe as "heads" that start inside a row, so the last row's range runs past the data by
+// the padding; only its first rope dims are touched): q LoRA, q, the cache rows, the latent's
+// norm scratch, the MQA query, its output, the per-head gather and scatter.
+std::vector<std::pair<int64_t, int64_t>> mla_widths(const HParams &hp) {
+    const MlaParams &m = hp.mla;
+    const int64_t H = hp.n_head, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, r = m.kv_lora_rank;
+    return {{std::max<int64_t>(m.q_lora_rank, 1), 0}, {H * (nope + rope), nope}, {r + rope, r}, {r, 0},
+            {H * (r + rope), 0}, {H * r, 0}, {std::max(nope, r), 0}, {std::max(r, m.v_head_dim), 0}};
+}
+
 }  // namespace
 
 std::string CudaDevice::unsupported(const Context &ctx) {
     const Model &model = ctx.model();
     const HParams &hp = model.hparams();
-    static const char *const kArchs[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"};
+    static const char *const kArchs[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2"};
     if (std::find_if(std::begin(kArchs), std::end(kArchs), [&](const char *a) { return hp.arch == a; }) ==
         std::end(kArchs))
         return "architecture '" + hp.arch + "' has no CUDA device path yet (llama, qwen2, qwen3, qwen2moe, qwen3moe, "
-               "Mixtral have)";
-    if (hp.is_mla()) return "multi-head latent attention has no CUDA device path yet";
+               "Mixtral, deepseek2 have)";
     if (hp.n_swa > 0) return "sliding-window attention has no CUDA device path yet";
-    if (hp.head_dim_k != hp.head_dim_v) return "K and V heads of different sizes have no CUDA device path yet";
-    if (hp.head_dim_k > 256 || hp.head_dim_k <= 0) return "head_dim " + std::to_string(hp.head_dim_k) + " > 256";
-    if (hp.rope.n_rot > hp.head_dim_k || hp.rope.n_rot > 512) return "rope n_rot larger than the head";
+    if (hp.is_mla()) {
+        // The latent cache rows are the keys (r + rope) and their first r the values.
+        const MlaParams &m = hp.mla;
+        if (m.kv_lora_rank + m.qk_rope_head_dim > 1024)
+            return "MLA cache rows of " + std::to_string(m.kv_lora_rank + m.qk_rope_head_dim) + " > 1024 values";
+        if (m.v_head_dim > m.kv_lora_rank) return "MLA v_head_dim larger than kv_lora_rank";
+        if (hp.rope.n_rot != m.qk_rope_head_dim || hp.rope.n_rot > 512) return "MLA rope dims unlike the rope's n_rot";
+    } else {
+        if (hp.head_dim_k != hp.head_dim_v) return "K and V heads of different sizes have no CUDA device path yet";
+        if (hp.head_dim_k > 256 || hp.head_dim_k <= 0) return "head_dim " + std::to_string(hp.head_dim_k) + " > 256";
+        if (hp.rope.n_rot > hp.head_dim_k || hp.rope.n_rot > 512) return "rope n_rot larger than the head";
+    }
     for (size_t il = 0; il < model.weights().layers.size(); ++il) {
         const LayerWeights &w = model.weights().layers[il];
         if (w.wq_scale != 1 || w.wk_scale != 1 || w.wv_scale != 1 || w.wo_scale != 1 || w.gate_scale != 1 ||
@@ -93,11 +121,13 @@ std::string CudaDevice::unsupported(const Context &ctx) {
             !w.post_attention_norm.empty() || !w.post_ffw_norm.empty())
             return "layer " + std::to_string(il) + " has tensor scales or extra norms with no CUDA device path yet";
         std::string bad;
-        for_each_device_matrix(w, [&](const Matrix &m) {
-            if (bad.empty() && !kernel_type(m.info->type))
-                bad = std::string(m.info->name) + " is " + std::string(ggml_type_name(m.info->type)) +
+        auto typed = [&](const GGUFTensorInfo *info) {
+            if (bad.empty() && !kernel_type(info->type))
+                bad = std::string(info->name) + " is " + std::string(ggml_type_name(info->type)) +
                       ", which has no CUDA kernel (F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)";
-        });
+        };
+        for_each_device_matrix(w, [&](const Matrix &m) { typed(m.info); });
+        for_each_device_stack(w, [&](const MatrixStack &st) { typed(st.info); });
         if (!bad.empty()) return bad;
     }
     return "";
@@ -108,6 +138,7 @@ CudaDevicePlan CudaDevice::plan(const Context &ctx) {
     CudaDevicePlan p;
     for (const LayerWeights &w : ctx.model().weights().layers) {
         for_each_device_matrix(w, [&](const Matrix &m) { p.weights += aligned(m.info->nbytes); });
+        for_each_device_stack(w, [&](const MatrixStack &st) { p.weights += aligned(st.info->nbytes); });
         for_each_device_vector(w, [&](const std::vector<float> &v) { p.weights += aligned(v.size() * 4); });
     }
     if (!ctx.model().weights().rope_freqs.empty()) p.weights += aligned(ctx.model().weights().rope_freqs.size() * 4);
@@ -116,9 +147,14 @@ CudaDevicePlan CudaDevice::plan(const Context &ctx) {
                                          aligned(rows * uint64_t(hp.n_embd_v_cache()) * 2));
     const uint64_t nb = uint64_t(ctx.n_batch()), E = uint64_t(hp.n_embd);
     const uint64_t attn_w = uint64_t(hp.n_head) * uint64_t(hp.head_dim_v), ff = uint64_t(max_ff(ctx));
-    for (uint64_t width : {E, E, attn_w, std::max(E, attn_w), uint64_t(hp.n_embd_q()), uint64_t(hp.n_embd_k_gqa()),
-                           uint64_t(hp.n_embd_v_gqa()), ff, ff, E, uint64_t(1)})
+    // MLA: no q, k, v buffers of the GQA path; its own (mla_widths) instead.
+    const bool mla = hp.is_mla();
+    for (uint64_t width : {E, E, attn_w, std::max(E, attn_w), mla ? 0 : uint64_t(hp.n_embd_q()),
+                           mla ? 0 : uint64_t(hp.n_embd_k_gqa()), mla ? 0 : uint64_t(hp.n_embd_v_gqa()), ff, ff, E,
+                           uint64_t(1)})
         p.activations += aligned(nb * width * 4);  // x xn attn tmp q k v g u y gsh
+    if (mla)
+        for (const auto &[width, pad] : mla_widths(hp)) p.activations += aligned((nb * uint64_t(width) + uint64_t(pad)) * 4);
     p.activations += aligned(nb * uint64_t(max_k(ctx)) / 32 * KTD_CUDA_ACT_BLOCK_BYTES);
     p.activations += 2 * aligned(nb * 4) + 2 * aligned(nb * 8);  // pos, n_kv, kv rows, kv first
     return p;
@@ -169,9 +205,16 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         xn_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
         attn_ = static_cast<float *>(dalloc(uint64_t(nb * attn_w) * 4));
         tmp_ = static_cast<float *>(dalloc(uint64_t(nb * std::max(E, attn_w)) * 4));
-        q_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_q()) * 4));
-        k_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_k_gqa()) * 4));
-        v_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_v_gqa()) * 4));
+        if (hp.is_mla()) {
+            float **bufs[] = {&mqa_, &mq_, &mkv_, &mlat_, &mqm_, &mout_, &hx_, &hy_};
+            const auto widths = mla_widths(hp);
+            for (size_t i = 0; i < widths.size(); ++i)
+                *bufs[i] = static_cast<float *>(dalloc(uint64_t(nb * widths[i].first + widths[i].second) * 4));
+        } else {
+            q_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_q()) * 4));
+            k_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_k_gqa()) * 4));
+            v_ = static_cast<float *>(dalloc(uint64_t(nb * hp.n_embd_v_gqa()) * 4));
+        }
         g_ = static_cast<float *>(dalloc(uint64_t(nb * ff) * 4));
         u_ = static_cast<float *>(dalloc(uint64_t(nb * ff) * 4));
         y_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
@@ -191,7 +234,8 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         layers_.resize(size_t(hp.n_layer));
         for (DLayer &l : layers_) {
             l.k_cache = static_cast<uint16_t *>(dalloc(rows * uint64_t(hp.n_embd_k_cache()) * 2));
-            l.v_cache = static_cast<uint16_t *>(dalloc(rows * uint64_t(hp.n_embd_v_cache()) * 2));
+            if (hp.n_embd_v_cache() > 0)  // none with MLA: the values are the latent K rows
+                l.v_cache = static_cast<uint16_t *>(dalloc(rows * uint64_t(hp.n_embd_v_cache()) * 2));
         }
         upload_weights();
         check(api_.sync(c_), "upload");
@@ -229,6 +273,21 @@ void CudaDevice::upload_weights() {
         // The copy reads the mapping when the stream runs it: wait before the mapping goes.
         return d;
     };
+    auto stack = [&](const MatrixStack &st) {
+        DStack d;
+        if (!st) return d;
+        const GGUFTensorInfo *t = file.find_tensor(st.info->name);
+        if (!t || t->nbytes != st.info->nbytes || t->n_dims != 3)
+            throw DeviceError("CUDA device: tensor " + std::string(st.info->name) + " changed in " + file.path() +
+                              " since the load");
+        d.m.w = upload(file.tensor_data(*t), t->nbytes);
+        d.m.type = int(t->type);
+        d.m.k = int64_t(t->ne[0]);
+        d.m.rows = int64_t(t->ne[1]);
+        d.n = int64_t(t->ne[2]);
+        d.stride = t->nbytes / uint64_t(d.n);
+        return d;
+    };
     const ModelWeights &w = model.weights();
     for (size_t il = 0; il < w.layers.size(); ++il) {
         const LayerWeights &lw = w.layers[il];
@@ -236,6 +295,8 @@ void CudaDevice::upload_weights() {
         l.wq = mat(lw.wq), l.wk = mat(lw.wk), l.wv = mat(lw.wv), l.wo = mat(lw.wo);
         l.gate = mat(lw.ffn_gate), l.up = mat(lw.ffn_up), l.down = mat(lw.ffn_down);
         l.gate_sh = mat(lw.ffn_gate_shexp), l.up_sh = mat(lw.ffn_up_shexp), l.down_sh = mat(lw.ffn_down_shexp);
+        l.wq_a = mat(lw.wq_a), l.wq_b = mat(lw.wq_b), l.wkv_a = mat(lw.wkv_a_mqa);
+        l.wk_b = stack(lw.wk_b), l.wv_b = stack(lw.wv_b);
         for_each_device_vector(lw, [&](const std::vector<float> &v) {
             vecs_[v.data()] = static_cast<const float *>(upload(v.data(), v.size() * 4));
         });
@@ -343,8 +404,56 @@ void CudaDevice::attention_out(const LayerWeights &w) {
     if (!w.bo.empty()) check(api_.add_rows(c_, tmp_, dvec(w.bo), n_, E_), "bias");
 }
 
-void CudaDevice::mla_attention(const LayerWeights &, int) {
-    throw DeviceError("CUDA device: multi-head latent attention has no device path yet");
+void CudaDevice::copy2d(float *dst, int64_t dpitch, const float *src, int64_t spitch, int64_t width, int64_t rows) {
+    check(api_.copy2d(c_, dst, uint64_t(dpitch) * 4, src, uint64_t(spitch) * 4, uint64_t(width) * 4, uint64_t(rows),
+                      KTD_CUDA_D2D),
+          "copy2d");
+}
+
+void CudaDevice::per_head_gemv(const DStack &st, const float *x, int64_t x_head, int64_t x_pitch, float *y,
+                               int64_t y_head, int64_t y_pitch) {
+    const int64_t k = st.m.k, rows = st.m.rows;
+    for (int64_t h = 0; h < st.n; ++h) {
+        copy2d(hx_, k, x + h * x_head, x_pitch, k, n_);
+        gemv(st.at(h), hx_, n_, hy_);
+        copy2d(y + h * y_head, y_pitch, hy_, rows, rows, n_);
+    }
+}
+
+// deepseek2's attention in the absorbed form, as the CPU backend's (model/mla.cpp), over the
+// device's latent cache: the projections, the latent's norm, RoPE on k_pe and q_pe, the cache
+// write, each head's q_nope taken into the latent space (wk_b), multi-query attention over the
+// cache rows, and each head's output decompressed (wv_b) into Attn [n][H·v_head_dim].
+void CudaDevice::mla_attention(const LayerWeights &w, int il) {
+    const HParams &hp = ctx_.model().hparams();
+    const MlaParams &m = hp.mla;
+    const DLayer &l = layers_[size_t(il)];
+    const int64_t n = n_, H = hp.n_head, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, r = m.kv_lora_rank;
+    const int64_t hq = nope + rope, hk = r + rope, dv = m.v_head_dim;
+    if (l.wq_a) {
+        gemv(l.wq_a, xn_, n, mqa_);
+        check(api_.rmsnorm(c_, mqa_, dvec(w.attn_q_a_norm), mqa_, n, m.q_lora_rank, hp.norm_eps), "q_a norm");
+        gemv(l.wq_b, mqa_, n, mq_);  // q [n][H][hq]
+    } else {
+        gemv(l.wq, xn_, n, mq_);
+    }
+    gemv(l.wkv_a, xn_, n, mkv_);  // [c; k_pe] [n][hk]
+    // c = rms(c) · attn_kv_a_norm on the first r of each row, through a contiguous copy.
+    copy2d(mlat_, r, mkv_, hk, r, n);
+    check(api_.rmsnorm(c_, mlat_, dvec(w.attn_kv_a_norm), mlat_, n, r, hp.norm_eps), "kv_a norm");
+    copy2d(mkv_, hk, mlat_, r, r, n);
+    // k_pe and every head's q_pe roped: "heads" of hk (hq) floats from r (nope) on, n_rot = rope.
+    const KtdRope rp = ktd_rope(hp.rope);
+    check(api_.rope(c_, &rp, rope_ff_, pos_, mkv_ + r, n, 1, hk), "rope k_pe");
+    check(api_.rope(c_, &rp, rope_ff_, pos_, mq_ + nope, n, int(H), hq), "rope q_pe");
+    check(api_.kv_write(c_, mkv_, n, hk, l.k_cache, kv_rows_), "kv write");
+    // The MQA query [n][H][r + rope]: q_lat_h = wk_b_h · q_nope_h, then q_pe_h beside it.
+    per_head_gemv(l.wk_b, mq_, hq, H * hq, mqm_, hk, H * hk);
+    copy2d(mqm_ + r, hk, mq_ + nope, hq, rope, n * H);
+    // attn_scale is applied to the scores (the CPU scales the query: the same products).
+    check(api_.attention_mla(c_, mqm_, l.k_cache, mout_, n, int(H), hk, r, kv_first_, nkv_, hp.attn_scale),
+          "attention");
+    per_head_gemv(l.wv_b, mout_, r, H * r, attn_, dv, H * dv);
 }
 
 void CudaDevice::glu_ffn(const LayerWeights &w, Glu act) {
@@ -396,10 +505,12 @@ void CudaDevice::copy_kv(int src, int dst, int64_t n_tokens) {
     const HParams &hp = ctx_.model().hparams();
     const uint64_t n_ctx = uint64_t(ctx_.n_ctx());
     for (DLayer &l : layers_)
-        for (auto [cache, dim] : {std::pair{l.k_cache, hp.n_embd_k_cache()}, std::pair{l.v_cache, hp.n_embd_v_cache()}})
+        for (auto [cache, dim] : {std::pair{l.k_cache, hp.n_embd_k_cache()}, std::pair{l.v_cache, hp.n_embd_v_cache()}}) {
+            if (!cache || dim == 0) continue;  // no V cache with MLA
             check(api_.copy(c_, cache + uint64_t(dst) * n_ctx * uint64_t(dim), cache + uint64_t(src) * n_ctx * uint64_t(dim),
                             uint64_t(n_tokens) * uint64_t(dim) * 2, KTD_CUDA_D2D),
                   "copy_seq");
+        }
     check(api_.sync(c_), "copy_seq");
 }
 
