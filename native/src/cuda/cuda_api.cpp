@@ -91,6 +91,7 @@ const Loaded &loaded() {
         need("ktd_cuda_kv_write", a.kv_write);
         need("ktd_cuda_attention", a.attention);
         need("ktd_cuda_copy2d", a.copy2d);
+        need("ktd_cuda_gemv_batched", a.gemv_batched);
         need("ktd_cuda_attention_mla", a.attention_mla);
         if (!missing.empty()) {
             l.reason = l.path + ": not a ktd CUDA backend (entry points missing: " + missing + ")";

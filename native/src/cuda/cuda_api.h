@@ -49,6 +49,7 @@ struct CudaApi {
     decltype(&ktd_cuda_attention) attention = nullptr;
     // ABI v4: MLA.
     decltype(&ktd_cuda_copy2d) copy2d = nullptr;
+    decltype(&ktd_cuda_gemv_batched) gemv_batched = nullptr;
     decltype(&ktd_cuda_attention_mla) attention_mla = nullptr;
 };
 

@@ -265,6 +265,49 @@ extern "C" int ktd_cuda_gemv(KtdCudaCtx *c, int type, const void *w, int64_t row
     return launched(c, "gemv");
 }
 
+extern "C" int ktd_cuda_gemv_batched(KtdCudaCtx *c, int type, const void *w, uint64_t w_stride, int64_t n_mat,
+                                     int64_t rows, int64_t k, const float *x, int64_t x_mat, int64_t x_pitch, int64_t n,
+                                     float *y, int64_t y_mat, int64_t y_pitch, void *act_scratch) {
+    KTD_USE(c);
+    const bool is_float = type == int(GGMLType::F32) || type == int(GGMLType::F16) || type == int(GGMLType::BF16);
+    if (n_mat <= 0 || n_mat > 65535 || rows <= 0 || n <= 0 || k <= 0 || (!is_float && k % 32 != 0) ||
+        x_pitch < k || y_pitch < rows)
+        return fail(c, KTD_CUDA_E_ARG, "gemv_batched: 0 < n_mat <= 65535, k positive (a multiple of 32 for block "
+                                       "types), rows and n positive, pitches at least a row");
+    const dim3 g(blocks_for(rows * n * 32), unsigned(n_mat));
+    cudaStream_t st = c->stream;
+    switch (GGMLType(type)) {
+        case GGMLType::F32:
+            gemv_f_batched_kernel<0><<<g, kThreads, 0, st>>>(w, w_stride, rows, k, x, x_mat, x_pitch, n, y, y_mat, y_pitch);
+            return launched(c, "gemv_batched");
+        case GGMLType::F16:
+            gemv_f_batched_kernel<1><<<g, kThreads, 0, st>>>(w, w_stride, rows, k, x, x_mat, x_pitch, n, y, y_mat, y_pitch);
+            return launched(c, "gemv_batched");
+        case GGMLType::BF16:
+            gemv_f_batched_kernel<2><<<g, kThreads, 0, st>>>(w, w_stride, rows, k, x, x_mat, x_pitch, n, y, y_mat, y_pitch);
+            return launched(c, "gemv_batched");
+        case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0:
+        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: break;
+        default:
+            return fail(c, KTD_CUDA_E_UNSUPPORTED,
+                        "gemv_batched: no kernel for GGML type " + std::to_string(type) +
+                            " (F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)");
+    }
+    if (!act_scratch) return fail(c, KTD_CUDA_E_ARG, "gemv_batched: a block type needs act_scratch");
+    auto *act = static_cast<ActQ8 *>(act_scratch);
+    quantize_act_batched_kernel<<<blocks_for(n_mat * n * (k / 32)), kThreads, 0, st>>>(x, x_mat, x_pitch, k, n, n_mat,
+                                                                                     act);
+    switch (GGMLType(type)) {
+        case GGMLType::Q4_0: launch_q_batched<block_q4_0>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
+        case GGMLType::Q5_0: launch_q_batched<block_q5_0>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
+        case GGMLType::Q8_0: launch_q_batched<block_q8_0>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
+        case GGMLType::Q4_K: launch_q_batched<block_q4_K>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
+        case GGMLType::Q5_K: launch_q_batched<block_q5_K>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
+        default: launch_q_batched<block_q6_K>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
+    }
+    return launched(c, "gemv_batched");
+}
+
 extern "C" int ktd_cuda_rmsnorm(KtdCudaCtx *c, const float *x, const float *w, float *y, int64_t rows, int64_t n,
                                 float eps) {
     KTD_USE(c);

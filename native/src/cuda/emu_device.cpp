@@ -374,6 +374,63 @@ int gemv(KtdCudaCtx *ctx, int type, const void *w, int64_t rows, int64_t k, cons
     });
 }
 
+int gemv_batched(KtdCudaCtx *ctx, int type, const void *w, uint64_t w_stride, int64_t n_mat, int64_t rows, int64_t k,
+                 const float *x, int64_t x_mat, int64_t x_pitch, int64_t n, float *y, int64_t y_mat, int64_t y_pitch,
+                 void *act) {
+    EMU_CTX(ctx);
+    const GGMLType t = GGMLType(type);
+    const auto row = ggml_row_size(t, uint64_t(k));
+    const bool is_float = t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16;
+    if (n_mat <= 0 || n_mat > 65535 || rows <= 0 || n <= 0 || k <= 0 || (!is_float && k % 32 != 0) || !row ||
+        x_pitch < k || y_pitch < rows || x_mat < 0 || y_mat < 0)
+        return c->fail(KTD_CUDA_E_ARG, "gemv_batched: 0 < n_mat <= 65535, k positive (a multiple of 32 for block "
+                                       "types), rows and n positive, pitches at least a row");
+    // Every matrix, activation row and output row inside one allocation (the first byte of the
+    // first to the last byte of the last).
+    EMU_DEV(w, w_stride * uint64_t(n_mat - 1) + *row * uint64_t(rows), "gemv_batched (w)");
+    EMU_DEV(x, uint64_t(x_mat * (n_mat - 1) + x_pitch * (n - 1) + k) * 4, "gemv_batched (x)");
+    EMU_DEV(y, uint64_t(y_mat * (n_mat - 1) + y_pitch * (n - 1) + rows) * 4, "gemv_batched (y)");
+    auto mat = [=](int64_t m) { return static_cast<const char *>(w) + uint64_t(m) * w_stride; };
+    switch (t) {
+        case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16:
+            return c->enqueue([=] {
+                for (int64_t m = 0; m < n_mat; ++m)
+                    for (int64_t i = 0; i < n; ++i) {
+                        const float *xi = x + m * x_mat + i * x_pitch;
+                        float *yi = y + m * y_mat + i * y_pitch;
+                        if (t == GGMLType::F32) gemv_f<0>(mat(m), rows, k, xi, 1, yi);
+                        else if (t == GGMLType::F16) gemv_f<1>(mat(m), rows, k, xi, 1, yi);
+                        else gemv_f<2>(mat(m), rows, k, xi, 1, yi);
+                    }
+            });
+        default: break;
+    }
+    void (*f)(const void *, int64_t, int64_t, const bm::ActQ8 *, int64_t, float *) = nullptr;
+    switch (t) {
+        case GGMLType::Q4_0: f = gemv_q<block_q4_0>; break;
+        case GGMLType::Q5_0: f = gemv_q<block_q5_0>; break;
+        case GGMLType::Q8_0: f = gemv_q<block_q8_0>; break;
+        case GGMLType::Q4_K: f = gemv_q<block_q4_K>; break;
+        case GGMLType::Q5_K: f = gemv_q<block_q5_K>; break;
+        case GGMLType::Q6_K: f = gemv_q<block_q6_K>; break;
+        default:
+            return c->fail(KTD_CUDA_E_UNSUPPORTED,
+                           std::string("gemv_batched: no kernel for GGML type ") + std::string(ggml_type_name(t)));
+    }
+    const int64_t n_sub = k / 32;
+    EMU_DEV(act, uint64_t(n_mat * n * n_sub) * KTD_CUDA_ACT_BLOCK_BYTES, "gemv_batched (act_scratch)");
+    auto *a = static_cast<bm::ActQ8 *>(act);
+    return c->enqueue([=] {
+        // act [m][i][k/32], as the kernel lays it out
+        for (int64_t m = 0; m < n_mat; ++m)
+            for (int64_t i = 0; i < n; ++i)
+                for (int64_t s = 0; s < n_sub; ++s)
+                    bm::quantize_act(x + m * x_mat + i * x_pitch + 32 * s, a[(m * n + i) * n_sub + s]);
+        for (int64_t m = 0; m < n_mat; ++m)
+            for (int64_t i = 0; i < n; ++i) f(mat(m), rows, k, a + (m * n + i) * n_sub, 1, y + m * y_mat + i * y_pitch);
+    });
+}
+
 int rmsnorm(KtdCudaCtx *ctx, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     EMU_CTX(ctx);
     if (rows <= 0 || n <= 0) return c->fail(KTD_CUDA_E_ARG, "rmsnorm: rows and n must be positive");
@@ -604,6 +661,7 @@ const CudaApi &cuda_api_emulated() {
         a.kv_write = kv_write;
         a.attention = attention;
         a.copy2d = copy2d;
+        a.gemv_batched = gemv_batched;
         a.attention_mla = attention_mla;
         return a;
     }();

@@ -24,17 +24,10 @@ __global__ void quantize_act_kernel(const float *x, ActQ8 *act, int64_t n_sub) {
     if (t < n_sub) quantize_act(x + 32 * t, act[t]);
 }
 
-// One warp per (output row, activation row): lanes stride over the row's sub-blocks of 32,
-// then a shuffle reduction. y [n][rows].
+// One weight row against one activation row by a warp: the lanes stride over the row's
+// sub-blocks of 32, then a shuffle reduction (lane 0 holds the sum).
 template <class Block>
-__global__ void gemv_q_kernel(const Block *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y) {
-    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (warp >= rows * n) return;
-    const int64_t r = warp % rows, i = warp / rows;
-    const int64_t n_sub = k / 32;
-    const Block *row = w + r * (n_sub / SubsPerBlock<Block>::value);
-    const ActQ8 *a = act + i * n_sub;
+__device__ __forceinline__ float warp_dot_q(const Block *row, const ActQ8 *a, int64_t n_sub, int lane) {
     float acc = 0.0f;
     for (int64_t t = lane; t < n_sub; t += 32) {
         Sub32 s;
@@ -42,7 +35,47 @@ __global__ void gemv_q_kernel(const Block *w, int64_t rows, int64_t k, const Act
         acc += dot(s, a[t]);
     }
     for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    return acc;
+}
+
+// One warp per (output row, activation row). y [n][rows].
+template <class Block>
+__global__ void gemv_q_kernel(const Block *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y) {
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= rows * n) return;
+    const int64_t r = warp % rows, i = warp / rows;
+    const int64_t n_sub = k / 32;
+    const float acc = warp_dot_q(w + r * (n_sub / SubsPerBlock<Block>::value), act + i * n_sub, n_sub, lane);
     if (lane == 0) y[i * rows + r] = acc;
+}
+
+// ktd_cuda_gemv_batched: matrix m = blockIdx.y at w + m·w_stride bytes, its activations act
+// [m][n][k/32], its output row i at y + m·y_mat + i·y_pitch.
+template <class Block>
+__global__ void gemv_q_batched_kernel(const void *w, uint64_t w_stride, int64_t rows, int64_t k, const ActQ8 *act,
+                                      int64_t n, float *y, int64_t y_mat, int64_t y_pitch) {
+    const int64_t m = blockIdx.y;
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= rows * n) return;
+    const int64_t r = warp % rows, i = warp / rows;
+    const int64_t n_sub = k / 32;
+    const Block *row = reinterpret_cast<const Block *>(static_cast<const char *>(w) + uint64_t(m) * w_stride) +
+                       r * (n_sub / SubsPerBlock<Block>::value);
+    const float acc = warp_dot_q(row, act + (m * n + i) * n_sub, n_sub, lane);
+    if (lane == 0) y[m * y_mat + i * y_pitch + r] = acc;
+}
+
+// The batched form's activations: x_m row i at x + m·x_mat + i·x_pitch → act [m][i][k/32], one
+// thread per 32 (n_mat·n·k/32 threads).
+__global__ void quantize_act_batched_kernel(const float *x, int64_t x_mat, int64_t x_pitch, int64_t k, int64_t n,
+                                            int64_t n_mat, ActQ8 *act) {
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t n_sub = k / 32;
+    if (t >= n_mat * n * n_sub) return;
+    const int64_t sub = t % n_sub, i = (t / n_sub) % n, m = t / (n_sub * n);
+    quantize_act(x + m * x_mat + i * x_pitch + 32 * sub, act[t]);
 }
 
 // F32/F16/BF16 weights against float activations, one warp per (row, activation row).
@@ -54,15 +87,36 @@ __device__ __forceinline__ float load_weight(const void *w, int64_t idx) {
 }
 
 template <int Type>
+__device__ __forceinline__ float warp_dot_f(const void *w, int64_t w0, const float *x, int64_t k, int lane) {
+    float acc = 0.0f;
+    for (int64_t j = lane; j < k; j += 32) acc += load_weight<Type>(w, w0 + j) * x[j];
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    return acc;
+}
+
+template <int Type>
 __global__ void gemv_f_kernel(const void *w, int64_t rows, int64_t k, const float *x, int64_t n, float *y) {
     const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (warp >= rows * n) return;
     const int64_t r = warp % rows, i = warp / rows;
-    float acc = 0.0f;
-    for (int64_t j = lane; j < k; j += 32) acc += load_weight<Type>(w, r * k + j) * x[i * k + j];
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    const float acc = warp_dot_f<Type>(w, r * k, x + i * k, k, lane);
     if (lane == 0) y[i * rows + r] = acc;
+}
+
+// The batched form (ktd_cuda_gemv_batched) on float weights: matrix m = blockIdx.y.
+template <int Type>
+__global__ void gemv_f_batched_kernel(const void *w, uint64_t w_stride, int64_t rows, int64_t k, const float *x,
+                                      int64_t x_mat, int64_t x_pitch, int64_t n, float *y, int64_t y_mat,
+                                      int64_t y_pitch) {
+    const int64_t m = blockIdx.y;
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= rows * n) return;
+    const int64_t r = warp % rows, i = warp / rows;
+    const float acc = warp_dot_f<Type>(static_cast<const char *>(w) + uint64_t(m) * w_stride, r * k,
+                                       x + m * x_mat + i * x_pitch, k, lane);
+    if (lane == 0) y[m * y_mat + i * y_pitch + r] = acc;
 }
 
 constexpr int kThreads = 256;
@@ -72,6 +126,13 @@ inline unsigned blocks_for(int64_t threads) { return unsigned((threads + kThread
 template <class Block>
 void launch_q(const void *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y, cudaStream_t st) {
     gemv_q_kernel<Block><<<blocks_for(rows * n * 32), kThreads, 0, st>>>(static_cast<const Block *>(w), rows, k, act, n, y);
+}
+
+template <class Block>
+void launch_q_batched(const void *w, uint64_t w_stride, int64_t n_mat, int64_t rows, int64_t k, const ActQ8 *act,
+                      int64_t n, float *y, int64_t y_mat, int64_t y_pitch, cudaStream_t st) {
+    gemv_q_batched_kernel<Block><<<dim3(blocks_for(rows * n * 32), unsigned(n_mat)), kThreads, 0, st>>>(
+        w, w_stride, rows, k, act, n, y, y_mat, y_pitch);
 }
 
 // y [rows][n]: one block per row; the sum of squares in double, as the CPU's rms_norm (in another

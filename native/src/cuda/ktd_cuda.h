@@ -123,6 +123,13 @@ int ktd_cuda_attention(KtdCudaCtx *c, const float *q, const uint16_t *k, const u
 // bytes apart at src (pitches >= width_bytes); kind as ktd_cuda_copy.
 int ktd_cuda_copy2d(KtdCudaCtx *c, void *dst, uint64_t dpitch, const void *src, uint64_t spitch, uint64_t width_bytes,
                     uint64_t rows, int kind);
+// n_mat matrices of one shape in one call (MLA's per-head attn_k_b, attn_v_b): for m < n_mat,
+// y_m [n][rows] = W_m [rows][k] · x_m [n][k], W_m at w + m·w_stride bytes, row i of x_m at x +
+// m·x_mat + i·x_pitch and row i of y_m at y + m·y_mat + i·y_pitch (floats). act_scratch as
+// ktd_cuda_gemv's for n_mat·n rows.
+int ktd_cuda_gemv_batched(KtdCudaCtx *c, int type, const void *w, uint64_t w_stride, int64_t n_mat, int64_t rows,
+                          int64_t k, const float *x, int64_t x_mat, int64_t x_pitch, int64_t n, float *y, int64_t y_mat,
+                          int64_t y_pitch, void *act_scratch);
 // Multi-query attention over one F16 cache whose rows are both the keys and the values (MLA's
 // latent cache): q [n_tok][n_head][hd_k], cache rows of hd_k; row i attends cache rows
 // [kv_first[i], kv_first[i] + n_kv[i]); out [n_tok][n_head][hd_v] = softmax(scale · q·kᵀ) · (the

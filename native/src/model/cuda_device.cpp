@@ -67,8 +67,11 @@ int64_t max_k(const Context &ctx) {
     int64_t k = std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v);
     for (const LayerWeights &w : ctx.model().weights().layers)
         for_each_device_matrix(w, [&](const Matrix &m) { k = std::max<int64_t>(k, int64_t(m.info->ne[0])); });
+    // A stack's batched GEMV quantizes every matrix's input at once: n_mat · k per row.
     for (const LayerWeights &w : ctx.model().weights().layers)
-        for_each_device_stack(w, [&](const MatrixStack &st) { k = std::max<int64_t>(k, int64_t(st.info->ne[0])); });
+        for_each_device_stack(w, [&](const MatrixStack &st) {
+            k = std::max<int64_t>(k, int64_t(st.info->ne[0]) * int64_t(st.info->ne[2]));
+        });
     return k;
 }
 
@@ -83,12 +86,12 @@ int64_t max_ff(const Context &ctx) {
 // MLA's device buffers, in floats per batch row and floats of padding each (mla_attention ropes
 // k_pe and q_pe as "heads" that start inside a row, so the last row's range runs past the data by
 // the padding; only its first rope dims are touched): q LoRA, q, the cache rows, the latent's
-// norm scratch, the MQA query, its output, the per-head gather and scatter.
+// norm scratch, the MQA query and its output.
 std::vector<std::pair<int64_t, int64_t>> mla_widths(const HParams &hp) {
     const MlaParams &m = hp.mla;
     const int64_t H = hp.n_head, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, r = m.kv_lora_rank;
     return {{std::max<int64_t>(m.q_lora_rank, 1), 0}, {H * (nope + rope), nope}, {r + rope, r}, {r, 0},
-            {H * (r + rope), 0}, {H * r, 0}, {std::max(nope, r), 0}, {std::max(r, m.v_head_dim), 0}};
+            {H * (r + rope), 0}, {H * r, 0}};
 }
 
 }  // namespace
@@ -206,7 +209,7 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         attn_ = static_cast<float *>(dalloc(uint64_t(nb * attn_w) * 4));
         tmp_ = static_cast<float *>(dalloc(uint64_t(nb * std::max(E, attn_w)) * 4));
         if (hp.is_mla()) {
-            float **bufs[] = {&mqa_, &mq_, &mkv_, &mlat_, &mqm_, &mout_, &hx_, &hy_};
+            float **bufs[] = {&mqa_, &mq_, &mkv_, &mlat_, &mqm_, &mout_};
             const auto widths = mla_widths(hp);
             for (size_t i = 0; i < widths.size(); ++i)
                 *bufs[i] = static_cast<float *>(dalloc(uint64_t(nb * widths[i].first + widths[i].second) * 4));
@@ -412,12 +415,9 @@ void CudaDevice::copy2d(float *dst, int64_t dpitch, const float *src, int64_t sp
 
 void CudaDevice::per_head_gemv(const DStack &st, const float *x, int64_t x_head, int64_t x_pitch, float *y,
                                int64_t y_head, int64_t y_pitch) {
-    const int64_t k = st.m.k, rows = st.m.rows;
-    for (int64_t h = 0; h < st.n; ++h) {
-        copy2d(hx_, k, x + h * x_head, x_pitch, k, n_);
-        gemv(st.at(h), hx_, n_, hy_);
-        copy2d(y + h * y_head, y_pitch, hy_, rows, rows, n_);
-    }
+    check(api_.gemv_batched(c_, st.m.type, st.m.w, st.stride, st.n, st.m.rows, st.m.k, x, x_head, x_pitch, n_, y,
+                            y_head, y_pitch, act_),
+          "gemv_batched");
 }
 
 // deepseek2's attention in the absorbed form, as the CPU backend's (model/mla.cpp), over the

@@ -91,11 +91,6 @@ private:
         DMat m;  // the first; matrix h at m.w + h·stride
         int64_t n = 0;
         uint64_t stride = 0;
-        DMat at(int64_t h) const {
-            DMat d = m;
-            d.w = static_cast<const char *>(m.w) + uint64_t(h) * stride;
-            return d;
-        }
     };
     struct DLayer {
         DMat wq, wk, wv, wo, gate, up, down, gate_sh, up_sh, down_sh, shexp_gate;
@@ -109,9 +104,8 @@ private:
     const float *dvec(const std::vector<float> &v) const;  // the device copy of a weight vector (null: empty)
     float *buf(Act a) const;
     void gemv(const DMat &m, const float *x, int64_t n, float *y);
-    // y_h [n][rows] = matrix h · x_h [n][k] for every matrix h of a stack: x_h at x + h·x_head with
-    // its rows x_pitch floats apart, y_h at y + h·y_head with rows y_pitch apart (gathered into hx_,
-    // scattered from hy_).
+    // y_h [n][rows] = matrix h · x_h [n][k] for every matrix h of a stack in one batched GEMV: x_h
+    // at x + h·x_head with its rows x_pitch floats apart, y_h at y + h·y_head with rows y_pitch apart.
     void per_head_gemv(const DStack &st, const float *x, int64_t x_head, int64_t x_pitch, float *y, int64_t y_head,
                        int64_t y_pitch);
     // Device-to-device copy of `rows` rows of `width` floats, dpitch / spitch floats apart.
@@ -128,10 +122,8 @@ private:
     float *x_ = nullptr, *xn_ = nullptr, *attn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
     float *g_ = nullptr, *u_ = nullptr, *y_ = nullptr, *gsh_ = nullptr;
     // MLA (mla_attention): q LoRA [nb][q_lora], q [nb][H][nope + rope], the cache rows [nb][r + rope],
-    // the latent's norm scratch [nb][r], the MQA query [nb][H][r + rope], its output [nb][H][r], and
-    // the per-head gemv's gathered input and output [nb][max width].
+    // the latent's norm scratch [nb][r], the MQA query [nb][H][r + rope] and its output [nb][H][r].
     float *mqa_ = nullptr, *mq_ = nullptr, *mkv_ = nullptr, *mlat_ = nullptr, *mqm_ = nullptr, *mout_ = nullptr;
-    float *hx_ = nullptr, *hy_ = nullptr;
     void *act_ = nullptr;
     int32_t *pos_ = nullptr, *nkv_ = nullptr;
     int64_t *kv_rows_ = nullptr, *kv_first_ = nullptr;
