@@ -7,7 +7,7 @@ PIP        := $(VENV)/bin/pip
 BUILD_DIR  := build/dev
 # CI sets KTD_WERROR=ON (warnings are errors); release flags always.
 KTD_WERROR ?= OFF
-NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt
+NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
 .PHONY: gpu-check gpu-carry build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64 test-arm64-ci

@@ -164,12 +164,18 @@ def test_prefill_in_chunks_and_the_mistral_gqa_shape(tmp_path, backend):
     _compare(cpu, dev, F32_TOL, prompt=10, decode=3)
 
 
-def test_two_sequences_in_one_batch_and_copy_seq(tmp_path, backend):
-    """Rows of two sequences interleaved in one batch attend only their own sequence's cache
-    rows; copy_seq copies the device's KV rows (a fork continues identically)."""
-    path = tmp_path / "qwen2.gguf"
-    tiny_dense.make_model("qwen2", path)
-    cpu, dev = _pair(path, backend, n_seq_max=3)
+@pytest.mark.parametrize("arch", ["qwen2", "deepseek2"])
+def test_two_sequences_in_one_batch_and_copy_seq(arch, tmp_path, backend):
+    """Rows of two sequences interleaved in one batch, cut into chunks of 3 rows, attend only their
+    own sequence's cache rows; copy_seq copies the device's KV rows (deepseek2: its latent rows,
+    there is no V cache) and a fork continues identically."""
+    path = tmp_path / f"{arch}.gguf"
+    if arch == "deepseek2":
+        synthetic_moe.make_model(arch, path, variant="v3")
+    else:
+        tiny_dense.make_model(arch, path)
+    tol = MLA_F32_TOL if arch == "deepseek2" else F32_TOL
+    cpu, dev = _pair(path, backend, n_seq_max=3, n_batch=3)
     toks = np.array([40, 90, 41, 91, 42, 92, 43])
     pos = np.array([0, 0, 1, 1, 2, 2, 3])
     seq = np.array([0, 1, 0, 1, 0, 1, 0])
@@ -179,8 +185,8 @@ def test_two_sequences_in_one_batch_and_copy_seq(tmp_path, backend):
         eng.context.copy_seq(1, 2, 3)
         b = eng.forward(np.array([93, 93]), np.array([3, 3]), np.array([1, 2]), np.ones(2, bool))
         outs.append((a, b))
-    assert _rel(outs[0][0], outs[1][0]) <= F32_TOL
-    assert _rel(outs[0][1], outs[1][1]) <= F32_TOL
+    assert _rel(outs[0][0], outs[1][0]) <= tol
+    assert _rel(outs[0][1], outs[1][1]) <= tol
     # the fork continues as its source did
     np.testing.assert_array_equal(outs[1][1][0], outs[1][1][1])
 
@@ -287,27 +293,6 @@ def test_the_mla_plan_holds_the_latent_cache_only_and_covers_every_allocation(tm
     assert eng.context.backend == "cuda-emulated"
     out = eng.forward(np.arange(5) + 40, np.arange(5), np.zeros(5), np.ones(5, bool))
     assert np.all(np.isfinite(out))
-
-
-def test_mla_prefill_in_chunks_two_sequences_and_copy_seq(tmp_path, backend):
-    """deepseek2 with n_batch 3: the prompts cut into chunks, two sequences interleaved in one
-    batch each attending its own latent rows, then copy_seq forks the device's latent cache (there
-    is no V cache to copy) and the fork continues as its source."""
-    path = tmp_path / "deepseek2.gguf"
-    synthetic_moe.make_model("deepseek2", path, variant="v3")
-    cpu, dev = _pair(path, backend, n_seq_max=3, n_batch=3)
-    toks = np.array([40, 90, 41, 91, 42, 92, 43])
-    pos = np.array([0, 0, 1, 1, 2, 2, 3])
-    seq = np.array([0, 1, 0, 1, 0, 1, 0])
-    outs = []
-    for eng in (cpu, dev):
-        a = eng.forward(toks, pos, seq, np.ones(7, bool))
-        eng.context.copy_seq(1, 2, 3)
-        b = eng.forward(np.array([93, 93]), np.array([3, 3]), np.array([1, 2]), np.ones(2, bool))
-        outs.append((a, b))
-    assert _rel(outs[0][0], outs[1][0]) <= MLA_F32_TOL
-    assert _rel(outs[0][1], outs[1][1]) <= MLA_F32_TOL
-    np.testing.assert_array_equal(outs[1][1][0], outs[1][1][1])
 
 
 def test_the_real_library_refuses_cleanly_without_a_device(tmp_path):

@@ -155,13 +155,18 @@ extern "C" int ktd_cuda_host_free(KtdCudaCtx *c, void *p) {
     return 0;
 }
 
+// KTD_CUDA_H2D/D2H/D2D as the runtime's kind; cudaMemcpyDefault for anything else.
+static cudaMemcpyKind memcpy_kind(int kind) {
+    return kind == KTD_CUDA_H2D   ? cudaMemcpyHostToDevice
+           : kind == KTD_CUDA_D2H ? cudaMemcpyDeviceToHost
+           : kind == KTD_CUDA_D2D ? cudaMemcpyDeviceToDevice
+                                  : cudaMemcpyDefault;
+}
+
 extern "C" int ktd_cuda_copy(KtdCudaCtx *c, void *dst, const void *src, uint64_t bytes, int kind) {
     KTD_USE(c);
     if (bytes == 0) return 0;
-    const cudaMemcpyKind k = kind == KTD_CUDA_H2D   ? cudaMemcpyHostToDevice
-                             : kind == KTD_CUDA_D2H ? cudaMemcpyDeviceToHost
-                             : kind == KTD_CUDA_D2D ? cudaMemcpyDeviceToDevice
-                                                    : cudaMemcpyDefault;
+    const cudaMemcpyKind k = memcpy_kind(kind);
     if (k == cudaMemcpyDefault) return fail(c, KTD_CUDA_E_ARG, "copy: unknown kind " + std::to_string(kind));
     if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, k, c->stream); e != cudaSuccess)
         return cuda_fail(c, "cudaMemcpyAsync", e);
@@ -173,10 +178,7 @@ extern "C" int ktd_cuda_copy2d(KtdCudaCtx *c, void *dst, uint64_t dpitch, const 
     KTD_USE(c);
     if (width == 0 || rows == 0) return 0;
     if (dpitch < width || spitch < width) return fail(c, KTD_CUDA_E_ARG, "copy2d: pitches must be >= the row width");
-    const cudaMemcpyKind k = kind == KTD_CUDA_H2D   ? cudaMemcpyHostToDevice
-                             : kind == KTD_CUDA_D2H ? cudaMemcpyDeviceToHost
-                             : kind == KTD_CUDA_D2D ? cudaMemcpyDeviceToDevice
-                                                    : cudaMemcpyDefault;
+    const cudaMemcpyKind k = memcpy_kind(kind);
     if (k == cudaMemcpyDefault) return fail(c, KTD_CUDA_E_ARG, "copy2d: unknown kind " + std::to_string(kind));
     if (cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, k, c->stream); e != cudaSuccess)
         return cuda_fail(c, "cudaMemcpy2DAsync", e);
@@ -231,40 +233,6 @@ extern "C" int ktd_cuda_event_wait(KtdCudaCtx *c, KtdCudaEvent *ev) {
     return 0;
 }
 
-extern "C" int ktd_cuda_gemv(KtdCudaCtx *c, int type, const void *w, int64_t rows, int64_t k, const float *x,
-                             int64_t n, float *y, void *act_scratch) {
-    KTD_USE(c);
-    const bool is_float = type == int(GGMLType::F32) || type == int(GGMLType::F16) || type == int(GGMLType::BF16);
-    if (rows <= 0 || n <= 0 || k <= 0 || (!is_float && k % 32 != 0))
-        return fail(c, KTD_CUDA_E_ARG, "gemv: k must be positive (a multiple of 32 for block types), rows and n positive");
-    const unsigned g = blocks_for(rows * n * 32);
-    cudaStream_t st = c->stream;
-    switch (GGMLType(type)) {
-        case GGMLType::F32: gemv_f_kernel<0><<<g, kThreads, 0, st>>>(w, rows, k, x, n, y); return launched(c, "gemv");
-        case GGMLType::F16: gemv_f_kernel<1><<<g, kThreads, 0, st>>>(w, rows, k, x, n, y); return launched(c, "gemv");
-        case GGMLType::BF16: gemv_f_kernel<2><<<g, kThreads, 0, st>>>(w, rows, k, x, n, y); return launched(c, "gemv");
-        case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0:
-        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: break;
-        default:
-            return fail(c, KTD_CUDA_E_UNSUPPORTED,
-                        "gemv: no kernel for GGML type " + std::to_string(type) +
-                            " (F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)");
-    }
-    if (!act_scratch) return fail(c, KTD_CUDA_E_ARG, "gemv: a block type needs act_scratch");
-    auto *act = static_cast<ActQ8 *>(act_scratch);
-    const int64_t n_sub = n * k / 32;
-    quantize_act_kernel<<<blocks_for(n_sub), kThreads, 0, st>>>(x, act, n_sub);
-    switch (GGMLType(type)) {
-        case GGMLType::Q4_0: launch_q<block_q4_0>(w, rows, k, act, n, y, st); break;
-        case GGMLType::Q5_0: launch_q<block_q5_0>(w, rows, k, act, n, y, st); break;
-        case GGMLType::Q8_0: launch_q<block_q8_0>(w, rows, k, act, n, y, st); break;
-        case GGMLType::Q4_K: launch_q<block_q4_K>(w, rows, k, act, n, y, st); break;
-        case GGMLType::Q5_K: launch_q<block_q5_K>(w, rows, k, act, n, y, st); break;
-        default: launch_q<block_q6_K>(w, rows, k, act, n, y, st); break;
-    }
-    return launched(c, "gemv");
-}
-
 extern "C" int ktd_cuda_gemv_batched(KtdCudaCtx *c, int type, const void *w, uint64_t w_stride, int64_t n_mat,
                                      int64_t rows, int64_t k, const float *x, int64_t x_mat, int64_t x_pitch, int64_t n,
                                      float *y, int64_t y_mat, int64_t y_pitch, void *act_scratch) {
@@ -306,6 +274,12 @@ extern "C" int ktd_cuda_gemv_batched(KtdCudaCtx *c, int type, const void *w, uin
         default: launch_q_batched<block_q6_K>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
     }
     return launched(c, "gemv_batched");
+}
+
+// The plain GEMV: one matrix of the batched one, y [n][rows] = W · x [n][k].
+extern "C" int ktd_cuda_gemv(KtdCudaCtx *c, int type, const void *w, int64_t rows, int64_t k, const float *x,
+                             int64_t n, float *y, void *act_scratch) {
+    return ktd_cuda_gemv_batched(c, type, w, 0, 1, rows, k, x, 0, k, n, y, 0, rows, act_scratch);
 }
 
 extern "C" int ktd_cuda_rmsnorm(KtdCudaCtx *c, const float *x, const float *w, float *y, int64_t rows, int64_t n,
@@ -370,9 +344,10 @@ extern "C" int ktd_cuda_attention(KtdCudaCtx *c, const float *q, const uint16_t 
         hd > kMaxHd || !kv_first || !n_kv)
         return fail(c, KTD_CUDA_E_ARG,
                     "attention: 0 < n_head <= 65535 a multiple of n_head_kv, 0 < hd <= 256, n_tok > 0, kv ranges given");
-    attn_kernel<<<dim3(unsigned(n_tok), unsigned(n_head)), 32, 0, c->stream>>>(
-        q, reinterpret_cast<const __half *>(k), reinterpret_cast<const __half *>(v), out, n_head, n_head_kv, hd,
-        kv_first, n_kv, 0, scale);
+    const int64_t row = int64_t(n_head_kv) * hd;
+    attn_kernel<kMaxHd><<<dim3(unsigned(n_tok), unsigned(n_head)), 32, 0, c->stream>>>(
+        q, reinterpret_cast<const __half *>(k), row, reinterpret_cast<const __half *>(v), row, out, n_head, n_head_kv,
+        hd, hd, kv_first, n_kv, 0, scale);
     return launched(c, "attention");
 }
 
@@ -384,7 +359,8 @@ extern "C" int ktd_cuda_attention_mla(KtdCudaCtx *c, const float *q, const uint1
         !n_kv)
         return fail(c, KTD_CUDA_E_ARG,
                     "attention_mla: 0 < n_head <= 65535, 0 < hd_v <= hd_k <= 1024, n_tok > 0, kv ranges given");
-    attn_mla_kernel<<<dim3(unsigned(n_tok), unsigned(n_head)), 32, 0, c->stream>>>(
-        q, reinterpret_cast<const __half *>(kv), out, n_head, hd_k, hd_v, kv_first, n_kv, scale);
+    const auto *rows = reinterpret_cast<const __half *>(kv);
+    attn_kernel<kMaxHdMla><<<dim3(unsigned(n_tok), unsigned(n_head)), 32, 0, c->stream>>>(
+        q, rows, hd_k, rows, hd_k, out, n_head, 1, hd_k, hd_v, kv_first, n_kv, 0, scale);
     return launched(c, "attention_mla");
 }

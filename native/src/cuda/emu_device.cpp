@@ -106,6 +106,11 @@ struct EmuCtx {
         err = what;
         return code;
     }
+    // The end of the device allocation p lies in (p checked with is_dev first).
+    uintptr_t alloc_end(const void *p) const {
+        auto it = --dev.upper_bound(reinterpret_cast<uintptr_t>(p));
+        return it->first + it->second;
+    }
     // Whether [p, p + bytes) lies inside one device allocation of this context.
     bool is_dev(const void *p, uint64_t bytes) const {
         const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -209,24 +214,31 @@ int host_free(KtdCudaCtx *ctx, void *p) {
     return 0;
 }
 
+// A copy's ends for its kind: the device side(s) inside an allocation ([p, p + span)), the host
+// side not device memory. 0, or the error (`what`: "copy", "copy2d").
+int check_copy(EmuCtx *c, const void *dst, uint64_t dspan, const void *src, uint64_t sspan, int kind,
+               const std::string &what) {
+    switch (kind) {
+        case KTD_CUDA_H2D:
+            EMU_DEV(dst, dspan, what + " to device (dst)");
+            if (c->is_dev(src, 1)) return c->fail(KTD_CUDA_E_ARG, what + " to device: src is device memory");
+            return 0;
+        case KTD_CUDA_D2H:
+            EMU_DEV(src, sspan, what + " to host (src)");
+            if (c->is_dev(dst, 1)) return c->fail(KTD_CUDA_E_ARG, what + " to host: dst is device memory");
+            return 0;
+        case KTD_CUDA_D2D:
+            EMU_DEV(src, sspan, what + " on device (src)");
+            EMU_DEV(dst, dspan, what + " on device (dst)");
+            return 0;
+        default: return c->fail(KTD_CUDA_E_ARG, what + ": unknown kind " + std::to_string(kind));
+    }
+}
+
 int copy(KtdCudaCtx *ctx, void *dst, const void *src, uint64_t bytes, int kind) {
     EMU_CTX(ctx);
     if (bytes == 0) return 0;
-    switch (kind) {
-        case KTD_CUDA_H2D:
-            EMU_DEV(dst, bytes, "copy to device (dst)");
-            if (c->is_dev(src, 1)) return c->fail(KTD_CUDA_E_ARG, "copy to device: src is device memory");
-            break;
-        case KTD_CUDA_D2H:
-            EMU_DEV(src, bytes, "copy to host (src)");
-            if (c->is_dev(dst, 1)) return c->fail(KTD_CUDA_E_ARG, "copy to host: dst is device memory");
-            break;
-        case KTD_CUDA_D2D:
-            EMU_DEV(src, bytes, "copy on device (src)");
-            EMU_DEV(dst, bytes, "copy on device (dst)");
-            break;
-        default: return c->fail(KTD_CUDA_E_ARG, "copy: unknown kind " + std::to_string(kind));
-    }
+    if (const int rc = check_copy(c, dst, bytes, src, bytes, kind, "copy")) return rc;
     return c->enqueue([=] { std::memmove(dst, src, size_t(bytes)); });
 }
 
@@ -235,23 +247,9 @@ int copy2d(KtdCudaCtx *ctx, void *dst, uint64_t dpitch, const void *src, uint64_
     EMU_CTX(ctx);
     if (width == 0 || rows == 0) return 0;
     if (dpitch < width || spitch < width) return c->fail(KTD_CUDA_E_ARG, "copy2d: pitches must be >= the row width");
-    // The range from the first byte of the first row to the last byte of the last row.
+    // Each side from the first byte of the first row to the last byte of the last row.
     const uint64_t dspan = dpitch * (rows - 1) + width, sspan = spitch * (rows - 1) + width;
-    switch (kind) {
-        case KTD_CUDA_H2D:
-            EMU_DEV(dst, dspan, "copy2d to device (dst)");
-            if (c->is_dev(src, 1)) return c->fail(KTD_CUDA_E_ARG, "copy2d to device: src is device memory");
-            break;
-        case KTD_CUDA_D2H:
-            EMU_DEV(src, sspan, "copy2d to host (src)");
-            if (c->is_dev(dst, 1)) return c->fail(KTD_CUDA_E_ARG, "copy2d to host: dst is device memory");
-            break;
-        case KTD_CUDA_D2D:
-            EMU_DEV(src, sspan, "copy2d on device (src)");
-            EMU_DEV(dst, dspan, "copy2d on device (dst)");
-            break;
-        default: return c->fail(KTD_CUDA_E_ARG, "copy2d: unknown kind " + std::to_string(kind));
-    }
+    if (const int rc = check_copy(c, dst, dspan, src, sspan, kind, "copy2d")) return rc;
     return c->enqueue([=] {
         for (uint64_t r = 0; r < rows; ++r)
             std::memmove(static_cast<char *>(dst) + r * dpitch, static_cast<const char *>(src) + r * spitch,
@@ -335,45 +333,6 @@ void gemv_f(const void *w, int64_t rows, int64_t k, const float *x, int64_t n, f
         }
 }
 
-int gemv(KtdCudaCtx *ctx, int type, const void *w, int64_t rows, int64_t k, const float *x, int64_t n, float *y,
-         void *act) {
-    EMU_CTX(ctx);
-    const GGMLType t = GGMLType(type);
-    const auto row = ggml_row_size(t, uint64_t(k));
-    const bool is_float = t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16;
-    if (rows <= 0 || n <= 0 || k <= 0 || (!is_float && k % 32 != 0) || !row)
-        return c->fail(KTD_CUDA_E_ARG, "gemv: k must be positive (a multiple of 32 for block types) and whole blocks, "
-                                       "rows and n positive");
-    EMU_DEV(w, *row * uint64_t(rows), "gemv (w)");
-    EMU_DEV(x, uint64_t(n * k) * 4, "gemv (x)");
-    EMU_DEV(y, uint64_t(n * rows) * 4, "gemv (y)");
-    switch (t) {
-        case GGMLType::F32: return c->enqueue([=] { gemv_f<0>(w, rows, k, x, n, y); });
-        case GGMLType::F16: return c->enqueue([=] { gemv_f<1>(w, rows, k, x, n, y); });
-        case GGMLType::BF16: return c->enqueue([=] { gemv_f<2>(w, rows, k, x, n, y); });
-        default: break;
-    }
-    void (*f)(const void *, int64_t, int64_t, const bm::ActQ8 *, int64_t, float *) = nullptr;
-    switch (t) {
-        case GGMLType::Q4_0: f = gemv_q<block_q4_0>; break;
-        case GGMLType::Q5_0: f = gemv_q<block_q5_0>; break;
-        case GGMLType::Q8_0: f = gemv_q<block_q8_0>; break;
-        case GGMLType::Q4_K: f = gemv_q<block_q4_K>; break;
-        case GGMLType::Q5_K: f = gemv_q<block_q5_K>; break;
-        case GGMLType::Q6_K: f = gemv_q<block_q6_K>; break;
-        default:
-            return c->fail(KTD_CUDA_E_UNSUPPORTED,
-                           std::string("gemv: no kernel for GGML type ") + std::string(ggml_type_name(t)));
-    }
-    const int64_t n_sub = n * k / 32;
-    EMU_DEV(act, uint64_t(n_sub) * KTD_CUDA_ACT_BLOCK_BYTES, "gemv (act_scratch)");
-    auto *a = static_cast<bm::ActQ8 *>(act);
-    return c->enqueue([=] {
-        for (int64_t s = 0; s < n_sub; ++s) bm::quantize_act(x + 32 * s, a[s]);
-        f(w, rows, k, a, n, y);
-    });
-}
-
 int gemv_batched(KtdCudaCtx *ctx, int type, const void *w, uint64_t w_stride, int64_t n_mat, int64_t rows, int64_t k,
                  const float *x, int64_t x_mat, int64_t x_pitch, int64_t n, float *y, int64_t y_mat, int64_t y_pitch,
                  void *act) {
@@ -429,6 +388,12 @@ int gemv_batched(KtdCudaCtx *ctx, int type, const void *w, uint64_t w_stride, in
         for (int64_t m = 0; m < n_mat; ++m)
             for (int64_t i = 0; i < n; ++i) f(mat(m), rows, k, a + (m * n + i) * n_sub, 1, y + m * y_mat + i * y_pitch);
     });
+}
+
+// The plain GEMV: one matrix of the batched one.
+int gemv(KtdCudaCtx *ctx, int type, const void *w, int64_t rows, int64_t k, const float *x, int64_t n, float *y,
+         void *act) {
+    return gemv_batched(ctx, type, w, 0, 1, rows, k, x, 0, k, n, y, 0, rows, act);
 }
 
 int rmsnorm(KtdCudaCtx *ctx, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
@@ -517,10 +482,7 @@ int kv_write(KtdCudaCtx *ctx, const float *src, int64_t n_tok, int64_t width, ui
     EMU_DEV(rows, uint64_t(n_tok) * 8, "kv_write (rows)");
     EMU_DEV(cache, uint64_t(width) * 2, "kv_write (cache)");
     // The rows are device data (read when the kernel runs): each row's range is checked then.
-    const uintptr_t base = reinterpret_cast<uintptr_t>(cache);
-    auto it = c->dev.upper_bound(base);
-    --it;
-    const uint64_t limit = it->first + it->second;
+    const uintptr_t limit = c->alloc_end(cache);
     return c->enqueue([=] {
         for (int64_t i = 0; i < n_tok; ++i) {
             uint16_t *dst = cache + rows[i] * width;
@@ -529,6 +491,35 @@ int kv_write(KtdCudaCtx *ctx, const float *src, int64_t n_tok, int64_t width, ui
             for (int64_t d = 0; d < width; ++d) dst[d] = fp32_to_fp16(src[i * width + d]);
         }
     });
+}
+
+// The attention kernel's arithmetic (cuda/kernels.cuh attn_kernel): cache row t holds KV head j's
+// key at k + t·k_row + j·hd_k and its value at v + t·v_row + j·hd_v; token i attends rows
+// [kv_first[i], kv_first[i] + n_kv[i]).
+void attend(const float *q, const uint16_t *k, int64_t k_row, const uint16_t *v, int64_t v_row, float *out,
+            int64_t n_tok, int n_head, int n_head_kv, int64_t hd_k, int64_t hd_v, const int64_t *kv_first,
+            const int32_t *n_kv, float scale) {
+    std::vector<float> acc(static_cast<size_t>(hd_v));
+    for (int64_t i = 0; i < n_tok; ++i)
+        for (int h = 0; h < n_head; ++h) {
+            const int kvh = h / (n_head / n_head_kv);
+            const float *qh = q + (i * n_head + h) * hd_k;
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            float m = -INFINITY, l = 0.0f;
+            for (int64_t t = 0; t < n_kv[i]; ++t) {
+                const uint16_t *kt = k + (kv_first[i] + t) * k_row + kvh * hd_k;
+                const uint16_t *vt = v + (kv_first[i] + t) * v_row + kvh * hd_v;
+                float s = 0.0f;
+                for (int64_t d = 0; d < hd_k; ++d) s += qh[d] * fp16_to_fp32(kt[d]);
+                s *= scale;
+                const float m2 = std::max(m, s), corr = std::exp(m - m2), p = std::exp(s - m2);
+                l = l * corr + p;
+                for (int64_t d = 0; d < hd_v; ++d) acc[size_t(d)] = acc[size_t(d)] * corr + p * fp16_to_fp32(vt[d]);
+                m = m2;
+            }
+            float *o = out + (i * n_head + h) * hd_v;
+            for (int64_t d = 0; d < hd_v; ++d) o[d] = l > 0.0f ? acc[size_t(d)] / l : 0.0f;
+        }
 }
 
 int attention(KtdCudaCtx *ctx, const float *q, const uint16_t *k, const uint16_t *v, float *out, int64_t n_tok,
@@ -542,11 +533,7 @@ int attention(KtdCudaCtx *ctx, const float *q, const uint16_t *k, const uint16_t
     EMU_DEV(v, uint64_t(n_head_kv * hd) * 2, "attention (v)");
     EMU_DEV(kv_first, uint64_t(n_tok) * 8, "attention (kv_first)");
     EMU_DEV(n_kv, uint64_t(n_tok) * 4, "attention (n_kv)");
-    auto limit_of = [c](const void *p) {
-        auto it = --c->dev.upper_bound(reinterpret_cast<uintptr_t>(p));
-        return it->first + it->second;
-    };
-    const uintptr_t k_end = limit_of(k), v_end = limit_of(v);
+    const uintptr_t k_end = c->alloc_end(k), v_end = c->alloc_end(v);
     return c->enqueue([=] {
         const int64_t row = int64_t(n_head_kv) * hd;
         for (int64_t i = 0; i < n_tok; ++i)
@@ -556,27 +543,7 @@ int attention(KtdCudaCtx *ctx, const float *q, const uint16_t *k, const uint16_t
                 return c->kernel_fault("attention: token " + std::to_string(i) + "'s key range [" +
                                        std::to_string(kv_first[i]) + ", +" + std::to_string(n_kv[i]) +
                                        ") is outside the cache");
-        std::vector<float> acc(static_cast<size_t>(hd));
-        for (int64_t i = 0; i < n_tok; ++i)
-            for (int h = 0; h < n_head; ++h) {
-                const int kvh = h / (n_head / n_head_kv);
-                const float *qh = q + (i * n_head + h) * hd;
-                std::fill(acc.begin(), acc.end(), 0.0f);
-                float m = -INFINITY, l = 0.0f;
-                for (int64_t t = 0; t < n_kv[i]; ++t) {
-                    const uint16_t *kt = k + (kv_first[i] + t) * row + kvh * hd;
-                    const uint16_t *vt = v + (kv_first[i] + t) * row + kvh * hd;
-                    float s = 0.0f;
-                    for (int64_t d = 0; d < hd; ++d) s += qh[d] * fp16_to_fp32(kt[d]);
-                    s *= scale;
-                    const float m2 = std::max(m, s), corr = std::exp(m - m2), p = std::exp(s - m2);
-                    l = l * corr + p;
-                    for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] = acc[size_t(d)] * corr + p * fp16_to_fp32(vt[d]);
-                    m = m2;
-                }
-                float *o = out + (i * n_head + h) * hd;
-                for (int64_t d = 0; d < hd; ++d) o[d] = l > 0.0f ? acc[size_t(d)] / l : 0.0f;
-            }
+        attend(q, k, row, v, row, out, n_tok, n_head, n_head_kv, hd, hd, kv_first, n_kv, scale);
     });
 }
 
@@ -590,33 +557,14 @@ int attention_mla(KtdCudaCtx *ctx, const float *q, const uint16_t *kv, float *ou
     EMU_DEV(kv, uint64_t(hd_k) * 2, "attention_mla (kv)");
     EMU_DEV(kv_first, uint64_t(n_tok) * 8, "attention_mla (kv_first)");
     EMU_DEV(n_kv, uint64_t(n_tok) * 4, "attention_mla (n_kv)");
-    auto it = --c->dev.upper_bound(reinterpret_cast<uintptr_t>(kv));
-    const uintptr_t kv_end = it->first + it->second;
+    const uintptr_t kv_end = c->alloc_end(kv);
     return c->enqueue([=] {
         for (int64_t i = 0; i < n_tok; ++i)
             if (kv_first[i] < 0 || n_kv[i] < 0 || reinterpret_cast<uintptr_t>(kv + (kv_first[i] + n_kv[i]) * hd_k) > kv_end)
                 return c->kernel_fault("attention_mla: token " + std::to_string(i) + "'s key range [" +
                                        std::to_string(kv_first[i]) + ", +" + std::to_string(n_kv[i]) +
                                        ") is outside the cache");
-        std::vector<float> acc(static_cast<size_t>(hd_v));
-        for (int64_t i = 0; i < n_tok; ++i)
-            for (int h = 0; h < n_head; ++h) {
-                const float *qh = q + (i * n_head + h) * hd_k;
-                std::fill(acc.begin(), acc.end(), 0.0f);
-                float m = -INFINITY, l = 0.0f;
-                for (int64_t t = 0; t < n_kv[i]; ++t) {
-                    const uint16_t *row = kv + (kv_first[i] + t) * hd_k;
-                    float s = 0.0f;
-                    for (int64_t d = 0; d < hd_k; ++d) s += qh[d] * fp16_to_fp32(row[d]);
-                    s *= scale;
-                    const float m2 = std::max(m, s), corr = std::exp(m - m2), p = std::exp(s - m2);
-                    l = l * corr + p;
-                    for (int64_t d = 0; d < hd_v; ++d) acc[size_t(d)] = acc[size_t(d)] * corr + p * fp16_to_fp32(row[d]);
-                    m = m2;
-                }
-                float *o = out + (i * n_head + h) * hd_v;
-                for (int64_t d = 0; d < hd_v; ++d) o[d] = l > 0.0f ? acc[size_t(d)] / l : 0.0f;
-            }
+        attend(q, kv, hd_k, kv, hd_k, out, n_tok, n_head, 1, hd_k, hd_v, kv_first, n_kv, scale);
     });
 }
 

@@ -38,20 +38,9 @@ __device__ __forceinline__ float warp_dot_q(const Block *row, const ActQ8 *a, in
     return acc;
 }
 
-// One warp per (output row, activation row). y [n][rows].
-template <class Block>
-__global__ void gemv_q_kernel(const Block *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y) {
-    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (warp >= rows * n) return;
-    const int64_t r = warp % rows, i = warp / rows;
-    const int64_t n_sub = k / 32;
-    const float acc = warp_dot_q(w + r * (n_sub / SubsPerBlock<Block>::value), act + i * n_sub, n_sub, lane);
-    if (lane == 0) y[i * rows + r] = acc;
-}
-
-// ktd_cuda_gemv_batched: matrix m = blockIdx.y at w + m·w_stride bytes, its activations act
-// [m][n][k/32], its output row i at y + m·y_mat + i·y_pitch.
+// One warp per (output row, activation row) of matrix m = blockIdx.y, at w + m·w_stride bytes,
+// its activations act [m][n][k/32], its output row i at y + m·y_mat + i·y_pitch (the plain GEMV:
+// one matrix, y [n][rows]; ktd_cuda_gemv_batched: a stack).
 template <class Block>
 __global__ void gemv_q_batched_kernel(const void *w, uint64_t w_stride, int64_t rows, int64_t k, const ActQ8 *act,
                                       int64_t n, float *y, int64_t y_mat, int64_t y_pitch) {
@@ -94,17 +83,7 @@ __device__ __forceinline__ float warp_dot_f(const void *w, int64_t w0, const flo
     return acc;
 }
 
-template <int Type>
-__global__ void gemv_f_kernel(const void *w, int64_t rows, int64_t k, const float *x, int64_t n, float *y) {
-    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (warp >= rows * n) return;
-    const int64_t r = warp % rows, i = warp / rows;
-    const float acc = warp_dot_f<Type>(w, r * k, x + i * k, k, lane);
-    if (lane == 0) y[i * rows + r] = acc;
-}
-
-// The batched form (ktd_cuda_gemv_batched) on float weights: matrix m = blockIdx.y.
+// The same on float weights against float activations (row i of x_m at x + m·x_mat + i·x_pitch).
 template <int Type>
 __global__ void gemv_f_batched_kernel(const void *w, uint64_t w_stride, int64_t rows, int64_t k, const float *x,
                                       int64_t x_mat, int64_t x_pitch, int64_t n, float *y, int64_t y_mat,
@@ -124,15 +103,22 @@ constexpr int kThreads = 256;
 inline unsigned blocks_for(int64_t threads) { return unsigned((threads + kThreads - 1) / kThreads); }
 
 template <class Block>
-void launch_q(const void *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y, cudaStream_t st) {
-    gemv_q_kernel<Block><<<blocks_for(rows * n * 32), kThreads, 0, st>>>(static_cast<const Block *>(w), rows, k, act, n, y);
-}
-
-template <class Block>
 void launch_q_batched(const void *w, uint64_t w_stride, int64_t n_mat, int64_t rows, int64_t k, const ActQ8 *act,
                       int64_t n, float *y, int64_t y_mat, int64_t y_pitch, cudaStream_t st) {
     gemv_q_batched_kernel<Block><<<dim3(blocks_for(rows * n * 32), unsigned(n_mat)), kThreads, 0, st>>>(
         w, w_stride, rows, k, act, n, y, y_mat, y_pitch);
+}
+
+// The plain GEMV, y [n][rows] = W · act: one matrix of the batched kernel.
+template <class Block>
+void launch_q(const void *w, int64_t rows, int64_t k, const ActQ8 *act, int64_t n, float *y, cudaStream_t st) {
+    launch_q_batched<Block>(w, 0, 1, rows, k, act, n, y, 0, rows, st);
+}
+
+// The same on float weights, y [n][rows] = W · x [n][k].
+template <int Type>
+void launch_f(const void *w, int64_t rows, int64_t k, const float *x, int64_t n, float *y, cudaStream_t st) {
+    gemv_f_batched_kernel<Type><<<blocks_for(rows * n * 32), kThreads, 0, st>>>(w, 0, rows, k, x, 0, k, n, y, 0, rows);
 }
 
 // y [rows][n]: one block per row; the sum of squares in double, as the CPU's rms_norm (in another
@@ -176,69 +162,28 @@ __global__ void add_kernel(float *a, const float *b, int64_t n) {
 }
 
 // One warp per (token, query head), online softmax over the token's keys: each lane holds hd/32
-// of the head's dims (hd <= 256), a key's score is a warp reduction. Token i (blockIdx.x, head
-// blockIdx.y) reads
-// cache rows [kv_first[i], kv_first[i] + n_kv[i]) (null arrays: rows [0, n_kv_all) for every token).
-constexpr int kMaxHd = 256;
-__global__ void attn_kernel(const float *q, const __half *k, const __half *v, float *out, int n_head, int n_head_kv,
-                            int64_t hd, const int64_t *kv_first, const int32_t *n_kvs, int64_t n_kv_all, float scale) {
+// of the head's query and output dims, a key's score is a warp reduction. Token i (blockIdx.x,
+// head blockIdx.y, reading KV head h / (n_head / n_head_kv)) reads cache rows [kv_first[i],
+// kv_first[i] + n_kv[i]) (null arrays: rows [0, n_kv_all) for every token); cache row t holds KV
+// head j's key at k + t·k_row + j·hd_k and its value at v + t·v_row + j·hd_v. q [n_tok][n_head]
+// [hd_k], out [n_tok][n_head][hd_v], hd_v <= hd_k <= kMax. GQA: k_row = v_row = n_head_kv·hd;
+// MLA's latent cache: one KV head whose value is the first hd_v entries of its key (v = k).
+constexpr int kMaxHd = 256;      // GQA heads (ktd_cuda_attention)
+constexpr int kMaxHdMla = 1024;  // MLA cache rows (ktd_cuda_attention_mla)
+template <int kMax>
+__global__ void attn_kernel(const float *q, const __half *k, int64_t k_row, const __half *v, int64_t v_row, float *out,
+                            int n_head, int n_head_kv, int64_t hd_k, int64_t hd_v, const int64_t *kv_first,
+                            const int32_t *n_kvs, int64_t n_kv_all, float scale) {
     const int h = blockIdx.y;
     const int64_t tok = blockIdx.x;
     const int64_t first = kv_first ? kv_first[tok] : 0, n_kv = n_kvs ? n_kvs[tok] : n_kv_all;
-    q += tok * n_head * hd;
-    out += tok * n_head * hd;
-    k += first * int64_t(n_head_kv) * hd;
-    v += first * int64_t(n_head_kv) * hd;
-    const int lane = threadIdx.x;
     const int kvh = h / (n_head / n_head_kv);
-    const int64_t row = int64_t(n_head_kv) * hd;
-    float qv[kMaxHd / 32], acc[kMaxHd / 32];
-    const int per = int((hd + 31) / 32);
-    for (int j = 0; j < per; ++j) {
-        const int64_t d = lane + 32 * j;
-        qv[j] = d < hd ? q[int64_t(h) * hd + d] : 0.0f;
-        acc[j] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int64_t t = 0; t < n_kv; ++t) {
-        const __half *kt = k + t * row + int64_t(kvh) * hd;
-        float s = 0.0f;
-        for (int j = 0; j < per; ++j) {
-            const int64_t d = lane + 32 * j;
-            if (d < hd) s += qv[j] * __half2float(kt[d]);
-        }
-        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-        s *= scale;
-        const float m2 = fmaxf(m, s);
-        const float corr = expf(m - m2), p = expf(s - m2);
-        l = l * corr + p;
-        const __half *vt = v + t * row + int64_t(kvh) * hd;
-        for (int j = 0; j < per; ++j) {
-            const int64_t d = lane + 32 * j;
-            acc[j] = acc[j] * corr + (d < hd ? p * __half2float(vt[d]) : 0.0f);
-        }
-        m = m2;
-    }
-    for (int j = 0; j < per; ++j) {
-        const int64_t d = lane + 32 * j;
-        if (d < hd) out[int64_t(h) * hd + d] = l > 0.0f ? acc[j] / l : 0.0f;
-    }
-}
-
-// MLA's multi-query attention over the latent cache: one warp per (token, query head) as
-// attn_kernel, the keys the cache rows of hd_k entries, the values their first hd_v (<= hd_k <=
-// kMaxHdMla); q [n_tok][n_head][hd_k], out [n_tok][n_head][hd_v].
-constexpr int kMaxHdMla = 1024;
-__global__ void attn_mla_kernel(const float *q, const __half *kv, float *out, int n_head, int64_t hd_k, int64_t hd_v,
-                                const int64_t *kv_first, const int32_t *n_kvs, float scale) {
-    const int h = blockIdx.y;
-    const int64_t tok = blockIdx.x;
-    const int64_t first = kv_first[tok], n_kv = n_kvs[tok];
     q += (tok * n_head + h) * hd_k;
     out += (tok * n_head + h) * hd_v;
-    kv += first * hd_k;
+    k += first * k_row + int64_t(kvh) * hd_k;
+    v += first * v_row + int64_t(kvh) * hd_v;
     const int lane = threadIdx.x;
-    float qv[kMaxHdMla / 32], acc[kMaxHdMla / 32];
+    float qv[kMax / 32], acc[kMax / 32];
     const int per_k = int((hd_k + 31) / 32), per_v = int((hd_v + 31) / 32);
     for (int j = 0; j < per_k; ++j) {
         const int64_t d = lane + 32 * j;
@@ -247,20 +192,21 @@ __global__ void attn_mla_kernel(const float *q, const __half *kv, float *out, in
     for (int j = 0; j < per_v; ++j) acc[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     for (int64_t t = 0; t < n_kv; ++t) {
-        const __half *row = kv + t * hd_k;
+        const __half *kt = k + t * k_row;
         float s = 0.0f;
         for (int j = 0; j < per_k; ++j) {
             const int64_t d = lane + 32 * j;
-            if (d < hd_k) s += qv[j] * __half2float(row[d]);
+            if (d < hd_k) s += qv[j] * __half2float(kt[d]);
         }
         for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
         s *= scale;
         const float m2 = fmaxf(m, s);
         const float corr = expf(m - m2), p = expf(s - m2);
         l = l * corr + p;
+        const __half *vt = v + t * v_row;
         for (int j = 0; j < per_v; ++j) {
             const int64_t d = lane + 32 * j;
-            acc[j] = acc[j] * corr + (d < hd_v ? p * __half2float(row[d]) : 0.0f);
+            acc[j] = acc[j] * corr + (d < hd_v ? p * __half2float(vt[d]) : 0.0f);
         }
         m = m2;
     }

@@ -67,9 +67,9 @@ extern "C" int ktd_cuda_gemv_host(int type, const void *w, int64_t w_bytes, int6
         if ((e = cudaMemcpy(dx, x, size_t(n * k) * sizeof(float), cudaMemcpyHostToDevice)) != cudaSuccess) break;
         step = "kernel launch";
         switch (GGMLType(type)) {
-        case GGMLType::F32: gemv_f_kernel<0><<<blocks_for(rows * n * 32), kThreads>>>(dw, rows, k, dx, n, dy); break;
-        case GGMLType::F16: gemv_f_kernel<1><<<blocks_for(rows * n * 32), kThreads>>>(dw, rows, k, dx, n, dy); break;
-        case GGMLType::BF16: gemv_f_kernel<2><<<blocks_for(rows * n * 32), kThreads>>>(dw, rows, k, dx, n, dy); break;
+        case GGMLType::F32: launch_f<0>(dw, rows, k, dx, n, dy, nullptr); break;
+        case GGMLType::F16: launch_f<1>(dw, rows, k, dx, n, dy, nullptr); break;
+        case GGMLType::BF16: launch_f<2>(dw, rows, k, dx, n, dy, nullptr); break;
         default:
             quantize_act_kernel<<<blocks_for(n_sub), kThreads>>>(dx, dact, n_sub);
             switch (GGMLType(type)) {

@@ -130,9 +130,9 @@ extern "C" int ktd_cuda_attn_decode_host(const float *q, const uint16_t *k, cons
     const uint16_t *dk = s.up(k, n_kv * n_head_kv * hd), *dv = s.up(v, n_kv * n_head_kv * hd);
     float *dout = s.alloc<float>(int64_t(n_head) * hd);
     if (s.e == cudaSuccess)
-        attn_kernel<<<dim3(1, unsigned(n_head)), 32>>>(dq, reinterpret_cast<const __half *>(dk),
-                                                       reinterpret_cast<const __half *>(dv), dout, n_head, n_head_kv,
-                                                       hd, nullptr, nullptr, n_kv, scale);
+        attn_kernel<kMaxHd><<<dim3(1, unsigned(n_head)), 32>>>(
+            dq, reinterpret_cast<const __half *>(dk), int64_t(n_head_kv) * hd, reinterpret_cast<const __half *>(dv),
+            int64_t(n_head_kv) * hd, dout, n_head, n_head_kv, hd, hd, nullptr, nullptr, n_kv, scale);
     s.launched();
     s.down(out, dout, int64_t(n_head) * hd);
     return s.finish(msg, msg_n);
