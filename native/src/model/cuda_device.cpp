@@ -65,13 +65,13 @@ uint64_t aligned(uint64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 int64_t max_k(const Context &ctx) {
     const HParams &hp = ctx.model().hparams();
     int64_t k = std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v);
-    for (const LayerWeights &w : ctx.model().weights().layers)
+    for (const LayerWeights &w : ctx.model().weights().layers) {
         for_each_device_matrix(w, [&](const Matrix &m) { k = std::max<int64_t>(k, int64_t(m.info->ne[0])); });
-    // A stack's batched GEMV quantizes every matrix's input at once: n_mat · k per row.
-    for (const LayerWeights &w : ctx.model().weights().layers)
+        // A stack's batched GEMV quantizes every matrix's input at once: n_mat · k per row.
         for_each_device_stack(w, [&](const MatrixStack &st) {
             k = std::max<int64_t>(k, int64_t(st.info->ne[0]) * int64_t(st.info->ne[2]));
         });
+    }
     return k;
 }
 
@@ -263,33 +263,26 @@ void CudaDevice::upload_weights() {
         check(api_.copy(c_, d, src, bytes, KTD_CUDA_H2D), "upload");
         return d;
     };
-    auto mat = [&](const Matrix &m) {
+    // A tensor of the load (null: an absent optional one) as stored, its first matrix's shape, and
+    // the number of matrices of a stack (a 3-D tensor).
+    auto tensor = [&](const GGUFTensorInfo *info, bool stack) {
         DMat d;
-        if (!m) return d;
-        const GGUFTensorInfo *t = file.find_tensor(m.info->name);
-        if (!t || t->nbytes != m.info->nbytes) throw DeviceError("CUDA device: tensor " + std::string(m.info->name) +
-                                                                 " changed in " + file.path() + " since the load");
+        if (!info) return std::pair{d, int64_t(0)};
+        const GGUFTensorInfo *t = file.find_tensor(info->name);
+        if (!t || t->nbytes != info->nbytes || (stack && t->n_dims != 3))
+            throw DeviceError("CUDA device: tensor " + std::string(info->name) + " changed in " + file.path() +
+                              " since the load");
         d.w = upload(file.tensor_data(*t), t->nbytes);
         d.type = int(t->type);
         d.k = int64_t(t->ne[0]);
         d.rows = int64_t(t->ne[1]);
         // The copy reads the mapping when the stream runs it: wait before the mapping goes.
-        return d;
+        return std::pair{d, stack ? int64_t(t->ne[2]) : int64_t(1)};
     };
+    auto mat = [&](const Matrix &m) { return tensor(m.info, false).first; };
     auto stack = [&](const MatrixStack &st) {
-        DStack d;
-        if (!st) return d;
-        const GGUFTensorInfo *t = file.find_tensor(st.info->name);
-        if (!t || t->nbytes != st.info->nbytes || t->n_dims != 3)
-            throw DeviceError("CUDA device: tensor " + std::string(st.info->name) + " changed in " + file.path() +
-                              " since the load");
-        d.m.w = upload(file.tensor_data(*t), t->nbytes);
-        d.m.type = int(t->type);
-        d.m.k = int64_t(t->ne[0]);
-        d.m.rows = int64_t(t->ne[1]);
-        d.n = int64_t(t->ne[2]);
-        d.stride = t->nbytes / uint64_t(d.n);
-        return d;
+        const auto [m, n] = tensor(st.info, true);
+        return DStack{m, n, n ? st.info->nbytes / uint64_t(n) : 0};
     };
     const ModelWeights &w = model.weights();
     for (size_t il = 0; il < w.layers.size(); ++il) {
@@ -506,7 +499,7 @@ void CudaDevice::copy_kv(int src, int dst, int64_t n_tokens) {
     const uint64_t n_ctx = uint64_t(ctx_.n_ctx());
     for (DLayer &l : layers_)
         for (auto [cache, dim] : {std::pair{l.k_cache, hp.n_embd_k_cache()}, std::pair{l.v_cache, hp.n_embd_v_cache()}}) {
-            if (!cache || dim == 0) continue;  // no V cache with MLA
+            if (!cache) continue;  // no V cache with MLA
             check(api_.copy(c_, cache + uint64_t(dst) * n_ctx * uint64_t(dim), cache + uint64_t(src) * n_ctx * uint64_t(dim),
                             uint64_t(n_tokens) * uint64_t(dim) * 2, KTD_CUDA_D2D),
                   "copy_seq");
