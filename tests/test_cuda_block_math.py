@@ -26,14 +26,16 @@ from ktd import _native
 
 CM = _native.cuda_math
 TYPES_32 = ["Q4_0", "Q5_0", "Q8_0"]        # gguf-py quantizes these
+TYPES_T = ["TQ1_0", "TQ2_0"]               # and these (ternary, blocks of 256)
 TYPES_K = {"Q4_K": (144, [0, 2]), "Q5_K": (176, [0, 2]), "Q6_K": (210, [208])}  # size, fp16 fields
-TYPES = TYPES_32 + list(TYPES_K) + ["F32", "F16", "BF16"]
+TYPES = TYPES_32 + list(TYPES_K) + ["F32", "F16", "BF16"] + TYPES_T
+BLOCK_TYPES = TYPES_32 + list(TYPES_K) + TYPES_T
 
 
 def weights(qt: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """rows × k weights of type qt as stored in GGUF: gguf-py's quantizer for the 32-element
-    types; random bytes with finite positive fp16 scales (around 1/64) for the K-quants."""
-    if qt in TYPES_32:
+    and ternary types; random bytes with finite positive fp16 scales (around 1/64) for the K-quants."""
+    if qt in TYPES_32 + TYPES_T:
         return quantize(rng.standard_normal((rows, k)).astype(np.float32), GGMLQuantizationType[qt])
     size, fp16 = TYPES_K[qt]
     nb = rows * k // 256
@@ -53,7 +55,7 @@ def act_ref(x: np.ndarray):
     return d, q.astype(np.int32).sum(axis=1), q
 
 
-@pytest.mark.parametrize("qt", TYPES_32 + list(TYPES_K))
+@pytest.mark.parametrize("qt", BLOCK_TYPES)
 def test_dequantize_bitwise_vs_gguf(qt):
     rng = np.random.default_rng(TYPES.index(qt))
     rows, k = 3, 512
@@ -77,7 +79,7 @@ def test_quantize_act_matches_numpy():
     assert d[0] == 0 and not q[0].any()
 
 
-@pytest.mark.parametrize("qt", TYPES_32 + list(TYPES_K))
+@pytest.mark.parametrize("qt", BLOCK_TYPES)
 def test_dot_through_dp4a_matches_numpy(qt):
     rng = np.random.default_rng(100 + TYPES.index(qt))
     rows, k = 4, 1024

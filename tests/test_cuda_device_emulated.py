@@ -11,7 +11,7 @@ Tolerances, relative to the largest |logit| of the row:
   what differs is the summation order (the CPU kernels' SIMD lanes and tiles vs one running sum
   here) and q's attention scale applied to q·k instead of q: a few float ulps through 2 layers,
   bounded by 1e-4.
-- Block types (Q8_0, Q4_0, Q5_0): both paths quantize each 32 activations to int8 (the device
+- Block types (Q8_0, Q4_0, Q5_0; gemma3's and the ternary ones have their own bounds, below): both paths quantize each 32 activations to int8 (the device
   keeps the block scale in f32, the CPU's Q8_0 activations in f16: 3e-4 apart per matmul), and
   the rounding of int8 activations amplifies such differences: measured 1-2 % of the largest logit
   on these random tiny models, bounded by 3e-2; greedy tokens must agree wherever the CPU's lead is
@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,7 +118,43 @@ def test_dense_decode_and_prefill_match_the_cpu_forward(arch, wtype, tmp_path, b
     assert dev.context.hybrid_stats()["moe_calls"] == 0
 
 
-@pytest.mark.parametrize("arch, wtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("qwen3", "Q8_0")])
+# gemma3's tiny file has a window of 8 tokens (tiny_dense.GEMMA3_SLIDING_WINDOW): a 12-token
+# prompt and 6 decode steps put rows on both sides of it in prefill and in decode (attending past
+# the window moves those rows' logits by ~100 %, the local rope base is 100x the global one). Its 6
+# layers of pre- and post-norms put the paths further apart than the 2-layer files: measured
+# CPU-device 1.6-1.9e-4 (F32) and 3.2-3.9e-2 (Q8_0) over 18 tokens, while each path is 6-7e-4 (F32)
+# and 3.6-4.5e-2 (Q8_0) from the float64 forward (the device as close as the CPU: see
+# test_block_types_are_as_close_to_the_float64_oracle_as_the_cpu).
+GEMMA3_F32_TOL = 3e-4
+GEMMA3_BLOCK_TOL = 6e-2
+@pytest.mark.parametrize("variant, wtype", [(None, "F32"), ("softcap", "F32"), ("rope_linear", "F32"),
+                                            ("swa_layers", "F32"), (None, "Q8_0"), ("swa_layers", "Q4_0")])
+def test_gemma3_sliding_window_layers_match_the_cpu_forward(variant, wtype, tmp_path, backend):
+    path = tmp_path / f"gemma3-{variant}-{wtype}.gguf"
+    tiny_dense.make_model("gemma3", path, wtype=wtype, variant=variant)
+    cpu, dev = _pair(path, backend)
+    f32 = wtype == "F32"
+    _compare(cpu, dev, GEMMA3_F32_TOL if f32 else GEMMA3_BLOCK_TOL, same_tokens=f32, prompt=12, decode=6)
+
+
+# bitnet: ternary blocks (TQ1_0, TQ2_0) or plain ones, each matmul's tensor scale, the sub-norms,
+# SwiGLU or squared ReLU (relu2), or the scales folded into the weights (folded). The CPU's ternary
+# kernels quantize activations per 256 (Q8_K), the device per 32: over 12 tokens the device was
+# 2.2-2.6e-2 from the float64 forward and the CPU 3.1-3.6e-2, so the two are up to 4.3e-2 apart
+# (measured; test_block_types_are_as_close_to_the_float64_oracle_as_the_cpu holds the device to
+# the oracle).
+TERNARY_TOL = 6e-2
+@pytest.mark.parametrize("variant, wtype", [(None, "F32"), ("relu2", "F32"), ("folded", "F32"), (None, "TQ2_0"),
+                                            ("relu2", "TQ1_0"), ("folded", "TQ2_0"), (None, "Q8_0")])
+def test_bitnet_matches_the_cpu_forward(variant, wtype, tmp_path, backend):
+    path = tmp_path / f"bitnet-{variant}-{wtype}.gguf"
+    tiny_dense.make_model("bitnet", path, wtype=wtype, variant=variant)
+    cpu, dev = _pair(path, backend)
+    _compare(cpu, dev, F32_TOL if wtype == "F32" else TERNARY_TOL if wtype.startswith("TQ") else BLOCK_TOL)
+
+
+@pytest.mark.parametrize("arch, wtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("qwen3", "Q8_0"), ("gemma3", "Q8_0"),
+                                         ("bitnet", "TQ2_0"), ("bitnet", "TQ1_0")])
 def test_block_types_are_as_close_to_the_float64_oracle_as_the_cpu(arch, wtype, tmp_path, backend):
     path = tmp_path / f"{arch}-{wtype}.gguf"
     tiny_dense.make_model(arch, path, wtype=wtype)
@@ -223,14 +260,12 @@ def test_moe_through_the_hybrid_copies_matches_the_cpu_forward(arch, wtype, vari
     np.testing.assert_array_equal(dev.context.expert_counts(), cpu.context.expert_counts())
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "bitnet"])
-def test_unsupported_architectures_are_refused_with_the_reason(arch, tmp_path):
-    why = arch
-    path = tmp_path / f"{arch}.gguf"
-    tiny_dense.make_model(arch, path, wtype="TQ2_0" if arch == "bitnet" else "F32")
+def test_a_weight_type_with_no_kernel_is_refused_with_the_reason(tmp_path):
+    path = tmp_path / "llama-q4_1.gguf"
+    tiny_dense.make_model("llama", path, wtype="Q4_1")
     eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
     before = eng.forward(np.arange(3) + 40, np.arange(3), np.zeros(3), np.ones(3, bool))
-    with pytest.raises(_native.DeviceError, match=why):
+    with pytest.raises(_native.DeviceError, match="blk.0.attn_q.weight is Q4_1, which has no CUDA kernel"):
         eng.context.set_backend("cuda-emulated")
     # the context is unchanged: still the CPU, its cache intact
     assert eng.context.backend == "cpu"
@@ -265,6 +300,25 @@ def test_a_budget_too_small_is_refused_with_the_numbers(tmp_path):
     # the same budget with room to spare is accepted
     eng.context.set_backend("cuda-emulated", vram_budget=need)
     assert eng.context.backend == "cuda-emulated"
+
+
+@pytest.mark.parametrize("arch, wtype", [("gemma3", "Q8_0"), ("bitnet", "TQ1_0")])
+def test_the_plan_covers_every_allocation(arch, wtype, tmp_path):
+    """gemma3 (the sliding window's own key ranges), bitnet (sub-norms, ternary blocks): the plan's
+    total is a budget the device's allocations fit in, and one byte less is refused."""
+    path = tmp_path / f"{arch}.gguf"
+    tiny_dense.make_model(arch, path, wtype=wtype)
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=2, threads=1)
+    with pytest.raises(_native.DeviceMemoryError) as e:
+        eng.context.set_backend("cuda-emulated", vram_budget=1000)
+    import re
+    need = int(re.search(r"\((\d+) bytes: weights", str(e.value)).group(1))
+    with pytest.raises(_native.DeviceMemoryError):
+        eng.context.set_backend("cuda-emulated", vram_budget=need - 1)
+    eng.context.set_backend("cuda-emulated", vram_budget=need)
+    assert eng.context.backend == "cuda-emulated"
+    out = eng.forward(np.arange(12) + 40, np.arange(12), np.zeros(12), np.ones(12, bool))
+    assert np.all(np.isfinite(out))
 
 
 def test_the_mla_plan_holds_the_latent_cache_only_and_covers_every_allocation(tmp_path):
@@ -343,23 +397,36 @@ def test_a_library_of_another_abi_version_is_refused(tmp_path):
     import json
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["status"]["available"] is False
-    assert "ABI 2" in out["status"]["reason"] and "needs 4" in out["status"]["reason"]
-    assert "ABI 2" in out["backend"] and "needs 4" in out["backend"]
+    import re
+    header = (Path(__file__).resolve().parents[1] / "native/src/cuda/ktd_cuda.h").read_text()
+    needs = "needs " + re.search(r"#define KTD_CUDA_ABI_VERSION (\d+)", header).group(1)
+    assert "ABI 2" in out["status"]["reason"] and needs in out["status"]["reason"]
+    assert "ABI 2" in out["backend"] and needs in out["backend"]
 
 
 @pytest.mark.slow
 @pytest.mark.realmodel
-def test_qwen_coder_0_5b_greedy_on_the_emulated_device(real_model, backend):
-    """The real model's shapes and types (Q4_K/Q6_K/Q5_0/Q8_0 weights, 14 heads over 2 KV heads of
-    64, QKV biases, the tied output head on the host): greedy continuation identical to the CPU's.
-    Logits within 8 % of the largest (measured up to 4.5 % on the prefill rows: int8 activations,
-    see the module docstring; the greedy choice is the check that matters here)."""
-    path = real_model("qwen2.5-coder-0.5b")
+@pytest.mark.parametrize("model", ["qwen2.5-coder-0.5b", "gemma-3-270m"])
+def test_real_model_greedy_on_the_emulated_device(model, real_model, backend):
+    """The real models' shapes and types (Q4_K/Q6_K/Q5_0/Q8_0 weights; qwen: 14 heads over 2 KV
+    heads of 64, QKV biases; gemma3: 18 layers of 4 heads over 1 KV head of 256, sliding-window and
+    global layers, post-norms; the tied output head on the host): greedy continuation identical to
+    the CPU's. qwen: logits within 8 % of the largest (measured up to 4.5 % on the prefill rows: int8
+    activations, see the module docstring). gemma3's activations are rougher for int8 (embeddings
+    scaled by sqrt(640), large residual outliers): the prefill rows were 6.7-17.7 % apart, each path
+    5-12 % from the float64 forward with the device the closer; so for gemma3 the check is that
+    oracle: the device no further from it than 1.5x the CPU (~15 s, 3.5 GB)."""
+    path = real_model(model)
     cpu, dev = _pair(path, backend)
     prompt = [40, 41, 42, 43]
     want, want_tokens = _run(cpu, prompt=len(prompt), decode=4)
     got, got_tokens = _run(dev, prompt=len(prompt), decode=4)
     assert got_tokens == want_tokens
+    if model.startswith("gemma"):
+        ref = numpy_forward(path, prompt)
+        err_cpu, err_dev = _rel(ref, want[0]), _rel(ref, got[0])
+        assert err_dev <= 1.5 * err_cpu, (err_dev, err_cpu)
+        return
     for w, g in zip(want, got):
         assert _rel(w, g) <= 0.08
 

@@ -147,7 +147,7 @@ def test_gpu_rope(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("act", ["silu", "gelu", "relu2"])
 def test_gpu_glu_and_add(act):
     _gpu_or_skip()
     rng = np.random.default_rng(1)
@@ -156,6 +156,8 @@ def test_gpu_glu_and_add(act):
     a64 = a.astype(np.float64)
     if act == "silu":
         want = a64 / (1 + np.exp(-a64)) * b
+    elif act == "relu2":
+        want = np.maximum(a64, 0) ** 2 * b
     else:
         want = 0.5 * a64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (a64 + 0.044715 * a64 ** 3))) * b
     np.testing.assert_allclose(CM.gpu_glu(act, a, b), want, rtol=1e-5, atol=1e-6)

@@ -41,11 +41,15 @@ const CudaLib &cuda_lib() {
 }
 
 GGMLType type_named(const std::string &name) {
-    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q5_0, GGMLType::Q8_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K,
-                       GGMLType::F32, GGMLType::F16, GGMLType::BF16})
-        if (ggml_type_name(t) == name) return t;
-    throw std::invalid_argument("cuda_math: no CUDA kernel for type '" + name +
-                                "' (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16)");
+    for (uint32_t id = 0; id < 64; ++id) {
+        if (!ggml_type_info(id)) continue;
+        const GGMLType t = GGMLType(id);
+        const bool kernel = t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16 ||
+                            bm::visit_block_type(t, [](auto) {});
+        if (kernel && ggml_type_name(t) == name) return t;
+    }
+    throw std::invalid_argument("cuda_math: no CUDA kernel for type '" + name + "' (" + bm::kBlockTypeNames +
+                                ", F32, F16, BF16)");
 }
 
 template <class Block>
@@ -58,15 +62,8 @@ void for_each_sub(const uint8_t *row, int64_t k, const std::function<void(int64_
 }
 
 void visit_subs(GGMLType type, const uint8_t *row, int64_t k, const std::function<void(int64_t, const bm::Sub32 &)> &f) {
-    switch (type) {
-    case GGMLType::Q4_0: return for_each_sub<block_q4_0>(row, k, f);
-    case GGMLType::Q5_0: return for_each_sub<block_q5_0>(row, k, f);
-    case GGMLType::Q8_0: return for_each_sub<block_q8_0>(row, k, f);
-    case GGMLType::Q4_K: return for_each_sub<block_q4_K>(row, k, f);
-    case GGMLType::Q5_K: return for_each_sub<block_q5_K>(row, k, f);
-    case GGMLType::Q6_K: return for_each_sub<block_q6_K>(row, k, f);
-    default: throw std::invalid_argument("cuda_math: " + std::string(ggml_type_name(type)) + " is not a block format");
-    }
+    if (!bm::visit_block_type(type, [&](auto b) { for_each_sub<decltype(b)>(row, k, f); }))
+        throw std::invalid_argument("cuda_math: " + std::string(ggml_type_name(type)) + " is not a block format");
 }
 
 // The bytes of one row of k elements, checked against the type's block size.
@@ -193,8 +190,8 @@ void bind_cuda_ops(py::module_ &cm) {
         "gpu_glu",
         [](const std::string &act, f32arr a, f32arr b) {
             if (a.size() != b.size()) throw std::invalid_argument("gpu_glu: a and b differ in size");
-            const int kind = act == "silu" ? 0 : act == "gelu" ? 1 : -1;
-            if (kind < 0) throw std::invalid_argument("gpu_glu: act is silu or gelu");
+            const int kind = act == "silu" ? 0 : act == "gelu" ? 1 : act == "relu2" ? 2 : -1;
+            if (kind < 0) throw std::invalid_argument("gpu_glu: act is silu, gelu or relu2");
             const CudaLib &lib = usable_lib();
             py::array_t<float> y(a.size());
             std::copy(a.data(), a.data() + a.size(), y.mutable_data());
@@ -202,7 +199,7 @@ void bind_cuda_ops(py::module_ &cm) {
             check_rc(lib.api->glu_host(kind, y.mutable_data(), b.data(), a.size(), msg, sizeof msg), msg);
             return y;
         },
-        py::arg("act"), py::arg("a"), py::arg("b"), "act(a) · b on CUDA device 0 (silu: SwiGLU, gelu: GeGLU)");
+        py::arg("act"), py::arg("a"), py::arg("b"), "act(a) · b on CUDA device 0 (silu: SwiGLU, gelu: GeGLU, relu2: squared ReLU)");
     cm.def(
         "gpu_add",
         [](f32arr a, f32arr b) {

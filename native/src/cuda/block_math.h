@@ -4,7 +4,7 @@
 // or without a GPU (tests/test_cuda_block_math.py through ktd._native.cuda_math).
 //
 // One unit of work is 32 consecutive weights of a row (a "sub32"): a whole Q4_0/Q5_0/Q8_0 block,
-// or one eighth of a Q4_K/Q5_K/Q6_K super-block. Every format unpacks to the same form
+// or one eighth of a Q4_K/Q5_K/Q6_K/TQ1_0/TQ2_0 super-block. Every format unpacks to the same form
 //     w[i] = d[i / 16] * q[i] - m        q[i] int8, two scales (one per half), one offset
 // which makes the int8 dot product with a quantized activation block (ActQ8: 32 int8 with one
 // scale, the dp4a input) one code path for all formats:
@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "common/float16.h"
+#include "common/ggml_types.h"
 #include "kernels/blocks.h"
 
 #if defined(__CUDACC__)
@@ -150,6 +151,35 @@ KTD_HD void unpack(const block_q6_K &b, int j, Sub32 &s) {
     s.m = 0.0f;
 }
 
+// TQ2_0 (ternary, 2 bits): 256 weights; element 128g + 32r + l (g = 0..1, r = 0..3, l = 0..31)
+// is bits 2r..2r+1 of qs[32g + l], minus 1; sub-block j = 4g + r; one scale d.
+KTD_HD void unpack(const block_tq2_0 &b, int j, Sub32 &s) {
+    const uint8_t *qs = b.qs + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int l = 0; l < 32; ++l) s.q[l] = int8_t(((qs[l] >> shift) & 3) - 1);
+    s.d[0] = s.d[1] = half_to_float(b.d);
+    s.m = 0.0f;
+}
+
+// TQ1_0's trit of byte q at power p (1, 3, 9, 27, 81): the byte times p (mod 256) read as a
+// fraction of 256, times 3, floored; minus 1.
+KTD_HD int8_t tq1_trit(uint8_t q, int p) { return int8_t(((unsigned(uint8_t(q * p)) * 3u) >> 8) - 1); }
+
+// TQ1_0 (ternary, 1.6875 bits): 256 weights, five trits a byte. Elements 0..159 are trit r of
+// qs[l] at 32r + l (r < 5, l < 32); 160..239 trit r of qs[32 + l] at 160 + 16r + l (l < 16);
+// 240..255 trit r of qh[l] at 240 + 4r + l (r, l < 4). One scale d.
+KTD_HD void unpack(const block_tq1_0 &b, int j, Sub32 &s) {
+    const int pow3[5] = {1, 3, 9, 27, 81};
+    for (int l = 0; l < 32; ++l) {
+        const int e = 32 * j + l;
+        if (e < 160) s.q[l] = tq1_trit(b.qs[e % 32], pow3[e / 32]);
+        else if (e < 240) s.q[l] = tq1_trit(b.qs[32 + (e - 160) % 16], pow3[(e - 160) / 16]);
+        else s.q[l] = tq1_trit(b.qh[(e - 240) % 4], pow3[(e - 240) / 4]);
+    }
+    s.d[0] = s.d[1] = half_to_float(b.d);
+    s.m = 0.0f;
+}
+
 // --- what the kernels compute -----------------------------------------------------------------
 
 KTD_HD void dequantize(const Sub32 &s, float *out) {
@@ -196,6 +226,28 @@ template <> struct SubsPerBlock<block_q8_0> { static constexpr int value = 1; };
 template <> struct SubsPerBlock<block_q4_K> { static constexpr int value = 8; };
 template <> struct SubsPerBlock<block_q5_K> { static constexpr int value = 8; };
 template <> struct SubsPerBlock<block_q6_K> { static constexpr int value = 8; };
+template <> struct SubsPerBlock<block_tq1_0> { static constexpr int value = 8; };
+template <> struct SubsPerBlock<block_tq2_0> { static constexpr int value = 8; };
+
+// The block formats with a kernel, as listed in messages.
+inline constexpr const char *kBlockTypeNames = "Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0";
+
+// f(Block{}) for the block struct of GGML type t; false (f not called) when t has no kernel here.
+// The one list of block formats every dispatch (the CUDA launches, the emulation, the tests) uses.
+template <class F>
+bool visit_block_type(GGMLType t, F &&f) {
+    switch (t) {
+        case GGMLType::Q4_0: f(block_q4_0{}); return true;
+        case GGMLType::Q5_0: f(block_q5_0{}); return true;
+        case GGMLType::Q8_0: f(block_q8_0{}); return true;
+        case GGMLType::Q4_K: f(block_q4_K{}); return true;
+        case GGMLType::Q5_K: f(block_q5_K{}); return true;
+        case GGMLType::Q6_K: f(block_q6_K{}); return true;
+        case GGMLType::TQ1_0: f(block_tq1_0{}); return true;
+        case GGMLType::TQ2_0: f(block_tq2_0{}); return true;
+        default: return false;
+    }
+}
 
 // Sub-block t (0-based over the row) of a row of blocks.
 template <class Block>

@@ -93,6 +93,7 @@ const Loaded &loaded() {
         need("ktd_cuda_copy2d", a.copy2d);
         need("ktd_cuda_gemv_batched", a.gemv_batched);
         need("ktd_cuda_attention_mla", a.attention_mla);
+        need("ktd_cuda_scale", a.scale);
         if (!missing.empty()) {
             l.reason = l.path + ": not a ktd CUDA backend (entry points missing: " + missing + ")";
             return;

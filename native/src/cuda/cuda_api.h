@@ -51,6 +51,8 @@ struct CudaApi {
     decltype(&ktd_cuda_copy2d) copy2d = nullptr;
     decltype(&ktd_cuda_gemv_batched) gemv_batched = nullptr;
     decltype(&ktd_cuda_attention_mla) attention_mla = nullptr;
+    // ABI v5: bitnet.
+    decltype(&ktd_cuda_scale) scale = nullptr;
 };
 
 // libktd_cuda.so ($KTD_CUDA_LIBRARY, else beside ktd._native), loaded once: the table when it

@@ -254,25 +254,20 @@ extern "C" int ktd_cuda_gemv_batched(KtdCudaCtx *c, int type, const void *w, uin
         case GGMLType::BF16:
             gemv_f_batched_kernel<2><<<g, kThreads, 0, st>>>(w, w_stride, rows, k, x, x_mat, x_pitch, n, y, y_mat, y_pitch);
             return launched(c, "gemv_batched");
-        case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0:
-        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: break;
-        default:
-            return fail(c, KTD_CUDA_E_UNSUPPORTED,
-                        "gemv_batched: no kernel for GGML type " + std::to_string(type) +
-                            " (F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)");
+        default: break;
     }
+    int64_t block_k = 0;
+    if (!bm::visit_block_type(GGMLType(type), [&](auto b) { block_k = 32 * bm::SubsPerBlock<decltype(b)>::value; }))
+        return fail(c, KTD_CUDA_E_UNSUPPORTED, "gemv_batched: no kernel for GGML type " + std::to_string(type) +
+                                                   " (F32, F16, BF16, " + bm::kBlockTypeNames + ")");
+    if (k % block_k) return fail(c, KTD_CUDA_E_ARG, "gemv_batched: k is not a whole number of blocks");
     if (!act_scratch) return fail(c, KTD_CUDA_E_ARG, "gemv_batched: a block type needs act_scratch");
     auto *act = static_cast<ActQ8 *>(act_scratch);
     quantize_act_batched_kernel<<<blocks_for(n_mat * n * (k / 32)), kThreads, 0, st>>>(x, x_mat, x_pitch, k, n, n_mat,
                                                                                      act);
-    switch (GGMLType(type)) {
-        case GGMLType::Q4_0: launch_q_batched<block_q4_0>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
-        case GGMLType::Q5_0: launch_q_batched<block_q5_0>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
-        case GGMLType::Q8_0: launch_q_batched<block_q8_0>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
-        case GGMLType::Q4_K: launch_q_batched<block_q4_K>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
-        case GGMLType::Q5_K: launch_q_batched<block_q5_K>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
-        default: launch_q_batched<block_q6_K>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st); break;
-    }
+    bm::visit_block_type(GGMLType(type), [&](auto b) {
+        launch_q_batched<decltype(b)>(w, w_stride, n_mat, rows, k, act, n, y, y_mat, y_pitch, st);
+    });
     return launched(c, "gemv_batched");
 }
 
@@ -301,9 +296,17 @@ extern "C" int ktd_cuda_rope(KtdCudaCtx *c, const KtdRope *rp, const float *ff, 
 
 extern "C" int ktd_cuda_glu(KtdCudaCtx *c, int act, float *a, const float *b, int64_t n) {
     KTD_USE(c);
-    if ((act != 0 && act != 1) || n <= 0) return fail(c, KTD_CUDA_E_ARG, "glu: act 0 (silu) or 1 (gelu_tanh), n > 0");
+    if (act < 0 || act >= kGluActs || n <= 0)
+        return fail(c, KTD_CUDA_E_ARG, "glu: act 0 (silu), 1 (gelu_tanh) or 2 (relu2), n > 0");
     glu_kernel<<<grid(n, 256), 256, 0, c->stream>>>(act, a, b, n);
     return launched(c, "glu");
+}
+
+extern "C" int ktd_cuda_scale(KtdCudaCtx *c, float *x, int64_t n, float s) {
+    KTD_USE(c);
+    if (n <= 0) return fail(c, KTD_CUDA_E_ARG, "scale: n must be positive");
+    scale_kernel<<<grid(n, 256), 256, 0, c->stream>>>(x, n, s);
+    return launched(c, "scale");
 }
 
 extern "C" int ktd_cuda_add(KtdCudaCtx *c, float *a, const float *b, int64_t n) {

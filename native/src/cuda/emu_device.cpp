@@ -365,17 +365,14 @@ int gemv_batched(KtdCudaCtx *ctx, int type, const void *w, uint64_t w_stride, in
         default: break;
     }
     void (*f)(const void *, int64_t, int64_t, const bm::ActQ8 *, int64_t, float *) = nullptr;
-    switch (t) {
-        case GGMLType::Q4_0: f = gemv_q<block_q4_0>; break;
-        case GGMLType::Q5_0: f = gemv_q<block_q5_0>; break;
-        case GGMLType::Q8_0: f = gemv_q<block_q8_0>; break;
-        case GGMLType::Q4_K: f = gemv_q<block_q4_K>; break;
-        case GGMLType::Q5_K: f = gemv_q<block_q5_K>; break;
-        case GGMLType::Q6_K: f = gemv_q<block_q6_K>; break;
-        default:
-            return c->fail(KTD_CUDA_E_UNSUPPORTED,
-                           std::string("gemv_batched: no kernel for GGML type ") + std::string(ggml_type_name(t)));
-    }
+    int64_t block_k = 0;
+    if (!bm::visit_block_type(t, [&](auto b) {
+            f = gemv_q<decltype(b)>;
+            block_k = 32 * bm::SubsPerBlock<decltype(b)>::value;
+        }))
+        return c->fail(KTD_CUDA_E_UNSUPPORTED,
+                       std::string("gemv_batched: no kernel for GGML type ") + std::string(ggml_type_name(t)));
+    if (k % block_k) return c->fail(KTD_CUDA_E_ARG, "gemv_batched: k is not a whole number of blocks");
     const int64_t n_sub = k / 32;
     EMU_DEV(act, uint64_t(n_mat * n * n_sub) * KTD_CUDA_ACT_BLOCK_BYTES, "gemv_batched (act_scratch)");
     auto *a = static_cast<bm::ActQ8 *>(act);
@@ -434,11 +431,21 @@ int rope(KtdCudaCtx *ctx, const KtdRope *rp, const float *ff, const int32_t *pos
 
 int glu(KtdCudaCtx *ctx, int act, float *a, const float *b, int64_t n) {
     EMU_CTX(ctx);
-    if ((act != 0 && act != 1) || n <= 0) return c->fail(KTD_CUDA_E_ARG, "glu: act 0 (silu) or 1 (gelu_tanh), n > 0");
+    if (act < 0 || act >= om::kGluActs || n <= 0)
+        return c->fail(KTD_CUDA_E_ARG, "glu: act 0 (silu), 1 (gelu_tanh) or 2 (relu2), n > 0");
     EMU_DEV(a, uint64_t(n) * 4, "glu (a)");
     EMU_DEV(b, uint64_t(n) * 4, "glu (b)");
     return c->enqueue([=] {
-        for (int64_t i = 0; i < n; ++i) a[i] = (act == 0 ? om::silu(a[i]) : om::gelu_tanh(a[i])) * b[i];
+        for (int64_t i = 0; i < n; ++i) a[i] = om::glu_act(act, a[i]) * b[i];
+    });
+}
+
+int scale(KtdCudaCtx *ctx, float *x, int64_t n, float s) {
+    EMU_CTX(ctx);
+    if (n <= 0) return c->fail(KTD_CUDA_E_ARG, "scale: n must be positive");
+    EMU_DEV(x, uint64_t(n) * 4, "scale (x)");
+    return c->enqueue([=] {
+        for (int64_t i = 0; i < n; ++i) x[i] *= s;
     });
 }
 
@@ -606,6 +613,7 @@ const CudaApi &cuda_api_emulated() {
         a.add = add;
         a.add_rows = add_rows;
         a.gate_rows = gate_rows;
+        a.scale = scale;
         a.kv_write = kv_write;
         a.attention = attention;
         a.copy2d = copy2d;

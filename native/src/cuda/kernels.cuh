@@ -153,7 +153,12 @@ __global__ void rope_kernel(KtdRope rp, const float *freq_factors, const int32_t
 
 __global__ void glu_kernel(int act, float *a, const float *b, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) a[i] = (act == 0 ? silu(a[i]) : gelu_tanh(a[i])) * b[i];
+    if (i < n) a[i] = glu_act(act, a[i]) * b[i];
+}
+
+__global__ void scale_kernel(float *x, int64_t n, float s) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
 }
 
 __global__ void add_kernel(float *a, const float *b, int64_t n) {

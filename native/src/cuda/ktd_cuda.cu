@@ -72,14 +72,8 @@ extern "C" int ktd_cuda_gemv_host(int type, const void *w, int64_t w_bytes, int6
         case GGMLType::BF16: launch_f<2>(dw, rows, k, dx, n, dy, nullptr); break;
         default:
             quantize_act_kernel<<<blocks_for(n_sub), kThreads>>>(dx, dact, n_sub);
-            switch (GGMLType(type)) {
-            case GGMLType::Q4_0: launch_q<block_q4_0>(dw, rows, k, dact, n, dy, nullptr); break;
-            case GGMLType::Q5_0: launch_q<block_q5_0>(dw, rows, k, dact, n, dy, nullptr); break;
-            case GGMLType::Q8_0: launch_q<block_q8_0>(dw, rows, k, dact, n, dy, nullptr); break;
-            case GGMLType::Q4_K: launch_q<block_q4_K>(dw, rows, k, dact, n, dy, nullptr); break;
-            case GGMLType::Q5_K: launch_q<block_q5_K>(dw, rows, k, dact, n, dy, nullptr); break;
-            case GGMLType::Q6_K: launch_q<block_q6_K>(dw, rows, k, dact, n, dy, nullptr); break;
-            default:
+            if (!bm::visit_block_type(GGMLType(type),
+                                      [&](auto b) { launch_q<decltype(b)>(dw, rows, k, dact, n, dy, nullptr); })) {
                 if (msg && msg_n) std::snprintf(msg, msg_n, "gemv: no CUDA kernel for GGML type %d", type);
                 cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dact);
                 return -1;

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#define KTD_CUDA_ABI_VERSION 4
+#define KTD_CUDA_ABI_VERSION 5
 
 extern "C" {
 // Rotary embedding parameters (model/hparams.h RopeParams as plain C).
@@ -33,7 +33,7 @@ int ktd_cuda_rmsnorm_host(const float *x, const float *w, float *y, int64_t rows
 // x [n_tok][n_heads][head_dim] rotated in place at positions pos [n_tok] (freq_factors [n_rot/2] or null).
 int ktd_cuda_rope_host(const struct KtdRope *rp, const float *freq_factors, const int32_t *pos, float *x,
                        int64_t n_tok, int n_heads, int64_t head_dim, char *msg, size_t msg_n);
-// a [n] = act(a) · b, act: 0 silu (SwiGLU), 1 gelu_tanh (GeGLU).
+// a [n] = act(a) · b, act: 0 silu (SwiGLU), 1 gelu_tanh (GeGLU), 2 relu2 (squared ReLU, ABI v5).
 int ktd_cuda_glu_host(int act, float *a, const float *b, int64_t n, char *msg, size_t msg_n);
 // a [n] += b [n] (the residual add).
 int ktd_cuda_add_host(float *a, const float *b, int64_t n, char *msg, size_t msg_n);
@@ -99,7 +99,7 @@ int ktd_cuda_rmsnorm(KtdCudaCtx *c, const float *x, const float *w, float *y, in
 // x [n_tok][n_heads][head_dim] rotated in place at positions pos [n_tok] (freq_factors [n_rot/2] or null).
 int ktd_cuda_rope(KtdCudaCtx *c, const struct KtdRope *rp, const float *freq_factors, const int32_t *pos, float *x,
                   int64_t n_tok, int n_heads, int64_t head_dim);
-// a [n] = act(a) · b, act: 0 silu, 1 gelu_tanh.
+// a [n] = act(a) · b, act: 0 silu, 1 gelu_tanh, 2 relu2 (ABI v5).
 int ktd_cuda_glu(KtdCudaCtx *c, int act, float *a, const float *b, int64_t n);
 // a [n] += b [n].
 int ktd_cuda_add(KtdCudaCtx *c, float *a, const float *b, int64_t n);
@@ -136,4 +136,9 @@ int ktd_cuda_gemv_batched(KtdCudaCtx *c, int type, const void *w, uint64_t w_str
 // first hd_v entries of each row). 0 < hd_v <= hd_k <= 1024.
 int ktd_cuda_attention_mla(KtdCudaCtx *c, const float *q, const uint16_t *kv, float *out, int64_t n_tok, int n_head,
                            int64_t hd_k, int64_t hd_v, const int64_t *kv_first, const int32_t *n_kv, float scale);
+
+// --- ABI v5: bitnet ---------------------------------------------------------------------------
+// The block types TQ1_0 and TQ2_0 in ktd_cuda_gemv / ktd_cuda_gemv_batched, act 2 (relu2) in
+// ktd_cuda_glu, and: x [n] *= s (a tensor's scale).
+int ktd_cuda_scale(KtdCudaCtx *c, float *x, int64_t n, float s);
 }

@@ -99,7 +99,8 @@ extern "C" int ktd_cuda_rope_host(const KtdRope *rp, const float *freq_factors, 
 }
 
 extern "C" int ktd_cuda_glu_host(int act, float *a, const float *b, int64_t n, char *msg, size_t msg_n) {
-    if ((act != 0 && act != 1) || n <= 0) return bad(msg, msg_n, "glu: act must be 0 (silu) or 1 (gelu_tanh), n > 0");
+    if (act < 0 || act >= kGluActs || n <= 0)
+        return bad(msg, msg_n, "glu: act must be 0 (silu), 1 (gelu_tanh) or 2 (relu2), n > 0");
     Session s;
     float *da = s.up(a, n);
     const float *db = s.up(b, n);

@@ -78,4 +78,11 @@ KTD_OPS_HD float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+// Squared ReLU (BitNet b1.58 2B4T's FFN).
+KTD_OPS_HD float relu2(float x) { return x > 0.0f ? x * x : 0.0f; }
+
+// The GLU activations by the ABI's code (ktd_cuda_glu): 0 silu, 1 gelu_tanh, 2 relu2.
+constexpr int kGluActs = 3;
+KTD_OPS_HD float glu_act(int act, float x) { return act == 0 ? silu(x) : act == 1 ? gelu_tanh(x) : relu2(x); }
+
 }  // namespace ktd::om

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cuda/block_math.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
 
@@ -12,11 +13,7 @@ namespace ktd {
 namespace {
 
 bool kernel_type(GGMLType t) {
-    switch (t) {
-        case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16: case GGMLType::Q4_0: case GGMLType::Q5_0:
-        case GGMLType::Q8_0: case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: return true;
-        default: return false;
-    }
+    return t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16 || bm::visit_block_type(t, [](auto) {});
 }
 
 // The matrices of a layer that live on the device (the routed experts and the router stay on the CPU).
@@ -37,7 +34,8 @@ void for_each_device_stack(const LayerWeights &w, F &&f) {
 template <class F>
 void for_each_device_vector(const LayerWeights &w, F &&f) {
     for (const std::vector<float> *v : {&w.attn_norm, &w.ffn_norm, &w.bq, &w.bk, &w.bv, &w.bo, &w.attn_q_norm,
-                                        &w.attn_k_norm, &w.ffn_gate_inp_shexp, &w.attn_q_a_norm, &w.attn_kv_a_norm})
+                                        &w.attn_k_norm, &w.ffn_gate_inp_shexp, &w.attn_q_a_norm, &w.attn_kv_a_norm,
+                                        &w.post_attention_norm, &w.post_ffw_norm, &w.attn_sub_norm, &w.ffn_sub_norm})
         if (!v->empty()) f(*v);
 }
 
@@ -54,6 +52,16 @@ KtdRope ktd_rope(const RopeParams &rp) {
     r.beta_fast = rp.beta_fast;
     r.beta_slow = rp.beta_slow;
     return r;
+}
+
+// ktd_cuda_glu's activation code.
+int glu_code(Glu act) {
+    switch (act) {
+        case Glu::SwiGLU: return 0;
+        case Glu::GeGLU: return 1;
+        case Glu::ReLU2: return 2;
+    }
+    throw std::logic_error("CudaDevice: a GLU with no ABI code");
 }
 
 std::string mib(uint64_t b) { return std::to_string((b + (1u << 19)) >> 20) + " MiB"; }
@@ -99,12 +107,12 @@ std::vector<std::pair<int64_t, int64_t>> mla_widths(const HParams &hp) {
 std::string CudaDevice::unsupported(const Context &ctx) {
     const Model &model = ctx.model();
     const HParams &hp = model.hparams();
-    static const char *const kArchs[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2"};
+    static const char *const kArchs[] = {"llama",     "qwen2",  "qwen3", "qwen2moe", "qwen3moe",
+                                         "deepseek2", "gemma3", "bitnet"};
     if (std::find_if(std::begin(kArchs), std::end(kArchs), [&](const char *a) { return hp.arch == a; }) ==
         std::end(kArchs))
         return "architecture '" + hp.arch + "' has no CUDA device path yet (llama, qwen2, qwen3, qwen2moe, qwen3moe, "
-               "Mixtral, deepseek2 have)";
-    if (hp.n_swa > 0) return "sliding-window attention has no CUDA device path yet";
+               "Mixtral, deepseek2, gemma3, bitnet have)";
     if (hp.is_mla()) {
         // The latent cache rows are the keys (r + rope) and their first r the values.
         const MlaParams &m = hp.mla;
@@ -115,19 +123,16 @@ std::string CudaDevice::unsupported(const Context &ctx) {
     } else {
         if (hp.head_dim_k != hp.head_dim_v) return "K and V heads of different sizes have no CUDA device path yet";
         if (hp.head_dim_k > 256 || hp.head_dim_k <= 0) return "head_dim " + std::to_string(hp.head_dim_k) + " > 256";
-        if (hp.rope.n_rot > hp.head_dim_k || hp.rope.n_rot > 512) return "rope n_rot larger than the head";
+        for (const RopeParams *rp : {&hp.rope, &hp.rope_swa})
+            if (rp->n_rot > hp.head_dim_k || rp->n_rot > 512) return "rope n_rot larger than the head";
     }
     for (size_t il = 0; il < model.weights().layers.size(); ++il) {
         const LayerWeights &w = model.weights().layers[il];
-        if (w.wq_scale != 1 || w.wk_scale != 1 || w.wv_scale != 1 || w.wo_scale != 1 || w.gate_scale != 1 ||
-            w.up_scale != 1 || w.down_scale != 1 || !w.attn_sub_norm.empty() || !w.ffn_sub_norm.empty() ||
-            !w.post_attention_norm.empty() || !w.post_ffw_norm.empty())
-            return "layer " + std::to_string(il) + " has tensor scales or extra norms with no CUDA device path yet";
         std::string bad;
         auto typed = [&](const GGUFTensorInfo *info) {
             if (bad.empty() && !kernel_type(info->type))
                 bad = std::string(info->name) + " is " + std::string(ggml_type_name(info->type)) +
-                      ", which has no CUDA kernel (F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)";
+                      ", which has no CUDA kernel (F32, F16, BF16, " + bm::kBlockTypeNames + ")";
         };
         for_each_device_matrix(w, [&](const Matrix &m) { typed(m.info); });
         for_each_device_stack(w, [&](const MatrixStack &st) { typed(st.info); });
@@ -160,6 +165,7 @@ CudaDevicePlan CudaDevice::plan(const Context &ctx) {
         for (const auto &[width, pad] : mla_widths(hp)) p.activations += aligned((nb * uint64_t(width) + uint64_t(pad)) * 4);
     p.activations += aligned(nb * uint64_t(max_k(ctx)) / 32 * KTD_CUDA_ACT_BLOCK_BYTES);
     p.activations += 2 * aligned(nb * 4) + 2 * aligned(nb * 8);  // pos, n_kv, kv rows, kv first
+    if (hp.n_swa > 0) p.activations += aligned(nb * 4) + aligned(nb * 8);  // the window's n_kv, kv first
     return p;
 }
 
@@ -227,12 +233,18 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         nkv_ = static_cast<int32_t *>(dalloc(uint64_t(nb) * 4));
         kv_rows_ = static_cast<int64_t *>(dalloc(uint64_t(nb) * 8));
         kv_first_ = static_cast<int64_t *>(dalloc(uint64_t(nb) * 8));
-        void *h = nullptr;
-        check(api_.host_alloc(c_, &h, uint64_t(nb) * (4 + 4 + 8 + 8)), "host_alloc");
+        if (hp.n_swa > 0) {
+            nkv_swa_ = static_cast<int32_t *>(dalloc(uint64_t(nb) * 4));
+            kv_first_swa_ = static_cast<int64_t *>(dalloc(uint64_t(nb) * 8));
+        }
+        void *h = nullptr;  // rows, first, first_swa (int64); pos, n_kv, n_kv_swa (int32)
+        check(api_.host_alloc(c_, &h, uint64_t(nb) * (3 * 8 + 3 * 4)), "host_alloc");
         h_rows_ = static_cast<int64_t *>(h);
         h_first_ = h_rows_ + nb;
-        h_pos_ = reinterpret_cast<int32_t *>(h_first_ + nb);
+        h_first_swa_ = h_first_ + nb;
+        h_pos_ = reinterpret_cast<int32_t *>(h_first_swa_ + nb);
         h_nkv_ = h_pos_ + nb;
+        h_nkv_swa_ = h_nkv_ + nb;
         const uint64_t rows = uint64_t(ctx.n_seq_max()) * uint64_t(ctx.n_ctx());
         layers_.resize(size_t(hp.n_layer));
         for (DLayer &l : layers_) {
@@ -330,8 +342,9 @@ float *CudaDevice::host_buffer(int slot, size_t floats) {
     return h_buf_[slot];
 }
 
-void CudaDevice::gemv(const DMat &m, const float *x, int64_t n, float *y) {
+void CudaDevice::gemv(const DMat &m, const float *x, int64_t n, float *y, float scale) {
     check(api_.gemv(c_, m.type, m.w, m.rows, m.k, x, n, y, act_), "gemv");
+    if (scale != 1.0f) check(api_.scale(c_, y, n * m.rows, scale), "tensor scale");
 }
 
 void CudaDevice::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
@@ -343,6 +356,16 @@ void CudaDevice::begin_chunk(const int32_t *positions, const int32_t *seq_ids, i
         h_first_[i] = int64_t(seq_ids[i]) * n_ctx;
         h_rows_[i] = h_first_[i] + positions[i];
         h_nkv_[i] = positions[i] + 1;  // causal: row i sees its sequence's positions [0, pos]
+    }
+    // Sliding-window layers: row i sees [max(0, pos - n_swa + 1), pos] (as plan_key_ranges).
+    if (const int64_t n_swa = ctx_.model().hparams().n_swa; n_swa > 0) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t lo = std::max<int64_t>(0, positions[i] - n_swa + 1);
+            h_first_swa_[i] = h_first_[i] + lo;
+            h_nkv_swa_[i] = int32_t(positions[i] + 1 - lo);
+        }
+        check(api_.copy(c_, nkv_swa_, h_nkv_swa_, uint64_t(n) * 4, KTD_CUDA_H2D), "copy positions");
+        check(api_.copy(c_, kv_first_swa_, h_first_swa_, uint64_t(n) * 8, KTD_CUDA_H2D), "copy positions");
     }
     check(api_.copy(c_, pos_, h_pos_, uint64_t(n) * 4, KTD_CUDA_H2D), "copy positions");
     check(api_.copy(c_, nkv_, h_nkv_, uint64_t(n) * 4, KTD_CUDA_H2D), "copy positions");
@@ -368,9 +391,9 @@ void CudaDevice::attention_in(const LayerWeights &w, int il) {
     const HParams &hp = ctx_.model().hparams();
     const DLayer &l = layers_[size_t(il)];
     const int64_t hd = hp.head_dim_k;
-    gemv(l.wq, xn_, n_, q_);
-    gemv(l.wk, xn_, n_, k_);
-    gemv(l.wv, xn_, n_, v_);
+    gemv(l.wq, xn_, n_, q_, w.wq_scale);
+    gemv(l.wk, xn_, n_, k_, w.wk_scale);
+    gemv(l.wv, xn_, n_, v_, w.wv_scale);
     if (!w.bq.empty()) check(api_.add_rows(c_, q_, dvec(w.bq), n_, hp.n_embd_q()), "bias");
     if (!w.bk.empty()) check(api_.add_rows(c_, k_, dvec(w.bk), n_, hp.n_embd_k_gqa()), "bias");
     if (!w.bv.empty()) check(api_.add_rows(c_, v_, dvec(w.bv), n_, hp.n_embd_v_gqa()), "bias");
@@ -378,7 +401,7 @@ void CudaDevice::attention_in(const LayerWeights &w, int il) {
         check(api_.rmsnorm(c_, q_, dvec(w.attn_q_norm), q_, n_ * hp.n_head, hd, hp.norm_eps), "q norm");
     if (!w.attn_k_norm.empty())
         check(api_.rmsnorm(c_, k_, dvec(w.attn_k_norm), k_, n_ * hp.n_head_kv, hd, hp.norm_eps), "k norm");
-    const KtdRope rp = ktd_rope(hp.rope);
+    const KtdRope rp = ktd_rope(hp.layer_swa[size_t(il)] ? hp.rope_swa : hp.rope);
     check(api_.rope(c_, &rp, rope_ff_, pos_, q_, n_, hp.n_head, hd), "rope q");
     check(api_.rope(c_, &rp, rope_ff_, pos_, k_, n_, hp.n_head_kv, hd), "rope k");
     // q's attn_scale is applied by the attention kernel (scale · q·k).
@@ -389,14 +412,15 @@ void CudaDevice::attention(int il) {
     const DLayer &l = layers_[size_t(il)];
     check(api_.kv_write(c_, k_, n_, hp.n_embd_k_gqa(), l.k_cache, kv_rows_), "kv write");
     check(api_.kv_write(c_, v_, n_, hp.n_embd_v_gqa(), l.v_cache, kv_rows_), "kv write");
-    check(api_.attention(c_, q_, l.k_cache, l.v_cache, attn_, n_, hp.n_head, hp.n_head_kv, hp.head_dim_k, kv_first_,
-                         nkv_, hp.attn_scale),
+    const bool swa = hp.layer_swa[size_t(il)];
+    check(api_.attention(c_, q_, l.k_cache, l.v_cache, attn_, n_, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+                         swa ? kv_first_swa_ : kv_first_, swa ? nkv_swa_ : nkv_, hp.attn_scale),
           "attention");
 }
 
 void CudaDevice::attention_out(const LayerWeights &w) {
     const DLayer &l = layers_[size_t(&w - ctx_.model().weights().layers.data())];
-    gemv(l.wo, attn_, n_, tmp_);
+    gemv(l.wo, attn_, n_, tmp_, w.wo_scale);
     if (!w.bo.empty()) check(api_.add_rows(c_, tmp_, dvec(w.bo), n_, E_), "bias");
 }
 
@@ -450,13 +474,14 @@ void CudaDevice::mla_attention(const LayerWeights &w, int il) {
 }
 
 void CudaDevice::glu_ffn(const LayerWeights &w, Glu act) {
-    if (act != Glu::SwiGLU && act != Glu::GeGLU)
-        throw DeviceError(std::string("CUDA device: no kernel for ") + glu_name(act));
     const DLayer &l = layers_[size_t(&w - ctx_.model().weights().layers.data())];
-    gemv(l.gate, xn_, n_, g_);
-    gemv(l.up, xn_, n_, u_);
-    check(api_.glu(c_, act == Glu::SwiGLU ? 0 : 1, g_, u_, n_ * l.gate.rows), "glu");
-    gemv(l.down, g_, n_, tmp_);
+    gemv(l.gate, xn_, n_, g_, w.gate_scale);
+    gemv(l.up, xn_, n_, u_, w.up_scale);
+    check(api_.glu(c_, glu_code(act), g_, u_, n_ * l.gate.rows), "glu");
+    if (!w.ffn_sub_norm.empty())  // bitnet: an RMSNorm over the GLU's rows before the down projection
+        check(api_.rmsnorm(c_, g_, dvec(w.ffn_sub_norm), g_, n_, l.gate.rows, ctx_.model().hparams().norm_eps),
+              "ffn sub-norm");
+    gemv(l.down, g_, n_, tmp_, w.down_scale);
 }
 
 void CudaDevice::moe_ffn(const LayerWeights &, int) {

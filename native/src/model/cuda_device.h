@@ -10,9 +10,10 @@
 // CPU; per MoE layer XN goes down and the routed sum comes up through page-locked buffers.
 //
 // Supported: the llama family (llama, qwen2, qwen3, and the MoE ones qwen2moe, qwen3moe, Mixtral
-// through HybridBackend). Anything else (MLA, gemma3's sliding window and extra norms, bitnet's
-// scales, head sizes over 256 or K/V heads of different sizes) is refused at construction with
-// DeviceError naming it.
+// through HybridBackend), deepseek2 (MLA over a latent cache) and gemma3 (sliding-window layers
+// with their own rope, post-norms) and bitnet (TQ1_0/TQ2_0 blocks, tensor scales, sub-norms,
+// squared ReLU). Anything else (head sizes over 256, K/V heads of different sizes, a weight type
+// with no kernel) is refused at construction with DeviceError naming it.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -103,7 +104,8 @@ private:
     void *dalloc(uint64_t bytes);
     const float *dvec(const std::vector<float> &v) const;  // the device copy of a weight vector (null: empty)
     float *buf(Act a) const;
-    void gemv(const DMat &m, const float *x, int64_t n, float *y);
+    // y = scale · (m · x): the scale is a tensor's (bitnet's "*.scale"; 1 elsewhere).
+    void gemv(const DMat &m, const float *x, int64_t n, float *y, float scale = 1.0f);
     // y_h [n][rows] = matrix h · x_h [n][k] for every matrix h of a stack in one batched GEMV: x_h
     // at x + h·x_head with its rows x_pitch floats apart, y_h at y + h·y_head with rows y_pitch apart.
     void per_head_gemv(const DStack &st, const float *x, int64_t x_head, int64_t x_pitch, float *y, int64_t y_head,
@@ -127,9 +129,12 @@ private:
     void *act_ = nullptr;
     int32_t *pos_ = nullptr, *nkv_ = nullptr;
     int64_t *kv_rows_ = nullptr, *kv_first_ = nullptr;
+    // The sliding-window layers' key ranges (gemma3; only when the model has a window).
+    int32_t *nkv_swa_ = nullptr;
+    int64_t *kv_first_swa_ = nullptr;
     // Page-locked staging: the chunk's positions/rows, and the two hybrid buffers.
-    int32_t *h_pos_ = nullptr, *h_nkv_ = nullptr;
-    int64_t *h_rows_ = nullptr, *h_first_ = nullptr;
+    int32_t *h_pos_ = nullptr, *h_nkv_ = nullptr, *h_nkv_swa_ = nullptr;
+    int64_t *h_rows_ = nullptr, *h_first_ = nullptr, *h_first_swa_ = nullptr;
     float *h_buf_[2] = {nullptr, nullptr};
     int64_t n_ = 0, E_ = 0, n_batch_ = 0;
     uint64_t used_ = 0;
