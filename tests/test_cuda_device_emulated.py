@@ -260,6 +260,64 @@ def test_moe_through_the_hybrid_copies_matches_the_cpu_forward(arch, wtype, vari
     np.testing.assert_array_equal(dev.context.expert_counts(), cpu.context.expert_counts())
 
 
+# gpu.layers: the first `layers` layers on the device, the rest on the CPU (their KV cache the host's).
+@pytest.mark.parametrize("arch, layers", [("qwen3moe", 1), ("deepseek2", 1), ("deepseek2", 2), ("gemma3", 3)])
+def test_a_layer_split_matches_the_cpu_forward(arch, layers, tmp_path, backend):
+    """The device holds and runs only its layers (a layer past them reaching it would be an error:
+    it has no weights or cache for it); the residual comes down at the split, and the greedy
+    continuation and logits are the CPU's within the model's tolerance. Two sequences in chunks
+    of 3 and a copy_seq, so both halves' caches (the device's and the host's) are forked."""
+    path = tmp_path / f"{arch}.gguf"
+    if arch == "gemma3":
+        tiny_dense.make_model(arch, path)
+        tol = GEMMA3_F32_TOL
+    else:
+        synthetic_moe.make_model(arch, path, variant="v3" if arch == "deepseek2" else None)
+        tol = MLA_F32_TOL if arch == "deepseek2" else F32_TOL
+    cpu = Engine.open(str(path), n_ctx=32, n_seq_max=2, n_batch=3, threads=1)
+    dev = Engine.open(str(path), n_ctx=32, n_seq_max=2, n_batch=3, threads=1)
+    dev.context.set_backend(backend, layers=layers)
+    assert dev.context.hybrid_stats()["device_layers"] == layers
+    _compare(cpu, dev, tol, same_tokens=True, prompt=12, decode=4)
+    for eng in (cpu, dev):
+        eng.context.copy_seq(0, 1, 12)
+    outs = []
+    for eng in (cpu, dev):
+        out = eng.forward(np.array([60, 60]), np.array([12, 12]), np.array([0, 1]), np.ones(2, bool))
+        outs.append(out)
+    assert _rel(outs[0], outs[1]) <= tol
+    # the same token after the fork: the copy continues as the original
+    np.testing.assert_allclose(outs[1][0], outs[1][1], rtol=0, atol=1e-5 * np.max(np.abs(outs[1])))
+
+
+def test_a_layer_split_plans_only_the_device_layers(tmp_path):
+    """The plan of a split counts the first layers' tensors and their share of the KV cache; a
+    budget that holds the split but not the whole model takes the split; layers out of range are
+    refused."""
+    path = tmp_path / "qwen3moe.gguf"
+    synthetic_moe.make_model("qwen3moe", path)
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
+    import re
+    def need(layers: int) -> tuple[int, int, int]:
+        with pytest.raises(_native.DeviceMemoryError) as e:
+            eng.context.set_backend("cuda-emulated", vram_budget=1000, layers=layers)
+        return tuple(int(x) for x in re.search(r"\((\d+) bytes: weights (\d+), KV cache (\d+)", str(e.value)).groups())
+    from ktd.gguf import GGUFFile
+    f = GGUFFile(str(path))
+    n_layer = int(f.metadata["qwen3moe.block_count"])
+    full, one = need(0), need(1)
+    assert one[2] * n_layer == full[2]                      # KV cache: one layer's share
+    on_device = sum(t.nbytes for name, t in f.tensors.items() if name.startswith("blk.0.")
+                    and "_exps." not in name and ".ffn_gate_inp." not in name)
+    assert on_device <= one[1] < on_device + 16 * 1024     # weights: layer 0's, as stored
+    assert one[0] < full[0]
+    eng.context.set_backend("cuda-emulated", vram_budget=one[0], layers=1)
+    assert eng.context.hybrid_stats()["device_layers"] == 1
+    for bad in (-1, n_layer + 1):
+        with pytest.raises(ValueError, match="outside"):
+            eng.context.set_backend("cuda-emulated", layers=bad)
+
+
 def test_a_weight_type_with_no_kernel_is_refused_with_the_reason(tmp_path):
     path = tmp_path / "llama-q4_1.gguf"
     tiny_dense.make_model("llama", path, wtype="Q4_1")

@@ -187,7 +187,8 @@ def test_partial_layers_keep_the_rest_in_host_memory(moe):
     assert p["host"]["dense"] == late and p["device"]["weights"] == rest - late
     assert p["host"]["kv_cache"] + p["device"]["kv_cache"] == f["device"]["kv_cache"]
     assert p["host"]["kv_cache"] == f["device"]["kv_cache"] * (n_layer - L) // n_layer
-    assert p["layers_on_gpu"] == L and any("gpu.layers 1: planned" in n for n in d.notes)
+    assert p["layers_on_gpu"] == L and any(f"gpu.layers 1: layers 1..{n_layer - 1} run wholly on the CPU" in n
+                                           for n in d.notes)
 
 
 def test_hot_experts_from_the_routing_profile(moe, tmp_path):
@@ -287,16 +288,18 @@ def test_daemon_on_the_loopback_backend(moe, tmp_path):
     assert "hybrid forward on loopback (device 0)" in log and "hybrid plan (VRAM budget 2.00 GiB): fits" in log
 
 
-def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path):
+@pytest.mark.parametrize("layers", [0, 1])
+def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path, layers):
     """gpu.backend: cuda through the daemon, with the CUDA ABI emulated on the host (test hook
     KTD_TEST_CUDA_EMULATED): the scheduler's thread drives CudaDevice behind HybridBackend; the
     greedy text is the CPU engine's (F32 tiny model: the device path is within float rounding of
-    it), status says cuda with its plan, and activations crossed per MoE layer."""
+    it), status says cuda with its plan, and activations crossed per MoE layer. gpu.layers 1: the
+    device runs layer 0 only, the rest run on the CPU (the residual comes down at the split)."""
     want = _greedy_in_process(moe, "hello world", 6)
     assert want
     sock = tmp_path / "k.sock"
     proc = _start(moe, sock, {"KTD_GPU__DEVICE": "0", "KTD_GPU__BACKEND": "cuda", "KTD_GPU__VRAM_BUDGET": "1G",
-                              "KTD_TEST_CUDA_EMULATED": "1"})
+                              "KTD_TEST_CUDA_EMULATED": "1", "KTD_GPU__LAYERS": str(layers)})
     try:
         with Client(str(sock), timeout=120) as c:
             r = c.generate("hello world", temperature=0, max_tokens=len(want))
@@ -311,7 +314,14 @@ def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path):
     eng = Engine.open(moe, n_ctx=64, n_seq_max=1, threads=1)
     assert r["text"] == eng.tokenizer.decode(want)
     assert g["backend"] == "cuda" and g["device"] == 0 and "reason" not in g
-    assert g["hybrid"]["moe_calls"] > 0 and g["hybrid"]["bytes_to_host"] == g["hybrid"]["bytes_to_device"] > 0
+    n_layer = _split(moe)[3]
+    h = g["hybrid"]
+    assert h["device_layers"] == (layers or n_layer) and h["moe_calls"] > 0 and h["bytes_to_device"] > 0
+    if layers:
+        assert h["bytes_to_host"] > h["bytes_to_device"]   # + the residual at the split
+        assert f"gpu.layers 1: layers 1..{n_layer - 1} run wholly on the CPU" in log
+    else:
+        assert h["bytes_to_host"] == h["bytes_to_device"]
     assert "hybrid forward on cuda (device 0)" in log
 
 

@@ -69,7 +69,61 @@ def test_dense_model_on_the_loopback_backend_is_the_cpu_forward(tmp_path):
     hyb.context.set_backend("loopback")
     np.testing.assert_array_equal(_forward_all(hyb), _forward_all(cpu))
     assert hyb.context.hybrid_stats() == {"bytes_to_host": 0, "bytes_to_device": 0, "moe_calls": 0, "to_host_ns": 0,
-                                          "host_experts_ns": 0, "sync_wait_ns": 0, "from_host_ns": 0}
+                                          "host_experts_ns": 0, "sync_wait_ns": 0, "from_host_ns": 0,
+                                          "device_layers": 2}
+
+
+def _n_layer(path) -> int:
+    f = GGUFFile(str(path))
+    arch = f.metadata["general.architecture"]
+    arch = arch.decode() if isinstance(arch, bytes) else arch
+    return int(f.metadata[f"{arch}.block_count"])
+
+
+# gpu.layers: the first `layers` layers through the hybrid data flow, the rest on the CPU backend.
+@pytest.mark.parametrize("arch, variant", CASES + [("gemma3", None), ("bitnet", None)])
+def test_a_layer_split_matches_the_cpu_forward(arch, variant, tmp_path):
+    """Every split point of every architecture (MoE ones, deepseek2 with a leading dense layer,
+    gemma3's sliding-window layers, bitnet) gives the CPU forward's logits bit for bit; the MoE
+    layers before the split cross as activations, the residual crosses once per chunk at the
+    split, and the layers after it run the CPU's MoE (no copies)."""
+    path = tmp_path / f"{arch}.gguf"
+    if arch in ("gemma3", "bitnet"):
+        tiny_dense.make_model(arch, path)
+    else:
+        synthetic_moe.make_model(arch, path, variant=variant)
+    n_layer = _n_layer(path)
+    want = _forward_all(Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=2))
+    f = GGUFFile(str(path))
+    moe_at = [f"blk.{il}.ffn_gate_exps.weight" in f.tensors for il in range(n_layer)]
+    E = _moe_layers(path)[1]
+    for layers in range(1, n_layer):
+        hyb = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=2)
+        hyb.context.set_backend("loopback", layers=layers)
+        got = _forward_all(hyb)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        st = hyb.context.hybrid_stats()
+        n_moe = sum(moe_at[:layers])
+        tokens = 7 + 4
+        assert st["device_layers"] == layers
+        assert st["moe_calls"] == n_moe * 5                   # 5 forwards
+        assert st["bytes_to_device"] == n_moe * tokens * E * 4
+        assert st["bytes_to_host"] == (n_moe + 1) * tokens * E * 4
+
+
+def test_layers_out_of_range_are_refused(tmp_path):
+    path = tmp_path / "q.gguf"
+    synthetic_moe.make_model("qwen3moe", path)
+    n_layer = _n_layer(path)
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=2)
+    for bad in (-1, n_layer + 1):
+        with pytest.raises(ValueError, match=f"device layers {bad} outside \\[0, {n_layer}\\]"):
+            eng.context.set_backend("loopback", layers=bad)
+        assert eng.context.backend == "cpu"
+    # n_layer is every layer, as 0 is
+    eng.context.set_backend("loopback", layers=n_layer)
+    _forward_all(eng)
+    assert eng.context.hybrid_stats()["device_layers"] == n_layer
 
 
 def test_backend_switch_and_bad_name(tmp_path):

@@ -463,8 +463,9 @@ def _set_backend(engine: Engine, decision: Any, g: Any) -> None:
     if decision.backend == "cuda":
         budget = 0 if g.vram_budget == "auto" else int(g.vram_budget)
         try:
-            engine.context.set_backend(gpu.cuda_backend_name(), device=decision.device, vram_budget=budget)
-            engine.backend_args = (gpu.cuda_backend_name(), {"device": decision.device, "vram_budget": budget})
+            kw = {"device": decision.device, "vram_budget": budget, "layers": g.layers}
+            engine.context.set_backend(gpu.cuda_backend_name(), **kw)
+            engine.backend_args = (gpu.cuda_backend_name(), kw)
         except _native.DeviceError as e:  # an unsupported architecture, the device's memory, a device fault
             if g.required:
                 raise gpu.GpuError(f"gpu.required is set and gpu.device {decision.device} cannot be used: {e}") from e
@@ -472,8 +473,8 @@ def _set_backend(engine: Engine, decision: Any, g: Any) -> None:
                         "refuse to start instead)", decision.device, e)
             decision.backend, decision.reason = "cpu", str(e)
     elif decision.backend != "cpu":
-        engine.context.set_backend(decision.backend)
-        engine.backend_args = (decision.backend, {})
+        engine.context.set_backend(decision.backend, layers=g.layers)
+        engine.backend_args = (decision.backend, {"layers": g.layers})
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

@@ -188,8 +188,8 @@ def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = No
                               + ("" if counts is not None else " (no routing profile yet: chosen after traffic)")
                               + "; this build computes every routed expert on the CPU")
     if plan is not None and plan["layers_on_gpu"] < plan["n_layer"]:
-        decision.notes.append(f"gpu.layers {g.layers}: planned (VRAM accounting); this build runs every layer's "
-                              "dense part through the device backend")
+        decision.notes.append(f"gpu.layers {g.layers}: layers {g.layers}..{plan['n_layer'] - 1} run wholly on the CPU "
+                              "(their KV cache in host memory); the residual crosses once per chunk")
     unusable: str | None = None
     if g.backend == "cuda":
         assert status is not None

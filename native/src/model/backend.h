@@ -29,6 +29,9 @@ public:
     // The chunk the next blocks run on: n rows at these positions of these sequences (the
     // activations X already hold their embeddings).
     virtual void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) = 0;
+    // Layer il's blocks come next (Context::forward_chunk calls it before each layer, in order): a
+    // backend that runs its layers in two places (HybridBackend with gpu.layers) switches here.
+    virtual void begin_layer(int /*il*/) {}
 
     // Rows of act: y = x / sqrt(mean(x²) + eps) · w, w [width of act]; out may be in.
     virtual void norm(const std::vector<float> &w, Act in, Act out) = 0;

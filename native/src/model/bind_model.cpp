@@ -531,19 +531,20 @@ static void bind_context_class(py::module_ &m) {
             "barrier_wait_ns, busy_ns [tid], start_ns [tid]")
         .def(
             "set_backend",
-            [](PyContext &c, const std::string &name, int device, uint64_t vram_budget) {
+            [](PyContext &c, const std::string &name, int device, uint64_t vram_budget, int layers) {
                 std::lock_guard<std::mutex> l(c.mu);
                 if (name == "cuda" || name == "cuda-emulated")
-                    c.ctx->set_device_backend(name, device, vram_budget);
+                    c.ctx->set_device_backend(name, device, vram_budget, layers);
                 else
-                    c.ctx->set_backend(name);
+                    c.ctx->set_backend(name, layers);
             },
-            py::arg("name"), py::arg("device") = 0, py::arg("vram_budget") = 0,
+            py::arg("name"), py::arg("device") = 0, py::arg("vram_budget") = 0, py::arg("layers") = 0,
             "'cpu' (default), 'loopback': the hybrid CPU+accelerator data flow with the CPU playing the "
             "device (model/hybrid_backend.h), or 'cuda': that data flow with the device part on CUDA device "
             "`device` within vram_budget bytes (0: the device's memory; model/cuda_device.h). 'cuda' drops the "
             "sequences held (the device keeps its own KV cache); DeviceError / DeviceMemoryError when it cannot "
-            "be used, the context unchanged")
+            "be used, the context unchanged. layers (loopback, cuda; gpu.layers): only the first `layers` layers "
+            "on the device, the others on the CPU (0: all; ValueError outside [0, n_layer])")
         .def_property_readonly("backend", [](PyContext &c) { return c.ctx->backend_name(); })
         .def(
             "hybrid_stats",
@@ -554,6 +555,7 @@ static void bind_context_class(py::module_ &m) {
                 d["bytes_to_host"] = st.bytes_to_host;
                 d["bytes_to_device"] = st.bytes_to_device;
                 d["moe_calls"] = st.moe_calls;
+                d["device_layers"] = st.device_layers;
                 d["to_host_ns"] = st.to_host_ns;
                 d["host_experts_ns"] = st.host_experts_ns;
                 d["sync_wait_ns"] = st.sync_wait_ns;

@@ -104,32 +104,34 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
     seq_len_[size_t(dst)] = n_tokens;
 }
 
-void Context::set_backend(const std::string &name) {
-    if (name == backend_name_) return;
+void Context::set_backend(const std::string &name, int layers) {
+    if (name == backend_name_ && layers == backend_layers_) return;
     // Leaving a device: its KV cache goes with it, the host's is stale.
     if (backend_name_.rfind("cuda", 0) == 0) std::fill(seq_len_.begin(), seq_len_.end(), int64_t(0));
     if (name == "cpu") {
         backend_ = std::make_unique<CpuBackend>(*this);
         hybrid_ = nullptr;
     } else if (name == "loopback") {
-        auto hybrid = std::make_unique<HybridBackend>(*this, std::make_unique<LoopbackDevice>(*this));
+        auto hybrid = std::make_unique<HybridBackend>(*this, std::make_unique<LoopbackDevice>(*this), layers);
         hybrid_ = hybrid.get();
         backend_ = std::move(hybrid);
     } else if (name == "cuda" || name == "cuda-emulated") {
-        set_device_backend(name, 0, 0);
+        set_device_backend(name, 0, 0, layers);
         return;
     } else {
         throw std::invalid_argument("unknown backend '" + name + "' (cpu, loopback, cuda)");
     }
     backend_name_ = name;
+    backend_layers_ = name == "cpu" ? 0 : layers;
     if (profiling_) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
 }
 
-void Context::set_device_backend(const std::string &name, int device, uint64_t vram_budget) {
+void Context::set_device_backend(const std::string &name, int device, uint64_t vram_budget, int layers) {
     if (name != "cuda" && name != "cuda-emulated")
         throw std::invalid_argument("unknown device backend '" + name + "' (cuda)");
     // Built before the old backend goes: a refusal (DeviceError) leaves the context as it was.
-    auto hybrid = std::make_unique<HybridBackend>(*this, make_cuda_device(*this, name, device, vram_budget));
+    auto hybrid =
+        std::make_unique<HybridBackend>(*this, make_cuda_device(*this, name, device, vram_budget, layers), layers);
     // The device's KV cache starts empty: the sequences held so far are dropped.
     std::fill(seq_len_.begin(), seq_len_.end(), int64_t(0));
     const bool prof_on = profiling_ != nullptr;
@@ -137,6 +139,7 @@ void Context::set_device_backend(const std::string &name, int device, uint64_t v
     hybrid_ = hybrid.get();
     backend_ = std::move(hybrid);
     backend_name_ = name;
+    backend_layers_ = layers;
     if (prof_on) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
 }
 
@@ -240,7 +243,10 @@ void Context::forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits
     Backend &be = profiling_ ? *profiling_ : *backend_;
     be.begin_chunk(b.positions + r0, b.seq_ids + r0, n);
     const ArchSpec &arch = model_.arch();
-    for (int il = 0; il < hp.n_layer; ++il) arch.layer(be, hp, w.layers[size_t(il)], il);
+    for (int il = 0; il < hp.n_layer; ++il) {
+        be.begin_layer(il);
+        arch.layer(be, hp, w.layers[size_t(il)], il);
+    }
     be.end_chunk();
 
     // Output head on the marked rows only: gather, norm, logits [n_marked][n_vocab].

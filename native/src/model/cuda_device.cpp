@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "cuda/block_math.h"
 #include "gguf/gguf_file.h"
@@ -69,6 +70,15 @@ std::string mib(uint64_t b) { return std::to_string((b + (1u << 19)) >> 20) + " 
 constexpr uint64_t kAlign = 256;  // every allocation's bytes rounded up (as cudaMalloc's granularity)
 uint64_t aligned(uint64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
+// The layers a device with `layers` (0: all) holds: the first ones of the model.
+std::span<const LayerWeights> device_layers(const Context &ctx, int layers) {
+    const std::vector<LayerWeights> &all = ctx.model().weights().layers;
+    if (layers < 0 || size_t(layers) > all.size())
+        throw std::invalid_argument("CUDA device: layers " + std::to_string(layers) + " outside [0, " +
+                                    std::to_string(all.size()) + "] (0: all)");
+    return {all.data(), layers == 0 ? all.size() : size_t(layers)};
+}
+
 // Widest row any device matmul reads (the activation scratch) and the widest FFN.
 int64_t max_k(const Context &ctx) {
     const HParams &hp = ctx.model().hparams();
@@ -104,7 +114,7 @@ std::vector<std::pair<int64_t, int64_t>> mla_widths(const HParams &hp) {
 
 }  // namespace
 
-std::string CudaDevice::unsupported(const Context &ctx) {
+std::string CudaDevice::unsupported(const Context &ctx, int layers) {
     const Model &model = ctx.model();
     const HParams &hp = model.hparams();
     static const char *const kArchs[] = {"llama",     "qwen2",  "qwen3", "qwen2moe", "qwen3moe",
@@ -126,8 +136,9 @@ std::string CudaDevice::unsupported(const Context &ctx) {
         for (const RopeParams *rp : {&hp.rope, &hp.rope_swa})
             if (rp->n_rot > hp.head_dim_k || rp->n_rot > 512) return "rope n_rot larger than the head";
     }
-    for (size_t il = 0; il < model.weights().layers.size(); ++il) {
-        const LayerWeights &w = model.weights().layers[il];
+    const std::span<const LayerWeights> on_device = device_layers(ctx, layers);
+    for (size_t il = 0; il < on_device.size(); ++il) {
+        const LayerWeights &w = on_device[il];
         std::string bad;
         auto typed = [&](const GGUFTensorInfo *info) {
             if (bad.empty() && !kernel_type(info->type))
@@ -141,17 +152,18 @@ std::string CudaDevice::unsupported(const Context &ctx) {
     return "";
 }
 
-CudaDevicePlan CudaDevice::plan(const Context &ctx) {
+CudaDevicePlan CudaDevice::plan(const Context &ctx, int layers) {
     const HParams &hp = ctx.model().hparams();
+    const std::span<const LayerWeights> on_device = device_layers(ctx, layers);
     CudaDevicePlan p;
-    for (const LayerWeights &w : ctx.model().weights().layers) {
+    for (const LayerWeights &w : on_device) {
         for_each_device_matrix(w, [&](const Matrix &m) { p.weights += aligned(m.info->nbytes); });
         for_each_device_stack(w, [&](const MatrixStack &st) { p.weights += aligned(st.info->nbytes); });
         for_each_device_vector(w, [&](const std::vector<float> &v) { p.weights += aligned(v.size() * 4); });
     }
     if (!ctx.model().weights().rope_freqs.empty()) p.weights += aligned(ctx.model().weights().rope_freqs.size() * 4);
     const uint64_t rows = uint64_t(ctx.n_seq_max()) * uint64_t(ctx.n_ctx());
-    p.kv_cache = uint64_t(hp.n_layer) * (aligned(rows * uint64_t(hp.n_embd_k_cache()) * 2) +
+    p.kv_cache = uint64_t(on_device.size()) * (aligned(rows * uint64_t(hp.n_embd_k_cache()) * 2) +
                                          aligned(rows * uint64_t(hp.n_embd_v_cache()) * 2));
     const uint64_t nb = uint64_t(ctx.n_batch()), E = uint64_t(hp.n_embd);
     const uint64_t attn_w = uint64_t(hp.n_head) * uint64_t(hp.head_dim_v), ff = uint64_t(max_ff(ctx));
@@ -183,12 +195,15 @@ void *CudaDevice::dalloc(uint64_t bytes) {
     return p;
 }
 
-CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget)
+CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers)
     : ctx_(ctx), api_(api), E_(ctx.model().hparams().n_embd), n_batch_(ctx.n_batch()) {
-    if (const std::string why = unsupported(ctx); !why.empty()) throw DeviceError("CUDA device: " + why);
-    const CudaDevicePlan p = plan(ctx);
+    if (const std::string why = unsupported(ctx, layers); !why.empty()) throw DeviceError("CUDA device: " + why);
+    const CudaDevicePlan p = plan(ctx, layers);
+    const std::string what = layers == 0 || layers == ctx.model().hparams().n_layer
+                                 ? std::string("the model")
+                                 : "the first " + std::to_string(layers) + " layers";
     if (vram_budget && p.total() > vram_budget)
-        throw DeviceMemoryError("CUDA device: the model needs " + mib(p.total()) + " (" + std::to_string(p.total()) +
+        throw DeviceMemoryError("CUDA device: " + what + " needs " + mib(p.total()) + " (" + std::to_string(p.total()) +
                                 " bytes: weights " + std::to_string(p.weights) + ", KV cache " +
                                 std::to_string(p.kv_cache) + " for n_ctx " + std::to_string(ctx.n_ctx()) + " x " +
                                 std::to_string(ctx.n_seq_max()) + " sequences, activations " +
@@ -203,7 +218,7 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
             uint64_t dfree = 0, dtotal = 0;
             check(api_.mem_info(c_, nullptr, nullptr, &dfree, &dtotal), "mem_info");
             if (dtotal && p.total() > dfree)
-                throw DeviceMemoryError("CUDA device: the model needs " + mib(p.total()) + " on the device, " +
+                throw DeviceMemoryError("CUDA device: " + what + " needs " + mib(p.total()) + " on the device, " +
                                         mib(dfree) + " of " + mib(dtotal) + " are free");
         }
         check(api_.event_create(c_, &ev_), "event_create");
@@ -246,7 +261,7 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         h_nkv_ = h_pos_ + nb;
         h_nkv_swa_ = h_nkv_ + nb;
         const uint64_t rows = uint64_t(ctx.n_seq_max()) * uint64_t(ctx.n_ctx());
-        layers_.resize(size_t(hp.n_layer));
+        layers_.resize(device_layers(ctx, layers).size());
         for (DLayer &l : layers_) {
             l.k_cache = static_cast<uint16_t *>(dalloc(rows * uint64_t(hp.n_embd_k_cache()) * 2));
             if (hp.n_embd_v_cache() > 0)  // none with MLA: the values are the latent K rows
@@ -297,7 +312,7 @@ void CudaDevice::upload_weights() {
         return DStack{m, n, n ? st.info->nbytes / uint64_t(n) : 0};
     };
     const ModelWeights &w = model.weights();
-    for (size_t il = 0; il < w.layers.size(); ++il) {
+    for (size_t il = 0; il < layers_.size(); ++il) {
         const LayerWeights &lw = w.layers[il];
         DLayer &l = layers_[il];
         l.wq = mat(lw.wq), l.wk = mat(lw.wk), l.wv = mat(lw.wv), l.wo = mat(lw.wo);
@@ -533,12 +548,13 @@ void CudaDevice::copy_kv(int src, int dst, int64_t n_tokens) {
 }
 
 std::unique_ptr<DeviceBackend> make_cuda_device(Context &ctx, const std::string &name, int device,
-                                                uint64_t vram_budget) {
-    if (name == "cuda-emulated") return std::make_unique<CudaDevice>(ctx, cuda_api_emulated(), device, vram_budget);
+                                                uint64_t vram_budget, int layers) {
+    if (name == "cuda-emulated")
+        return std::make_unique<CudaDevice>(ctx, cuda_api_emulated(), device, vram_budget, layers);
     std::string reason;
     const CudaApi *api = cuda_api_library(&reason);
     if (!api) throw DeviceError("CUDA device: " + reason);
-    return std::make_unique<CudaDevice>(ctx, *api, device, vram_budget);
+    return std::make_unique<CudaDevice>(ctx, *api, device, vram_budget, layers);
 }
 
 }  // namespace ktd

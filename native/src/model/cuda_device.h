@@ -50,14 +50,16 @@ public:
     // `api`, within vram_budget bytes (0: the device's memory is the limit). DeviceError when the
     // model is not supported or the device cannot be used; DeviceMemoryError when the plan does
     // not fit the budget (nothing is allocated then).
-    CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget);
+    // layers: the first `layers` layers only (gpu.layers; 0: all), the others run on the CPU
+    // (HybridBackend); std::invalid_argument outside [0, n_layer].
+    CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers = 0);
     ~CudaDevice() override;
     CudaDevice(const CudaDevice &) = delete;
     CudaDevice &operator=(const CudaDevice &) = delete;
 
-    static CudaDevicePlan plan(const Context &ctx);
-    // Why this model cannot run on the device ("" when it can).
-    static std::string unsupported(const Context &ctx);
+    static CudaDevicePlan plan(const Context &ctx, int layers = 0);
+    // Why this model's first `layers` (0: all) cannot run on the device ("" when they can).
+    static std::string unsupported(const Context &ctx, int layers = 0);
 
     void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
     void norm(const std::vector<float> &w, Act in, Act out) override;
@@ -143,6 +145,6 @@ private:
 // The device backend selected by name: "cuda" (libktd_cuda.so) or "cuda-emulated" (the ABI's host
 // emulation; tests). DeviceError with the reason when the library cannot be used.
 std::unique_ptr<DeviceBackend> make_cuda_device(Context &ctx, const std::string &name, int device,
-                                                uint64_t vram_budget);
+                                                uint64_t vram_budget, int layers = 0);
 
 }  // namespace ktd

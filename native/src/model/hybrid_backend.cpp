@@ -109,7 +109,14 @@ void LoopbackDevice::sync() { stream_.sync(); }
 
 // --- HybridBackend ----------------------------------------------------------------------------
 
-HybridBackend::HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device) : ctx_(ctx), dev_(std::move(device)) {
+HybridBackend::HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device, int device_layers)
+    : ctx_(ctx), dev_(std::move(device)) {
+    const int n_layer = ctx.model().hparams().n_layer;
+    if (device_layers < 0 || device_layers > n_layer)
+        throw std::invalid_argument("device layers " + std::to_string(device_layers) + " outside [0, " +
+                                    std::to_string(n_layer) + "] (0: all)");
+    stats_.device_layers = device_layers == 0 ? n_layer : device_layers;
+    if (stats_.device_layers < n_layer) cpu_ = std::make_unique<CpuBackend>(ctx);
     const size_t rows = size_t(ctx.n_batch()) * size_t(ctx.model().hparams().n_embd);
     xn_ = dev_->host_buffer(0, rows);
     y_ = dev_->host_buffer(1, rows);
@@ -123,11 +130,39 @@ HybridBackend::HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device
     }
 }
 
+HybridBackend::~HybridBackend() = default;
+
+Backend &HybridBackend::at() {
+    if (on_device()) return *dev_;
+    return *cpu_;
+}
+
 void HybridBackend::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    positions_ = positions, seq_ids_ = seq_ids, n_ = n, il_ = 0;
     dev_->begin_chunk(positions, seq_ids, n);
 }
 
+void HybridBackend::begin_layer(int il) {
+    // The first CPU layer: the residual comes down (the device's end of chunk waits for its
+    // stream), and the CPU backend takes the chunk from there.
+    if (cpu_ && il == stats_.device_layers && il_ < il) {
+        dev_->end_chunk();
+        cpu_->begin_chunk(positions_, seq_ids_, n_);
+        stats_.bytes_to_host += uint64_t(n_) * uint64_t(ctx_.model().hparams().n_embd) * sizeof(float);
+    }
+    il_ = il;
+}
+
+void HybridBackend::end_chunk() {
+    if (on_device()) dev_->end_chunk();
+    else cpu_->end_chunk();
+}
+
 void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
+    if (!on_device()) {
+        cpu_->moe_ffn(w, il);
+        return;
+    }
     const int64_t n = dev_->rows(), E = ctx_.model().hparams().n_embd;
     const uint64_t bytes = uint64_t(n * E) * sizeof(float);
     using clock = std::chrono::steady_clock;

@@ -13,6 +13,11 @@
 // CPU — its blocks are the CPU backend's, its copies memcpys, its stream one thread — so the
 // split, the copies, the synchronisation and the overlap are tested for every architecture on
 // any machine against the plain CPU forward; a CUDA device plugs into the same place.
+//
+// A card too small for every layer's dense part (gpu.layers = N): layers [0, N) run as above and
+// layers [N, n_layer) wholly on the CPU backend (their routed and shared experts in the CPU's MoE,
+// their KV cache the context's). At layer N the residual comes down once (the device's end of
+// chunk); the output head is on the host either way.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -33,6 +38,7 @@ class CpuBackend;
 // What crossed between host and device, in bytes, and how many MoE layers did it.
 struct HybridStats {
     uint64_t bytes_to_host = 0, bytes_to_device = 0, moe_calls = 0;
+    int device_layers = 0;  // layers [0, device_layers) run on the device, the rest on the CPU
     // Where the MoE layers' time went (steady clock, ns): copies to and from the host, the routed
     // experts on the CPU pool, and the wait for the device's shared expert after them (the sync
     // overhead: 0 when the device finished first).
@@ -108,27 +114,38 @@ private:
 
 class HybridBackend final : public Backend {
 public:
-    HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device);
+    // device_layers: layers [0, device_layers) on the device, the others on the CPU backend
+    // (0 or n_layer: every layer on the device); the device holds only its layers.
+    HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device, int device_layers = 0);
+    ~HybridBackend() override;
 
     void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
-    void norm(const std::vector<float> &w, Act in, Act out) override { dev_->norm(w, in, out); }
-    void residual_add(Act t) override { dev_->residual_add(t); }
-    void attention_in(const LayerWeights &w, int il) override { dev_->attention_in(w, il); }
-    void attention(int il) override { dev_->attention(il); }
-    void attention_out(const LayerWeights &w) override { dev_->attention_out(w); }
-    void mla_attention(const LayerWeights &w, int il) override { dev_->mla_attention(w, il); }
-    void glu_ffn(const LayerWeights &w, Glu act) override { dev_->glu_ffn(w, act); }
-    // XN → Tmp: XN to the host; routed experts on the CPU pool while the device runs the shared
-    // expert; their sum back to the device and added.
+    void begin_layer(int il) override;
+    void norm(const std::vector<float> &w, Act in, Act out) override { at().norm(w, in, out); }
+    void residual_add(Act t) override { at().residual_add(t); }
+    void attention_in(const LayerWeights &w, int il) override { at().attention_in(w, il); }
+    void attention(int il) override { at().attention(il); }
+    void attention_out(const LayerWeights &w) override { at().attention_out(w); }
+    void mla_attention(const LayerWeights &w, int il) override { at().mla_attention(w, il); }
+    void glu_ffn(const LayerWeights &w, Glu act) override { at().glu_ffn(w, act); }
+    // XN → Tmp. A device layer: XN to the host; routed experts on the CPU pool while the device
+    // runs the shared expert; their sum back to the device and added. A CPU layer: the CPU's MoE.
     void moe_ffn(const LayerWeights &w, int il) override;
-    void end_chunk() override { dev_->end_chunk(); }
+    void end_chunk() override;
     void copy_kv(int src, int dst, int64_t n_tokens) override { dev_->copy_kv(src, dst, n_tokens); }
 
     const HybridStats &stats() const { return stats_; }
 
 private:
+    bool on_device() const { return il_ < stats_.device_layers; }
+    Backend &at();  // the backend of the current layer
+
     Context &ctx_;
     std::unique_ptr<DeviceBackend> dev_;
+    std::unique_ptr<CpuBackend> cpu_;  // the layers past device_layers (null when the device has all)
+    const int32_t *positions_ = nullptr, *seq_ids_ = nullptr;
+    int64_t n_ = 0;
+    int il_ = 0;
     std::vector<float> host_xn_, host_y_;  // [n_batch][n_embd] host-side activations (when the device has no pinned ones)
     float *xn_ = nullptr, *y_ = nullptr;   // the buffers used: the device's host_buffer(), else those vectors
     HybridStats stats_;

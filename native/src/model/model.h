@@ -353,12 +353,15 @@ public:
 
     // The backend the layers run on: "cpu" (the default) or "loopback" (the hybrid data flow of
     // model/hybrid_backend.h with the device played by the CPU). std::invalid_argument otherwise.
-    void set_backend(const std::string &name);
+    // layers (loopback): the first `layers` layers through the hybrid data flow, the others on the
+    // CPU backend (0: all).
+    void set_backend(const std::string &name, int layers = 0);
     // The hybrid forward on a CUDA device (model/cuda_device.h): "cuda" (libktd_cuda.so) or
     // "cuda-emulated" (its ABI emulated on the host: tests), device index, VRAM budget in bytes
     // (0: the device's). The device holds its own KV cache: sequences held so far are dropped.
     // DeviceError / DeviceMemoryError (the context unchanged) when it cannot be used.
-    void set_device_backend(const std::string &name, int device, uint64_t vram_budget);
+    // layers: the first `layers` layers on the device, the others on the CPU (gpu.layers; 0: all).
+    void set_device_backend(const std::string &name, int device, uint64_t vram_budget, int layers = 0);
     const std::string &backend_name() const { return backend_name_; }
     // What crossed between device and host since the hybrid backend was set (zeros on "cpu").
     HybridStats hybrid_stats() const;
@@ -397,6 +400,7 @@ private:
     std::unique_ptr<Backend> backend_;  // the blocks the layers are composed of (CPU)
     std::unique_ptr<Backend> profiling_;  // backend_ behind a ProfilingBackend while profiling is on
     std::string backend_name_ = "cpu";
+    int backend_layers_ = 0;  // the hybrid backend's device layers as set (0: all)
     const HybridBackend *hybrid_ = nullptr;  // backend_ when it is the hybrid one
     ForwardProfile profile_;
 };

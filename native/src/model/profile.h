@@ -105,6 +105,7 @@ public:
         OpTimer t(&p_, ForwardOp::MoeFfn);
         in_.moe_ffn(w, il);
     }
+    void begin_layer(int il) override { in_.begin_layer(il); }
     void end_chunk() override { in_.end_chunk(); }
     void copy_kv(int src, int dst, int64_t n_tokens) override { in_.copy_kv(src, dst, n_tokens); }
 
