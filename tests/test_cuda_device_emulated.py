@@ -318,6 +318,56 @@ def test_a_layer_split_plans_only_the_device_layers(tmp_path):
             eng.context.set_backend("cuda-emulated", layers=bad)
 
 
+# gpu.experts: the device holds three routed experts of every MoE layer and computes their pairs.
+@pytest.mark.parametrize("arch, variant", [("qwen2moe", None), ("qwen3moe", None), ("deepseek2", "v3"),
+                                           ("qwen2moe", "q8")])
+def test_hot_experts_on_the_device_match_the_cpu_forward(arch, variant, tmp_path, backend):
+    """The held experts' GEMVs run on the device from their own uploaded slices (the gate, up and
+    down matrices of expert e of the stacks), added after the shared expert; the rest as before.
+    Greedy identical (F32), logits within the model's tolerance; the device computed exactly the
+    pairs the routing statistics give the held experts."""
+    path = tmp_path / f"{arch}.gguf"
+    wtype = "Q8_0" if variant == "q8" else "F32"
+    synthetic_moe.make_model(arch, path, variant=None if variant == "q8" else variant, wtype=wtype)
+    from ktd.gguf import GGUFFile
+    f = GGUFFile(str(path))
+    n_layer = int(f.metadata[f"{arch}.block_count"])
+    n_expert = int(f.metadata[f"{arch}.expert_count"])
+    held = {il: [(il + j) % n_expert for j in (0, 2, 5)] for il in range(n_layer)
+            if f"blk.{il}.ffn_gate_exps.weight" in f.tensors}
+    cpu = Engine.open(str(path), n_ctx=32, threads=1)
+    dev = Engine.open(str(path), n_ctx=32, threads=1)
+    dev.context.set_backend(backend, experts=held)
+    tol = (MLA_F32_TOL if arch == "deepseek2" else F32_TOL) if wtype == "F32" else BLOCK_TOL
+    _compare(cpu, dev, tol, same_tokens=wtype == "F32")
+    counts = np.asarray(dev.context.expert_counts()).reshape(n_layer, -1)
+    st = dev.context.hybrid_stats()
+    assert st["routed_pairs"] == int(counts.sum())
+    assert st["device_pairs"] == sum(int(counts[il, es].sum()) for il, es in held.items()) > 0
+
+
+def test_the_plan_counts_the_held_experts(tmp_path):
+    """Each held expert adds its three matrices as stored (one 256-byte-aligned allocation each)."""
+    path = tmp_path / "qwen3moe.gguf"
+    synthetic_moe.make_model("qwen3moe", path)
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
+    import re
+    def need(**kw) -> int:
+        with pytest.raises(_native.DeviceMemoryError) as e:
+            eng.context.set_backend("cuda-emulated", vram_budget=1000, **kw)
+        return int(re.search(r"\((\d+) bytes: weights", str(e.value)).group(1))
+    from ktd.gguf import GGUFFile
+    f = GGUFFile(str(path))
+    held = {0: [1, 3], 1: [0]}
+    per_expert = {il: sum((f.tensors[f"blk.{il}.ffn_{m}_exps.weight"].nbytes
+                           // int(f.metadata["qwen3moe.expert_count"]) + 255) // 256 * 256
+                          for m in ("gate", "up", "down")) for il in held}
+    assert need(experts=held) - need() == sum(per_expert[il] * len(es) for il, es in held.items())
+    eng.context.set_backend("cuda-emulated", vram_budget=need(experts=held), experts=held)
+    out = eng.forward(np.arange(5) + 40, np.arange(5), np.zeros(5), np.ones(5, bool))
+    assert np.all(np.isfinite(out)) and eng.context.hybrid_stats()["device_pairs"] > 0
+
+
 def test_a_weight_type_with_no_kernel_is_refused_with_the_reason(tmp_path):
     path = tmp_path / "llama-q4_1.gguf"
     tiny_dense.make_model("llama", path, wtype="Q4_1")
@@ -531,3 +581,10 @@ def test_gpu_check_bench_runs_end_to_end_on_the_emulation(tmp_path):
     n_moe = sum(1 for name in GGUFFile(str(mla)).tensors if name.endswith("ffn_gate_exps.weight"))
     assert n_moe > 0 and d["hybrid"]["stats"]["moe_calls"] == n_moe * 4
     assert d["cpu"]["decode_tok_s"] > 0 and d["decode_speedup"] > 0
+    # the third run: the 2 most used experts of each MoE layer (the CPU run's routing) held by the
+    # device; its hit rate is their share of the routed pairs, which the CPU run's counts give too
+    for row in (m, d):
+        hot = row["hybrid_hot"]
+        assert hot["held_per_layer"] == 2 and 0 < hot["hit_rate"] <= 1
+        assert hot["stats"]["device_pairs"] > 0 and hot["stats"]["routed_pairs"] == row["hybrid"]["stats"]["routed_pairs"]
+        assert row["hot_decode_speedup"] > 0

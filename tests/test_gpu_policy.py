@@ -213,11 +213,17 @@ def test_hot_experts_from_the_routing_profile(moe, tmp_path):
     assert d.hot["per_layer"] == want and d.hot["hit_rate"] == pytest.approx(hit)
     s = d.summary()["hot_experts"]
     assert s["routed"] == int(counts.sum()) and s["per_layer"]["0"] == want[0]
-    assert any("this build computes every routed expert on the CPU" in n for n in d.notes)
-    # without a profile: planned, none chosen yet
+    assert d.held == want and any("held in VRAM and computed there" in n for n in d.notes)
+    # gpu.layers 1: only layer 0's experts are held (the others' layers run on the CPU)
+    d1 = gpu.decide(cfg(f"model:\n  path: {moe}\n  n_ctx: 64\n  n_seq_max: 1\n  routing_profile: {tmp_path}\n"
+                        f"prefix_cache:\n  slots: 0\ngpu:\n  device: 0\n  backend: loopback\n  vram_budget: {budget}\n"
+                        "  experts: 1\n  layers: 1\n"))
+    assert d1.held == {0: [int(np.argmax(counts[0]))]}
+    # without a profile: the first ones of every MoE layer
     d = gpu.decide(cfg(f"model:\n  path: {moe}\n  routing_profile: off\ngpu:\n  device: 0\n  backend: loopback\n"
                        "  vram_budget: 1G\n  experts: 1\n"))
     assert d.hot is None and any("no routing profile yet" in n for n in d.notes)
+    assert d.held == {il: [0] for il in range(n_layer)}
 
 
 def test_hot_experts_ties_and_empty_rows():
@@ -246,7 +252,10 @@ def _stop(proc: subprocess.Popen) -> str:
 
 
 def _greedy_in_process(path: str, prompt: str, n: int) -> list[int]:
-    eng = Engine.open(path, n_ctx=64, n_seq_max=1, threads=1)
+    return _greedy_in_process_on(Engine.open(path, n_ctx=64, n_seq_max=1, threads=1), prompt, n)
+
+
+def _greedy_in_process_on(eng: Engine, prompt: str, n: int) -> list[int]:
     ids = eng.tokenizer.encode(prompt, add_special=True)
     out, pos, batch = [], 0, ids
     for _ in range(n):
@@ -288,18 +297,13 @@ def test_daemon_on_the_loopback_backend(moe, tmp_path):
     assert "hybrid forward on loopback (device 0)" in log and "hybrid plan (VRAM budget 2.00 GiB): fits" in log
 
 
-@pytest.mark.parametrize("layers", [0, 1])
-def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path, layers):
-    """gpu.backend: cuda through the daemon, with the CUDA ABI emulated on the host (test hook
-    KTD_TEST_CUDA_EMULATED): the scheduler's thread drives CudaDevice behind HybridBackend; the
-    greedy text is the CPU engine's (F32 tiny model: the device path is within float rounding of
-    it), status says cuda with its plan, and activations crossed per MoE layer. gpu.layers 1: the
-    device runs layer 0 only, the rest run on the CPU (the residual comes down at the split)."""
+def _greedy_through_the_daemon(moe: str, tmp_path, env: dict[str, str]) -> tuple[dict, str]:
+    """Greedy text of "hello world" through a daemon on gpu device 0 (1G budget) with `env`: it
+    must be the CPU engine's; the `gpu` part of status once the hybrid counters moved, and the log."""
     want = _greedy_in_process(moe, "hello world", 6)
     assert want
     sock = tmp_path / "k.sock"
-    proc = _start(moe, sock, {"KTD_GPU__DEVICE": "0", "KTD_GPU__BACKEND": "cuda", "KTD_GPU__VRAM_BUDGET": "1G",
-                              "KTD_TEST_CUDA_EMULATED": "1", "KTD_GPU__LAYERS": str(layers)})
+    proc = _start(moe, sock, {"KTD_GPU__DEVICE": "0", "KTD_GPU__VRAM_BUDGET": "1G", **env})
     try:
         with Client(str(sock), timeout=120) as c:
             r = c.generate("hello world", temperature=0, max_tokens=len(want))
@@ -313,6 +317,18 @@ def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path, layers):
         log = _stop(proc)
     eng = Engine.open(moe, n_ctx=64, n_seq_max=1, threads=1)
     assert r["text"] == eng.tokenizer.decode(want)
+    return g, log
+
+
+@pytest.mark.parametrize("layers", [0, 1])
+def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path, layers):
+    """gpu.backend: cuda through the daemon, with the CUDA ABI emulated on the host (test hook
+    KTD_TEST_CUDA_EMULATED): the scheduler's thread drives CudaDevice behind HybridBackend; the
+    greedy text is the CPU engine's (F32 tiny model: the device path is within float rounding of
+    it), status says cuda with its plan, and activations crossed per MoE layer. gpu.layers 1: the
+    device runs layer 0 only, the rest run on the CPU (the residual comes down at the split)."""
+    g, log = _greedy_through_the_daemon(moe, tmp_path, {"KTD_GPU__BACKEND": "cuda", "KTD_TEST_CUDA_EMULATED": "1",
+                                                        "KTD_GPU__LAYERS": str(layers)})
     assert g["backend"] == "cuda" and g["device"] == 0 and "reason" not in g
     n_layer = _split(moe)[3]
     h = g["hybrid"]
@@ -323,6 +339,25 @@ def test_daemon_on_the_cuda_device_backend_emulated(moe, tmp_path, layers):
     else:
         assert h["bytes_to_host"] == h["bytes_to_device"]
     assert "hybrid forward on cuda (device 0)" in log
+
+
+@pytest.mark.parametrize("backend", ["loopback", "cuda"])
+def test_daemon_with_hot_experts_held_by_the_device(moe, tmp_path, backend):
+    """gpu.experts 2 (no routing profile: experts 0 and 1 of each MoE layer): the device computes
+    the pairs routed to them; the greedy text is the CPU engine's and status gives the live hit
+    rate (that device_pairs are exactly the pairs routed to the held experts is checked against
+    the expert statistics in test_hybrid_loopback.py and test_cuda_device_emulated.py)."""
+    env = {"KTD_GPU__BACKEND": backend, "KTD_GPU__EXPERTS": "2"}
+    if backend == "cuda":
+        env["KTD_TEST_CUDA_EMULATED"] = "1"
+    g, log = _greedy_through_the_daemon(moe, tmp_path, env)
+    assert g["plan"]["experts_per_layer_on_gpu"] == 2
+    h = g["hybrid"]
+    k = int(GGUFReader(moe).fields["qwen3moe.expert_used_count"].parts[-1][0])
+    assert h["routed_pairs"] > 0 and h["routed_pairs"] % (k * _split(moe)[3]) == 0   # every token, every MoE layer
+    assert 0 < h["device_pairs"] < h["routed_pairs"]
+    assert h["hot_hit_rate"] == pytest.approx(h["device_pairs"] / h["routed_pairs"])
+    assert "routed experts per layer are held in VRAM and computed there" in log
 
 
 def test_daemon_hybrid_counters_move(moe, tmp_path):

@@ -70,7 +70,7 @@ def test_dense_model_on_the_loopback_backend_is_the_cpu_forward(tmp_path):
     np.testing.assert_array_equal(_forward_all(hyb), _forward_all(cpu))
     assert hyb.context.hybrid_stats() == {"bytes_to_host": 0, "bytes_to_device": 0, "moe_calls": 0, "to_host_ns": 0,
                                           "host_experts_ns": 0, "sync_wait_ns": 0, "from_host_ns": 0,
-                                          "device_layers": 2}
+                                          "device_layers": 2, "routed_pairs": 0, "device_pairs": 0}
 
 
 def _n_layer(path) -> int:
@@ -125,6 +125,56 @@ def test_layers_out_of_range_are_refused(tmp_path):
     eng.context.set_backend("loopback", layers=n_layer)
     _forward_all(eng)
     assert eng.context.hybrid_stats()["device_layers"] == n_layer
+
+
+def _held_cases(path) -> tuple[list[int], int, list[dict[int, list[int]]]]:
+    f = GGUFFile(str(path))
+    arch = f.metadata["general.architecture"]
+    arch = arch.decode() if isinstance(arch, bytes) else arch
+    n_expert = int(f.metadata[f"{arch}.expert_count"])
+    moe = [il for il in range(_n_layer(path)) if f"blk.{il}.ffn_gate_exps.weight" in f.tensors]
+    # three experts of every MoE layer (different ones per layer), then every expert of the first
+    return moe, n_expert, [{il: [(il + j) % n_expert for j in (0, 2, 5)] for il in moe},
+                           {moe[0]: list(range(n_expert))}]
+
+
+# gpu.experts: the device holds some routed experts and computes the pairs routed to them.
+@pytest.mark.parametrize("arch, variant", CASES)
+def test_hot_experts_held_by_the_device_match_the_cpu_forward(arch, variant, tmp_path):
+    """The host routes every token and computes the experts the device does not hold; the device
+    adds the held ones after the shared expert. Not bit-identical (the sum's order changes), within
+    float rounding: measured up to 1e-5 of the largest logit; the routing is the CPU's (the expert
+    statistics are identical) and device_pairs are exactly the pairs those statistics give the held
+    experts."""
+    path = tmp_path / f"{arch}.gguf"
+    synthetic_moe.make_model(arch, path, variant=variant)
+    cpu = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=2)
+    want = _forward_all(cpu)
+    counts = np.asarray(cpu.context.expert_counts()).reshape(_n_layer(path), -1)
+    moe, n_expert, cases = _held_cases(path)
+    for held in cases:
+        hyb = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=2)
+        hyb.context.set_backend("loopback", experts=held)
+        got = _forward_all(hyb)
+        assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want))
+        np.testing.assert_array_equal(hyb.context.expert_counts(), cpu.context.expert_counts())
+        st = hyb.context.hybrid_stats()
+        assert st["routed_pairs"] == int(counts.sum())
+        assert st["device_pairs"] == sum(int(counts[il, es].sum()) for il, es in held.items())
+
+
+def test_held_experts_out_of_place_are_refused(tmp_path):
+    path = tmp_path / "ds.gguf"
+    synthetic_moe.make_model("deepseek2", path, variant="v3")   # layer 0 dense
+    moe, n_expert, _ = _held_cases(path)
+    eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=2)
+    for held, layers, why in [({0: [1]}, 0, "hot experts of layer 0: not a MoE layer"),
+                              ({moe[0]: [n_expert]}, 0, f"expert {n_expert} outside \\[0, {n_expert}\\)"),
+                              ({moe[-1]: [0]}, moe[-1], f"layer {moe[-1]}: the layer is not on the device"),
+                              ({99: [0]}, 0, "layer 99 out of range")]:
+        with pytest.raises(ValueError, match=why):
+            eng.context.set_backend("loopback", layers=layers, experts=held)
+        assert eng.context.backend == "cpu"
 
 
 def test_backend_switch_and_bad_name(tmp_path):

@@ -463,7 +463,7 @@ def _set_backend(engine: Engine, decision: Any, g: Any) -> None:
     if decision.backend == "cuda":
         budget = 0 if g.vram_budget == "auto" else int(g.vram_budget)
         try:
-            kw = {"device": decision.device, "vram_budget": budget, "layers": g.layers}
+            kw = {"device": decision.device, "vram_budget": budget, "layers": g.layers, "experts": decision.held}
             engine.context.set_backend(gpu.cuda_backend_name(), **kw)
             engine.backend_args = (gpu.cuda_backend_name(), kw)
         except _native.DeviceError as e:  # an unsupported architecture, the device's memory, a device fault
@@ -473,8 +473,9 @@ def _set_backend(engine: Engine, decision: Any, g: Any) -> None:
                         "refuse to start instead)", decision.device, e)
             decision.backend, decision.reason = "cpu", str(e)
     elif decision.backend != "cpu":
-        engine.context.set_backend(decision.backend, layers=g.layers)
-        engine.backend_args = (decision.backend, {"layers": g.layers})
+        kw = {"layers": g.layers, "experts": decision.held}
+        engine.context.set_backend(decision.backend, **kw)
+        engine.backend_args = (decision.backend, kw)
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

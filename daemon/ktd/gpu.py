@@ -13,9 +13,10 @@ wrong configuration fails in a second and names its numbers.
 - The GPU cannot be used: with ``gpu.required`` the load fails with the reason; otherwise the
   reason is logged as a warning and the daemon runs on the CPU (what Ollama and llama.cpp do on
   a host without a usable GPU), and ``status`` shows ``gpu.backend: cpu`` with the reason.
-- ``gpu.experts: hot`` (or a number): which routed experts of each layer the leftover VRAM would
-  hold, the most used per the routing profile, and the share of routed tokens they took (the
-  hit rate the GPU would have had over the profile).
+- ``gpu.experts: hot`` (or a number): the routed experts of each layer the leftover VRAM holds,
+  the most used per the routing profile (without a profile yet: the first ones), and the share of
+  routed tokens they took over the profile. The device computes the pairs routed to them (the
+  host still routes every token); ``status`` gives the live hit rate (``hybrid.hot_hit_rate``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class GpuDecision:
     reason: str | None = None          # why the GPU is not used (backend "cpu" with gpu.device set)
     plan: dict[str, Any] | None = None
     hot: dict[str, Any] | None = None  # {"per_layer": {layer: [experts]}, "hit_rate": float, "routed": int}
+    held: dict[int, list[int]] = field(default_factory=dict)  # the experts the device holds, per layer
     notes: list[str] = field(default_factory=list)
 
     def summary(self, hybrid_stats: dict[str, int] | None = None) -> dict[str, Any]:
@@ -64,6 +66,8 @@ class GpuDecision:
             out["notes"] = list(self.notes)
         if hybrid_stats is not None and self.backend != "cpu":
             out["hybrid"] = dict(hybrid_stats)
+            if self.held and hybrid_stats.get("routed_pairs"):
+                out["hybrid"]["hot_hit_rate"] = hybrid_stats["device_pairs"] / hybrid_stats["routed_pairs"]
         return out
 
 
@@ -181,12 +185,18 @@ def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = No
             raise GpuError(f"gpu.layers is {g.layers} but the model has {plan['n_layer']} layers")
     decision = GpuDecision(g.backend, g.device, plan=plan)
     if plan is not None and plan["experts_per_layer_on_gpu"] and plan["moe_layers"]:
+        per_layer = plan["experts_per_layer_on_gpu"]
         counts = _profile_counts(mc.path, mc.routing_profile, (plan["n_layer"], _n_expert(mc.path)))
         if counts is not None:
-            decision.hot = hot_experts(counts, plan["experts_per_layer_on_gpu"])
-        decision.notes.append(f"{plan['experts_per_layer_on_gpu']} routed experts per layer are planned in VRAM"
-                              + ("" if counts is not None else " (no routing profile yet: chosen after traffic)")
-                              + "; this build computes every routed expert on the CPU")
+            counts = counts.copy()
+            counts[plan["layers_on_gpu"]:] = 0  # the layers past gpu.layers run on the CPU
+            decision.hot = hot_experts(counts, per_layer)
+            decision.held = dict(decision.hot["per_layer"])
+        else:
+            decision.held = {il: list(range(per_layer)) for il in _moe_layers(mc.path) if il < plan["layers_on_gpu"]}
+        decision.notes.append(f"{per_layer} routed experts per layer are held in VRAM and computed there"
+                              + ("" if counts is not None else " (no routing profile yet: the first ones; the "
+                                 "most used after a restart with a profile)"))
     if plan is not None and plan["layers_on_gpu"] < plan["n_layer"]:
         decision.notes.append(f"gpu.layers {g.layers}: layers {g.layers}..{plan['n_layer'] - 1} run wholly on the CPU "
                               "(their KV cache in host memory); the residual crosses once per chunk")
@@ -217,6 +227,13 @@ def decide(config: Any, *, cuda_status: Callable[[], dict[str, Any]] | None = No
         log.info("gpu: %s", note)
     log.info("hybrid forward on %s (device %d)", g.backend, g.device)
     return decision
+
+
+def _moe_layers(path: str) -> list[int]:
+    from ktd.gguf import GGUFFile
+
+    f = GGUFFile(path, willneed=False)
+    return sorted(int(name.split(".")[1]) for name in f.tensors if name.endswith(".ffn_gate_exps.weight"))
 
 
 def _n_expert(path: str) -> int:

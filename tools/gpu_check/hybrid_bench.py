@@ -6,7 +6,9 @@ libktd_cuda.so against the CPU forward, into one JSON (merged into gpu-check.jso
 - moe: per bench file (the synthetic qwen3moe/deepseek2 files of `make synthetic-moe`, or
   --moe paths): prefill and decode tok/s CPU-only vs hybrid on the same machine, and HybridStats
   per decoded token (XN copies, routed experts on the CPU pool, the wait for the device's shared
-  expert). An architecture the device backend refuses (gemma3, bitnet) is recorded with the reason.
+  expert), and once more with --hot experts of each MoE layer held by the device, the most used
+  in the CPU run's routing (the gpu.experts: hot workflow), with their hit rate. An architecture or
+  type the device backend refuses is recorded with the reason.
 
 Without a usable CUDA device (or library) this writes the reason into the JSON and exits 2: the
 figures are then unmeasured, never silently skipped. --backend cuda-emulated runs the same steps
@@ -40,11 +42,26 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _open(path: str, backend: str, args) -> Engine:
+def _open(path: str, backend: str, args, experts: dict[int, list[int]] | None = None) -> Engine:
     eng = Engine.open(path, n_ctx=args.n_ctx, n_seq_max=1, threads=args.threads)
     if backend != "cpu":
-        eng.context.set_backend(backend, device=args.device)
+        eng.context.set_backend(backend, device=args.device, experts=experts or {})
     return eng
+
+
+def hybrid_run(path: str, args, experts: dict[int, list[int]] | None = None) -> dict:
+    """speed() on the device backend, with HybridStats per MoE call and the hot experts' hit rate."""
+    eng = _open(path, args.backend, args, experts)
+    before = eng.context.hybrid_stats()
+    r = speed(eng, args.prompt, args.decode)
+    after = eng.context.hybrid_stats()
+    calls = max(1, after["moe_calls"] - before["moe_calls"])
+    r["per_moe_call_us"] = {k[:-3]: (after[k] - before[k]) / calls / 1e3 for k in after if k.endswith("_ns")}
+    r["stats"] = after
+    if experts:
+        r["held_per_layer"] = len(next(iter(experts.values())))
+        r["hit_rate"] = after["device_pairs"] / max(1, after["routed_pairs"])
+    return r
 
 
 def greedy(eng: Engine, prompt: list[int], n: int) -> list[int]:
@@ -83,6 +100,8 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--hot", type=int, default=2, help="experts per MoE layer held by the device in a third run "
+                                                      "(the most used in the CPU run; 0: no such run)")
     args = ap.parse_args()
     st = dict(_native.cuda_status())
     out: dict = {"backend": args.backend, "status": st, "measured": False}
@@ -127,24 +146,25 @@ def main() -> int:
             failed = True
             continue
         try:
-            row["cpu"] = speed(_open(path, "cpu", args), args.prompt, args.decode)
-            eng = _open(path, args.backend, args)
-            before = eng.context.hybrid_stats()
-            row["hybrid"] = speed(eng, args.prompt, args.decode)
-            after = eng.context.hybrid_stats()
-            calls = max(1, after["moe_calls"] - before["moe_calls"])
-            row["hybrid"]["per_moe_call_us"] = {k[:-3]: (after[k] - before[k]) / calls / 1e3
-                                                for k in after if k.endswith("_ns")}
-            row["hybrid"]["stats"] = after
+            cpu = _open(path, "cpu", args)
+            row["cpu"] = speed(cpu, args.prompt, args.decode)
+            row["hybrid"] = hybrid_run(path, args)
             row["decode_speedup"] = row["hybrid"]["decode_tok_s"] / row["cpu"]["decode_tok_s"]
             row["prefill_speedup"] = row["hybrid"]["prefill_tok_s"] / row["cpu"]["prefill_tok_s"]
+            counts = np.asarray(cpu.context.expert_counts(), np.int64)  # [n_layer][n_expert]
+            if args.hot > 0 and counts.size:
+                hot = {il: sorted(int(e) for e in np.argsort(-c, kind="stable")[:args.hot])
+                       for il, c in enumerate(counts) if c.any()}
+                row["hybrid_hot"] = hybrid_run(path, args, hot)
+                row["hot_decode_speedup"] = row["hybrid_hot"]["decode_tok_s"] / row["cpu"]["decode_tok_s"]
         except _native.DeviceError as e:
             row["refused"] = str(e)  # an architecture or type the device backend has no path for
     out["measured"] = True
     write()
     print(json.dumps({k: out[k] for k in ("greedy",) if k in out}, indent=1)[:2000])
     for row in out["moe"]:
-        print(row["file"], {k: row.get(k) for k in ("decode_speedup", "prefill_speedup", "refused", "error")})
+        print(row["file"], {k: row.get(k) for k in ("decode_speedup", "prefill_speedup", "hot_decode_speedup",
+                                                    "refused", "error")})
     return 1 if failed else 0
 
 

@@ -531,20 +531,32 @@ static void bind_context_class(py::module_ &m) {
             "barrier_wait_ns, busy_ns [tid], start_ns [tid]")
         .def(
             "set_backend",
-            [](PyContext &c, const std::string &name, int device, uint64_t vram_budget, int layers) {
+            [](PyContext &c, const std::string &name, int device, uint64_t vram_budget, int layers,
+               const std::map<int, std::vector<int32_t>> &experts) {
+                HeldExperts held;
+                for (const auto &[il, list] : experts) {
+                    if (il < 0 || il >= c.ctx->model().hparams().n_layer)
+                        throw std::invalid_argument("hot experts: layer " + std::to_string(il) + " out of range");
+                    if (size_t(il) >= held.size()) held.resize(size_t(il) + 1);
+                    held[size_t(il)] = list;
+                }
                 std::lock_guard<std::mutex> l(c.mu);
                 if (name == "cuda" || name == "cuda-emulated")
-                    c.ctx->set_device_backend(name, device, vram_budget, layers);
+                    c.ctx->set_device_backend(name, device, vram_budget, layers, held);
                 else
-                    c.ctx->set_backend(name, layers);
+                    c.ctx->set_backend(name, layers, held);
             },
             py::arg("name"), py::arg("device") = 0, py::arg("vram_budget") = 0, py::arg("layers") = 0,
+            py::arg("experts") = std::map<int, std::vector<int32_t>>{},
             "'cpu' (default), 'loopback': the hybrid CPU+accelerator data flow with the CPU playing the "
             "device (model/hybrid_backend.h), or 'cuda': that data flow with the device part on CUDA device "
             "`device` within vram_budget bytes (0: the device's memory; model/cuda_device.h). 'cuda' drops the "
             "sequences held (the device keeps its own KV cache); DeviceError / DeviceMemoryError when it cannot "
             "be used, the context unchanged. layers (loopback, cuda; gpu.layers): only the first `layers` layers "
-            "on the device, the others on the CPU (0: all; ValueError outside [0, n_layer])")
+            "on the device, the others on the CPU (0: all; ValueError outside [0, n_layer]). experts (loopback, "
+            "cuda; gpu.experts): {layer: [expert, ...]} the routed experts the device holds and computes (the "
+            "host routes, the device adds the held experts' pairs; hybrid_stats' device_pairs / routed_pairs is "
+            "the hit rate)")
         .def_property_readonly("backend", [](PyContext &c) { return c.ctx->backend_name(); })
         .def(
             "hybrid_stats",
@@ -556,6 +568,8 @@ static void bind_context_class(py::module_ &m) {
                 d["bytes_to_device"] = st.bytes_to_device;
                 d["moe_calls"] = st.moe_calls;
                 d["device_layers"] = st.device_layers;
+                d["routed_pairs"] = st.routed_pairs;
+                d["device_pairs"] = st.device_pairs;
                 d["to_host_ns"] = st.to_host_ns;
                 d["host_experts_ns"] = st.host_experts_ns;
                 d["sync_wait_ns"] = st.sync_wait_ns;

@@ -104,34 +104,37 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
     seq_len_[size_t(dst)] = n_tokens;
 }
 
-void Context::set_backend(const std::string &name, int layers) {
-    if (name == backend_name_ && layers == backend_layers_) return;
+void Context::set_backend(const std::string &name, int layers, const HeldExperts &experts) {
+    if (name == backend_name_ && layers == backend_layers_ && experts.empty() && backend_experts_.empty()) return;
     // Leaving a device: its KV cache goes with it, the host's is stale.
     if (backend_name_.rfind("cuda", 0) == 0) std::fill(seq_len_.begin(), seq_len_.end(), int64_t(0));
     if (name == "cpu") {
         backend_ = std::make_unique<CpuBackend>(*this);
         hybrid_ = nullptr;
     } else if (name == "loopback") {
-        auto hybrid = std::make_unique<HybridBackend>(*this, std::make_unique<LoopbackDevice>(*this), layers);
+        auto hybrid =
+            std::make_unique<HybridBackend>(*this, std::make_unique<LoopbackDevice>(*this, experts, layers), layers);
         hybrid_ = hybrid.get();
         backend_ = std::move(hybrid);
     } else if (name == "cuda" || name == "cuda-emulated") {
-        set_device_backend(name, 0, 0, layers);
+        set_device_backend(name, 0, 0, layers, experts);
         return;
     } else {
         throw std::invalid_argument("unknown backend '" + name + "' (cpu, loopback, cuda)");
     }
     backend_name_ = name;
     backend_layers_ = name == "cpu" ? 0 : layers;
+    backend_experts_ = name == "cpu" ? HeldExperts{} : experts;
     if (profiling_) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
 }
 
-void Context::set_device_backend(const std::string &name, int device, uint64_t vram_budget, int layers) {
+void Context::set_device_backend(const std::string &name, int device, uint64_t vram_budget, int layers,
+                                 const HeldExperts &experts) {
     if (name != "cuda" && name != "cuda-emulated")
         throw std::invalid_argument("unknown device backend '" + name + "' (cuda)");
     // Built before the old backend goes: a refusal (DeviceError) leaves the context as it was.
-    auto hybrid =
-        std::make_unique<HybridBackend>(*this, make_cuda_device(*this, name, device, vram_budget, layers), layers);
+    auto hybrid = std::make_unique<HybridBackend>(
+        *this, make_cuda_device(*this, name, device, vram_budget, layers, experts), layers);
     // The device's KV cache starts empty: the sequences held so far are dropped.
     std::fill(seq_len_.begin(), seq_len_.end(), int64_t(0));
     const bool prof_on = profiling_ != nullptr;
@@ -140,6 +143,7 @@ void Context::set_device_backend(const std::string &name, int device, uint64_t v
     backend_ = std::move(hybrid);
     backend_name_ = name;
     backend_layers_ = layers;
+    backend_experts_ = experts;
     if (prof_on) profiling_ = std::make_unique<ProfilingBackend>(*backend_, profile_);
 }
 

@@ -85,6 +85,7 @@ int64_t max_k(const Context &ctx) {
     int64_t k = std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v);
     for (const LayerWeights &w : ctx.model().weights().layers) {
         for_each_device_matrix(w, [&](const Matrix &m) { k = std::max<int64_t>(k, int64_t(m.info->ne[0])); });
+        if (w.ffn_down_exps) k = std::max<int64_t>(k, int64_t(w.ffn_down_exps.info->ne[0]));  // held experts
         // A stack's batched GEMV quantizes every matrix's input at once: n_mat · k per row.
         for_each_device_stack(w, [&](const MatrixStack &st) {
             k = std::max<int64_t>(k, int64_t(st.info->ne[0]) * int64_t(st.info->ne[2]));
@@ -95,9 +96,11 @@ int64_t max_k(const Context &ctx) {
 
 int64_t max_ff(const Context &ctx) {
     int64_t ff = 1;
-    for (const LayerWeights &w : ctx.model().weights().layers)
+    for (const LayerWeights &w : ctx.model().weights().layers) {
         for (const Matrix *m : {&w.ffn_gate, &w.ffn_gate_shexp})
             if (*m) ff = std::max<int64_t>(ff, int64_t(m->info->ne[1]));
+        if (w.ffn_gate_exps) ff = std::max<int64_t>(ff, w.ffn_gate_exps.rows);  // held experts
+    }
     return ff;
 }
 
@@ -114,7 +117,13 @@ std::vector<std::pair<int64_t, int64_t>> mla_widths(const HParams &hp) {
 
 }  // namespace
 
-std::string CudaDevice::unsupported(const Context &ctx, int layers) {
+// The three matrices of a routed expert (the gate, up and down stacks).
+template <class F>
+void for_each_expert_stack(const LayerWeights &w, F &&f) {
+    for (const MatrixStack *st : {&w.ffn_gate_exps, &w.ffn_up_exps, &w.ffn_down_exps}) f(*st);
+}
+
+std::string CudaDevice::unsupported(const Context &ctx, int layers, const HeldExperts &experts) {
     const Model &model = ctx.model();
     const HParams &hp = model.hparams();
     static const char *const kArchs[] = {"llama",     "qwen2",  "qwen3", "qwen2moe", "qwen3moe",
@@ -147,15 +156,24 @@ std::string CudaDevice::unsupported(const Context &ctx, int layers) {
         };
         for_each_device_matrix(w, [&](const Matrix &m) { typed(m.info); });
         for_each_device_stack(w, [&](const MatrixStack &st) { typed(st.info); });
+        if (il < experts.size() && !experts[il].empty())
+            for_each_expert_stack(w, [&](const MatrixStack &st) { typed(st.info); });
         if (!bad.empty()) return bad;
     }
     return "";
 }
 
-CudaDevicePlan CudaDevice::plan(const Context &ctx, int layers) {
+CudaDevicePlan CudaDevice::plan(const Context &ctx, int layers, const HeldExperts &experts) {
     const HParams &hp = ctx.model().hparams();
     const std::span<const LayerWeights> on_device = device_layers(ctx, layers);
     CudaDevicePlan p;
+    const auto masks = held_expert_masks(ctx, experts, layers);
+    for (size_t il = 0; il < on_device.size(); ++il)
+        for (size_t e = 0; e < masks[il].size(); ++e)
+            if (masks[il][e])
+                for_each_expert_stack(on_device[il], [&](const MatrixStack &st) {
+                    p.weights += aligned(st.info->nbytes / uint64_t(st.info->ne[2]));
+                });
     for (const LayerWeights &w : on_device) {
         for_each_device_matrix(w, [&](const Matrix &m) { p.weights += aligned(m.info->nbytes); });
         for_each_device_stack(w, [&](const MatrixStack &st) { p.weights += aligned(st.info->nbytes); });
@@ -195,10 +213,13 @@ void *CudaDevice::dalloc(uint64_t bytes) {
     return p;
 }
 
-CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers)
-    : ctx_(ctx), api_(api), E_(ctx.model().hparams().n_embd), n_batch_(ctx.n_batch()) {
-    if (const std::string why = unsupported(ctx, layers); !why.empty()) throw DeviceError("CUDA device: " + why);
-    const CudaDevicePlan p = plan(ctx, layers);
+CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers,
+                       const HeldExperts &experts)
+    : ctx_(ctx), api_(api), held_(held_expert_masks(ctx, experts, layers)), E_(ctx.model().hparams().n_embd),
+      n_batch_(ctx.n_batch()) {
+    if (const std::string why = unsupported(ctx, layers, experts); !why.empty())
+        throw DeviceError("CUDA device: " + why);
+    const CudaDevicePlan p = plan(ctx, layers, experts);
     const std::string what = layers == 0 || layers == ctx.model().hparams().n_layer
                                  ? std::string("the model")
                                  : "the first " + std::to_string(layers) + " layers";
@@ -320,6 +341,23 @@ void CudaDevice::upload_weights() {
         l.gate_sh = mat(lw.ffn_gate_shexp), l.up_sh = mat(lw.ffn_up_shexp), l.down_sh = mat(lw.ffn_down_shexp);
         l.wq_a = mat(lw.wq_a), l.wq_b = mat(lw.wq_b), l.wkv_a = mat(lw.wkv_a_mqa);
         l.wk_b = stack(lw.wk_b), l.wv_b = stack(lw.wv_b);
+        if (!held_[il].empty()) {
+            // A held expert e: matrix e of each stack, its bytes uploaded alone.
+            l.experts.resize(held_[il].size());
+            for (size_t e = 0; e < held_[il].size(); ++e) {
+                if (!held_[il][e]) continue;
+                const MatrixStack *sts[] = {&lw.ffn_gate_exps, &lw.ffn_up_exps, &lw.ffn_down_exps};
+                for (int m = 0; m < 3; ++m) {
+                    const GGUFTensorInfo *t = file.find_tensor(sts[m]->info->name);
+                    if (!t || t->nbytes != sts[m]->info->nbytes || t->n_dims != 3)
+                        throw DeviceError("CUDA device: tensor " + std::string(sts[m]->info->name) + " changed in " +
+                                          file.path() + " since the load");
+                    const uint64_t bytes = t->nbytes / uint64_t(t->ne[2]);
+                    const auto *src = static_cast<const uint8_t *>(file.tensor_data(*t)) + e * bytes;
+                    l.experts[e][size_t(m)] = DMat{upload(src, bytes), int(t->type), int64_t(t->ne[1]), int64_t(t->ne[0])};
+                }
+            }
+        }
         for_each_device_vector(lw, [&](const std::vector<float> &v) {
             vecs_[v.data()] = static_cast<const float *>(upload(v.data(), v.size() * 4));
         });
@@ -520,6 +558,22 @@ void CudaDevice::shared_expert_async(const LayerWeights &w, Act in, Act out) {
     }
 }
 
+// Each pair: the expert's gate and up on the token's row, SwiGLU, down, then out row += weight · that.
+void CudaDevice::experts_async(const LayerWeights &, int il, const std::vector<MoeSelection> &sel, Act in, Act out) {
+    const DLayer &l = layers_[size_t(il)];
+    const float *x = buf(in);
+    float *y = buf(out);
+    for (const MoeSelection &s : sel) {
+        const std::array<DMat, 3> &ex = l.experts[size_t(s.expert)];
+        const float *xi = x + int64_t(s.token) * E_;
+        gemv(ex[0], xi, 1, g_);
+        gemv(ex[1], xi, 1, u_);
+        check(api_.glu(c_, 0, g_, u_, ex[0].rows), "glu");
+        gemv(ex[2], g_, 1, y_, s.weight);
+        check(api_.add(c_, y + int64_t(s.token) * E_, y_, E_), "add");
+    }
+}
+
 void CudaDevice::to_host(Act a, float *dst) {
     check(api_.copy(c_, dst, buf(a), uint64_t(n_ * E_) * 4, KTD_CUDA_D2H), "copy to host");
     check(api_.event_record(c_, ev_), "event");
@@ -548,13 +602,13 @@ void CudaDevice::copy_kv(int src, int dst, int64_t n_tokens) {
 }
 
 std::unique_ptr<DeviceBackend> make_cuda_device(Context &ctx, const std::string &name, int device,
-                                                uint64_t vram_budget, int layers) {
+                                                uint64_t vram_budget, int layers, const HeldExperts &experts) {
     if (name == "cuda-emulated")
-        return std::make_unique<CudaDevice>(ctx, cuda_api_emulated(), device, vram_budget, layers);
+        return std::make_unique<CudaDevice>(ctx, cuda_api_emulated(), device, vram_budget, layers, experts);
     std::string reason;
     const CudaApi *api = cuda_api_library(&reason);
     if (!api) throw DeviceError("CUDA device: " + reason);
-    return std::make_unique<CudaDevice>(ctx, *api, device, vram_budget, layers);
+    return std::make_unique<CudaDevice>(ctx, *api, device, vram_budget, layers, experts);
 }
 
 }  // namespace ktd

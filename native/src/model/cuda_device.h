@@ -15,6 +15,7 @@
 // squared ReLU). Anything else (head sizes over 256, K/V heads of different sizes, a weight type
 // with no kernel) is refused at construction with DeviceError naming it.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,14 +53,17 @@ public:
     // not fit the budget (nothing is allocated then).
     // layers: the first `layers` layers only (gpu.layers; 0: all), the others run on the CPU
     // (HybridBackend); std::invalid_argument outside [0, n_layer].
-    CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers = 0);
+    // experts: the routed experts it holds per layer (gpu.experts), uploaded and computed here.
+    CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers = 0,
+               const HeldExperts &experts = {});
     ~CudaDevice() override;
     CudaDevice(const CudaDevice &) = delete;
     CudaDevice &operator=(const CudaDevice &) = delete;
 
-    static CudaDevicePlan plan(const Context &ctx, int layers = 0);
-    // Why this model's first `layers` (0: all) cannot run on the device ("" when they can).
-    static std::string unsupported(const Context &ctx, int layers = 0);
+    static CudaDevicePlan plan(const Context &ctx, int layers = 0, const HeldExperts &experts = {});
+    // Why this model's first `layers` (0: all) and those experts cannot run on the device ("" when
+    // they can).
+    static std::string unsupported(const Context &ctx, int layers = 0, const HeldExperts &experts = {});
 
     void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
     void norm(const std::vector<float> &w, Act in, Act out) override;
@@ -79,6 +83,11 @@ public:
     void sync() override;
     int64_t rows() const override { return n_; }
     float *host_buffer(int slot, size_t floats) override;
+    const uint8_t *experts_held(int il) const override {
+        return size_t(il) < held_.size() && !held_[size_t(il)].empty() ? held_[size_t(il)].data() : nullptr;
+    }
+    void experts_async(const LayerWeights &w, int il, const std::vector<MoeSelection> &sel, Act in,
+                       Act out) override;
 
     uint64_t device_bytes() const { return used_; }
 
@@ -100,6 +109,7 @@ private:
         DMat wq_a, wq_b, wkv_a;  // MLA
         DStack wk_b, wv_b;       // MLA
         uint16_t *k_cache = nullptr, *v_cache = nullptr;
+        std::vector<std::array<DMat, 3>> experts;  // [n_expert] gate, up, down of the held ones (else null)
     };
 
     void check(int rc, const char *what) const;
@@ -121,6 +131,7 @@ private:
     KtdCudaCtx *c_ = nullptr;
     KtdCudaEvent *ev_ = nullptr;
     std::vector<DLayer> layers_;
+    std::vector<std::vector<uint8_t>> held_;  // [n_layer][n_expert] the held experts (held_expert_masks)
     std::map<const float *, const float *> vecs_;  // host vector data → device copy
     const float *rope_ff_ = nullptr;
     float *x_ = nullptr, *xn_ = nullptr, *attn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
@@ -145,6 +156,7 @@ private:
 // The device backend selected by name: "cuda" (libktd_cuda.so) or "cuda-emulated" (the ABI's host
 // emulation; tests). DeviceError with the reason when the library cannot be used.
 std::unique_ptr<DeviceBackend> make_cuda_device(Context &ctx, const std::string &name, int device,
-                                                uint64_t vram_budget, int layers = 0);
+                                                uint64_t vram_budget, int layers = 0,
+                                                const HeldExperts &experts = {});
 
 }  // namespace ktd

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "model/blocks.h"
 #include "model/cpu_backend.h"
 #include "model/model.h"
 
@@ -63,10 +64,41 @@ void Stream::loop() {
     }
 }
 
+// --- held experts -----------------------------------------------------------------------------
+
+std::vector<std::vector<uint8_t>> held_expert_masks(const Context &ctx, const HeldExperts &experts,
+                                                   int device_layers) {
+    const Model &model = ctx.model();
+    const int n_layer = model.hparams().n_layer, n_expert = model.hparams().moe.n_expert;
+    const int on_device = device_layers == 0 ? n_layer : device_layers;
+    std::vector<std::vector<uint8_t>> masks(static_cast<size_t>(n_layer));
+    for (size_t il = 0; il < experts.size(); ++il) {
+        if (experts[il].empty()) continue;
+        const std::string where = "hot experts of layer " + std::to_string(il);
+        if (int(il) >= on_device)
+            throw std::invalid_argument(where + ": the layer is not on the device (device layers " +
+                                        std::to_string(on_device) + ")");
+        if (!model.weights().layers[il].ffn_gate_exps) throw std::invalid_argument(where + ": not a MoE layer");
+        masks[il].assign(size_t(n_expert), 0);
+        for (int32_t e : experts[il]) {
+            if (e < 0 || e >= n_expert)
+                throw std::invalid_argument(where + ": expert " + std::to_string(e) + " outside [0, " +
+                                            std::to_string(n_expert) + ")");
+            masks[il][size_t(e)] = 1;
+        }
+    }
+    return masks;
+}
+
+void DeviceBackend::experts_async(const LayerWeights &, int, const std::vector<MoeSelection> &, Act, Act) {
+    throw std::logic_error("DeviceBackend::experts_async: this device holds no routed experts");
+}
+
 // --- LoopbackDevice ---------------------------------------------------------------------------
 
-LoopbackDevice::LoopbackDevice(Context &ctx)
-    : ctx_(ctx), cpu_(std::make_unique<CpuBackend>(ctx)), E_(ctx.model().hparams().n_embd) {}
+LoopbackDevice::LoopbackDevice(Context &ctx, const HeldExperts &experts, int device_layers)
+    : ctx_(ctx), cpu_(std::make_unique<CpuBackend>(ctx)), held_(held_expert_masks(ctx, experts, device_layers)),
+      E_(ctx.model().hparams().n_embd) {}
 
 LoopbackDevice::~LoopbackDevice() = default;
 
@@ -103,6 +135,32 @@ void LoopbackDevice::shared_expert_async(const LayerWeights &w, Act in, Act out)
     const int64_t n = n_, E = E_;
     // One thread, as a device stream runs beside the host: single-threaded matmuls, own scratch.
     stream_.submit([&w, x, y, n, E, this] { moe_shared_ffn(w, x, n, E, y, nullptr, shared_); });
+}
+
+// Each pair as the CPU's MoE computes an expert (its matrices' NUMA parts by rows), one thread.
+void LoopbackDevice::experts_async(const LayerWeights &w, int, const std::vector<MoeSelection> &sel, Act in,
+                                   Act out) {
+    const float *x = buf(in);
+    float *y = buf(out);
+    stream_.submit([&w, &sel, x, y, this] {
+        const int64_t E = E_, ff = w.ffn_gate_exps.rows;
+        eg_.resize(size_t(ff));
+        eu_.resize(size_t(ff));
+        ey_.resize(size_t(E));
+        auto run = [&](const MatrixStack &st, int32_t e, const float *in_row, float *out_row) {
+            for (int p = 0; p < st.n_parts(); ++p)
+                matmul(nullptr, st.parts(size_t(e))[p], in_row, 1, out_row + st.part_rows(p).first, shared_.mm);
+        };
+        for (const MoeSelection &s : sel) {
+            const float *xi = x + int64_t(s.token) * E;
+            run(w.ffn_gate_exps, s.expert, xi, eg_.data());
+            run(w.ffn_up_exps, s.expert, xi, eu_.data());
+            swiglu(eg_.data(), eu_.data(), ff);
+            run(w.ffn_down_exps, s.expert, eg_.data(), ey_.data());
+            float *yi = y + int64_t(s.token) * E;
+            for (int64_t d = 0; d < E; ++d) yi[d] += s.weight * ey_[size_t(d)];
+        }
+    });
 }
 
 void LoopbackDevice::sync() { stream_.sync(); }
@@ -174,8 +232,20 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
     stats_.bytes_to_host += bytes;
     const auto t1 = clock::now();
     dev_->shared_expert_async(w, Act::XN, Act::Tmp);
+    const uint8_t *held = dev_->experts_held(il);
     try {
-        ::ktd::moe_ffn(ctx_, w, il, xn_, n, y_, MoePart::Routed);
+        if (held) {
+            // The host routes every token and computes the experts the device does not hold; the
+            // held ones' pairs go to the device, which adds them after the shared expert.
+            dev_sel_.clear();
+            const MoeDeviceExperts split{held, &dev_sel_};
+            ::ktd::moe_ffn(ctx_, w, il, xn_, n, y_, MoePart::Routed, &split);
+            if (!dev_sel_.empty()) dev_->experts_async(w, il, dev_sel_, Act::XN, Act::Tmp);
+            stats_.device_pairs += dev_sel_.size();
+            stats_.bytes_to_device += dev_sel_.size() * sizeof(MoeSelection);  // the pairs go up
+        } else {
+            ::ktd::moe_ffn(ctx_, w, il, xn_, n, y_, MoePart::Routed);
+        }
     } catch (...) {
         dev_->sync();  // never leave the stream writing into buffers the caller may free
         throw;
@@ -191,6 +261,7 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
     stats_.from_host_ns += ns(t3, t4);
     stats_.bytes_to_device += bytes;
     stats_.moe_calls += 1;
+    stats_.routed_pairs += uint64_t(n) * uint64_t(ctx_.model().hparams().moe.n_expert_used);
 }
 
 }  // namespace ktd

@@ -18,6 +18,12 @@
 // layers [N, n_layer) wholly on the CPU backend (their routed and shared experts in the CPU's MoE,
 // their KV cache the context's). At layer N the residual comes down once (the device's end of
 // chunk); the output head is on the host either way.
+//
+// Hot experts (gpu.experts): a device may hold some routed experts of its MoE layers (the most
+// used ones, from the routing profile). The host still routes every token; the pairs whose expert
+// the device holds go up as (token, expert, weight) and the device adds those experts' weighted
+// outputs after the shared expert, while the host computes the others. The sum's order differs
+// from the CPU's (held experts are added after the shared expert): float rounding, not bits.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -43,7 +49,18 @@ struct HybridStats {
     // experts on the CPU pool, and the wait for the device's shared expert after them (the sync
     // overhead: 0 when the device finished first).
     uint64_t to_host_ns = 0, host_experts_ns = 0, sync_wait_ns = 0, from_host_ns = 0;
+    // Routed (token, expert) pairs of the device's MoE layers, and how many of them the device
+    // computed (its held experts): the hot experts' hit rate is device_pairs / routed_pairs.
+    uint64_t routed_pairs = 0, device_pairs = 0;
 };
+
+// The routed experts a device holds: experts[il] lists layer il's (missing or empty: none).
+using HeldExperts = std::vector<std::vector<int32_t>>;
+// experts as masks [n_layer][n_expert] (1: held; a layer with none is empty). std::invalid_argument
+// for an expert out of range, a layer that is not a MoE layer or not among the first
+// device_layers (0: all).
+std::vector<std::vector<uint8_t>> held_expert_masks(const Context &ctx, const HeldExperts &experts,
+                                                   int device_layers);
 
 class DeviceBackend : public Backend {
 public:
@@ -59,6 +76,12 @@ public:
     // Host memory for the per-layer copies, `floats` long, slot 0 (XN down) or 1 (the routed sum up):
     // page-locked on a CUDA device, so the copies are DMA; null: HybridBackend uses its own vectors.
     virtual float *host_buffer(int /*slot*/, size_t /*floats*/) { return nullptr; }
+    // Layer il's routed experts this device holds ([n_expert], nonzero: held); null: none.
+    virtual const uint8_t *experts_held(int /*il*/) const { return nullptr; }
+    // out rows += Σ weight · expert(row `token` of in) over sel (experts it holds), on the stream
+    // after what was enqueued (the shared expert); sel stays valid until sync().
+    virtual void experts_async(const LayerWeights &w, int il, const std::vector<MoeSelection> &sel, Act in,
+                               Act out);
 };
 
 // One worker thread running submitted work in order: the loopback device's stream.
@@ -83,7 +106,7 @@ private:
 
 class LoopbackDevice final : public DeviceBackend {
 public:
-    explicit LoopbackDevice(Context &ctx);
+    explicit LoopbackDevice(Context &ctx, const HeldExperts &experts = {}, int device_layers = 0);
     ~LoopbackDevice() override;
 
     void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
@@ -102,6 +125,11 @@ public:
     void shared_expert_async(const LayerWeights &w, Act in, Act out) override;
     void sync() override;
     int64_t rows() const override { return n_; }
+    const uint8_t *experts_held(int il) const override {
+        return held_[size_t(il)].empty() ? nullptr : held_[size_t(il)].data();
+    }
+    void experts_async(const LayerWeights &w, int il, const std::vector<MoeSelection> &sel, Act in,
+                       Act out) override;
 
 private:
     float *buf(Act a);
@@ -109,6 +137,8 @@ private:
     std::unique_ptr<CpuBackend> cpu_;
     Stream stream_;
     MoeSharedScratch shared_;
+    std::vector<std::vector<uint8_t>> held_;
+    std::vector<float> eg_, eu_, ey_;  // a held expert's gate/up rows and output (the stream's)
     int64_t n_ = 0, E_ = 0;
 };
 
@@ -146,6 +176,7 @@ private:
     const int32_t *positions_ = nullptr, *seq_ids_ = nullptr;
     int64_t n_ = 0;
     int il_ = 0;
+    std::vector<MoeSelection> dev_sel_;    // the current MoE layer's pairs for the device's held experts
     std::vector<float> host_xn_, host_y_;  // [n_batch][n_embd] host-side activations (when the device has no pinned ones)
     float *xn_ = nullptr, *y_ = nullptr;   // the buffers used: the device's host_buffer(), else those vectors
     HybridStats stats_;

@@ -355,13 +355,16 @@ public:
     // model/hybrid_backend.h with the device played by the CPU). std::invalid_argument otherwise.
     // layers (loopback): the first `layers` layers through the hybrid data flow, the others on the
     // CPU backend (0: all).
-    void set_backend(const std::string &name, int layers = 0);
+    // experts (loopback): the routed experts the device holds per layer (hybrid_backend.h).
+    void set_backend(const std::string &name, int layers = 0, const HeldExperts &experts = {});
     // The hybrid forward on a CUDA device (model/cuda_device.h): "cuda" (libktd_cuda.so) or
     // "cuda-emulated" (its ABI emulated on the host: tests), device index, VRAM budget in bytes
     // (0: the device's). The device holds its own KV cache: sequences held so far are dropped.
     // DeviceError / DeviceMemoryError (the context unchanged) when it cannot be used.
     // layers: the first `layers` layers on the device, the others on the CPU (gpu.layers; 0: all).
-    void set_device_backend(const std::string &name, int device, uint64_t vram_budget, int layers = 0);
+    // experts: the routed experts it holds and computes per layer (gpu.experts; hybrid_backend.h).
+    void set_device_backend(const std::string &name, int device, uint64_t vram_budget, int layers = 0,
+                            const HeldExperts &experts = {});
     const std::string &backend_name() const { return backend_name_; }
     // What crossed between device and host since the hybrid backend was set (zeros on "cpu").
     HybridStats hybrid_stats() const;
@@ -401,6 +404,7 @@ private:
     std::unique_ptr<Backend> profiling_;  // backend_ behind a ProfilingBackend while profiling is on
     std::string backend_name_ = "cpu";
     int backend_layers_ = 0;  // the hybrid backend's device layers as set (0: all)
+    HeldExperts backend_experts_;  // and the routed experts its device holds
     const HybridBackend *hybrid_ = nullptr;  // backend_ when it is the hybrid one
     ForwardProfile profile_;
 };

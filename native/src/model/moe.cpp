@@ -138,7 +138,8 @@ namespace {
 // gate/up, shared gate/up; shared when the quantizer is), and the scratch it runs in. Built before
 // the parallel region; only `gather` changes inside it (set by the plan, read after a barrier).
 struct MoeCall {
-    MoeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part);
+    MoeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part,
+            const MoeDeviceExperts *dev);
     const Model &model;
     const LayerWeights &w;
     const MoeParams &mp;
@@ -154,14 +155,17 @@ struct MoeCall {
     uint64_t *counts;       // [n_expert] the layer's expert statistics
     const float *probs_b, *sh_gate_w;
     bool gather = false;    // some expert has several tokens: their xq rows are gathered
+    const MoeDeviceExperts *dev;  // the experts another device computes (null: none)
+    bool on_device(int32_t e) const { return dev && dev->on_device[e]; }
 };
 
-MoeCall::MoeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, int64_t n_, float *y_, MoePart part)
+MoeCall::MoeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, int64_t n_, float *y_, MoePart part,
+                 const MoeDeviceExperts *dev_)
     : model(ctx.model()), w(w_), mp(model.hparams().moe), s(ctx.scratch().moe), xn(xn_), y(y_), n(n_),
       E(model.hparams().n_embd), ff(mp.n_ff_exp), P(n_ * mp.n_expert_used),
       ff_sh(w_.ffn_gate_shexp ? w_.ffn_gate_shexp.pw.rows : 0), ne(mp.n_expert), k(mp.n_expert_used),
       nth(model.pool().size()), n_slice(model.n_slices()),
-      shared(bool(w_.ffn_gate_shexp) && part == MoePart::All), n_fmt(0) {
+      shared(bool(w_.ffn_gate_shexp) && part == MoePart::All), n_fmt(0), dev(dev_) {
     f_gate = format_index(fmts, n_fmt, *w.ffn_gate_exps.parts(0)->tk, E);
     f_up = format_index(fmts, n_fmt, *w.ffn_up_exps.parts(0)->tk, E);
     f_sgate = shared ? format_index(fmts, n_fmt, *w.ffn_gate_shexp.pw.tk, E) : -1;
@@ -228,6 +232,10 @@ void group_by_expert(const MoeCall &c) {
     }
     for (int e = c.ne; e > 0; --e) start[e] = start[e - 1];
     start[0] = 0;
+    if (c.dev)
+        for (int64_t p = 0; p < c.P; ++p)
+            if (c.on_device(s.ids[size_t(p)]))
+                c.dev->selected->push_back({int32_t(p / c.k), s.ids[size_t(p)], s.weights[size_t(p)]});
 }
 
 // Plan, step 2: one job per expert with tokens (expert order) after the shared expert's (all
@@ -248,7 +256,7 @@ void plan_jobs(MoeCall &c) {
     const int32_t *start = s.expert_start.data();
     for (int e = 0; e < c.ne; ++e) {
         const int32_t p0 = start[e], ntok = start[e + 1] - p0;
-        if (ntok == 0) continue;
+        if (ntok == 0 || c.on_device(e)) continue;
         const uint8_t *x_gate, *x_up;
         if (ntok == 1) {
             const size_t t = size_t(s.pair_tok[size_t(p0)]);
@@ -304,7 +312,7 @@ void gather_rows(const MoeCall &c, int tid, int nt) {
     const int32_t *start = s.expert_start.data();
     for (int e = 0; e < c.ne; ++e) {
         const int32_t p0 = start[e], p1 = start[e + 1];
-        if (p1 - p0 < 2) continue;
+        if (p1 - p0 < 2 || c.on_device(e)) continue;
         for (int32_t p = p0 + tid; p < p1; p += nt) {
             const size_t t = size_t(s.pair_tok[size_t(p)]);
             std::memcpy(s.xg[0].data() + size_t(p) * rg, s.xq[size_t(c.f_gate)].data() + t * rg, rg);
@@ -352,14 +360,18 @@ void combine(const MoeCall &c, int tid, int nt) {
     for (int64_t q = q0; q < q1;) {
         const int64_t i = q / E, d0 = q % E, d1 = std::min(E, d0 + (q1 - q));
         float *out = c.y + i * E;
+        bool first = true;
         for (int64_t j = 0; j < k; ++j) {
+            if (c.on_device(s.ids[size_t(i * k + j)])) continue;
             const float wt = s.weights[size_t(i * k + j)];
             const float *src = s.yd.data() + size_t(s.pair_pos[size_t(i * k + j)]) * size_t(E);
-            if (j == 0)
+            if (first)
                 for (int64_t d = d0; d < d1; ++d) out[d] = wt * src[d];
             else
                 for (int64_t d = d0; d < d1; ++d) out[d] += wt * src[d];
+            first = false;
         }
+        if (first) std::fill(out + d0, out + d1, 0.0f);  // every expert of the token on the device
         if (c.shared) {
             const float g = c.sh_gate_w ? s.shexp_gate[size_t(i)] : 1.0f;
             const float *src = s.ys.data() + i * E;
@@ -399,12 +411,14 @@ void moe_region(MoeCall &c, int tid, int nt) {
 
 }  // namespace
 
-void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part) {
+void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part,
+             const MoeDeviceExperts *dev) {
     if (n <= 0) return;
     // Sharded experts (several NUMA nodes) take the general path, whose work items follow the
-    // node slices; the decode path's job list assumes one matrix per expert.
-    if (n == 1 && !w.ffn_gate_exps.sharded()) return moe_ffn_decode(ctx, w, il, xn, y, part);
-    MoeCall c(ctx, w, il, xn, n, y, part);
+    // node slices; the decode path's job list assumes one matrix per expert, and all k selected
+    // experts (device experts leave fewer).
+    if (n == 1 && !w.ffn_gate_exps.sharded() && !dev) return moe_ffn_decode(ctx, w, il, xn, y, part);
+    MoeCall c(ctx, w, il, xn, n, y, part, dev);
     grow_scratch(c);
     // Router logits [n][n_expert] (a matmul of its own on all threads).
     ThreadPool &pool = c.model.pool();

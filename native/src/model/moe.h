@@ -132,10 +132,25 @@ void moe_record_state(Context &ctx, int il, int after, const float *x_row);
 // (the hybrid split: the shared expert runs beside them on the accelerator, moe_shared_ffn).
 enum class MoePart { All, Routed };
 
+// One routed (token, expert) pair and its routing weight.
+struct MoeSelection {
+    int32_t token, expert;
+    float weight;
+};
+
+// The hybrid's hot experts (gpu.experts): the experts with on_device[e] != 0 are computed by the
+// device, not here; their selections are appended to *selected (token order, then selection order).
+struct MoeDeviceExperts {
+    const uint8_t *on_device = nullptr;  // [n_expert]
+    std::vector<MoeSelection> *selected = nullptr;
+};
+
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into
-// the context's expert statistics. n <= the context's n_batch.
+// the context's expert statistics (the device experts' selections too). n <= the context's n_batch.
+// With `dev`, y leaves out the device experts (a token whose every selected expert is on the
+// device gets 0, + the shared expert with MoePart::All); such a call takes the general path.
 void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y,
-             MoePart part = MoePart::All);
+             MoePart part = MoePart::All, const MoeDeviceExperts *dev = nullptr);
 
 // The shared expert alone: y [n][n_embd] = gate · down(silu(gate_sh · xn) ⊙ up_sh · xn) (the
 // sigmoid gate where the layer has one, else 1; zeros without a shared expert), on `pool` (null:
