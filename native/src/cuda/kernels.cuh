@@ -24,36 +24,43 @@ __global__ void quantize_act_kernel(const float *x, ActQ8 *act, int64_t n_sub) {
     if (t < n_sub) quantize_act(x + 32 * t, act[t]);
 }
 
-// One weight row against one activation row by a warp: the lanes stride over the row's
-// sub-blocks of 32, then a shuffle reduction (lane 0 holds the sum).
-template <class Block>
-__device__ __forceinline__ float warp_dot_q(const Block *row, const ActQ8 *a, int64_t n_sub, int lane) {
-    float acc = 0.0f;
-    for (int64_t t = lane; t < n_sub; t += 32) {
-        Sub32 s;
-        unpack_row_sub(row, t, s);
-        acc += dot(s, a[t]);
-    }
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
-    return acc;
-}
+// Activation rows per warp in the block-type GEMV: each sub-block of weights is unpacked once and
+// dotted with this many rows (prefill chunks), instead of once per row.
+constexpr int kTokTile = 4;
 
-// One warp per (output row, activation row) of matrix m = blockIdx.y, at w + m·w_stride bytes,
-// its activations act [m][n][k/32], its output row i at y + m·y_mat + i·y_pitch (the plain GEMV:
-// one matrix, y [n][rows]; ktd_cuda_gemv_batched: a stack).
+// One warp per (output row, tile of kTokTile activation rows) of matrix m = blockIdx.y, at w +
+// m·w_stride bytes, its activations act [m][n][k/32], its output row i at y + m·y_mat + i·y_pitch
+// (the plain GEMV: one matrix, y [n][rows]; ktd_cuda_gemv_batched: a stack). The lanes stride over
+// the row's sub-blocks of 32, then a shuffle reduction per activation row: each output sums in
+// the same order whatever the tile.
 template <class Block>
 __global__ void gemv_q_batched_kernel(const void *w, uint64_t w_stride, int64_t rows, int64_t k, const ActQ8 *act,
                                       int64_t n, float *y, int64_t y_mat, int64_t y_pitch) {
     const int64_t m = blockIdx.y;
     const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
-    if (warp >= rows * n) return;
-    const int64_t r = warp % rows, i = warp / rows;
+    const int64_t n_tiles = (n + kTokTile - 1) / kTokTile;
+    if (warp >= rows * n_tiles) return;
+    const int64_t r = warp % rows, i0 = warp / rows * kTokTile;
+    const int nt = int(n - i0 < kTokTile ? n - i0 : kTokTile);
     const int64_t n_sub = k / 32;
     const Block *row = reinterpret_cast<const Block *>(static_cast<const char *>(w) + uint64_t(m) * w_stride) +
                        r * (n_sub / SubsPerBlock<Block>::value);
-    const float acc = warp_dot_q(row, act + (m * n + i) * n_sub, n_sub, lane);
-    if (lane == 0) y[m * y_mat + i * y_pitch + r] = acc;
+    const ActQ8 *a = act + (m * n + i0) * n_sub;
+    float acc[kTokTile] = {};
+    for (int64_t t = lane; t < n_sub; t += 32) {
+        Sub32 s;
+        unpack_row_sub(row, t, s);
+#pragma unroll
+        for (int j = 0; j < kTokTile; ++j)
+            if (j < nt) acc[j] += dot(s, a[j * n_sub + t]);
+    }
+#pragma unroll
+    for (int j = 0; j < kTokTile; ++j) {
+        float v = acc[j];
+        for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+        if (lane == 0 && j < nt) y[m * y_mat + (i0 + j) * y_pitch + r] = v;
+    }
 }
 
 // The batched form's activations: x_m row i at x + m·x_mat + i·x_pitch → act [m][i][k/32], one
@@ -105,7 +112,8 @@ inline unsigned blocks_for(int64_t threads) { return unsigned((threads + kThread
 template <class Block>
 void launch_q_batched(const void *w, uint64_t w_stride, int64_t n_mat, int64_t rows, int64_t k, const ActQ8 *act,
                       int64_t n, float *y, int64_t y_mat, int64_t y_pitch, cudaStream_t st) {
-    gemv_q_batched_kernel<Block><<<dim3(blocks_for(rows * n * 32), unsigned(n_mat)), kThreads, 0, st>>>(
+    const int64_t n_tiles = (n + kTokTile - 1) / kTokTile;
+    gemv_q_batched_kernel<Block><<<dim3(blocks_for(rows * n_tiles * 32), unsigned(n_mat)), kThreads, 0, st>>>(
         w, w_stride, rows, k, act, n, y, y_mat, y_pitch);
 }
 
