@@ -370,3 +370,28 @@ def test_run_takes_placement_from_a_config_file(tiny, tmp_path, capsys, monkeypa
     ok.write_text("model:\n  hugepages: off\nnuma:\n  experts: off\n")
     assert cli.main(["run", path, "--prompt", "a", "--max-tokens", "2", "--threads", "1", "--config", str(ok)]) == 0
     assert "decode:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe", "deepseek2"])
+def test_hot_experts_identical_on_both_moe_paths(tiny, fake_machine, arch):
+    """Held experts (the hybrid's gpu.experts, over the loopback device): on a 2-node machine the
+    experts are sharded and a decode step takes moe_ffn's general path, on one node its decode
+    path; both leave the held experts to the device and sum the rest in the same order, and the
+    loopback device computes a held expert from its NUMA parts as from the whole matrix: the same
+    bits."""
+    path = tiny(arch, "F32")
+    f = GGUFReader(path)
+    moe = sorted({int(t.name.split(".")[1]) for t in f.tensors if t.name.endswith("ffn_gate_exps.weight")})
+    held = {il: [0, 3] for il in moe}
+
+    def run(**placement) -> np.ndarray:
+        e = Engine.open(path, n_ctx=64, threads=2, pin=False, **placement)
+        e.context.set_backend("loopback", experts=held)
+        toks = np.random.default_rng(1).integers(0, e.n_vocab, N_TOKENS + 3)
+        out = [e.forward(toks[:N_TOKENS], np.arange(N_TOKENS), np.zeros(N_TOKENS), np.ones(N_TOKENS, bool))]
+        for i in range(N_TOKENS, N_TOKENS + 3):
+            out.append(e.forward(toks[i:i + 1], np.array([i]), np.zeros(1), np.ones(1, bool)))
+        assert e.context.hybrid_stats()["device_pairs"] > 0
+        return np.concatenate(out)
+
+    np.testing.assert_array_equal(run(**_placement(fake_machine(2), 2)), run())

@@ -415,9 +415,8 @@ void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64
              const MoeDeviceExperts *dev) {
     if (n <= 0) return;
     // Sharded experts (several NUMA nodes) take the general path, whose work items follow the
-    // node slices; the decode path's job list assumes one matrix per expert, and all k selected
-    // experts (device experts leave fewer).
-    if (n == 1 && !w.ffn_gate_exps.sharded() && !dev) return moe_ffn_decode(ctx, w, il, xn, y, part);
+    // node slices; the decode path's job list assumes one matrix per expert.
+    if (n == 1 && !w.ffn_gate_exps.sharded()) return moe_ffn_decode(ctx, w, il, xn, y, part, dev);
     MoeCall c(ctx, w, il, xn, n, y, part, dev);
     grow_scratch(c);
     // Router logits [n][n_expert] (a matmul of its own on all threads).

@@ -116,6 +116,8 @@ struct MoeScratch {
         std::vector<float> weights;         // [n_expert_used]
         std::vector<uint8_t> xq;            // xn in each activation format, back to back
         std::vector<DecodeJob> jobs;        // selection order, then the shared expert
+        int64_t up_items = 0;               // gate/up items of these jobs (fewer than planned when some
+                                            // selected experts are another device's: n_ff 0, no items)
     };
     std::vector<DecodeWorker> dec;                    // [n_threads]
     // [jobs] gate/up rows finished per job, then [down row blocks] jobs finished per block
@@ -148,7 +150,7 @@ struct MoeDeviceExperts {
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into
 // the context's expert statistics (the device experts' selections too). n <= the context's n_batch.
 // With `dev`, y leaves out the device experts (a token whose every selected expert is on the
-// device gets 0, + the shared expert with MoePart::All); such a call takes the general path.
+// device gets 0, + the shared expert with MoePart::All).
 void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y,
              MoePart part = MoePart::All, const MoeDeviceExperts *dev = nullptr);
 

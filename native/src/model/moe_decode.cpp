@@ -50,13 +50,16 @@ int64_t block_rows(int64_t rows, int64_t n_items) {
 // 5-14% and the down phase 4-18% faster on the qwen3moe and deepseek2 bench files, AVX2 and
 // AVX-512 kernels (of the 18 phase pairs, one deepseek2 down even, one gate/up 6% slower).
 // The sums are in the same order as moe_ffn's general path, so both give the same bits.
+// Selected experts another device holds (MoeDeviceExperts) keep their place in the job list with
+// no rows: no gate/up items, their down items only count the block done, the sum skips them.
 
 // One call of the decode path: the layer, its sizes, the activation formats of xn (router, routed
 // gate/up, shared gate/up) back to back in each worker's xq, and the item sizes: gate/up rows of
 // all jobs, and the E down rows of every job, each cut into about kDecodeItemsPerThread · nth
 // blocks in all (one block per job on a single thread).
 struct DecodeCall {
-    DecodeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part);
+    DecodeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part,
+               const MoeDeviceExperts *dev);
     const LayerWeights &w;
     const MoeParams &mp;
     ThreadPool &pool;
@@ -75,9 +78,11 @@ struct DecodeCall {
     uint64_t *counts = nullptr;
     const float *probs_b = nullptr, *sh_gate_w = nullptr;
     ForwardProfile *prof = nullptr;  // times the three phases on tid 0 while profiling (profile.h)
+    const MoeDeviceExperts *dev = nullptr;
 };
 
-DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, float *y_, MoePart part)
+DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, float *y_, MoePart part,
+                       const MoeDeviceExperts *dev_)
     : w(w_), mp(ctx.model().hparams().moe), pool(ctx.model().pool()), s(ctx.scratch().moe), xn(xn_), y(y_),
       E(ctx.model().hparams().n_embd), ff(mp.n_ff_exp), ff_sh(w_.ffn_gate_shexp && part == MoePart::All ? w_.ffn_gate_shexp.pw.rows : 0),
       ne(mp.n_expert), k(mp.n_expert_used), nth(pool.size()),
@@ -110,6 +115,7 @@ DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float
     probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
     sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
     prof = ctx.active_profile();
+    dev = dev_;
 }
 
 // Scratch for the call, the jobs' completion counters and the two work lists, before the region.
@@ -162,13 +168,16 @@ void decode_jobs(const DecodeCall &c, MoeScratch::DecodeWorker &dw, float shexp_
     };
     for (int j = 0; j < c.k; ++j) {
         const size_t e = size_t(dw.ids[size_t(j)]);
-        add(&w.ffn_gate_exps.mats[e], &w.ffn_up_exps.mats[e], &w.ffn_down_exps.mats[e], c.ff, dw.weights[size_t(j)],
+        const bool elsewhere = c.dev && c.dev->on_device[e];
+        add(&w.ffn_gate_exps.mats[e], &w.ffn_up_exps.mats[e], &w.ffn_down_exps.mats[e], elsewhere ? 0 : c.ff,
+            dw.weights[size_t(j)],
             s.hg.data() + size_t(j) * size_t(c.ff), s.hu.data() + size_t(j) * size_t(c.ff),
             s.hq.data() + size_t(j) * c.hq_row, c.hq_row, c.f_gate, c.f_up);
     }
     if (c.shared)
         add(&w.ffn_gate_shexp.pw, &w.ffn_up_shexp.pw, &w.ffn_down_shexp.pw, c.ff_sh, shexp_weight, s.sg.data(),
             s.su.data(), s.sq.data(), c.sq_row, c.f_sgate, c.f_sup);
+    dw.up_items = item;
 }
 
 // 1. xn in every activation format into this worker's xq, and its rows of the router logits.
@@ -188,13 +197,18 @@ void decode_route(const DecodeCall &c, MoeScratch::DecodeWorker &dw, int tid) {
     std::copy(c.s.logits.data(), c.s.logits.data() + c.ne, dw.logits.data());
     moe_route(c.mp, dw.logits.data(), c.probs_b, 1, dw.ids.data(), dw.weights.data(), dw.select.data());
     if (tid == 0)
-        for (int j = 0; j < c.k; ++j) ++c.counts[dw.ids[size_t(j)]];
+        for (int j = 0; j < c.k; ++j) {
+            const int32_t e = dw.ids[size_t(j)];
+            ++c.counts[e];
+            if (c.dev && c.dev->on_device[e]) c.dev->selected->push_back({0, e, dw.weights[size_t(j)]});
+        }
     decode_jobs(c, dw, c.sh_gate_w ? shexp_gate(c.sh_gate_w, c.xn, c.E) : 1.0f);
 }
 
 // 3. One gate or up block; the worker finishing a job's last block (of both matrices) takes the
 // job's swiglu and quantizes its hidden row.
 void decode_up_item(const DecodeCall &c, const MoeScratch::DecodeWorker &dw, int64_t it, int tid) {
+    if (it >= dw.up_items) return;  // planned for k experts, some of which another device computes
     // The job holding item `it`: the last one starting at or before it (at most a few jobs).
     const auto next = std::upper_bound(dw.jobs.begin(), dw.jobs.end(), it,
                                        [](int64_t i, const MoeScratch::DecodeJob &j) { return i < j.up_item0; });
@@ -221,16 +235,21 @@ void decode_down_item(const DecodeCall &c, const MoeScratch::DecodeWorker &dw, i
     const int64_t d0 = b * c.down_block, d1 = std::min(c.E, d0 + c.down_block);
     const MoeScratch::DecodeJob &job = dw.jobs[size_t(jj)];
     float *yd = c.s.yd.data();
-    matmul_tile(*job.down, d0, d1, job.hq, job.hq_row, yd + size_t(jj) * size_t(c.E) + d0, 1, 1, tid);
+    if (job.n_ff > 0)  // (0: another device's expert)
+        matmul_tile(*job.down, d0, d1, job.hq, job.hq_row, yd + size_t(jj) * size_t(c.E) + d0, 1, 1, tid);
     if (c.s.dec_done[size_t(c.n_jobs + b)].fetch_add(1, std::memory_order_acq_rel) + 1 != c.n_jobs) return;
+    bool first = true;
     for (int j = 0; j < c.n_jobs; ++j) {
+        if (dw.jobs[size_t(j)].n_ff == 0) continue;
         const float wt = dw.jobs[size_t(j)].weight;
         const float *t = yd + size_t(j) * size_t(c.E);
-        if (j == 0)
+        if (first)
             for (int64_t d = d0; d < d1; ++d) c.y[d] = wt * t[d];
         else
             for (int64_t d = d0; d < d1; ++d) c.y[d] += wt * t[d];
+        first = false;
     }
+    if (first) std::fill(c.y + d0, c.y + d1, 0.0f);  // every selected expert on the other device
 }
 
 void decode_region(const DecodeCall &c, int tid, int nt) {
@@ -250,8 +269,9 @@ void decode_region(const DecodeCall &c, int tid, int nt) {
 
 }  // namespace
 
-void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part) {
-    const DecodeCall c(ctx, w, il, xn, y, part);
+void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part,
+                    const MoeDeviceExperts *dev) {
+    const DecodeCall c(ctx, w, il, xn, y, part, dev);
     decode_prepare(c);
     if (c.nth > 1)
         c.pool.run([&](int tid, int nt) { decode_region(c, tid, nt); });
