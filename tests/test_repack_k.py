@@ -329,3 +329,62 @@ def test_decode_prefetch_default_and_override(restore_decode_prefetch):
         bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KTD_DECODE_PREFETCH": "yes"},
                              capture_output=True, text=True)
         assert bad.returncode != 0 and "KTD_DECODE_PREFETCH=yes: expected 0 or 1" in bad.stderr
+
+
+def _tune(step_ms: dict[int, float]) -> dict:
+    """Feeds the tuning one-row steps that took step_ms[setting] ms, as Context::forward would,
+    until it ends; its final state."""
+    for _ in range(100):
+        s = K.decode_prefetch_tune_begin()
+        if s < 0:
+            break
+        K.decode_prefetch_tune_step(s, int(step_ms[s] * 1e6))
+    return K.decode_prefetch_state()
+
+
+def test_decode_prefetch_tuning_keeps_the_faster(restore_decode_prefetch):
+    """Unless fixed, the first one-row steps alternate the setting (off first), and after 9 of
+    each the setting whose median step is more than 5% faster stays; a smaller gain keeps the CPU
+    default; a fixed setting (set_decode_prefetch 0/1) is never tuned."""
+    default = int(K.decode_prefetch_default())
+    other = 1 - default
+    K.set_decode_prefetch(-1)
+    assert K.decode_prefetch_state()["source"] == "default"
+    seen = [K.decode_prefetch_tune_begin()]
+    K.decode_prefetch_tune_step(seen[0], 2_000_000)
+    seen.append(K.decode_prefetch_tune_begin())
+    assert seen == [0, 1] and K.decode_prefetch_state()["source"] == "tuning"
+    K.decode_prefetch_tune_step(seen[1], 2_000_000)
+    st = _tune({default: 2.0, other: 1.5})                      # the other setting 25% faster
+    assert st["source"] == "tuned" and st["on"] is bool(other) and K.decode_prefetch() is bool(other)
+    assert st["off_ms" if other == 0 else "on_ms"] == pytest.approx(1.5)
+    assert K.decode_prefetch_tune_begin() == -1                 # tuned: no more alternation
+    K.set_decode_prefetch(-1)                                   # back to the default: tuned again
+    st = _tune({default: 2.0, other: 1.94})                     # 3%: inside the margin
+    assert st["source"] == "tuned" and st["on"] is bool(default)
+    K.set_decode_prefetch(other)
+    assert K.decode_prefetch_tune_begin() == -1 and K.decode_prefetch_state()["source"] == "set"
+    assert K.decode_prefetch() is bool(other)
+
+
+def test_one_row_forwards_tune_the_decode_prefetch(tmp_path, restore_decode_prefetch):
+    """Context::forward: a prompt (several rows) does not tune; 18 one-row steps do, and the
+    logits are those of a fixed setting (the sums are the same either way)."""
+    from models import tiny_dense
+    from ktd.engine import Engine
+
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+
+    def run() -> np.ndarray:
+        eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
+        out = [eng.forward(np.arange(4) + 40, np.arange(4), np.zeros(4), np.ones(4, bool))]
+        for i in range(2 * 9):
+            out.append(eng.forward(np.array([50 + i]), np.array([4 + i]), np.zeros(1), np.ones(1, bool)))
+        return np.concatenate(out)
+
+    K.set_decode_prefetch(-1)
+    tuned = run()
+    st = K.decode_prefetch_state()
+    assert st["source"] == "tuned" and st["off_ms"] > 0 and st["on_ms"] > 0
+    K.set_decode_prefetch(0)
+    np.testing.assert_array_equal(run().view(np.uint32), tuned.view(np.uint32))

@@ -100,6 +100,8 @@ def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
             "flags": sorted(name for name, on in features.flags().items() if on),
             "kernel_isa": _native.kernels.active_isa(),
             "kernel_decode_prefetch": _native.kernels.decode_prefetch(),
+            # env, set, default, tuning (the first one-row forwards alternate it) or tuned
+            "kernel_decode_prefetch_source": _native.kernels.decode_prefetch_state()["source"],
             "kernel_isas_runnable": [i for i in ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm") if _native.kernels.isa_compiled(i) and _native.kernels.isa_supported(i)],
             "last_level_cache": last_level_cache(sysfs_root),
             "cpuid_l3_bytes": cpuid_l3_bytes(),
@@ -163,7 +165,8 @@ def summary_lines(d: dict) -> list[str]:
     lines = [
         f"cpu: {cpu['model_name'] or cpu['vendor']}{llc_text} — kernels: {cpu['kernel_isa']} "
         f"(runnable: {', '.join(cpu['kernel_isas_runnable'])}; decode prefetch "
-        f"{'on' if cpu.get('kernel_decode_prefetch') else 'off'})",
+        f"{'on' if cpu.get('kernel_decode_prefetch') else 'off'}"
+        f"{', ' + cpu['kernel_decode_prefetch_source'] if cpu.get('kernel_decode_prefetch_source') else ''})",
         f"numa: {'yes' if topo['numa'] else 'no'}, {nodes}; usable cpus {len(topo['usable_cpus'])}",
         f"thread pool: {pool['n_threads']} workers on cpus {pool['cpus']}",
         f"huge pages: {pools or 'none'}; THP {d['thp']['enabled'] or 'unavailable'}",

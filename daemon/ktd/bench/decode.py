@@ -242,8 +242,18 @@ def machine_info(bytes_per_token: int) -> dict[str, Any]:
     llc = machine.last_level_cache()
     return {"cpu_model_name": features.model_name or features.vendor, "isa": _native.kernels.active_isa(),
             "decode_prefetch": _native.kernels.decode_prefetch(),
+            "decode_prefetch_state": dict(_native.kernels.decode_prefetch_state()),
             "last_level_cache": llc, "cpu_count": os.cpu_count(),
             "cache_assisted": cache_assisted(bytes_per_token, llc["bytes"] if llc else None)}
+
+
+def prefetch_words(r: dict[str, Any]) -> str:
+    """'decode prefetch on|off' and where the setting came from (the tuning's medians when tuned)."""
+    st = r.get("decode_prefetch_state") or {}
+    words = f"decode prefetch {'on' if r['decode_prefetch'] else 'off'}"
+    if st.get("source") == "tuned":
+        return words + f", tuned: step off {st['off_ms']:.2f} ms, on {st['on_ms']:.2f} ms"
+    return words + (f", {st['source']}" if st.get("source") else "")
 
 
 def read_loops_after(step: int) -> list[int]:
@@ -326,6 +336,11 @@ def prefetch_ab(steps: Sequence[float], bandwidths: Sequence[float], settings: S
     return out
 
 
+# Untimed one-row steps at most before the timed ones, while the decode prefetch is being tuned
+# (2 x kPrefetchTuneSteps, native/src/kernels/kernels.h).
+TUNE_STEPS_MAX = 2 * 9
+
+
 def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
             weights_map: str = "arena", context: int = PROMPT_TOKENS, ab_prefetch: bool = False) -> dict[str, Any]:
     """Interleaved decode steps and bandwidth passes on one model and thread count, after an
@@ -341,12 +356,19 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
     if ab_prefetch and (tokens < 2 or with_breakdown):
         raise ValueError("the prefetch A/B needs at least 2 tokens and no breakdown (it would mix both settings)")
     bpt = int(inspect_model(path)["bytes_per_token"]["total"])
-    eng = Engine.open(path, n_ctx=context + tokens + 1, n_seq_max=1, threads=threads, weights_map=weights_map)
+    eng = Engine.open(path, n_ctx=context + tokens + 1 + TUNE_STEPS_MAX, n_seq_max=1, threads=threads,
+                      weights_map=weights_map)
     # A fixed prompt of ordinary token ids; what is generated does not change the bytes read.
     prompt = 100 + np.arange(context) % max(1, eng.n_vocab - 100)
     n = len(prompt)
     logits = eng.forward(prompt, np.arange(n), np.zeros(n), np.arange(n) == n - 1)
     token = int(np.argmax(logits[0]))
+    # The process's first one-row steps tune the decode prefetch (kernels.h): untimed here, so the
+    # timed steps run the setting it keeps (the A/B fixes each step's setting itself).
+    while not ab_prefetch and _native.kernels.decode_prefetch_state()["source"] in ("default", "tuning") \
+            and n < context + TUNE_STEPS_MAX:
+        logits = eng.forward(np.array([token]), np.array([n]), np.zeros(1), np.ones(1, bool))
+        token, n = int(np.argmax(logits[0])), n + 1
     steps, bws, loops, pass_steps = [], [], [], []
     load_start = os.getloadavg()
     if with_breakdown:
@@ -523,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  read loops (prefetch bytes: median GB/s): "
               + ", ".join(f"{pf}: {m / 1e9:.2f}" for pf, m in r["read_loop_medians"].items()), flush=True)
         llc = r["last_level_cache"]
-        print(f"  {r['cpu_model_name']}, kernels {r['isa']} (decode prefetch {'on' if r['decode_prefetch'] else 'off'}), "
+        print(f"  {r['cpu_model_name']}, kernels {r['isa']} ({prefetch_words(r)}), "
               "last-level cache "
               f"{llc['bytes'] >> 20 if llc else '?'} MiB{' (cache-assisted: bytes/token < 4x the cache, its % of the DRAM ceiling is not comparable)' if r['cache_assisted'] else ''}; "
               f"load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}", flush=True)

@@ -87,8 +87,23 @@ void bind_kernels(py::module_ &m) {
           "whether the repacked x86 decode GEMV prefetches in software (CPU default, or KTD_DECODE_PREFETCH)");
     k.def("decode_prefetch_default", [] { return k_decode_prefetch_default(); },
           "this CPU's default for decode_prefetch (off on AMD Zen 4 and later)");
+    k.def("decode_prefetch_state", [] {
+              const DecodePrefetchState s = k_decode_prefetch_state();
+              py::dict d;
+              d["on"] = s.on;
+              d["source"] = s.source;
+              d["off_ms"] = s.off_ms;
+              d["on_ms"] = s.on_ms;
+              return d;
+          },
+          "the decode prefetch: on, source (env, set, default, tuning: the first one-row forwards alternate it, "
+          "tuned: the faster stayed) and the median step times of the tuning (ms; 0 before it ends)");
+    k.def("decode_prefetch_tune_step", [](int setting, uint64_t ns) { k_decode_prefetch_tune_end(setting, ns); },
+          py::arg("setting"), py::arg("ns"), "record a one-row step of `setting` (0/1) as the tuning would (tests)");
+    k.def("decode_prefetch_tune_begin", [] { return k_decode_prefetch_tune_begin(); },
+          "the setting the next one-row step would run with while tuning, -1 when not tuning (tests)");
     k.def("set_decode_prefetch", [](int on) { set_k_decode_prefetch(on); }, py::arg("on"),
-          "1 or 0 to force the decode prefetch, -1 for the CPU default");
+          "1 or 0 to force the decode prefetch, -1 for the CPU default (and the tuning starts over)");
     k.def("isa_supported", [](const std::string &name) { return isa_supported_by_cpu(parse_isa(name)); });
     k.def("isa_compiled", [](const std::string &name) { return isa_compiled(parse_isa(name)); });
     k.def("supported_types", [](const std::string &name) {

@@ -106,13 +106,33 @@ Isa parse_isa(std::string_view name);  // throws std::invalid_argument
 // tiles, kernels/x86/k_repack.h; the 32-element types' 8- and 16-row tiles, kernels/avx2/q32.h and
 // kernels/avx512/q32_vnni.h). Whether it pays depends on the core, not on the ISA tier: measured
 // faster on a Xeon and on an AMD Zen 3, slower on an AMD Zen 4, so the default is off on AMD
-// Zen 4 and later and on elsewhere (k_decode_prefetch_default). KTD_DECODE_PREFETCH=0|1 (read
-// once, at first use) or set_k_decode_prefetch overrides; set_k_decode_prefetch(-1) goes back to
-// the default. Prefill (n > 1) is not affected.
+// Zen 4 and later and on elsewhere (k_decode_prefetch_default), then tuned by the first one-row
+// forwards (k_decode_prefetch_tune_begin below). KTD_DECODE_PREFETCH=0|1 (read once, at first
+// use) or set_k_decode_prefetch overrides; set_k_decode_prefetch(-1) goes back to the default
+// (and to tuning). Prefill (n > 1) follows the same setting in its first column tile only.
 bool k_decode_prefetch();
 void set_k_decode_prefetch(int on);  // 0, 1, or -1 = the default (throws std::invalid_argument otherwise)
 // The default for this CPU.
 bool k_decode_prefetch_default();
+
+// Tuning the decode prefetch on this machine. Two Xeons measured it opposite ways (one 1.4-2x
+// faster with it, another's Qwen2.5-Coder-1.5B decode 1.36x slower), so unless KTD_DECODE_PREFETCH
+// or set_k_decode_prefetch fixed it, the process's first one-row forwards (Context::forward)
+// measure it: off and on alternately, kPrefetchTuneSteps steps each; then the setting whose
+// median step is faster by more than kPrefetchTuneMargin stays, else the CPU default. The sums
+// are the same either way: only time depends on it.
+constexpr int kPrefetchTuneSteps = 9;
+constexpr double kPrefetchTuneMargin = 0.05;
+// Before a one-row forward: the setting this step runs with (0/1) while tuning, -1 otherwise.
+int k_decode_prefetch_tune_begin();
+// After it: the step's wall time in ns for that setting.
+void k_decode_prefetch_tune_end(int setting, uint64_t ns);
+struct DecodePrefetchState {
+    bool on;
+    const char *source;  // "env", "set" (set_k_decode_prefetch), "default", "tuning", "tuned"
+    double off_ms, on_ms;  // the medians measured (0 before the tuning ends)
+};
+DecodePrefetchState k_decode_prefetch_state();
 
 // Bytes of one activation row of k elements for a type (its act_type row size).
 size_t act_row_size(const TypeKernels &tk, int64_t k);

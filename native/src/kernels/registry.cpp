@@ -1,9 +1,12 @@
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "cpu/features.h"
 #include "kernels/kernels.h"
@@ -146,14 +149,35 @@ namespace {
 // -1: not decided yet; 0 or 1 once k_decode_prefetch has run (or set_k_decode_prefetch).
 std::atomic<int> g_k_prefetch{-1};
 
+// The tuning (k_decode_prefetch_tune_begin): where the setting came from, and the step times.
+struct PrefetchTune {
+    std::mutex mu;
+    const char *source = "default";  // "env" and "set" never tune
+    std::vector<uint64_t> ns[2];     // step times with the prefetch off, on
+    int next = 0;                    // the setting of the next tuning step
+    double med_ms[2] = {0, 0};
+};
+PrefetchTune &prefetch_tune() {
+    static PrefetchTune t;
+    return t;
+}
+
 int k_prefetch_initial() {
     if (const char *env = std::getenv("KTD_DECODE_PREFETCH"); env && *env) {
         const std::string v(env);
+        PrefetchTune &t = prefetch_tune();
+        std::lock_guard<std::mutex> l(t.mu);
+        t.source = "env";
         if (v == "0") return 0;
         if (v == "1") return 1;
         throw std::invalid_argument("KTD_DECODE_PREFETCH=" + v + ": expected 0 or 1");
     }
     return k_decode_prefetch_default() ? 1 : 0;
+}
+
+double median_ms(std::vector<uint64_t> v) {
+    std::sort(v.begin(), v.end());
+    return double(v[v.size() / 2]) / 1e6;
 }
 }  // namespace
 
@@ -181,7 +205,47 @@ bool k_decode_prefetch() {
 
 void set_k_decode_prefetch(int on) {
     if (on < -1 || on > 1) throw std::invalid_argument("set_k_decode_prefetch: expected 0, 1 or -1, got " + std::to_string(on));
+    PrefetchTune &t = prefetch_tune();
+    std::lock_guard<std::mutex> l(t.mu);
+    // -1: the CPU's default, and the tuning starts over; 0/1: fixed, no tuning.
+    t.source = on < 0 ? "default" : "set";
+    t.ns[0].clear(), t.ns[1].clear(), t.next = 0, t.med_ms[0] = t.med_ms[1] = 0;
     g_k_prefetch.store(on < 0 ? (k_decode_prefetch_default() ? 1 : 0) : on, std::memory_order_relaxed);
+}
+
+int k_decode_prefetch_tune_begin() {
+    k_decode_prefetch();  // KTD_DECODE_PREFETCH is read on first use
+    PrefetchTune &t = prefetch_tune();
+    std::lock_guard<std::mutex> l(t.mu);
+    if (std::string_view(t.source) != "default" && std::string_view(t.source) != "tuning") return -1;
+    t.source = "tuning";
+    const int s = t.next;
+    g_k_prefetch.store(s, std::memory_order_relaxed);
+    return s;
+}
+
+void k_decode_prefetch_tune_end(int setting, uint64_t ns) {
+    if (setting < 0 || setting > 1) return;
+    PrefetchTune &t = prefetch_tune();
+    std::lock_guard<std::mutex> l(t.mu);
+    if (std::string_view(t.source) != "tuning") return;  // fixed meanwhile
+    t.ns[setting].push_back(ns);
+    t.next = 1 - setting;
+    if (t.ns[0].size() < size_t(kPrefetchTuneSteps) || t.ns[1].size() < size_t(kPrefetchTuneSteps)) return;
+    t.med_ms[0] = median_ms(t.ns[0]);
+    t.med_ms[1] = median_ms(t.ns[1]);
+    const int def = k_decode_prefetch_default() ? 1 : 0;
+    const int other = 1 - def;
+    const int chosen = t.med_ms[other] < (1.0 - kPrefetchTuneMargin) * t.med_ms[def] ? other : def;
+    g_k_prefetch.store(chosen, std::memory_order_relaxed);
+    t.source = "tuned";
+}
+
+DecodePrefetchState k_decode_prefetch_state() {
+    const bool on = k_decode_prefetch();
+    PrefetchTune &t = prefetch_tune();
+    std::lock_guard<std::mutex> l(t.mu);
+    return {on, t.source, t.med_ms[0], t.med_ms[1]};
 }
 
 void register_type_kernels(Isa isa, const TypeKernels &tk) {

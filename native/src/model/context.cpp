@@ -1,6 +1,7 @@
 // Context: the KV cache with its sequence slots, the forward's scratch and its backend; forward()
 // checks a batch, cuts it into chunks of n_batch rows and runs each chunk through the layers.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -184,6 +185,9 @@ void Context::check_batch(const Batch &b) {
 void Context::forward(const Batch &b, float *logits, int32_t *greedy) {
     OpTimer timer(profiling_ ? &profile_ : nullptr, ForwardOp::Forward);
     check_batch(b);
+    // One row (decode): the first such steps tune the decode prefetch (kernels.h).
+    const int tune = b.n == 1 ? k_decode_prefetch_tune_begin() : -1;
+    const auto t0 = std::chrono::steady_clock::now();
     const HParams &hp = model_.hparams();
     int64_t out_row = 0;
     for (int64_t r0 = 0; r0 < b.n; r0 += n_batch_) {
@@ -191,6 +195,10 @@ void Context::forward(const Batch &b, float *logits, int32_t *greedy) {
         forward_chunk(b, r0, n, logits ? logits + out_row * hp.n_vocab : nullptr, greedy ? greedy + out_row : nullptr);
         for (int64_t i = r0; i < r0 + n; ++i) out_row += b.want_logits[i] ? 1 : 0;
     }
+    if (tune >= 0)
+        k_decode_prefetch_tune_end(
+            tune, uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+                               .count()));
 }
 
 namespace {
