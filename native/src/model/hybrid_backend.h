@@ -22,8 +22,11 @@
 // Hot experts (gpu.experts): a device may hold some routed experts of its MoE layers (the most
 // used ones, from the routing profile). The host still routes every token; the pairs whose expert
 // the device holds go up as (token, expert, weight) and the device adds those experts' weighted
-// outputs after the shared expert, while the host computes the others. The sum's order differs
-// from the CPU's (held experts are added after the shared expert): float rounding, not bits.
+// outputs after the shared expert. The host computes the others first: the pairs are known only
+// when its MoE call returns, so today the held experts run on the device after the host's, not
+// beside them (launching them from inside the call, once routed, is not done yet). The
+// sum's order differs from the CPU's (held experts are added after the shared expert): float
+// rounding, not bits.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
