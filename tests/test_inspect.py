@@ -145,7 +145,12 @@ def test_dense_sample(tmp_path):
 
 
 def test_cli_json_and_text(tmp_path):
+    from ktd import _native
+
     path = write_moe(tmp_path / "moe.gguf")
+    # The machine section holds the process's decode prefetch state, which this process's earlier
+    # decode steps may have tuned: back to the CPU default a fresh process starts with.
+    _native.kernels.set_decode_prefetch(-1)
     r = run_ktd("inspect", "--json", str(path))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == json.loads(json.dumps(inspect_model(str(path))))
