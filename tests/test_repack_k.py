@@ -14,6 +14,7 @@ repack + gemm_repacked of every ISA this machine runs, against
 from __future__ import annotations
 
 import os
+import platform
 
 import numpy as np
 import pytest
@@ -331,6 +332,10 @@ def test_decode_prefetch_default_and_override(restore_decode_prefetch):
         assert bad.returncode != 0 and "KTD_DECODE_PREFETCH=yes: expected 0 or 1" in bad.stderr
 
 
+X86_ONLY = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                              reason="only the x86 kernels read the decode prefetch: it is not tuned elsewhere")
+
+
 def _tune(step_ms: dict[int, float]) -> dict:
     """Feeds the tuning one-row steps that took step_ms[setting] ms, as Context::forward would,
     until it ends; its final state."""
@@ -342,6 +347,7 @@ def _tune(step_ms: dict[int, float]) -> dict:
     return K.decode_prefetch_state()
 
 
+@X86_ONLY
 def test_decode_prefetch_tuning_keeps_the_faster(restore_decode_prefetch):
     """Unless fixed, the first one-row steps alternate the setting (off first), and after 9 of
     each the setting whose median step is more than 5% faster stays; a smaller gain keeps the CPU
@@ -367,6 +373,7 @@ def test_decode_prefetch_tuning_keeps_the_faster(restore_decode_prefetch):
     assert K.decode_prefetch() is bool(other)
 
 
+@X86_ONLY
 def test_one_row_forwards_tune_the_decode_prefetch(tmp_path, restore_decode_prefetch):
     """Context::forward: a prompt (several rows) does not tune; 18 one-row steps do, and the
     logits are those of a fixed setting (the sums are the same either way)."""

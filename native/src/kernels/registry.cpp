@@ -214,6 +214,9 @@ void set_k_decode_prefetch(int on) {
 }
 
 int k_decode_prefetch_tune_begin() {
+#if !defined(__x86_64__)
+    return -1;  // only the x86 kernels read the setting: nothing to tune
+#else
     k_decode_prefetch();  // KTD_DECODE_PREFETCH is read on first use
     PrefetchTune &t = prefetch_tune();
     std::lock_guard<std::mutex> l(t.mu);
@@ -222,6 +225,7 @@ int k_decode_prefetch_tune_begin() {
     const int s = t.next;
     g_k_prefetch.store(s, std::memory_order_relaxed);
     return s;
+#endif
 }
 
 void k_decode_prefetch_tune_end(int setting, uint64_t ns) {
