@@ -106,7 +106,7 @@ void Context::copy_seq(int src, int dst, int64_t n_tokens) {
 }
 
 void Context::set_backend(const std::string &name, int layers, const HeldExperts &experts) {
-    if (name == backend_name_ && layers == backend_layers_ && experts.empty() && backend_experts_.empty()) return;
+    if (name == backend_name_ && layers == backend_layers_ && experts == backend_experts_) return;
     // Leaving a device: its KV cache goes with it, the host's is stale.
     if (backend_name_.rfind("cuda", 0) == 0) std::fill(seq_len_.begin(), seq_len_.end(), int64_t(0));
     if (name == "cpu") {

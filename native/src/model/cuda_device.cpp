@@ -115,13 +115,13 @@ std::vector<std::pair<int64_t, int64_t>> mla_widths(const HParams &hp) {
             {H * (r + rope), 0}, {H * r, 0}};
 }
 
-}  // namespace
-
 // The three matrices of a routed expert (the gate, up and down stacks).
 template <class F>
 void for_each_expert_stack(const LayerWeights &w, F &&f) {
     for (const MatrixStack *st : {&w.ffn_gate_exps, &w.ffn_up_exps, &w.ffn_down_exps}) f(*st);
 }
+
+}  // namespace
 
 std::string CudaDevice::unsupported(const Context &ctx, int layers, const HeldExperts &experts) {
     const Model &model = ctx.model();
@@ -215,8 +215,8 @@ void *CudaDevice::dalloc(uint64_t bytes) {
 
 CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers,
                        const HeldExperts &experts)
-    : ctx_(ctx), api_(api), held_(held_expert_masks(ctx, experts, layers)), E_(ctx.model().hparams().n_embd),
-      n_batch_(ctx.n_batch()) {
+    : ctx_(ctx), api_(api), E_(ctx.model().hparams().n_embd), n_batch_(ctx.n_batch()) {
+    held_ = held_expert_masks(ctx, experts, layers);
     if (const std::string why = unsupported(ctx, layers, experts); !why.empty())
         throw DeviceError("CUDA device: " + why);
     const CudaDevicePlan p = plan(ctx, layers, experts);
@@ -313,19 +313,24 @@ void CudaDevice::upload_weights() {
     };
     // A tensor of the load (null: an absent optional one) as stored, its first matrix's shape, and
     // the number of matrices of a stack (a 3-D tensor).
-    auto tensor = [&](const GGUFTensorInfo *info, bool stack) {
-        DMat d;
-        if (!info) return std::pair{d, int64_t(0)};
+    // The load's tensor in our mapping, checked unchanged (a stack: 3-D).
+    auto find = [&](const GGUFTensorInfo *info, bool stack) {
         const GGUFTensorInfo *t = file.find_tensor(info->name);
         if (!t || t->nbytes != info->nbytes || (stack && t->n_dims != 3))
             throw DeviceError("CUDA device: tensor " + std::string(info->name) + " changed in " + file.path() +
                               " since the load");
-        d.w = upload(file.tensor_data(*t), t->nbytes);
-        d.type = int(t->type);
-        d.k = int64_t(t->ne[0]);
-        d.rows = int64_t(t->ne[1]);
-        // The copy reads the mapping when the stream runs it: wait before the mapping goes.
-        return std::pair{d, stack ? int64_t(t->ne[2]) : int64_t(1)};
+        return t;
+    };
+    // `bytes` of t from `offset` uploaded as one matrix of t's row shape. The copy reads the
+    // mapping when the stream runs it: wait before the mapping goes.
+    auto upload_mat = [&](const GGUFTensorInfo *t, uint64_t offset, uint64_t bytes) {
+        return DMat{upload(static_cast<const uint8_t *>(file.tensor_data(*t)) + offset, bytes), int(t->type),
+                    int64_t(t->ne[1]), int64_t(t->ne[0])};
+    };
+    auto tensor = [&](const GGUFTensorInfo *info, bool stack) {
+        if (!info) return std::pair{DMat{}, int64_t(0)};
+        const GGUFTensorInfo *t = find(info, stack);
+        return std::pair{upload_mat(t, 0, t->nbytes), stack ? int64_t(t->ne[2]) : int64_t(1)};
     };
     auto mat = [&](const Matrix &m) { return tensor(m.info, false).first; };
     auto stack = [&](const MatrixStack &st) {
@@ -342,20 +347,16 @@ void CudaDevice::upload_weights() {
         l.wq_a = mat(lw.wq_a), l.wq_b = mat(lw.wq_b), l.wkv_a = mat(lw.wkv_a_mqa);
         l.wk_b = stack(lw.wk_b), l.wv_b = stack(lw.wv_b);
         if (!held_[il].empty()) {
-            // A held expert e: matrix e of each stack, its bytes uploaded alone.
+            // A held expert e: matrix e of each stack (gate, up, down), its bytes uploaded alone.
             l.experts.resize(held_[il].size());
             for (size_t e = 0; e < held_[il].size(); ++e) {
                 if (!held_[il][e]) continue;
-                const MatrixStack *sts[] = {&lw.ffn_gate_exps, &lw.ffn_up_exps, &lw.ffn_down_exps};
-                for (int m = 0; m < 3; ++m) {
-                    const GGUFTensorInfo *t = file.find_tensor(sts[m]->info->name);
-                    if (!t || t->nbytes != sts[m]->info->nbytes || t->n_dims != 3)
-                        throw DeviceError("CUDA device: tensor " + std::string(sts[m]->info->name) + " changed in " +
-                                          file.path() + " since the load");
+                int m = 0;
+                for_each_expert_stack(lw, [&](const MatrixStack &st) {
+                    const GGUFTensorInfo *t = find(st.info, true);
                     const uint64_t bytes = t->nbytes / uint64_t(t->ne[2]);
-                    const auto *src = static_cast<const uint8_t *>(file.tensor_data(*t)) + e * bytes;
-                    l.experts[e][size_t(m)] = DMat{upload(src, bytes), int(t->type), int64_t(t->ne[1]), int64_t(t->ne[0])};
-                }
+                    l.experts[e][size_t(m++)] = upload_mat(t, e * bytes, bytes);
+                });
             }
         }
         for_each_device_vector(lw, [&](const std::vector<float> &v) {

@@ -83,9 +83,6 @@ public:
     void sync() override;
     int64_t rows() const override { return n_; }
     float *host_buffer(int slot, size_t floats) override;
-    const uint8_t *experts_held(int il) const override {
-        return size_t(il) < held_.size() && !held_[size_t(il)].empty() ? held_[size_t(il)].data() : nullptr;
-    }
     void experts_async(const LayerWeights &w, int il, const std::vector<MoeSelection> &sel, Act in,
                        Act out) override;
 
@@ -131,7 +128,6 @@ private:
     KtdCudaCtx *c_ = nullptr;
     KtdCudaEvent *ev_ = nullptr;
     std::vector<DLayer> layers_;
-    std::vector<std::vector<uint8_t>> held_;  // [n_layer][n_expert] the held experts (held_expert_masks)
     std::map<const float *, const float *> vecs_;  // host vector data → device copy
     const float *rope_ff_ = nullptr;
     float *x_ = nullptr, *xn_ = nullptr, *attn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;

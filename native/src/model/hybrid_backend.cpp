@@ -97,8 +97,9 @@ void DeviceBackend::experts_async(const LayerWeights &, int, const std::vector<M
 // --- LoopbackDevice ---------------------------------------------------------------------------
 
 LoopbackDevice::LoopbackDevice(Context &ctx, const HeldExperts &experts, int device_layers)
-    : ctx_(ctx), cpu_(std::make_unique<CpuBackend>(ctx)), held_(held_expert_masks(ctx, experts, device_layers)),
-      E_(ctx.model().hparams().n_embd) {}
+    : ctx_(ctx), cpu_(std::make_unique<CpuBackend>(ctx)), E_(ctx.model().hparams().n_embd) {
+    held_ = held_expert_masks(ctx, experts, device_layers);
+}
 
 LoopbackDevice::~LoopbackDevice() = default;
 

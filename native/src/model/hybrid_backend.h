@@ -80,11 +80,18 @@ public:
     // page-locked on a CUDA device, so the copies are DMA; null: HybridBackend uses its own vectors.
     virtual float *host_buffer(int /*slot*/, size_t /*floats*/) { return nullptr; }
     // Layer il's routed experts this device holds ([n_expert], nonzero: held); null: none.
-    virtual const uint8_t *experts_held(int /*il*/) const { return nullptr; }
+    const uint8_t *experts_held(int il) const {
+        return size_t(il) < held_.size() && !held_[size_t(il)].empty() ? held_[size_t(il)].data() : nullptr;
+    }
     // out rows += Σ weight · expert(row `token` of in) over sel (experts it holds), on the stream
     // after what was enqueued (the shared expert); sel stays valid until sync().
     virtual void experts_async(const LayerWeights &w, int il, const std::vector<MoeSelection> &sel, Act in,
                                Act out);
+
+protected:
+    // [n_layer][n_expert] the routed experts the device holds (held_expert_masks); set by the
+    // device's constructor, empty: none.
+    std::vector<std::vector<uint8_t>> held_;
 };
 
 // One worker thread running submitted work in order: the loopback device's stream.
@@ -128,9 +135,6 @@ public:
     void shared_expert_async(const LayerWeights &w, Act in, Act out) override;
     void sync() override;
     int64_t rows() const override { return n_; }
-    const uint8_t *experts_held(int il) const override {
-        return held_[size_t(il)].empty() ? nullptr : held_[size_t(il)].data();
-    }
     void experts_async(const LayerWeights &w, int il, const std::vector<MoeSelection> &sel, Act in,
                        Act out) override;
 
@@ -140,7 +144,6 @@ private:
     std::unique_ptr<CpuBackend> cpu_;
     Stream stream_;
     MoeSharedScratch shared_;
-    std::vector<std::vector<uint8_t>> held_;
     std::vector<float> eg_, eu_, ey_;  // a held expert's gate/up rows and output (the stream's)
     int64_t n_ = 0, E_ = 0;
 };
