@@ -70,7 +70,8 @@ def test_dense_model_on_the_loopback_backend_is_the_cpu_forward(tmp_path):
     np.testing.assert_array_equal(_forward_all(hyb), _forward_all(cpu))
     assert hyb.context.hybrid_stats() == {"bytes_to_host": 0, "bytes_to_device": 0, "moe_calls": 0, "to_host_ns": 0,
                                           "host_experts_ns": 0, "sync_wait_ns": 0, "from_host_ns": 0,
-                                          "device_layers": 2, "routed_pairs": 0, "device_pairs": 0}
+                                          "device_layers": 2, "routed_pairs": 0, "device_pairs": 0,
+                                          "early_launches": 0}
 
 
 def _n_layer(path) -> int:
@@ -161,6 +162,11 @@ def test_hot_experts_held_by_the_device_match_the_cpu_forward(arch, variant, tmp
         st = hyb.context.hybrid_stats()
         assert st["routed_pairs"] == int(counts.sum())
         assert st["device_pairs"] == sum(int(counts[il, es].sum()) for il, es in held.items())
+        # the pairs went to the device from inside the host's MoE call, once routed: in every call
+        # that had any (all of them when one layer's every expert is held)
+        assert 0 < st["early_launches"] <= st["moe_calls"]
+        if len(held) == 1:
+            assert st["early_launches"] == st["moe_calls"] // len(moe)
 
 
 def test_held_experts_out_of_place_are_refused(tmp_path):

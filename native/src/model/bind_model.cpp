@@ -570,6 +570,7 @@ static void bind_context_class(py::module_ &m) {
                 d["device_layers"] = st.device_layers;
                 d["routed_pairs"] = st.routed_pairs;
                 d["device_pairs"] = st.device_pairs;
+                d["early_launches"] = st.early_launches;
                 d["to_host_ns"] = st.to_host_ns;
                 d["host_experts_ns"] = st.host_experts_ns;
                 d["sync_wait_ns"] = st.sync_wait_ns;
@@ -577,7 +578,10 @@ static void bind_context_class(py::module_ &m) {
                 return d;
             },
             "bytes of activations sent device→host and host→device, MoE layers run, and the time (ns) of the "
-            "copies, the routed experts on the CPU and the wait for the device after them, by the hybrid backend");
+            "copies, the routed experts on the CPU and the wait for the device after them, by the hybrid backend; "
+            "routed_pairs / device_pairs: routed (token, expert) pairs of the device's layers and those the device "
+            "computed (held experts); early_launches: MoE layers whose held experts went to the device once routed, "
+            "from inside the host's call");
     bind_context_hooks(cls);
 }
 

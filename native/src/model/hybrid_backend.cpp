@@ -237,11 +237,27 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
     try {
         if (held) {
             // The host routes every token and computes the experts the device does not hold; the
-            // held ones' pairs go to the device, which adds them after the shared expert.
+            // held ones' pairs go to the device as soon as they are known (from inside the host's
+            // call, on this thread), which adds them after the shared expert while the host computes
+            // the others.
             dev_sel_.clear();
-            const MoeDeviceExperts split{held, &dev_sel_};
+            bool launched = false;
+            std::exception_ptr launch_error;
+            MoeDeviceExperts split{held, &dev_sel_, nullptr};
+            split.routed = [&] {
+                launched = true;
+                if (dev_sel_.empty()) return;
+                try {
+                    dev_->experts_async(w, il, dev_sel_, Act::XN, Act::Tmp);
+                } catch (...) {
+                    launch_error = std::current_exception();
+                }
+            };
             ::ktd::moe_ffn(ctx_, w, il, xn_, n, y_, MoePart::Routed, &split);
-            if (!dev_sel_.empty()) dev_->experts_async(w, il, dev_sel_, Act::XN, Act::Tmp);
+            const bool early = launched;
+            if (!launched) split.routed();  // (every path calls it; this keeps the pairs if one did not)
+            if (launch_error) std::rethrow_exception(launch_error);
+            if (early && !dev_sel_.empty()) stats_.early_launches += 1;
             stats_.device_pairs += dev_sel_.size();
             stats_.bytes_to_device += dev_sel_.size() * sizeof(MoeSelection);  // the pairs go up
         } else {

@@ -22,11 +22,10 @@
 // Hot experts (gpu.experts): a device may hold some routed experts of its MoE layers (the most
 // used ones, from the routing profile). The host still routes every token; the pairs whose expert
 // the device holds go up as (token, expert, weight) and the device adds those experts' weighted
-// outputs after the shared expert. The host computes the others first: the pairs are known only
-// when its MoE call returns, so today the held experts run on the device after the host's, not
-// beside them (launching them from inside the call, once routed, is not done yet). The
-// sum's order differs from the CPU's (held experts are added after the shared expert): float
-// rounding, not bits.
+// outputs after the shared expert. The pairs are enqueued from inside the host's MoE call as soon
+// as it has routed (MoeDeviceExperts::routed, on the calling thread), so the device computes them
+// while the pool computes the others. The sum's order differs from the CPU's (held experts are
+// added after the shared expert): float rounding, not bits.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -55,6 +54,9 @@ struct HybridStats {
     // Routed (token, expert) pairs of the device's MoE layers, and how many of them the device
     // computed (its held experts): the hot experts' hit rate is device_pairs / routed_pairs.
     uint64_t routed_pairs = 0, device_pairs = 0;
+    // MoE layers whose held experts went to the device from inside the host's MoE call, once
+    // routed (beside the host's experts), of those with any pair for the device.
+    uint64_t early_launches = 0;
 };
 
 // The routed experts a device holds: experts[il] lists layer il's (missing or empty: none).

@@ -395,6 +395,7 @@ void moe_region(MoeCall &c, int tid, int nt) {
         plan_items(c);
     }
     sync();
+    if (tid == 0 && c.dev && c.dev->routed) c.dev->routed();  // the device's experts start now
     if (c.gather) {
         gather_rows(c, tid, nt);
         sync();

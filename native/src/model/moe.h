@@ -32,6 +32,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -142,9 +143,14 @@ struct MoeSelection {
 
 // The hybrid's hot experts (gpu.experts): the experts with on_device[e] != 0 are computed by the
 // device, not here; their selections are appended to *selected (token order, then selection order).
+// `routed`, when set, is called once per call on the calling thread (the pool's tid 0) as soon as
+// *selected is complete — after the routing, before this thread takes its first expert work item —
+// so the device starts its experts beside the host's instead of after them. It must not throw (the
+// pool's other workers are in the same region) and must leave *selected as it is.
 struct MoeDeviceExperts {
     const uint8_t *on_device = nullptr;  // [n_expert]
     std::vector<MoeSelection> *selected = nullptr;
+    std::function<void()> routed;
 };
 
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into

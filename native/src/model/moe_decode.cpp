@@ -260,6 +260,7 @@ void decode_region(const DecodeCall &c, int tid, int nt) {
     decode_router_rows(c, dw, tid, nt);
     if (nt > 1) c.pool.barrier(tid);
     decode_route(c, dw, tid);
+    if (tid == 0 && c.dev && c.dev->routed) c.dev->routed();  // the device's experts start now
     phase.emplace(prof, ForwardOp::MoeGateUp);
     c.s.dec_up_list.drain(tid, [&](size_t it) { decode_up_item(c, dw, int64_t(it), tid); });
     if (nt > 1) c.pool.barrier(tid);
