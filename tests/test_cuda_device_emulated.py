@@ -344,6 +344,32 @@ def test_hot_experts_on_the_device_match_the_cpu_forward(arch, variant, tmp_path
     st = dev.context.hybrid_stats()
     assert st["routed_pairs"] == int(counts.sum())
     assert st["device_pairs"] == sum(int(counts[il, es].sum()) for il, es in held.items()) > 0
+    assert 0 < st["early_launches"] <= st["moe_calls"]  # enqueued once routed, beside the host's experts
+
+
+@pytest.mark.parametrize("arch, variant", [("qwen3moe", None), ("deepseek2", "v3")])
+def test_a_chunk_groups_the_held_experts_pairs_by_expert(arch, variant, tmp_path, backend):
+    """Every expert of the first MoE layer held and a prompt of 16 tokens: 16·k pairs over n_expert
+    experts, so experts with several tokens take the grouped path (their rows gathered, one GEMV
+    per matrix over them, the rows added back weighted) and single-token ones the in-place row.
+    Against the CPU forward, and against the device holding no expert (the same bits but for where
+    the held experts are summed: within the F32 bound)."""
+    path = tmp_path / f"{arch}.gguf"
+    synthetic_moe.make_model(arch, path, variant=variant)
+    from ktd.gguf import GGUFFile
+    f = GGUFFile(str(path))
+    n_layer, n_expert = int(f.metadata[f"{arch}.block_count"]), int(f.metadata[f"{arch}.expert_count"])
+    k = int(f.metadata[f"{arch}.expert_used_count"])
+    moe = [il for il in range(n_layer) if f"blk.{il}.ffn_gate_exps.weight" in f.tensors]
+    assert 16 * k > n_expert  # some expert has at least two of the chunk's tokens
+    cpu = Engine.open(str(path), n_ctx=32, threads=1)
+    dev = Engine.open(str(path), n_ctx=32, threads=1)
+    dev.context.set_backend(backend, experts={moe[0]: list(range(n_expert))})
+    _compare(cpu, dev, MLA_F32_TOL if arch == "deepseek2" else F32_TOL, prompt=16, decode=3)
+    st = dev.context.hybrid_stats()
+    counts = np.asarray(dev.context.expert_counts()).reshape(n_layer, -1)
+    assert st["device_pairs"] == int(counts[moe[0]].sum()) == 19 * k  # every pair of that layer
+    assert st["early_launches"] == 4  # the prefill and 3 decode steps
 
 
 def test_the_plan_counts_the_held_experts(tmp_path):
@@ -352,17 +378,28 @@ def test_the_plan_counts_the_held_experts(tmp_path):
     synthetic_moe.make_model("qwen3moe", path)
     eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
     import re
-    def need(**kw) -> int:
+    def plan(**kw) -> tuple[int, int, int, int]:
+        """(total, weights, KV cache, activations) from the refusal's message."""
         with pytest.raises(_native.DeviceMemoryError) as e:
             eng.context.set_backend("cuda-emulated", vram_budget=1000, **kw)
-        return int(re.search(r"\((\d+) bytes: weights", str(e.value)).group(1))
+        m = re.search(r"\((\d+) bytes: weights (\d+), KV cache (\d+) .*activations (\d+)\)", str(e.value))
+        return tuple(int(x) for x in m.groups())
+    def need(**kw) -> int:
+        return plan(**kw)[0]
     from ktd.gguf import GGUFFile
     f = GGUFFile(str(path))
     held = {0: [1, 3], 1: [0]}
     per_expert = {il: sum((f.tensors[f"blk.{il}.ffn_{m}_exps.weight"].nbytes
                            // int(f.metadata["qwen3moe.expert_count"]) + 255) // 256 * 256
                           for m in ("gate", "up", "down")) for il in held}
-    assert need(experts=held) - need() == sum(per_expert[il] * len(es) for il, es in held.items())
+    assert plan(experts=held)[1] - plan()[1] == sum(per_expert[il] * len(es) for il, es in held.items())
+    # plus the grouping scratch, once: the chunk's gathered rows [n_batch][n_embd] floats and its
+    # (token, weight) pairs [n_batch · n_expert_used], each 256-byte aligned
+    up = lambda b: (b + 255) // 256 * 256
+    nb, E, k = eng.context.n_batch, int(f.metadata["qwen3moe.embedding_length"]), \
+        int(f.metadata["qwen3moe.expert_used_count"])
+    assert plan(experts=held)[3] - plan()[3] == up(nb * E * 4) + up(nb * k * 8)
+    assert plan(experts=held)[2] == plan()[2]
     eng.context.set_backend("cuda-emulated", vram_budget=need(experts=held), experts=held)
     out = eng.forward(np.arange(5) + 40, np.arange(5), np.zeros(5), np.ones(5, bool))
     assert np.all(np.isfinite(out)) and eng.context.hybrid_stats()["device_pairs"] > 0

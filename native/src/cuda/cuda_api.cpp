@@ -94,6 +94,8 @@ const Loaded &loaded() {
         need("ktd_cuda_gemv_batched", a.gemv_batched);
         need("ktd_cuda_attention_mla", a.attention_mla);
         need("ktd_cuda_scale", a.scale);
+        need("ktd_cuda_gather_rows", a.gather_rows);
+        need("ktd_cuda_scatter_add_rows", a.scatter_add_rows);
         if (!missing.empty()) {
             l.reason = l.path + ": not a ktd CUDA backend (entry points missing: " + missing + ")";
             return;

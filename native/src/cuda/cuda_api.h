@@ -53,6 +53,9 @@ struct CudaApi {
     decltype(&ktd_cuda_attention_mla) attention_mla = nullptr;
     // ABI v5: bitnet.
     decltype(&ktd_cuda_scale) scale = nullptr;
+    // ABI v6: experts grouped by expert.
+    decltype(&ktd_cuda_gather_rows) gather_rows = nullptr;
+    decltype(&ktd_cuda_scatter_add_rows) scatter_add_rows = nullptr;
 };
 
 // libktd_cuda.so ($KTD_CUDA_LIBRARY, else beside ktd._native), loaded once: the table when it

@@ -309,6 +309,23 @@ extern "C" int ktd_cuda_scale(KtdCudaCtx *c, float *x, int64_t n, float s) {
     return launched(c, "scale");
 }
 
+extern "C" int ktd_cuda_gather_rows(KtdCudaCtx *c, float *dst, const float *src, const int32_t *idx, int64_t n,
+                                    int64_t width) {
+    KTD_USE(c);
+    if (n <= 0 || width <= 0 || !idx) return fail(c, KTD_CUDA_E_ARG, "gather_rows: n and width positive, idx given");
+    gather_rows_kernel<<<grid(n * width, 256), 256, 0, c->stream>>>(dst, src, idx, n, width);
+    return launched(c, "gather_rows");
+}
+
+extern "C" int ktd_cuda_scatter_add_rows(KtdCudaCtx *c, float *y, const float *src, const int32_t *idx, const float *w,
+                                         int64_t n, int64_t width) {
+    KTD_USE(c);
+    if (n <= 0 || width <= 0 || !idx || !w)
+        return fail(c, KTD_CUDA_E_ARG, "scatter_add_rows: n and width positive, idx and w given");
+    scatter_add_rows_kernel<<<grid(n * width, 256), 256, 0, c->stream>>>(y, src, idx, w, n, width);
+    return launched(c, "scatter_add_rows");
+}
+
 extern "C" int ktd_cuda_add(KtdCudaCtx *c, float *a, const float *b, int64_t n) {
     KTD_USE(c);
     if (n <= 0) return fail(c, KTD_CUDA_E_ARG, "add: n must be positive");

@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/float16.h"
 #include "common/ggml_types.h"
@@ -459,6 +460,50 @@ int add(KtdCudaCtx *ctx, float *a, const float *b, int64_t n) {
     });
 }
 
+// The row indices are device data (read when the kernel runs): checked then against src's / y's
+// allocation; scatter_add_rows also faults on a repeated index (the kernel's rows would race).
+int gather_rows(KtdCudaCtx *ctx, float *dst, const float *src, const int32_t *idx, int64_t n, int64_t width) {
+    EMU_CTX(ctx);
+    if (n <= 0 || width <= 0 || !idx) return c->fail(KTD_CUDA_E_ARG, "gather_rows: n and width positive, idx given");
+    EMU_DEV(dst, uint64_t(n * width) * 4, "gather_rows (dst)");
+    EMU_DEV(src, uint64_t(width) * 4, "gather_rows (src)");
+    EMU_DEV(idx, uint64_t(n) * 4, "gather_rows (idx)");
+    const uintptr_t limit = c->alloc_end(src);
+    return c->enqueue([=] {
+        for (int64_t i = 0; i < n; ++i) {
+            const float *row = src + int64_t(idx[i]) * width;
+            if (idx[i] < 0 || reinterpret_cast<uintptr_t>(row + width) > limit)
+                return c->kernel_fault("gather_rows: row " + std::to_string(idx[i]) + " is outside src");
+            std::copy(row, row + width, dst + i * width);
+        }
+    });
+}
+
+int scatter_add_rows(KtdCudaCtx *ctx, float *y, const float *src, const int32_t *idx, const float *w, int64_t n,
+                     int64_t width) {
+    EMU_CTX(ctx);
+    if (n <= 0 || width <= 0 || !idx || !w)
+        return c->fail(KTD_CUDA_E_ARG, "scatter_add_rows: n and width positive, idx and w given");
+    EMU_DEV(y, uint64_t(width) * 4, "scatter_add_rows (y)");
+    EMU_DEV(src, uint64_t(n * width) * 4, "scatter_add_rows (src)");
+    EMU_DEV(idx, uint64_t(n) * 4, "scatter_add_rows (idx)");
+    EMU_DEV(w, uint64_t(n) * 4, "scatter_add_rows (w)");
+    const uintptr_t limit = c->alloc_end(y);
+    return c->enqueue([=] {
+        std::vector<int32_t> seen(idx, idx + n);
+        std::sort(seen.begin(), seen.end());
+        if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
+            return c->kernel_fault("scatter_add_rows: row " + std::to_string(*std::adjacent_find(seen.begin(), seen.end())) +
+                                   " appears twice");
+        for (int64_t i = 0; i < n; ++i) {
+            float *row = y + int64_t(idx[i]) * width;
+            if (idx[i] < 0 || reinterpret_cast<uintptr_t>(row + width) > limit)
+                return c->kernel_fault("scatter_add_rows: row " + std::to_string(idx[i]) + " is outside y");
+            for (int64_t d = 0; d < width; ++d) row[d] += w[i] * src[i * width + d];
+        }
+    });
+}
+
 int add_rows(KtdCudaCtx *ctx, float *y, const float *b, int64_t n, int64_t width) {
     EMU_CTX(ctx);
     if (n <= 0 || width <= 0) return c->fail(KTD_CUDA_E_ARG, "add_rows: n and width must be positive");
@@ -614,6 +659,8 @@ const CudaApi &cuda_api_emulated() {
         a.add_rows = add_rows;
         a.gate_rows = gate_rows;
         a.scale = scale;
+        a.gather_rows = gather_rows;
+        a.scatter_add_rows = scatter_add_rows;
         a.kv_write = kv_write;
         a.attention = attention;
         a.copy2d = copy2d;

@@ -169,6 +169,17 @@ __global__ void scale_kernel(float *x, int64_t n, float s) {
     if (i < n) x[i] *= s;
 }
 
+__global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t width) {
+    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e < n * width) dst[e] = src[int64_t(idx[e / width]) * width + e % width];
+}
+
+__global__ void scatter_add_rows_kernel(float *y, const float *src, const int32_t *idx, const float *w, int64_t n,
+                                        int64_t width) {
+    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e < n * width) y[int64_t(idx[e / width]) * width + e % width] += w[e / width] * src[e];
+}
+
 __global__ void add_kernel(float *a, const float *b, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) a[i] += b[i];

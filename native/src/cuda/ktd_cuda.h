@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#define KTD_CUDA_ABI_VERSION 5
+#define KTD_CUDA_ABI_VERSION 6
 
 extern "C" {
 // Rotary embedding parameters (model/hparams.h RopeParams as plain C).
@@ -141,4 +141,12 @@ int ktd_cuda_attention_mla(KtdCudaCtx *c, const float *q, const uint16_t *kv, fl
 // The block types TQ1_0 and TQ2_0 in ktd_cuda_gemv / ktd_cuda_gemv_batched, act 2 (relu2) in
 // ktd_cuda_glu, and: x [n] *= s (a tensor's scale).
 int ktd_cuda_scale(KtdCudaCtx *c, float *x, int64_t n, float s);
+
+// --- ABI v6: routed experts grouped by expert (gpu.experts over a chunk) ------------------------
+// dst [n][width] row i = src row idx[i] (idx [n] on the device).
+int ktd_cuda_gather_rows(KtdCudaCtx *c, float *dst, const float *src, const int32_t *idx, int64_t n, int64_t width);
+// y row idx[i] += w[i] · src row i, i < n (idx, w [n] on the device). The idx[i] must be distinct
+// within a call (one expert's tokens): rows are updated without atomics.
+int ktd_cuda_scatter_add_rows(KtdCudaCtx *c, float *y, const float *src, const int32_t *idx, const float *w,
+                              int64_t n, int64_t width);
 }

@@ -94,6 +94,15 @@ int64_t max_k(const Context &ctx) {
     return k;
 }
 
+// The held experts' grouping scratch (experts_async): a chunk's gathered rows [n_batch][n_embd],
+// and its (token, weight) pairs [n_batch · n_expert_used] of each.
+uint64_t held_pairs(const Context &ctx) {
+    return uint64_t(ctx.n_batch()) * uint64_t(std::max(1, ctx.model().hparams().moe.n_expert_used));
+}
+uint64_t held_scratch_bytes(const Context &ctx) {
+    return aligned(uint64_t(ctx.n_batch()) * uint64_t(ctx.model().hparams().n_embd) * 4) + aligned(held_pairs(ctx) * 8);
+}
+
 int64_t max_ff(const Context &ctx) {
     int64_t ff = 1;
     for (const LayerWeights &w : ctx.model().weights().layers) {
@@ -196,6 +205,8 @@ CudaDevicePlan CudaDevice::plan(const Context &ctx, int layers, const HeldExpert
     p.activations += aligned(nb * uint64_t(max_k(ctx)) / 32 * KTD_CUDA_ACT_BLOCK_BYTES);
     p.activations += 2 * aligned(nb * 4) + 2 * aligned(nb * 8);  // pos, n_kv, kv rows, kv first
     if (hp.n_swa > 0) p.activations += aligned(nb * 4) + aligned(nb * 8);  // the window's n_kv, kv first
+    if (std::any_of(masks.begin(), masks.end(), [](const auto &m) { return !m.empty(); }))
+        p.activations += held_scratch_bytes(ctx);
     return p;
 }
 
@@ -272,6 +283,14 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         if (hp.n_swa > 0) {
             nkv_swa_ = static_cast<int32_t *>(dalloc(uint64_t(nb) * 4));
             kv_first_swa_ = static_cast<int64_t *>(dalloc(uint64_t(nb) * 8));
+        }
+        if (std::any_of(held_.begin(), held_.end(), [](const auto &m) { return !m.empty(); })) {
+            xg_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
+            sel_cap_ = int64_t(held_pairs(ctx));
+            d_sel_ = static_cast<int32_t *>(dalloc(uint64_t(sel_cap_) * 8));
+            void *hs = nullptr;
+            check(api_.host_alloc(c_, &hs, uint64_t(sel_cap_) * 8), "host_alloc");
+            h_sel_ = static_cast<int32_t *>(hs);
         }
         void *h = nullptr;  // rows, first, first_swa (int64); pos, n_kv, n_kv_swa (int32)
         check(api_.host_alloc(c_, &h, uint64_t(nb) * (3 * 8 + 3 * 4)), "host_alloc");
@@ -559,19 +578,55 @@ void CudaDevice::shared_expert_async(const LayerWeights &w, Act in, Act out) {
     }
 }
 
-// Each pair: the expert's gate and up on the token's row, SwiGLU, down, then out row += weight · that.
+// The pairs grouped by expert (a counting sort, stable: an expert's tokens ascending), uploaded as
+// one list of tokens and one of weights; then per held expert with tokens: their rows gathered (a
+// single token's row is read in place), gate and up as one GEMV over those rows each, SwiGLU, down,
+// and every output row added to its token's row times its weight (an expert's tokens are distinct,
+// so that is one kernel with no atomics). A chunk of n tokens thus costs a few launches per held
+// expert instead of five per pair; a token's held experts are summed in expert order.
+// The staging h_sel_ is rewritten by the next call, which comes after the sync of this one.
 void CudaDevice::experts_async(const LayerWeights &, int il, const std::vector<MoeSelection> &sel, Act in, Act out) {
     const DLayer &l = layers_[size_t(il)];
     const float *x = buf(in);
     float *y = buf(out);
+    const int64_t P = int64_t(sel.size());
+    if (P == 0) return;
+    if (P > sel_cap_) throw std::logic_error("CudaDevice::experts_async: more pairs than the chunk can route");
+    const size_t ne = l.experts.size();
+    group_.assign(ne + 1, 0);
     for (const MoeSelection &s : sel) {
-        const std::array<DMat, 3> &ex = l.experts[size_t(s.expert)];
-        const float *xi = x + int64_t(s.token) * E_;
-        gemv(ex[0], xi, 1, g_);
-        gemv(ex[1], xi, 1, u_);
-        check(api_.glu(c_, 0, g_, u_, ex[0].rows), "glu");
-        gemv(ex[2], g_, 1, y_, s.weight);
-        check(api_.add(c_, y + int64_t(s.token) * E_, y_, E_), "add");
+        if (size_t(s.expert) >= ne || !l.experts[size_t(s.expert)][0])
+            throw std::logic_error("CudaDevice::experts_async: expert " + std::to_string(s.expert) + " of layer " +
+                                   std::to_string(il) + " is not held");
+        ++group_[size_t(s.expert) + 1];
+    }
+    for (size_t e = 0; e < ne; ++e) group_[e + 1] += group_[e];
+    fill_.assign(group_.begin(), group_.end() - 1);
+    int32_t *tok = h_sel_;
+    float *wt = reinterpret_cast<float *>(h_sel_ + sel_cap_);
+    for (const MoeSelection &s : sel) {
+        const int64_t at = fill_[size_t(s.expert)]++;
+        tok[at] = s.token;
+        wt[at] = s.weight;
+    }
+    int32_t *d_tok = d_sel_;
+    float *d_wt = reinterpret_cast<float *>(d_sel_ + sel_cap_);
+    check(api_.copy(c_, d_tok, tok, uint64_t(P) * 4, KTD_CUDA_H2D), "copy expert pairs");
+    check(api_.copy(c_, d_wt, wt, uint64_t(P) * 4, KTD_CUDA_H2D), "copy expert pairs");
+    for (size_t e = 0; e < ne; ++e) {
+        const int64_t p0 = group_[e], cnt = group_[e + 1] - p0;
+        if (cnt == 0) continue;
+        const std::array<DMat, 3> &ex = l.experts[e];
+        const float *xin = x + int64_t(tok[p0]) * E_;
+        if (cnt > 1) {
+            check(api_.gather_rows(c_, xg_, x, d_tok + p0, cnt, E_), "gather expert rows");
+            xin = xg_;
+        }
+        gemv(ex[0], xin, cnt, g_);
+        gemv(ex[1], xin, cnt, u_);
+        check(api_.glu(c_, 0, g_, u_, cnt * ex[0].rows), "glu");
+        gemv(ex[2], g_, cnt, y_);
+        check(api_.scatter_add_rows(c_, y, y_, d_tok + p0, d_wt + p0, cnt, E_), "add expert rows");
     }
 }
 

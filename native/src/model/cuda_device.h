@@ -145,6 +145,12 @@ private:
     int32_t *h_pos_ = nullptr, *h_nkv_ = nullptr, *h_nkv_swa_ = nullptr;
     int64_t *h_rows_ = nullptr, *h_first_ = nullptr, *h_first_swa_ = nullptr;
     float *h_buf_[2] = {nullptr, nullptr};
+    // Held experts (experts_async): the gathered rows [nb][E]; the pairs grouped by expert, tokens
+    // [sel_cap_] then weights [sel_cap_], on the device and page-locked; the groups' bounds.
+    float *xg_ = nullptr;
+    int32_t *d_sel_ = nullptr, *h_sel_ = nullptr;
+    int64_t sel_cap_ = 0;
+    std::vector<int64_t> group_, fill_;
     int64_t n_ = 0, E_ = 0, n_batch_ = 0;
     uint64_t used_ = 0;
 };
