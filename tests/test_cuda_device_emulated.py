@@ -625,3 +625,4 @@ def test_gpu_check_bench_runs_end_to_end_on_the_emulation(tmp_path):
         assert hot["held_per_layer"] == 2 and 0 < hot["hit_rate"] <= 1
         assert hot["stats"]["device_pairs"] > 0 and hot["stats"]["routed_pairs"] == row["hybrid"]["stats"]["routed_pairs"]
         assert row["hot_decode_speedup"] > 0
+        assert row["hybrid"]["pool_spin_us"] == 2000 and row["hybrid"]["worker_sleeps_per_moe_call"] == 0  # threads 1

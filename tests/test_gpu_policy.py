@@ -347,17 +347,36 @@ def test_daemon_with_hot_experts_held_by_the_device(moe, tmp_path, backend):
     the pairs routed to them; the greedy text is the CPU engine's and status gives the live hit
     rate (that device_pairs are exactly the pairs routed to the held experts is checked against
     the expert statistics in test_hybrid_loopback.py and test_cuda_device_emulated.py)."""
-    env = {"KTD_GPU__BACKEND": backend, "KTD_GPU__EXPERTS": "2"}
+    env = {"KTD_GPU__BACKEND": backend, "KTD_GPU__EXPERTS": "2", "KTD_GPU__POOL_SPIN_US": "1234"}
     if backend == "cuda":
         env["KTD_TEST_CUDA_EMULATED"] = "1"
     g, log = _greedy_through_the_daemon(moe, tmp_path, env)
     assert g["plan"]["experts_per_layer_on_gpu"] == 2
     h = g["hybrid"]
+    assert h["pool_spin_us"] == 1234                     # gpu.pool_spin_us, set on the model's pool
+    assert 0 < h["early_launches"] <= h["moe_calls"]     # held experts sent once routed
     k = int(GGUFReader(moe).fields["qwen3moe.expert_used_count"].parts[-1][0])
     assert h["routed_pairs"] > 0 and h["routed_pairs"] % (k * _split(moe)[3]) == 0   # every token, every MoE layer
     assert 0 < h["device_pairs"] < h["routed_pairs"]
     assert h["hot_hit_rate"] == pytest.approx(h["device_pairs"] / h["routed_pairs"])
     assert "routed experts per layer are held in VRAM and computed there" in log
+
+
+def test_the_hybrid_backend_sets_the_pools_spin(moe):
+    """gpu.pool_spin_us goes to the model's pool with a hybrid backend (read back from the pool),
+    and the CPU-only load leaves the pool's default alone."""
+    from ktd.engine import load
+
+    for device, want in [("0", 777), ("off", None)]:
+        c = cfg(f"model:\n  path: {moe}\n  n_ctx: 64\n  threads: 1\ngpu:\n  device: {device}\n"
+                f"  backend: loopback\n  vram_budget: 4G\n  pool_spin_us: 777\n")
+        eng = load(c, progress=None)
+        try:
+            assert eng.gpu.backend == ("loopback" if want else "cpu")
+            assert eng.pool_spin_us == want
+            assert eng.context.pool_spin_us == (want or 50)
+        finally:
+            eng.close()
 
 
 def test_daemon_hybrid_counters_move(moe, tmp_path):

@@ -404,6 +404,39 @@ def test_idle_pool_uses_no_cpu():
     assert used < 0.05, f"idle pool of {pool.size} used {used:.3f} s CPU in 1 s"
 
 
+def test_spin_us_decides_whether_idle_workers_sleep_between_regions():
+    """set_spin_us (the hybrid forward's gpu.pool_spin_us): with no spin a worker waiting for the
+    next region goes to sleep on the futex (worker_sleeps counts those waits), with a spin longer
+    than the gap between regions it never does. Counts, not times: a 10 s spin against 30 ms gaps."""
+    if N_CPUS < 2:
+        pytest.skip("needs 2 usable CPUs (a worker besides the caller, not oversubscribed)")
+    pool = _native.ThreadPool(n_threads=2, pin=False)
+    assert pool.spin_us == 50  # ThreadPoolOptions' default
+    noop = lambda tid, nth: None  # noqa: E731
+    pool.spin_us = 0
+    pool.run(noop)
+    pool.set_stats(True)
+    for _ in range(3):
+        time.sleep(0.03)
+        pool.run(noop)
+    assert 1 <= pool.stats()["worker_sleeps"] <= 3
+    pool.spin_us = 10_000_000
+    pool.run(noop)  # the worker was asleep: woken once more, spinning from now on
+    pool.reset_stats()
+    for _ in range(3):
+        time.sleep(0.03)
+        pool.run(noop)
+    assert pool.stats()["worker_sleeps"] == 0
+    assert pool.spin_us == 10_000_000
+    with pytest.raises(ValueError, match="spin_us must be >= 0"):
+        pool.spin_us = -1
+    del pool  # shutdown wakes the spinning worker
+    over = _native.ThreadPool(n_threads=N_CPUS + 1, pin=False)
+    assert over.spin_us == 0  # oversubscribed: a spinner would burn the time of the worker it waits for
+    over.spin_us = 1000
+    assert over.spin_us == 0
+
+
 def test_handoff_latency_is_measurable():
     # Reported, never asserted against a time (shared, noisy machines); only sanity of the probe.
     pool = _native.ThreadPool()

@@ -189,6 +189,10 @@ class GpuConfig:
     experts: int | str = _key("none", "routed experts per MoE layer also kept in VRAM: none, a number, or hot (as "
                               "many as the leftover budget holds, the most used of each layer per the routing "
                               "profile)", kind="gpu_experts")
+    pool_spin_us: int = _key(2000, "hybrid forward only: how long the CPU pool's idle workers spin waiting for the "
+                             "next MoE layer while the GPU runs the dense part between two, before they sleep; "
+                             "0 = sleep at once (less CPU power, a wake-up per layer)", kind="int", unit="µs",
+                             min=0, max=1_000_000)
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,7 @@ class Engine:
         # The context's backend as set at load (set_backend's arguments; None: the CPU): the
         # weights switch sets it on the new context.
         self.backend_args: tuple[str, dict[str, Any]] | None = None
+        self.pool_spin_us: int | None = None  # gpu.pool_spin_us while a hybrid backend is set
         # The switch from the file's weights to the entry the builder wrote (see switch_weights):
         # Model keywords to open the entry with (None: nothing to switch to), what status shows,
         # the (model, context) opened and waiting for the engine thread, and its wake-up.
@@ -279,6 +280,8 @@ class Engine:
         if self.backend_args is None:
             return
         name, kw = self.backend_args
+        if self.pool_spin_us is not None:
+            context.pool_spin_us = self.pool_spin_us  # the new weights' pool (a new model's)
         if not name.startswith("cuda"):
             context.set_backend(name, **kw)
             return
@@ -472,10 +475,16 @@ def _set_backend(engine: Engine, decision: Any, g: Any) -> None:
             log.warning("gpu.device %s cannot be used, running on the CPU only: %s (set gpu.required: true to "
                         "refuse to start instead)", decision.device, e)
             decision.backend, decision.reason = "cpu", str(e)
+            return
     elif decision.backend != "cpu":
         kw = {"layers": g.layers, "experts": decision.held}
         engine.context.set_backend(decision.backend, **kw)
         engine.backend_args = (decision.backend, kw)
+    else:
+        return
+    # Between two MoE layers the pool idles while the device runs the dense part: its workers keep
+    # spinning through that gap instead of sleeping and being woken once per layer.
+    engine.context.pool_spin_us = engine.pool_spin_us = decision.pool_spin_us = g.pool_spin_us
 
 
 HUGETLB_PAGE_SIZES = {"2M": 2 << 20, "1G": 1 << 30}

@@ -45,6 +45,7 @@ class GpuDecision:
     hot: dict[str, Any] | None = None  # {"per_layer": {layer: [experts]}, "hit_rate": float, "routed": int}
     held: dict[int, list[int]] = field(default_factory=dict)  # the experts the device holds, per layer
     notes: list[str] = field(default_factory=list)
+    pool_spin_us: int | None = None    # the CPU pool's spin while the hybrid backend runs (gpu.pool_spin_us)
 
     def summary(self, hybrid_stats: dict[str, int] | None = None) -> dict[str, Any]:
         """The ``gpu`` part of ``status`` (docs/PROTOCOL.md)."""
@@ -66,6 +67,8 @@ class GpuDecision:
             out["notes"] = list(self.notes)
         if hybrid_stats is not None and self.backend != "cpu":
             out["hybrid"] = dict(hybrid_stats)
+            if self.pool_spin_us is not None:
+                out["hybrid"]["pool_spin_us"] = self.pool_spin_us
             if self.held and hybrid_stats.get("routed_pairs"):
                 out["hybrid"]["hot_hit_rate"] = hybrid_stats["device_pairs"] / hybrid_stats["routed_pairs"]
         return out

@@ -6,7 +6,7 @@ libktd_cuda.so against the CPU forward, into one JSON (merged into gpu-check.jso
 - moe: per bench file (the synthetic qwen3moe/deepseek2 files of `make synthetic-moe`, or
   --moe paths): prefill and decode tok/s CPU-only vs hybrid on the same machine, and HybridStats
   per decoded token (XN copies, routed experts on the CPU pool, the wait for the device's shared
-  expert), and once more with --hot experts of each MoE layer held by the device, the most used
+  expert, the pool's workers asleep per MoE call at --spin-us), and once more with --hot experts of each MoE layer held by the device, the most used
   in the CPU run's routing (the gpu.experts: hot workflow), with their hit rate. An architecture or
   type the device backend refuses is recorded with the reason.
 
@@ -52,12 +52,17 @@ def _open(path: str, backend: str, args, experts: dict[int, list[int]] | None = 
 def hybrid_run(path: str, args, experts: dict[int, list[int]] | None = None) -> dict:
     """speed() on the device backend, with HybridStats per MoE call and the hot experts' hit rate."""
     eng = _open(path, args.backend, args, experts)
+    eng.context.pool_spin_us = args.spin_us  # as the daemon does (gpu.pool_spin_us)
+    eng.context.set_pool_stats(True)
     before = eng.context.hybrid_stats()
     r = speed(eng, args.prompt, args.decode)
     after = eng.context.hybrid_stats()
     calls = max(1, after["moe_calls"] - before["moe_calls"])
     r["per_moe_call_us"] = {k[:-3]: (after[k] - before[k]) / calls / 1e3 for k in after if k.endswith("_ns")}
     r["stats"] = after
+    # whether the pool's workers fell asleep between MoE layers (the spin too short for the device's part)
+    r["pool_spin_us"] = eng.context.pool_spin_us
+    r["worker_sleeps_per_moe_call"] = eng.context.pool_stats()["worker_sleeps"] / calls
     if experts:
         r["held_per_layer"] = len(next(iter(experts.values())))
         r["hit_rate"] = after["device_pairs"] / max(1, after["routed_pairs"])
@@ -100,6 +105,8 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--spin-us", type=int, default=2000, help="the CPU pool's spin in the hybrid runs "
+                                                               "(gpu.pool_spin_us)")
     ap.add_argument("--hot", type=int, default=2, help="experts per MoE layer held by the device in a third run "
                                                       "(the most used in the CPU run; 0: no such run)")
     args = ap.parse_args()

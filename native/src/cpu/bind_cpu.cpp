@@ -26,6 +26,7 @@ py::dict pool_stats_dict(const PoolStats &s) {
     d["barrier_wait_ns"] = s.barrier_wait_ns;
     d["busy_ns"] = s.busy_ns;
     d["start_ns"] = s.start_ns;
+    d["worker_sleeps"] = s.worker_sleeps;
     return d;
 }
 
@@ -194,8 +195,11 @@ void bind_cpu(py::module_ &m) {
              "Time every region from now on (sums cleared); off: nothing is timed")
         .def_property_readonly("stats_enabled", &ThreadPool::stats_enabled)
         .def("stats", [](const ThreadPool &p) { return pool_stats_dict(p.stats()); },
-             "{runs, barriers, run_ns, join_wait_ns, join_sleeps, barrier_wait_ns, busy_ns: [tid], start_ns: [tid]}")
-        .def("reset_stats", &ThreadPool::reset_stats);
+             "{runs, barriers, run_ns, join_wait_ns, join_sleeps, barrier_wait_ns, busy_ns: [tid], start_ns: [tid], "
+             "worker_sleeps}")
+        .def("reset_stats", &ThreadPool::reset_stats)
+        .def_property("spin_us", &ThreadPool::spin_us, &ThreadPool::set_spin_us,
+                      "the bounded spin of every wait, microseconds (0 and unchangeable when oversubscribed)");
 
     // For tests of the in-region use (claims between barriers of one run).
     py::class_<WorkList>(m, "WorkList")

@@ -75,14 +75,15 @@ bool spin_until(Done done, int spin_us) {
     }
 }
 
-// Waits until word != old: bounded spin, then futex sleep registered in sleepers.
-void wait_change(std::atomic<uint32_t> &word, uint32_t old, std::atomic<int> &sleepers, int spin_us) {
-    if (spin_until([&] { return word.load(std::memory_order_acquire) != old; }, spin_us)) return;
+// Waits until word != old: bounded spin, then futex sleep registered in sleepers. True when the
+// spin ran out (the waiter registered as a sleeper).
+bool wait_change(std::atomic<uint32_t> &word, uint32_t old, std::atomic<int> &sleepers, int spin_us) {
+    if (spin_until([&] { return word.load(std::memory_order_acquire) != old; }, spin_us)) return false;
     for (;;) {
         sleepers.fetch_add(1, std::memory_order_seq_cst);
         if (word.load(std::memory_order_seq_cst) == old) futex_wait(word, old);
         sleepers.fetch_sub(1, std::memory_order_seq_cst);
-        if (word.load(std::memory_order_acquire) != old) return;
+        if (word.load(std::memory_order_acquire) != old) return true;
     }
 }
 
@@ -109,6 +110,7 @@ struct alignas(kCacheLine) WorkerState {
     int pin_errno = 0;      // result of pinning at start-up
     uint64_t busy_ns = 0;   // PoolStats, written by this worker only (read between regions)
     uint64_t start_ns = 0;
+    uint64_t sleeps = 0;    // regions this worker waited for past its spin, asleep
 };
 
 int64_t now_ns() {
@@ -119,7 +121,8 @@ int64_t now_ns() {
 struct ThreadPool::Impl {
     int nth = 1;
     bool pin = true;
-    int spin_us = 50;
+    std::atomic<int> spin_us{50};  // set_spin_us between regions; workers read it at each wait
+    bool oversubscribed = false;   // more workers than usable CPUs: never spin
     std::vector<WorkerState> workers;
     std::vector<std::thread> threads;
     int caller_cpu = -1;  // set by pin_caller()
@@ -166,10 +169,11 @@ struct ThreadPool::Impl {
         started.count_down();
         uint32_t seen = 0;
         for (;;) {
-            wait_change(start_seq, seen, start_sleepers, spin_us);
+            const bool slept = wait_change(start_seq, seen, start_sleepers, spin_us.load(std::memory_order_relaxed));
             seen = start_seq.load(std::memory_order_acquire);
             if (stop.load(std::memory_order_acquire)) return;
             if (stats_on) {
+                w.sleeps += slept;
                 const int64_t t0 = now_ns();
                 w.start_ns += uint64_t(std::max<int64_t>(0, t0 - release_t));
                 call(tid);
@@ -200,7 +204,7 @@ struct ThreadPool::Impl {
 ThreadPool::ThreadPool(const ThreadPoolOptions &opts) : impl_(std::make_unique<Impl>()) {
     Impl &s = *impl_;
     s.pin = opts.pin;
-    s.spin_us = std::max(0, opts.spin_us);
+    s.spin_us.store(std::max(0, opts.spin_us));
     Topology topo = opts.affinity.empty() ? read_topology(opts.sysfs_root)
                                           : read_topology(opts.sysfs_root, opts.affinity);
     std::vector<CpuSlot> slots;
@@ -220,7 +224,8 @@ ThreadPool::ThreadPool(const ThreadPoolOptions &opts) : impl_(std::make_unique<I
     s.nth = int(slots.size());
     // More workers than usable CPUs: a spinning waiter would burn the time slice of the very
     // worker it waits for, so go straight to the futex.
-    if (size_t(s.nth) > topo.cpus.size()) s.spin_us = 0;
+    s.oversubscribed = size_t(s.nth) > topo.cpus.size();
+    if (s.oversubscribed) s.spin_us.store(0);
     s.workers.resize(slots.size());
     for (size_t i = 0; i < slots.size(); ++i) {
         s.workers[i].slot = slots[i];
@@ -263,7 +268,7 @@ void ThreadPool::run(const std::function<void(int, int)> &fn) {
     s.call(0);
     const int64_t t_own = st ? now_ns() : 0;
     auto done = [&] { return s.remaining.load(std::memory_order_acquire) == 0; };
-    if (!spin_until(done, s.spin_us)) {
+    if (!spin_until(done, s.spin_us.load(std::memory_order_relaxed))) {
         if (st) ++s.stats.join_sleeps;
         for (;;) {
             s.caller_sleeping.store(1, std::memory_order_seq_cst);
@@ -316,7 +321,7 @@ void ThreadPool::barrier_wait(int tid) {
         if (s.bar_sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(s.bar_gen);
         return;
     }
-    wait_change(s.bar_gen, gen, s.bar_sleepers, s.spin_us);
+    wait_change(s.bar_gen, gen, s.bar_sleepers, s.spin_us.load(std::memory_order_relaxed));
     if (s.failed.load(std::memory_order_acquire)) throw BarrierAborted();
 }
 
@@ -511,6 +516,7 @@ PoolStats ThreadPool::stats() const {
     for (const WorkerState &w : s.workers) {
         out.busy_ns.push_back(w.busy_ns);
         out.start_ns.push_back(w.start_ns);
+        out.worker_sleeps += w.sleeps;
     }
     return out;
 }
@@ -518,7 +524,14 @@ PoolStats ThreadPool::stats() const {
 void ThreadPool::reset_stats() {
     Impl &s = *impl_;
     s.stats = PoolStats{};
-    for (WorkerState &w : s.workers) w.busy_ns = w.start_ns = 0;
+    for (WorkerState &w : s.workers) w.busy_ns = w.start_ns = w.sleeps = 0;
 }
+
+void ThreadPool::set_spin_us(int us) {
+    if (us < 0) throw std::invalid_argument("spin_us must be >= 0, got " + std::to_string(us));
+    if (!impl_->oversubscribed) impl_->spin_us.store(us, std::memory_order_relaxed);
+}
+
+int ThreadPool::spin_us() const { return impl_->spin_us.load(std::memory_order_relaxed); }
 
 }  // namespace ktd

@@ -74,6 +74,8 @@ struct PoolStats {
     uint64_t barrier_wait_ns = 0;  // caller's time inside barrier() (waiting for the others)
     std::vector<uint64_t> busy_ns;   // [tid]: time inside fn (barrier waits included)
     std::vector<uint64_t> start_ns;  // [tid >= 1]: release of a region to fn starting there
+    uint64_t worker_sleeps = 0;    // region starts a worker (tid >= 1) waited for past its spin, asleep
+                                   // on the futex
 };
 
 // A list of work items claimed dynamically by the workers of a running region (contract above).
@@ -195,6 +197,13 @@ public:
     // reset_stats() from the thread that calls run(), between regions.
     void set_stats(bool on);
     bool stats_enabled() const;
+    // The bounded spin of every wait (ThreadPoolOptions::spin_us), changed for the following waits
+    // (a waiter already asleep stays so until woken): the hybrid forward raises it so the workers
+    // still spin when the next MoE layer comes after the device's dense part. Call it between
+    // regions. Ignored (stays 0) when the pool has more workers than usable CPUs;
+    // std::invalid_argument below 0.
+    void set_spin_us(int us);
+    int spin_us() const;
     PoolStats stats() const;
     void reset_stats();
 

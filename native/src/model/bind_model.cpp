@@ -528,7 +528,19 @@ static void bind_context_class(py::module_ &m) {
                 return pool_stats_dict(c.ctx->model().pool().stats());
             },
             "The model's pool sums since set_pool_stats(True): runs, barriers, run_ns, join_wait_ns, join_sleeps, "
-            "barrier_wait_ns, busy_ns [tid], start_ns [tid]")
+            "barrier_wait_ns, busy_ns [tid], start_ns [tid], worker_sleeps")
+        .def_property(
+            "pool_spin_us",
+            [](PyContext &c) {
+                std::lock_guard<std::mutex> l(c.mu);
+                return c.ctx->model().pool().spin_us();
+            },
+            [](PyContext &c, int us) {
+                std::lock_guard<std::mutex> l(c.mu);
+                c.ctx->model().pool().set_spin_us(us);
+            },
+            "The model's pool's bounded spin before a waiting worker sleeps, microseconds (ThreadPool::set_spin_us; "
+            "the hybrid forward raises it: gpu.pool_spin_us)")
         .def(
             "set_backend",
             [](PyContext &c, const std::string &name, int device, uint64_t vram_budget, int layers,
