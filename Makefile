@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check gpu-carry build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe clean distclean wheel oracle deb test-deb test-arm64 test-arm64-ci
+.PHONY: gpu-check gpu-carry build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe synthetic-dense clean distclean wheel oracle deb test-deb test-arm64 test-arm64-ci
 
 build: native
 
@@ -118,6 +118,12 @@ bench-daemon: build
 # each) into $${KTD_CACHE:-~/.cache/ktd}/synthetic; needs llama-cpp-python for the quantizer.
 synthetic-moe: venv
 	$(PY) -m tests.models.synthetic_moe --preset bench
+
+# A Qwen2.5-7B-shaped dense Q4_K_M of random valid blocks (4.4 GB, about a minute; no quantizer):
+# decode from DRAM where the L3 holds the small models. python -m ktd.bench.e2e --models
+# synthetic-qwen2-7b-bench, or ktd.bench.decode on the file.
+synthetic-dense: venv
+	$(PY) -m tests.models.synthetic_dense
 
 wheel: venv
 	$(PIP) wheel --no-deps --no-build-isolation -w dist .

@@ -353,6 +353,20 @@ def test_synthetic_moe_models_resolve_from_the_cache(tmp_path, monkeypatch):
     assert m.resolve() == path
 
 
+def test_the_dense_bench_file_is_run_only_when_named(tmp_path, monkeypatch):
+    """synthetic-qwen2-7b-bench (4.4 GB per token) is not in the default list; named, it resolves
+    from the cache or says which command writes it."""
+    monkeypatch.setenv("KTD_CACHE", str(tmp_path))
+    assert "synthetic-qwen2-7b-bench" not in [m.name for m in e2e.select_models(None, quick=False)]
+    (m,) = e2e.select_models(["synthetic-qwen2-7b-bench"], quick=False)
+    with pytest.raises(FileNotFoundError, match=r"python -m tests\.models\.synthetic_dense"):
+        m.resolve()
+    path = tmp_path / "synthetic" / "qwen2-7b-bench-q4_k_m-s0.gguf"
+    path.parent.mkdir()
+    path.write_bytes(b"GGUF")
+    assert m.resolve() == path
+
+
 def _fake_llama_bench(tmp_path, body=None):
     """An executable standing in for llama-bench: logs its argv, answers like ``-o json`` with
     avg_ns = 1 ms per prompt token + 10 ms per generated token (and one decoy result)."""

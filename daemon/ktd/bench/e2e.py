@@ -105,19 +105,24 @@ def _known_model(name: str) -> Callable[[], Path]:
     return resolve
 
 
-def _synthetic_moe(arch: str, variant: str | None = None) -> Callable[[], Path]:
-    """A synthetic MoE benchmark file (tests/models/synthetic_moe.py, bench preset, Q4_K_M) from
-    ${KTD_CACHE:-~/.cache/ktd}/synthetic. Writing one takes many minutes and several GB, so an
-    absent file is reported unavailable with the command that writes it, not generated here."""
+def _synthetic(file: str, writer: str) -> Callable[[], Path]:
+    """A synthetic benchmark file from ${KTD_CACHE:-~/.cache/ktd}/synthetic. Writing one takes
+    minutes and several GB, so an absent file is reported unavailable with the command that writes
+    it (`writer`), not generated here."""
     def resolve() -> Path:
-        v = f"-{variant}" if variant else ""
         cache = Path(os.environ.get("KTD_CACHE") or Path.home() / ".cache" / "ktd")
-        path = cache / "synthetic" / f"{arch}{v}-bench-q4_k_m-s0.gguf"
+        path = cache / "synthetic" / file
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is absent; write it with `python -m tests.models.synthetic_moe "
-                                    f"--preset bench --arch {arch}` (many minutes, several GB)")
+            raise FileNotFoundError(f"{path} is absent; write it with `{writer}` (minutes, several GB)")
         return path
     return resolve
+
+
+def _synthetic_moe(arch: str, variant: str | None = None) -> Callable[[], Path]:
+    """A synthetic MoE benchmark file (tests/models/synthetic_moe.py, bench preset, Q4_K_M)."""
+    v = f"-{variant}" if variant else ""
+    return _synthetic(f"{arch}{v}-bench-q4_k_m-s0.gguf",
+                      f"python -m tests.models.synthetic_moe --preset bench --arch {arch}")
 
 
 MODELS: list[BenchModel] = [
@@ -127,6 +132,13 @@ MODELS: list[BenchModel] = [
     # Shaped like Qwen3-30B-A3B (12 of 48 layers) and DeepSeek-V2-Lite (10 of 27 layers).
     BenchModel("synthetic-qwen3moe-bench", _synthetic_moe("qwen3moe")),
     BenchModel("synthetic-deepseek2-v2-bench", _synthetic_moe("deepseek2", "v2")),
+]
+# Run only when named (--models): a Qwen2.5-7B-shaped dense Q4_K_M of random valid blocks
+# (tests/models/synthetic_dense.py, 4.4 GB read per token), for decode figures that come from DRAM
+# where the last-level cache holds most of the small models (every row above cache-assisted).
+EXTRA_MODELS: list[BenchModel] = [
+    BenchModel("synthetic-qwen2-7b-bench", _synthetic("qwen2-7b-bench-q4_k_m-s0.gguf",
+                                                      "python -m tests.models.synthetic_dense")),
 ]
 
 
@@ -809,7 +821,7 @@ def write_json(report: dict, out: Path) -> None:
 
 
 def select_models(names: Iterable[str] | None, quick: bool) -> list[BenchModel]:
-    known = {m.name: m for m in MODELS}
+    known = {m.name: m for m in MODELS + EXTRA_MODELS}
     if names:
         unknown = [n for n in names if n not in known]
         if unknown:
@@ -821,7 +833,8 @@ def select_models(names: Iterable[str] | None, quick: bool) -> list[BenchModel]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.e2e", description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", metavar="NAME",
-                    help=f"models to run (default: all: {', '.join(m.name for m in MODELS)})")
+                    help=f"models to run (default: all: {', '.join(m.name for m in MODELS)}; on request: "
+                         f"{', '.join(m.name for m in EXTRA_MODELS)})")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, help="interleaved repetitions per test (default 5; 2 with --quick)")
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=None,
