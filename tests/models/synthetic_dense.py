@@ -91,17 +91,10 @@ def _set_scales(qt: str, blocks: np.ndarray, d: np.ndarray) -> None:
 
 def random_k_blocks(qt: str, n_rows: int, k: int, rng: np.random.Generator, std: float) -> np.ndarray:
     """Random valid `qt` (Q4_K, Q6_K) blocks for n_rows rows of k weights ([n_rows, row bytes]
-    uint8) whose dequantized values have about standard deviation `std`."""
-    size, _ = _K_BLOCKS[qt]
-    if k % 256:
-        raise ValueError(f"{qt} rows need a multiple of 256 weights, not {k}")
-    nb = n_rows * k // 256
-    blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
-    _set_scales(qt, blocks, np.ones(nb, np.float32))
-    unit = gguf.quants.dequantize(blocks[: min(nb, 4096)], QT[qt]).astype(np.float64)
-    d = std / max(float(unit.std()), 1e-30) * rng.uniform(0.75, 1.25, nb)
-    _set_scales(qt, blocks, d)
-    return blocks.reshape(n_rows, k // 256 * size)
+    uint8) whose dequantized values have about standard deviation `std`
+    (synthetic_moe.random_scaled_blocks)."""
+    return synthetic_moe.random_scaled_blocks(qt, _K_BLOCKS[qt][0], lambda b, d: _set_scales(qt, b, d), n_rows, k,
+                                              rng, std)
 
 
 def tensor_table(s: DenseShape) -> list[tuple[str, tuple[int, ...]]]:

@@ -469,21 +469,28 @@ def set_iq_block_scale(qt: str, blocks: np.ndarray, d: np.ndarray) -> None:
     blocks[:, 48:56] = sc.view(np.uint8).reshape(-1, 8)
 
 
-def random_iq_blocks(qt: str, n_rows: int, k: int, rng: np.random.Generator, std: float) -> np.ndarray:
-    """Random valid `qt` blocks for n_rows rows of k weights ([n_rows, row bytes] uint8) whose
-    dequantized values have about standard deviation `std`. Every bit pattern of the index, sign,
-    scale and shift fields is a valid code, so those bytes are random; the fp16 block scale d is set
-    from gguf-py's dequantization of the same blocks at d = 1 (times a random 0.75..1.25)."""
-    size, _ = _IQ_BLOCKS[qt]
+def random_scaled_blocks(qt: str, size: int, set_scale, n_rows: int, k: int, rng: np.random.Generator,
+                         std: float) -> np.ndarray:
+    """Random valid `qt` blocks of 256 weights and `size` bytes for n_rows rows of k weights
+    ([n_rows, row bytes] uint8) whose dequantized values have about standard deviation `std`, for
+    a type where every bit pattern but the fp16 block scale is a valid code: those bytes are random,
+    and set_scale(blocks, d) writes the scales d [nb], set from gguf-py's dequantization of the same
+    blocks at scale 1 (times a random 0.75..1.25)."""
     if k % 256:
         raise ValueError(f"{qt} rows need a multiple of 256 weights, not {k}")
     nb = n_rows * k // 256
     blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
-    set_iq_block_scale(qt, blocks, np.ones(nb, np.float32))
+    set_scale(blocks, np.ones(nb, np.float32))
     unit = gguf.quants.dequantize(blocks[: min(nb, 4096)], QT[qt]).astype(np.float64)
-    d = std / max(float(unit.std()), 1e-30) * rng.uniform(0.75, 1.25, nb)
-    set_iq_block_scale(qt, blocks, d)
+    set_scale(blocks, std / max(float(unit.std()), 1e-30) * rng.uniform(0.75, 1.25, nb))
     return blocks.reshape(n_rows, k // 256 * size)
+
+
+def random_iq_blocks(qt: str, n_rows: int, k: int, rng: np.random.Generator, std: float) -> np.ndarray:
+    """Random valid `qt` i-quant blocks (random_scaled_blocks): every bit pattern of the index,
+    sign, scale and shift fields is a valid code."""
+    return random_scaled_blocks(qt, _IQ_BLOCKS[qt][0], lambda b, d: set_iq_block_scale(qt, b, d), n_rows, k, rng,
+                                std)
 
 
 def make_dynamic_iq(arch: str, path: str | os.PathLike[str], *, cfg: MoeConfig, seed: int = 0,
