@@ -475,12 +475,11 @@ def _set_backend(engine: Engine, decision: Any, g: Any) -> None:
             log.warning("gpu.device %s cannot be used, running on the CPU only: %s (set gpu.required: true to "
                         "refuse to start instead)", decision.device, e)
             decision.backend, decision.reason = "cpu", str(e)
-            return
     elif decision.backend != "cpu":
         kw = {"layers": g.layers, "experts": decision.held}
         engine.context.set_backend(decision.backend, **kw)
         engine.backend_args = (decision.backend, kw)
-    else:
+    if decision.backend == "cpu":
         return
     # Between two MoE layers the pool idles while the device runs the dense part: its workers keep
     # spinning through that gap instead of sleeping and being woken once per layer.

@@ -99,6 +99,9 @@ int64_t max_k(const Context &ctx) {
 uint64_t held_pairs(const Context &ctx) {
     return uint64_t(ctx.n_batch()) * uint64_t(std::max(1, ctx.model().hparams().moe.n_expert_used));
 }
+bool any_held(const std::vector<std::vector<uint8_t>> &masks) {
+    return std::any_of(masks.begin(), masks.end(), [](const auto &m) { return !m.empty(); });
+}
 uint64_t held_scratch_bytes(const Context &ctx) {
     return aligned(uint64_t(ctx.n_batch()) * uint64_t(ctx.model().hparams().n_embd) * 4) + aligned(held_pairs(ctx) * 8);
 }
@@ -205,8 +208,7 @@ CudaDevicePlan CudaDevice::plan(const Context &ctx, int layers, const HeldExpert
     p.activations += aligned(nb * uint64_t(max_k(ctx)) / 32 * KTD_CUDA_ACT_BLOCK_BYTES);
     p.activations += 2 * aligned(nb * 4) + 2 * aligned(nb * 8);  // pos, n_kv, kv rows, kv first
     if (hp.n_swa > 0) p.activations += aligned(nb * 4) + aligned(nb * 8);  // the window's n_kv, kv first
-    if (std::any_of(masks.begin(), masks.end(), [](const auto &m) { return !m.empty(); }))
-        p.activations += held_scratch_bytes(ctx);
+    if (any_held(masks)) p.activations += held_scratch_bytes(ctx);
     return p;
 }
 
@@ -284,7 +286,7 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
             nkv_swa_ = static_cast<int32_t *>(dalloc(uint64_t(nb) * 4));
             kv_first_swa_ = static_cast<int64_t *>(dalloc(uint64_t(nb) * 8));
         }
-        if (std::any_of(held_.begin(), held_.end(), [](const auto &m) { return !m.empty(); })) {
+        if (any_held(held_)) {
             xg_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
             sel_cap_ = int64_t(held_pairs(ctx));
             d_sel_ = static_cast<int32_t *>(dalloc(uint64_t(sel_cap_) * 8));
