@@ -81,17 +81,18 @@ def test_summarize_with_several_passes_per_step():
 
 
 def test_prefetch_ab_keeps_each_settings_passes_with_its_steps():
-    steps = [0.10, 0.20, 0.12, 0.22]
-    settings = [0, 1, 0, 1]
-    bws = [10e9, 11e9, 20e9, 21e9, 12e9, 13e9, 22e9, 23e9]
-    loops = [0, 4096] * 4
-    pass_steps = [0, 0, 1, 1, 2, 2, 3, 3]
+    steps = [0.10, 0.20, 0.30, 0.12, 0.22, 0.32]
+    settings = [0, 1, 2, 0, 1, 2]
+    bws = [10e9, 11e9, 20e9, 21e9, 30e9, 31e9, 12e9, 13e9, 22e9, 23e9, 32e9, 33e9]
+    loops = [0, 4096] * 6
+    pass_steps = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     ab = B.prefetch_ab(steps, bws, settings, 1_000_000_000, loops, pass_steps)
     assert ab["off"]["read_loop_medians"] == {"0": 11e9, "4096": 12e9}
-    assert ab["on"]["read_loop_medians"] == {"0": 21e9, "4096": 22e9}
-    assert ab["off"]["median_step_s"] == pytest.approx(0.11) and ab["on"]["median_step_s"] == pytest.approx(0.21)
-    assert ab["off"]["read_loop_passes"] == 2 and ab["on"]["read_loop_passes"] == 2
-    assert ab["on_over_off"] == pytest.approx(0.21 / 0.11)
+    assert ab["l1"]["read_loop_medians"] == {"0": 21e9, "4096": 22e9}
+    assert ab["l2"]["read_loop_medians"] == {"0": 31e9, "4096": 32e9}
+    assert ab["off"]["median_step_s"] == pytest.approx(0.11) and ab["l1"]["median_step_s"] == pytest.approx(0.21)
+    assert ab["off"]["read_loop_passes"] == 2 and ab["l1"]["read_loop_passes"] == 2
+    assert ab["l1_over_off"] == pytest.approx(0.21 / 0.11) and ab["l2_over_off"] == pytest.approx(0.31 / 0.11)
 
 
 @pytest.mark.parametrize("steps, bws, bpt", [([], [], 1), ([0.1], [], 1), ([0.1], [1e9], 0), ([0.0], [1e9], 1),
@@ -389,26 +390,28 @@ def test_weights_map_pair_bench_on_a_tiny_model(tmp_path, capsys):
     assert W.main(["no-such-model.gguf", "--out", str(out)]) == 1
 
 
-# --- --ab-prefetch: the decode prefetch off and on, step by step ---------------------------------
+# --- --ab-prefetch: the decode prefetch modes, step by step -------------------------------------
 
-def test_prefetch_ab_summarizes_each_setting_apart():
-    steps = [0.10, 0.12, 0.11, 0.15, 0.09, 0.13]
-    bws = [10e9, 11e9, 12e9, 13e9, 14e9, 15e9]
-    settings = [0, 1, 0, 1, 0, 1]
+def test_prefetch_ab_summarizes_each_mode_apart():
+    steps = [0.10, 0.12, 0.08, 0.11, 0.15, 0.07, 0.09, 0.13, 0.06]
+    bws = [10e9, 11e9, 12e9, 13e9, 14e9, 15e9, 16e9, 17e9, 18e9]
+    settings = [0, 1, 2] * 3
     bpt = 1_000_000_000
     ab = B.prefetch_ab(steps, bws, settings, bpt)
-    off = B.summarize([0.10, 0.11, 0.09], [10e9, 12e9, 14e9], bpt)
-    on = B.summarize([0.12, 0.15, 0.13], [11e9, 13e9, 15e9], bpt)
-    assert ab["off"] == off and ab["on"] == on
-    assert ab["on_over_off"] == pytest.approx(np.median([0.12, 0.15, 0.13]) / np.median([0.10, 0.11, 0.09]))
-    with pytest.raises(ValueError):  # a setting without steps
-        B.prefetch_ab([0.1], [1e9], [0], bpt)
+    off = B.summarize([0.10, 0.11, 0.09], [10e9, 13e9, 16e9], bpt)
+    l1 = B.summarize([0.12, 0.15, 0.13], [11e9, 14e9, 17e9], bpt)
+    l2 = B.summarize([0.08, 0.07, 0.06], [12e9, 15e9, 18e9], bpt)
+    assert ab["off"] == off and ab["l1"] == l1 and ab["l2"] == l2
+    assert ab["l1_over_off"] == pytest.approx(0.13 / 0.10)
+    assert ab["l2_over_off"] == pytest.approx(0.07 / 0.10)
+    with pytest.raises(ValueError):  # a mode without steps
+        B.prefetch_ab([0.1, 0.2], [1e9, 1e9], [0, 1], bpt)
 
 
 def test_ab_prefetch_alternates_the_setting_and_restores_the_default(tmp_path, capsys, monkeypatch):
-    """Every step runs under the setting it is filed under (the native switch is called before
-    each, off first), the CPU's default is back afterwards, and the row's own figures are the
-    default setting's steps."""
+    """Every step runs under the mode it is filed under (the native switch is called before
+    each: off, l1, l2 in turn), the CPU's default is back afterwards, and the row's own figures
+    are the default mode's steps."""
     from ktd import _native
 
     real = _native.kernels.set_decode_prefetch
@@ -421,21 +424,22 @@ def test_ab_prefetch_alternates_the_setting_and_restores_the_default(tmp_path, c
     monkeypatch.setattr(_native.kernels, "set_decode_prefetch", record)
     path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
     out = tmp_path / "decode.json"
-    assert B.main([str(path), "--threads", "1", "--tokens", "5", "--ab-prefetch", "--out", str(out)]) == 0
-    assert calls == [0, 1, 0, 1, 0, -1]
+    assert B.main([str(path), "--threads", "1", "--tokens", "7", "--ab-prefetch", "--out", str(out)]) == 0
+    assert calls == [0, 1, 2, 0, 1, 2, 0, -1]
     assert _native.kernels.decode_prefetch() == _native.kernels.decode_prefetch_default()
     (row,) = json.loads(out.read_text())
     ab = row["decode_prefetch_ab"]
-    assert ab["off"]["tokens"] == 3 and ab["on"]["tokens"] == 2
-    # Every step is followed by a pass of every read loop, so both settings see all of them, once
+    assert ab["off"]["tokens"] == 3 and ab["l1"]["tokens"] == 2 and ab["l2"]["tokens"] == 2
+    # Every step is followed by a pass of every read loop, so every mode sees all of them, once
     # per step.
     loops = {str(int(pf)) for pf in _native.kernels.READ_BANDWIDTH_PREFETCH}
-    assert set(ab["off"]["read_loop_medians"]) == set(ab["on"]["read_loop_medians"]) == loops
-    assert ab["off"]["read_loop_passes"] == 3 and ab["on"]["read_loop_passes"] == 2
-    default = "on" if _native.kernels.decode_prefetch_default() else "off"
+    assert set(ab["off"]["read_loop_medians"]) == set(ab["l1"]["read_loop_medians"]) == \
+        set(ab["l2"]["read_loop_medians"]) == loops
+    assert ab["off"]["read_loop_passes"] == 3 and ab["l1"]["read_loop_passes"] == 2
+    default = B.PREFETCH_MODES[_native.kernels.decode_prefetch_default()]
     assert row["tokens"] == ab[default]["tokens"] and row["median_step_s"] == ab[default]["median_step_s"]
-    assert ab["on_over_off"] == pytest.approx(ab["on"]["median_step_s"] / ab["off"]["median_step_s"])
-    assert "decode prefetch, alternating step by step: off" in capsys.readouterr().out
+    assert ab["l1_over_off"] == pytest.approx(ab["l1"]["median_step_s"] / ab["off"]["median_step_s"])
+    assert "decode prefetch, the modes in turn step by step: off" in capsys.readouterr().out
 
 
 def test_ab_prefetch_restores_the_default_when_a_step_fails(tmp_path, monkeypatch):
@@ -445,7 +449,7 @@ def test_ab_prefetch_restores_the_default_when_a_step_fails(tmp_path, monkeypatc
     path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
     real_forward = Engine.forward
     n = {"calls": 0}
-    # The first step forced to the setting that is not the default: step 0 is off, step 1 on.
+    # The first step forced to a mode that is not the default: step 0 is off, step 1 l1.
     fail_at = 2 + (0 if _native.kernels.decode_prefetch_default() else 1)  # the prompt is call 1
 
     def failing(self, *a, **kw):
@@ -464,10 +468,10 @@ def test_ab_prefetch_restores_the_default_when_a_step_fails(tmp_path, monkeypatc
 def test_ab_prefetch_rejects_a_breakdown_and_a_single_token(tmp_path, capsys):
     out = str(tmp_path / "x.json")
     assert B.main(["no-such-model.gguf", "--ab-prefetch", "--breakdown", "--out", out]) == 1
-    assert B.main(["no-such-model.gguf", "--ab-prefetch", "--tokens", "1", "--out", out]) == 1
+    assert B.main(["no-such-model.gguf", "--ab-prefetch", "--tokens", "2", "--out", out]) == 1
     assert "--ab-prefetch needs" in capsys.readouterr().err
     with pytest.raises(ValueError):
-        B.measure("unused.gguf", 1, 1, ab_prefetch=True)
+        B.measure("unused.gguf", 1, 2, ab_prefetch=True)
 
 
 def test_compare_says_when_the_ceilings_were_taken_differently():

@@ -285,10 +285,10 @@ def restore_decode_prefetch():
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qt", TYPES)
 def test_decode_prefetch_changes_no_bits(qt, isa, restore_decode_prefetch):
-    """The decode GEMV (n = 1) with and without the software prefetch (k_decode_prefetch): the
-    same sums in the same order, so the same bits, and both within the oracles' bounds. The same
-    for prefill (n > 1), whose first column tile of each chunk prefetches when it is on: n = 5 and
-    9 are a prefetching tile and untouched ones, (768, 2048) spans several chunks."""
+    """The decode GEMV (n = 1) in every software prefetch mode (k_decode_prefetch: off, l1, l2):
+    the same sums in the same order, so the same bits, and all within the oracles' bounds. The
+    same for prefill (n > 1), whose first column tile of each chunk prefetches in the mode: n = 5
+    and 9 are a prefetching tile and untouched ones, (768, 2048) spans several chunks."""
     rng = np.random.default_rng(21)
     for rows, k in [(1, 256), (9, 512), (768, 2048), (77, 1280)]:
         w = random_weights(qt, rows, k, rng)
@@ -297,31 +297,35 @@ def test_decode_prefetch_changes_no_bits(qt, isa, restore_decode_prefetch):
         x5 = rng.standard_normal((5, k)).astype(np.float32)
         x9 = rng.standard_normal((9, k)).astype(np.float32)
         got = {}
-        for on in (1, 0):
-            K.set_decode_prefetch(on)
-            assert K.decode_prefetch() is bool(on)
-            got[on] = (check_against_oracles(qt, isa, w, wp, rows, k, x1, threads=2),
-                       check_against_oracles(qt, isa, w, wp, rows, k, x5, threads=2),
-                       K.matmul_repacked(qt, wp, rows, k, x9, isa=isa, threads=1))
-        for a, b in zip(got[1], got[0]):
-            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+        for mode in (1, 2, 0):
+            K.set_decode_prefetch(mode)
+            assert K.decode_prefetch() == mode
+            got[mode] = (check_against_oracles(qt, isa, w, wp, rows, k, x1, threads=2),
+                         check_against_oracles(qt, isa, w, wp, rows, k, x5, threads=2),
+                         K.matmul_repacked(qt, wp, rows, k, x9, isa=isa, threads=1))
+        for mode in (1, 2):
+            for a, b in zip(got[mode], got[0]):
+                np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_decode_prefetch_default_and_override(restore_decode_prefetch):
-    """The CPU default (off on AMD Zen 4 and later: family 25 with AVX-512F, or above; on
-    elsewhere), KTD_DECODE_PREFETCH=0|1 read at first use, and a clear error for anything else."""
+    """The CPU default (off on AMD Zen 4 and later: family 25 with AVX-512F, or above; l2 on
+    Intel; l1 elsewhere), KTD_DECODE_PREFETCH=0|1|2 or off|l1|l2 read at first use, and a clear error for
+    anything else."""
     import subprocess
     import sys
 
     f = _native.cpu_features()
     zen4_or_later = f.vendor == "AuthenticAMD" and (f.family > 25 or (f.family == 25 and f.avx512f))
-    assert K.decode_prefetch_default() is (not zen4_or_later)
+    assert K.decode_prefetch_default() == (0 if zen4_or_later else 2 if f.vendor == "GenuineIntel" else 1)
+    assert K.decode_prefetch_modes() == ["off", "l1", "l2"]
     K.set_decode_prefetch(-1)
-    assert K.decode_prefetch() is K.decode_prefetch_default()
-    with pytest.raises(ValueError, match="expected 0, 1 or -1"):
-        K.set_decode_prefetch(2)
+    assert K.decode_prefetch() == K.decode_prefetch_default()
+    for bad_mode in (3, -2):
+        with pytest.raises(ValueError, match=r"expected a mode 0 \(off\), 1 \(l1\), 2 \(l2\) or -1"):
+            K.set_decode_prefetch(bad_mode)
     probe = "from ktd import _native; print(_native.kernels.decode_prefetch())"
-    for value, want in (("0", "False"), ("1", "True")):
+    for value, want in (("0", "0"), ("1", "1"), ("2", "2"), ("off", "0"), ("l1", "1"), ("l2", "2")):
         out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "KTD_DECODE_PREFETCH": value},
                              capture_output=True, text=True, check=True).stdout.strip()
         assert out == want
@@ -329,7 +333,7 @@ def test_decode_prefetch_default_and_override(restore_decode_prefetch):
     for code in (probe, "from ktd import _native; _native.kernels.active_isa()"):
         bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KTD_DECODE_PREFETCH": "yes"},
                              capture_output=True, text=True)
-        assert bad.returncode != 0 and "KTD_DECODE_PREFETCH=yes: expected 0 or 1" in bad.stderr
+        assert bad.returncode != 0 and "KTD_DECODE_PREFETCH=yes: expected 0|1|2 or off|l1|l2" in bad.stderr
 
 
 X86_ONLY = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
@@ -349,34 +353,43 @@ def _tune(step_ms: dict[int, float]) -> dict:
 
 @X86_ONLY
 def test_decode_prefetch_tuning_keeps_the_faster(restore_decode_prefetch):
-    """Unless fixed, the first one-row steps alternate the setting (off first), and after 9 of
-    each the setting whose median step is more than 5% faster stays; a smaller gain keeps the CPU
-    default; a fixed setting (set_decode_prefetch 0/1) is never tuned."""
-    default = int(K.decode_prefetch_default())
-    other = 1 - default
+    """Unless fixed, the first one-row steps take the modes in turn (off, l1, l2), and after 9 of
+    each the fastest stays if its median step is more than 5% faster than the default's; a
+    smaller gain keeps the CPU default; a fixed mode (set_decode_prefetch) is never tuned."""
+    default = K.decode_prefetch_default()
     K.set_decode_prefetch(-1)
     assert K.decode_prefetch_state()["source"] == "default"
-    seen = [K.decode_prefetch_tune_begin()]
-    K.decode_prefetch_tune_step(seen[0], 2_000_000)
-    seen.append(K.decode_prefetch_tune_begin())
-    assert seen == [0, 1] and K.decode_prefetch_state()["source"] == "tuning"
-    K.decode_prefetch_tune_step(seen[1], 2_000_000)
-    st = _tune({default: 2.0, other: 1.5})                      # the other setting 25% faster
-    assert st["source"] == "tuned" and st["on"] is bool(other) and K.decode_prefetch() is bool(other)
-    assert st["off_ms" if other == 0 else "on_ms"] == pytest.approx(1.5)
-    assert K.decode_prefetch_tune_begin() == -1                 # tuned: no more alternation
+    seen = []
+    for _ in range(4):
+        seen.append(K.decode_prefetch_tune_begin())
+        assert K.decode_prefetch_state()["source"] == "tuning"
+        K.decode_prefetch_tune_step(seen[-1], 2_000_000)
+    assert seen == [0, 1, 2, 0]
+    for best in (0, 1, 2):
+        if best == default:
+            continue
+        K.set_decode_prefetch(-1)
+        ms = {m: 2.0 for m in range(3)}
+        ms[best] = 1.5                                          # that mode 25% faster
+        ms[3 - best - default] = 1.7                            # the third one faster than the default too
+        st = _tune(ms)
+        assert st["source"] == "tuned" and st["mode"] == best and K.decode_prefetch() == best
+        assert st["name"] == ["off", "l1", "l2"][best]
+        assert st["median_ms"][best] == pytest.approx(1.5) and st["median_ms"][default] == pytest.approx(2.0)
+        assert K.decode_prefetch_tune_begin() == -1             # tuned: no more alternation
     K.set_decode_prefetch(-1)                                   # back to the default: tuned again
-    st = _tune({default: 2.0, other: 1.94})                     # 3%: inside the margin
-    assert st["source"] == "tuned" and st["on"] is bool(default)
+    st = _tune({m: (2.0 if m == default else 1.94) for m in range(3)})  # 3%: inside the margin
+    assert st["source"] == "tuned" and st["mode"] == default
+    other = 2 if default != 2 else 0
     K.set_decode_prefetch(other)
     assert K.decode_prefetch_tune_begin() == -1 and K.decode_prefetch_state()["source"] == "set"
-    assert K.decode_prefetch() is bool(other)
+    assert K.decode_prefetch() == other
 
 
 @X86_ONLY
 def test_one_row_forwards_tune_the_decode_prefetch(tmp_path, restore_decode_prefetch):
-    """Context::forward: a prompt (several rows) does not tune; 18 one-row steps do, and the
-    logits are those of a fixed setting (the sums are the same either way)."""
+    """Context::forward: a prompt (several rows) does not tune; 27 one-row steps do, and the
+    logits are those of a fixed mode (the sums are the same in every mode)."""
     from models import tiny_dense
     from ktd.engine import Engine
 
@@ -385,13 +398,13 @@ def test_one_row_forwards_tune_the_decode_prefetch(tmp_path, restore_decode_pref
     def run() -> np.ndarray:
         eng = Engine.open(str(path), n_ctx=32, n_seq_max=1, threads=1)
         out = [eng.forward(np.arange(4) + 40, np.arange(4), np.zeros(4), np.ones(4, bool))]
-        for i in range(2 * 9):
+        for i in range(3 * 9):
             out.append(eng.forward(np.array([50 + i]), np.array([4 + i]), np.zeros(1), np.ones(1, bool)))
         return np.concatenate(out)
 
     K.set_decode_prefetch(-1)
     tuned = run()
     st = K.decode_prefetch_state()
-    assert st["source"] == "tuned" and st["off_ms"] > 0 and st["on_ms"] > 0
+    assert st["source"] == "tuned" and all(ms > 0 for ms in st["median_ms"])
     K.set_decode_prefetch(0)
     np.testing.assert_array_equal(run().view(np.uint32), tuned.view(np.uint32))

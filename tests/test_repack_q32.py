@@ -205,9 +205,8 @@ def test_simd_tile_on_layout_vs_scalar(t, isa, rows, k, n):
 
 @pytest.mark.parametrize("t,isa", SIMD_LAYOUTS)
 def test_decode_prefetch_changes_no_bits(t, isa):
-    """The decode GEMV (n = 1) with and without its software prefetch (k_decode_prefetch,
-    KTD_DECODE_PREFETCH): the same arithmetic, so the same bits, and within the order bound of the
-    scalar tile either way."""
+    """The decode GEMV (n = 1) in every software prefetch mode (k_decode_prefetch: off, l1, l2):
+    the same arithmetic, so the same bits, and within the order bound of the scalar tile each way."""
     layout_or_skip(isa)
     try:
         for rows, k in [(1, 32), (19, 96), (40, 896), (133, 2048)]:
@@ -216,11 +215,12 @@ def test_decode_prefetch_changes_no_bits(t, isa):
             y_ref = K.matmul_repacked(t, K.repack(t, w, rows, k, isa="ref"), rows, k, x, isa="ref")
             bound = order_bound(t, w, dequantize_ref(t, w, rows, k), x, K.quantize_act(t, x, isa="ref"), k)
             got = []
-            for on in (1, 0):
-                K.set_decode_prefetch(on)
+            for mode in (1, 2, 0):
+                K.set_decode_prefetch(mode)
                 y = K.matmul_repacked(t, wp, rows, k, x, isa=isa, threads=2)
                 assert (np.abs(y.astype(np.float64) - y_ref) <= bound).all()
                 got.append(y)
-            np.testing.assert_array_equal(got[0].view(np.uint32), got[1].view(np.uint32))
+            for y in got[1:]:
+                np.testing.assert_array_equal(got[0].view(np.uint32), y.view(np.uint32))
     finally:
         K.set_decode_prefetch(-1)

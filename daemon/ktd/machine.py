@@ -10,6 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 
 
+
+def prefetch_name(mode: int | bool | str | None) -> str:
+    """The decode prefetch mode's name (off, l1, l2) from its number, a name, or the on/off of
+    results written before the modes (True: l1)."""
+    if isinstance(mode, str):
+        return mode
+    if isinstance(mode, bool) or mode is None:
+        return "l1" if mode else "off"
+    from ktd import _native
+    names = _native.kernels.decode_prefetch_modes()
+    return names[mode] if 0 <= mode < len(names) else str(mode)
+
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -99,8 +111,8 @@ def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
             "stepping": features.stepping,
             "flags": sorted(name for name, on in features.flags().items() if on),
             "kernel_isa": _native.kernels.active_isa(),
-            "kernel_decode_prefetch": _native.kernels.decode_prefetch(),
-            # env, set, default, tuning (the first one-row forwards alternate it) or tuned
+            "kernel_decode_prefetch": prefetch_name(_native.kernels.decode_prefetch()),
+            # env, set, default, tuning (the first one-row forwards try each mode) or tuned
             "kernel_decode_prefetch_source": _native.kernels.decode_prefetch_state()["source"],
             "kernel_isas_runnable": [i for i in ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm") if _native.kernels.isa_compiled(i) and _native.kernels.isa_supported(i)],
             "last_level_cache": last_level_cache(sysfs_root),
@@ -165,7 +177,7 @@ def summary_lines(d: dict) -> list[str]:
     lines = [
         f"cpu: {cpu['model_name'] or cpu['vendor']}{llc_text} — kernels: {cpu['kernel_isa']} "
         f"(runnable: {', '.join(cpu['kernel_isas_runnable'])}; decode prefetch "
-        f"{'on' if cpu.get('kernel_decode_prefetch') else 'off'}"
+        f"{prefetch_name(cpu.get('kernel_decode_prefetch'))}"
         f"{', ' + cpu['kernel_decode_prefetch_source'] if cpu.get('kernel_decode_prefetch_source') else ''})",
         f"numa: {'yes' if topo['numa'] else 'no'}, {nodes}; usable cpus {len(topo['usable_cpus'])}",
         f"thread pool: {pool['n_threads']} workers on cpus {pool['cpus']}",

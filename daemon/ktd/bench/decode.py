@@ -48,14 +48,15 @@ token), while the % of the ceiling counts the weight bytes only, so at a long co
 ``attention`` / ``mla_attention`` rows show what the cache costs. ``--compare`` pairs rows of the
 same model, thread count and context.
 
-``--ab-prefetch`` checks the CPU's default for the decode GEMV's software prefetch
-(``_native.kernels.decode_prefetch_default``: off on AMD Zen 4 and later, on elsewhere; measured
-on two machines only) on the machine at hand: the steps alternate prefetch off and on, one step
-each, so both settings see the same machine at the same moments, and the row gets each setting's
-median step and % of the ceiling and the ratio of the medians (``decode_prefetch_ab``). On a
-shared host whose bandwidth drifts by 10-20% between runs, alternating step by step within one
-process resolves differences of about 1% that separate runs cannot. The row's own figures are
-the default setting's steps. Only the x86 kernels read the setting.
+``--ab-prefetch`` checks the decode GEMV's software prefetch modes (``_native.kernels``:
+off, l1 = prefetcht0 a few KiB ahead, l2 = prefetcht1 32 KiB ahead; the CPU's default,
+``decode_prefetch_default``, is off on AMD Zen 4 and later and l1 elsewhere, and the first
+one-row steps of a process tune it) on the machine at hand: the steps take the modes in turn,
+one step each, so every mode sees the same machine at the same moments, and the row gets each
+mode's median step and % of the ceiling and the ratio of its median to off's
+(``decode_prefetch_ab``). On a shared host whose bandwidth drifts by 10-20% between runs,
+alternating step by step within one process resolves differences of about 1% that separate runs
+cannot. The row's own figures are the default mode's steps. Only the x86 kernels read the mode.
 
 The result records the load average before and after, the CPU model, the kernels' ISA (set
 ``KTD_ISA=avx2`` to run the AVX2 path on an AVX-512 CPU) and the last-level cache, and flags
@@ -248,11 +249,14 @@ def machine_info(bytes_per_token: int) -> dict[str, Any]:
 
 
 def prefetch_words(r: dict[str, Any]) -> str:
-    """'decode prefetch on|off' and where the setting came from (the tuning's medians when tuned)."""
+    """'decode prefetch off|l1|l2' and where the mode came from (the tuning's medians when tuned)."""
+    from ktd.machine import prefetch_name
+
     st = r.get("decode_prefetch_state") or {}
-    words = f"decode prefetch {'on' if r['decode_prefetch'] else 'off'}"
+    words = f"decode prefetch {prefetch_name(r['decode_prefetch'])}"
     if st.get("source") == "tuned":
-        return words + f", tuned: step off {st['off_ms']:.2f} ms, on {st['on_ms']:.2f} ms"
+        return words + ", tuned: step " + ", ".join(f"{name} {ms:.2f} ms"
+                                                    for name, ms in zip(PREFETCH_MODES, st["median_ms"]))
     return words + (f", {st['source']}" if st.get("source") else "")
 
 
@@ -314,13 +318,16 @@ def summarize(step_seconds: Sequence[float], bandwidths: Sequence[float], bytes_
     }
 
 
+PREFETCH_MODES = ("off", "l1", "l2")  # _native.kernels.decode_prefetch_modes()
+
+
 def prefetch_ab(steps: Sequence[float], bandwidths: Sequence[float], settings: Sequence[int],
                 bytes_per_token: int, loops: Sequence[int] | None = None,
                 pass_steps: Sequence[int] | None = None) -> dict[str, Any]:
-    """--ab-prefetch: each setting's steps (0 = off, 1 = on; settings[i] is step i's) with the
+    """--ab-prefetch: each mode's steps (settings[i] is step i's mode, PREFETCH_MODES) with the
     bandwidth passes that followed them (and their read loops; ``pass_steps`` as summarize's),
-    summarized apart, and on/off as the ratio of the median steps (above 1: the prefetch is
-    slower)."""
+    summarized apart, and ``<mode>_over_off`` the ratio of its median step to off's (above 1: the
+    prefetch is slower)."""
     followed = list(range(len(bandwidths))) if pass_steps is None else list(pass_steps)
 
     def setting(val: int) -> dict[str, Any]:
@@ -331,14 +338,15 @@ def prefetch_ab(steps: Sequence[float], bandwidths: Sequence[float], settings: S
                          None if loops is None else [loops[j] for j in passes],
                          [index[followed[j]] for j in passes])
 
-    out: dict[str, Any] = {name: setting(val) for name, val in (("off", 0), ("on", 1))}
-    out["on_over_off"] = out["on"]["median_step_s"] / out["off"]["median_step_s"]
+    out: dict[str, Any] = {name: setting(val) for val, name in enumerate(PREFETCH_MODES)}
+    for name in PREFETCH_MODES[1:]:
+        out[f"{name}_over_off"] = out[name]["median_step_s"] / out["off"]["median_step_s"]
     return out
 
 
 # Untimed one-row steps at most before the timed ones, while the decode prefetch is being tuned
-# (2 x kPrefetchTuneSteps, native/src/kernels/kernels.h).
-TUNE_STEPS_MAX = 2 * 9
+# (the modes x kPrefetchTuneSteps, native/src/kernels/kernels.h).
+TUNE_STEPS_MAX = len(PREFETCH_MODES) * 9
 
 
 def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
@@ -353,8 +361,9 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
 
     if tokens < 1 or threads < 1 or context < 1:
         raise ValueError("tokens, threads and context must be >= 1")
-    if ab_prefetch and (tokens < 2 or with_breakdown):
-        raise ValueError("the prefetch A/B needs at least 2 tokens and no breakdown (it would mix both settings)")
+    if ab_prefetch and (tokens < len(PREFETCH_MODES) or with_breakdown):
+        raise ValueError(f"the prefetch A/B needs at least {len(PREFETCH_MODES)} tokens and no breakdown (it would "
+                         "mix the modes)")
     bpt = int(inspect_model(path)["bytes_per_token"]["total"])
     eng = Engine.open(path, n_ctx=context + tokens + 1 + TUNE_STEPS_MAX, n_seq_max=1, threads=threads,
                       weights_map=weights_map)
@@ -375,7 +384,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         eng.context.set_profiling(True)
         eng.context.set_pool_stats(True)
     cpu = 0.0
-    settings = [i % 2 for i in range(tokens)] if ab_prefetch else []
+    settings = [i % len(PREFETCH_MODES) for i in range(tokens)] if ab_prefetch else []
     try:
         for i in range(tokens):
             if ab_prefetch:
@@ -395,7 +404,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
             _native.kernels.set_decode_prefetch(-1)  # the CPU's default again
     ab = prefetch_ab(steps, bws, settings, bpt, loops, pass_steps) if ab_prefetch else None
     # With the A/B, the row's own figures are those of the CPU's default setting's steps.
-    summary = (ab["on" if _native.kernels.decode_prefetch_default() else "off"] if ab is not None
+    summary = (ab[PREFETCH_MODES[_native.kernels.decode_prefetch_default()]] if ab is not None
                else summarize(steps, bws, bpt, loops, pass_steps))
     result = {"model": os.path.basename(path), "threads": threads, "context": context, "bytes_per_token": bpt,
               "weights_map": eng.model.memory["weights_map"],
@@ -413,12 +422,17 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
     return result
 
 
-def format_prefetch_ab(ab: dict[str, Any], default_on: bool) -> str:
-    off, on = ab["off"], ab["on"]
-    return (f"  decode prefetch, alternating step by step: off {off['median_step_s'] * 1e3:.3f} ms/step "
-            f"({off['pct_of_ceiling']:.1f}% of the ceiling, {off['tokens']} steps), on {on['median_step_s'] * 1e3:.3f} "
-            f"ms/step ({on['pct_of_ceiling']:.1f}%, {on['tokens']} steps): on/off {ab['on_over_off']:.3f}; "
-            f"this CPU's default: {'on' if default_on else 'off'}")
+def format_prefetch_ab(ab: dict[str, Any], default: int) -> str:
+    parts = []
+    for name in PREFETCH_MODES:
+        if name not in ab:
+            continue
+        m = ab[name]
+        ratio = f", {ab[name + '_over_off']:.3f}x off" if name + "_over_off" in ab else ""
+        parts.append(f"{name} {m['median_step_s'] * 1e3:.3f} ms/step ({m['pct_of_ceiling']:.1f}% of the ceiling, "
+                     f"{m['tokens']} steps{ratio})")
+    return (f"  decode prefetch, the modes in turn step by step: {'; '.join(parts)}; this CPU's default: "
+            f"{PREFETCH_MODES[int(default)]}")
 
 
 def format_breakdown(rows: list[dict[str, Any]]) -> str:
@@ -521,8 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 1 or args.context < 1 or any(t < 1 for t in args.threads):
         print("--tokens, --context and --threads must be >= 1", file=sys.stderr)
         return 1
-    if args.ab_prefetch and (args.tokens < 2 or args.breakdown):
-        print("--ab-prefetch needs --tokens >= 2 and no --breakdown (the breakdown would mix both settings)",
+    if args.ab_prefetch and (args.tokens < len(PREFETCH_MODES) or args.breakdown):
+        print(f"--ab-prefetch needs --tokens >= {len(PREFETCH_MODES)} (a step of each mode) and no --breakdown (the "
+              "breakdown would mix the modes)",
               file=sys.stderr)
         return 1
     from ktd.commands.run import _resolve
@@ -550,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{llc['bytes'] >> 20 if llc else '?'} MiB{' (cache-assisted: bytes/token < 4x the cache, its % of the DRAM ceiling is not comparable)' if r['cache_assisted'] else ''}; "
               f"load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}", flush=True)
         if args.ab_prefetch:
-            print(format_prefetch_ab(r["decode_prefetch_ab"], r["decode_prefetch"]), flush=True)
+            from ktd import _native
+            print(format_prefetch_ab(r["decode_prefetch_ab"], _native.kernels.decode_prefetch_default()), flush=True)
         if args.breakdown:
             print(format_breakdown(r["breakdown"]), flush=True)
             print(format_pool(r["pool"]), flush=True)

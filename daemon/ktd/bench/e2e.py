@@ -383,11 +383,12 @@ def format_table(report: dict) -> str:
         lines.append(f"{what}: not available: {reason}")
     cfg = report.get("config", {})
     if cfg.get("cpu_model_name") is not None:
+        from ktd import machine
         llc = cfg.get("last_level_cache") or {}
         cpuid_l3 = cfg.get("cpuid_l3_bytes")
         lines.append(f"machine: {cfg['cpu_model_name']} (family {cfg.get('cpu_family')} model "
                      f"{cfg.get('cpu_model')}), kernels {cfg.get('isa')}"
-                     + (f" (decode prefetch {'on' if cfg['decode_prefetch'] else 'off'})" if "decode_prefetch" in cfg else "")
+                     + (f" (decode prefetch {machine.prefetch_name(cfg['decode_prefetch'])})" if "decode_prefetch" in cfg else "")
                      + ", "
                      + (f"L{llc['level']} {llc['bytes'] >> 20} MiB per instance (sysfs)" if llc else "no cache in sysfs")
                      + (f", CPUID L3 {cpuid_l3 >> 20} MiB" if cpuid_l3 and cpuid_l3 != llc.get("bytes") else ""))

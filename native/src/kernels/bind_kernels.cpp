@@ -84,26 +84,37 @@ void bind_kernels(py::module_ &m) {
           "ISA used by default (CPUID, or KTD_ISA)");
     k.def("set_active_isa", [](const std::string &name) { set_active_isa(parse_isa(name)); });
     k.def("decode_prefetch", [] { return k_decode_prefetch(); },
-          "whether the repacked x86 decode GEMV prefetches in software (CPU default, or KTD_DECODE_PREFETCH)");
+          "the repacked x86 decode GEMV's software prefetch mode: 0 off, 1 l1 (prefetcht0 a few KiB ahead), 2 l2 "
+          "(prefetcht1 32 KiB ahead) (the CPU default, tuned, or KTD_DECODE_PREFETCH)");
     k.def("decode_prefetch_default", [] { return k_decode_prefetch_default(); },
-          "this CPU's default for decode_prefetch (off on AMD Zen 4 and later)");
+          "this CPU's default decode_prefetch mode (0 on AMD Zen 4 and later, else 1)");
+    k.def("decode_prefetch_modes", [] {
+              py::list l;
+              for (int i = 0; i < kPrefetchModes; ++i) l.append(prefetch_mode_name(i));
+              return l;
+          },
+          "the modes' names by number: off, l1, l2");
     k.def("decode_prefetch_state", [] {
               const DecodePrefetchState s = k_decode_prefetch_state();
               py::dict d;
-              d["on"] = s.on;
+              d["mode"] = s.mode;
+              d["name"] = prefetch_mode_name(s.mode);
               d["source"] = s.source;
-              d["off_ms"] = s.off_ms;
-              d["on_ms"] = s.on_ms;
+              py::list ms;
+              for (double v : s.median_ms) ms.append(v);
+              d["median_ms"] = ms;
               return d;
           },
-          "the decode prefetch: on, source (env, set, default, tuning: the first one-row forwards alternate it, "
-          "tuned: the faster stayed) and the median step times of the tuning (ms; 0 before it ends)");
-    k.def("decode_prefetch_tune_step", [](int setting, uint64_t ns) { k_decode_prefetch_tune_end(setting, ns); },
-          py::arg("setting"), py::arg("ns"), "record a one-row step of `setting` (0/1) as the tuning would (tests)");
+          "the decode prefetch: mode, name, source (env, set, default, tuning: the first one-row forwards try "
+          "every mode in turn, tuned: the fastest stayed if clearly faster than the default) and the median step "
+          "time of each mode in the tuning (ms; 0 before it ends)");
+    k.def("decode_prefetch_tune_step", [](int mode, uint64_t ns) { k_decode_prefetch_tune_end(mode, ns); },
+          py::arg("mode"), py::arg("ns"), "record a one-row step of `mode` as the tuning would (tests)");
     k.def("decode_prefetch_tune_begin", [] { return k_decode_prefetch_tune_begin(); },
-          "the setting the next one-row step would run with while tuning, -1 when not tuning (tests)");
-    k.def("set_decode_prefetch", [](int on) { set_k_decode_prefetch(on); }, py::arg("on"),
-          "1 or 0 to force the decode prefetch, -1 for the CPU default (and the tuning starts over)");
+          "the mode the next one-row step would run with while tuning, -1 when not tuning (tests)");
+    k.def("set_decode_prefetch", [](int mode) { set_k_decode_prefetch(mode); }, py::arg("mode"),
+          "0 (off), 1 (l1) or 2 (l2) to force the decode prefetch mode, -1 for the CPU default (and the tuning "
+          "starts over)");
     k.def("isa_supported", [](const std::string &name) { return isa_supported_by_cpu(parse_isa(name)); });
     k.def("isa_compiled", [](const std::string &name) { return isa_compiled(parse_isa(name)); });
     k.def("supported_types", [](const std::string &name) {

@@ -104,33 +104,40 @@ Isa parse_isa(std::string_view name);  // throws std::invalid_argument
 
 // Software prefetch in the decode (n = 1) GEMV of the repacked x86 layouts (the K-quants' 8-row
 // tiles, kernels/x86/k_repack.h; the 32-element types' 8- and 16-row tiles, kernels/avx2/q32.h and
-// kernels/avx512/q32_vnni.h). Whether it pays depends on the core, not on the ISA tier: measured
-// faster on a Xeon and on an AMD Zen 3, slower on an AMD Zen 4, so the default is off on AMD
-// Zen 4 and later and on elsewhere (k_decode_prefetch_default), then tuned by the first one-row
-// forwards (k_decode_prefetch_tune_begin below). KTD_DECODE_PREFETCH=0|1 (read once, at first
-// use) or set_k_decode_prefetch overrides; set_k_decode_prefetch(-1) goes back to the default
-// (and to tuning). Prefill (n > 1) follows the same setting in its first column tile only.
-bool k_decode_prefetch();
-void set_k_decode_prefetch(int on);  // 0, 1, or -1 = the default (throws std::invalid_argument otherwise)
-// The default for this CPU.
-bool k_decode_prefetch_default();
+// kernels/avx512/q32_vnni.h), one of three modes: off; l1, prefetcht0 a few KiB ahead of the
+// weight stream (8 KiB in the K-quant tiles, 4 KiB in the others); l2, prefetcht1 kPrefetchL2Bytes
+// ahead, paced (kernels/x86/common.h prefetch_lines). Which pays depends on the core, not on the
+// ISA tier: l1 measured faster on a Xeon and on an AMD Zen 3, slower on an AMD Zen 4; on another
+// Xeon (family 6 model 167, 480 MiB L3) l1 made a 7B Q4_K_M decode from DRAM 1.25-1.35x slower
+// and l2 0.87x the step time of off. The default is off on AMD Zen 4 and later, l2 on Intel, l1
+// elsewhere (k_decode_prefetch_default), then tuned by the first one-row forwards
+// (k_decode_prefetch_tune_begin below). KTD_DECODE_PREFETCH=0|1|2 or off|l1|l2 (read once, at
+// first use) or set_k_decode_prefetch overrides; set_k_decode_prefetch(-1) goes back to the
+// default (and to tuning). Prefill (n > 1) follows the same mode in its first column tile only.
+constexpr int kPrefetchOff = 0, kPrefetchL1 = 1, kPrefetchL2 = 2, kPrefetchModes = 3;
+constexpr size_t kPrefetchL2Bytes = 8192;
+const char *prefetch_mode_name(int mode);  // "off", "l1", "l2"
+int k_decode_prefetch();                   // the mode
+void set_k_decode_prefetch(int mode);      // a mode, or -1 = the default (std::invalid_argument otherwise)
+// The default for this CPU (a mode).
+int k_decode_prefetch_default();
 
-// Tuning the decode prefetch on this machine. Two Xeons measured it opposite ways (one 1.4-2x
+// Tuning the decode prefetch on this machine. Two Xeons measured l1 opposite ways (one 1.4-2x
 // faster with it, another's Qwen2.5-Coder-1.5B decode 1.36x slower), so unless KTD_DECODE_PREFETCH
 // or set_k_decode_prefetch fixed it, the process's first one-row forwards (Context::forward)
-// measure it: off and on alternately, kPrefetchTuneSteps steps each; then the setting whose
-// median step is faster by more than kPrefetchTuneMargin stays, else the CPU default. The sums
-// are the same either way: only time depends on it.
+// measure it: the modes in turn, kPrefetchTuneSteps steps each; then the fastest median stays if
+// it is faster than the CPU default's by more than kPrefetchTuneMargin, else the default. The
+// sums are the same in every mode: only time depends on it.
 constexpr int kPrefetchTuneSteps = 9;
 constexpr double kPrefetchTuneMargin = 0.05;
-// Before a one-row forward: the setting this step runs with (0/1) while tuning, -1 otherwise.
+// Before a one-row forward: the mode this step runs with while tuning, -1 otherwise.
 int k_decode_prefetch_tune_begin();
-// After it: the step's wall time in ns for that setting.
-void k_decode_prefetch_tune_end(int setting, uint64_t ns);
+// After it: the step's wall time in ns for that mode.
+void k_decode_prefetch_tune_end(int mode, uint64_t ns);
 struct DecodePrefetchState {
-    bool on;
+    int mode;
     const char *source;  // "env", "set" (set_k_decode_prefetch), "default", "tuning", "tuned"
-    double off_ms, on_ms;  // the medians measured (0 before the tuning ends)
+    double median_ms[kPrefetchModes];  // the medians measured per mode (0 before the tuning ends)
 };
 DecodePrefetchState k_decode_prefetch_state();
 

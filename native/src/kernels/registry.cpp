@@ -146,16 +146,21 @@ void set_active_isa(Isa isa) {
 }
 
 namespace {
-// -1: not decided yet; 0 or 1 once k_decode_prefetch has run (or set_k_decode_prefetch).
+// -1: not decided yet; a mode once k_decode_prefetch has run (or set_k_decode_prefetch).
 std::atomic<int> g_k_prefetch{-1};
 
 // The tuning (k_decode_prefetch_tune_begin): where the setting came from, and the step times.
 struct PrefetchTune {
     std::mutex mu;
-    const char *source = "default";  // "env" and "set" never tune
-    std::vector<uint64_t> ns[2];     // step times with the prefetch off, on
-    int next = 0;                    // the setting of the next tuning step
-    double med_ms[2] = {0, 0};
+    const char *source = "default";             // "env" and "set" never tune
+    std::vector<uint64_t> ns[kPrefetchModes];   // step times per mode
+    int next = 0;                               // the mode of the next tuning step
+    double med_ms[kPrefetchModes] = {};
+    void restart() {
+        for (auto &v : ns) v.clear();
+        next = 0;
+        for (double &m : med_ms) m = 0;
+    }
 };
 PrefetchTune &prefetch_tune() {
     static PrefetchTune t;
@@ -168,11 +173,11 @@ int k_prefetch_initial() {
         PrefetchTune &t = prefetch_tune();
         std::lock_guard<std::mutex> l(t.mu);
         t.source = "env";
-        if (v == "0") return 0;
-        if (v == "1") return 1;
-        throw std::invalid_argument("KTD_DECODE_PREFETCH=" + v + ": expected 0 or 1");
+        for (int m = 0; m < kPrefetchModes; ++m)
+            if (v == std::to_string(m) || v == prefetch_mode_name(m)) return m;
+        throw std::invalid_argument("KTD_DECODE_PREFETCH=" + v + ": expected 0|1|2 or off|l1|l2");
     }
-    return k_decode_prefetch_default() ? 1 : 0;
+    return k_decode_prefetch_default();
 }
 
 double median_ms(std::vector<uint64_t> v) {
@@ -181,36 +186,51 @@ double median_ms(std::vector<uint64_t> v) {
 }
 }  // namespace
 
-bool k_decode_prefetch_default() {
-    // Measured (kernels/x86/k_repack.h at kPrefetchBytes, kernels/avx2/q32.h): the prefetch made
-    // the n = 1 GEMV from DRAM faster at one thread on a Xeon (Q32 layouts) and on an AVX2-only
-    // AMD Zen 3 (K-quants, 1.1-1.3x), and slower, up to 1.5x, on an AMD Zen 4 (family 25 model 17),
-    // in both the AVX2 and the AVX-512 tier. Zen 4 is AMD family 25 with AVX-512F (Zen 3 is family
-    // 25 without it); later AMD families (Zen 5: 26) are unmeasured and taken to be as Zen 4.
-    // Other x86 cores keep it on. No aarch64 kernel reads this.
-    const CpuFeatures &f = cpu_features();
-    const bool amd_zen4_or_later = f.vendor == "AuthenticAMD" && (f.family > 25 || (f.family == 25 && f.avx512f));
-    return !amd_zen4_or_later;
+const char *prefetch_mode_name(int mode) {
+    switch (mode) {
+        case kPrefetchOff: return "off";
+        case kPrefetchL1: return "l1";
+        case kPrefetchL2: return "l2";
+    }
+    return "?";
 }
 
-bool k_decode_prefetch() {
+int k_decode_prefetch_default() {
+    // Measured (kernels/x86/k_repack.h at kPrefetchBytes, kernels/avx2/q32.h): l1 made the n = 1
+    // GEMV from DRAM faster at one thread on a Xeon (Q32 layouts) and on an AVX2-only AMD Zen 3
+    // (K-quants, 1.1-1.3x), and slower, up to 1.5x, on an AMD Zen 4 (family 25 model 17), in both
+    // the AVX2 and the AVX-512 tier. Zen 4 is AMD family 25 with AVX-512F (Zen 3 is family 25
+    // without it); later AMD families (Zen 5: 26) are unmeasured and taken to be as Zen 4. On an
+    // Intel Xeon with a 480 MiB L3 (family 6 model 167) l1 was 1.2-1.35x slower than off and l2
+    // 0.82-0.91x (2 GiB Q4_K/Q6_K GEMVs, a 7B decode), so Intel starts at l2 (unmeasured on the
+    // Xeon where l1 paid: the tuning decides there). Other x86 cores start at l1. No aarch64
+    // kernel reads this.
+    const CpuFeatures &f = cpu_features();
+    const bool amd_zen4_or_later = f.vendor == "AuthenticAMD" && (f.family > 25 || (f.family == 25 && f.avx512f));
+    if (amd_zen4_or_later) return kPrefetchOff;
+    return f.vendor == "GenuineIntel" ? kPrefetchL2 : kPrefetchL1;
+}
+
+int k_decode_prefetch() {
     int v = g_k_prefetch.load(std::memory_order_relaxed);
     if (v < 0) {
         int expected = -1;
         g_k_prefetch.compare_exchange_strong(expected, k_prefetch_initial(), std::memory_order_relaxed);
         v = g_k_prefetch.load(std::memory_order_relaxed);
     }
-    return v != 0;
+    return v;
 }
 
-void set_k_decode_prefetch(int on) {
-    if (on < -1 || on > 1) throw std::invalid_argument("set_k_decode_prefetch: expected 0, 1 or -1, got " + std::to_string(on));
+void set_k_decode_prefetch(int mode) {
+    if (mode < -1 || mode >= kPrefetchModes)
+        throw std::invalid_argument("set_k_decode_prefetch: expected a mode 0 (off), 1 (l1), 2 (l2) or -1 (the default), got " +
+                                    std::to_string(mode));
     PrefetchTune &t = prefetch_tune();
     std::lock_guard<std::mutex> l(t.mu);
-    // -1: the CPU's default, and the tuning starts over; 0/1: fixed, no tuning.
-    t.source = on < 0 ? "default" : "set";
-    t.ns[0].clear(), t.ns[1].clear(), t.next = 0, t.med_ms[0] = t.med_ms[1] = 0;
-    g_k_prefetch.store(on < 0 ? (k_decode_prefetch_default() ? 1 : 0) : on, std::memory_order_relaxed);
+    // -1: the CPU's default, and the tuning starts over; a mode: fixed, no tuning.
+    t.source = mode < 0 ? "default" : "set";
+    t.restart();
+    g_k_prefetch.store(mode < 0 ? k_decode_prefetch_default() : mode, std::memory_order_relaxed);
 }
 
 int k_decode_prefetch_tune_begin() {
@@ -228,28 +248,33 @@ int k_decode_prefetch_tune_begin() {
 #endif
 }
 
-void k_decode_prefetch_tune_end(int setting, uint64_t ns) {
-    if (setting < 0 || setting > 1) return;
+void k_decode_prefetch_tune_end(int mode, uint64_t ns) {
+    if (mode < 0 || mode >= kPrefetchModes) return;
     PrefetchTune &t = prefetch_tune();
     std::lock_guard<std::mutex> l(t.mu);
     if (std::string_view(t.source) != "tuning") return;  // fixed meanwhile
-    t.ns[setting].push_back(ns);
-    t.next = 1 - setting;
-    if (t.ns[0].size() < size_t(kPrefetchTuneSteps) || t.ns[1].size() < size_t(kPrefetchTuneSteps)) return;
-    t.med_ms[0] = median_ms(t.ns[0]);
-    t.med_ms[1] = median_ms(t.ns[1]);
-    const int def = k_decode_prefetch_default() ? 1 : 0;
-    const int other = 1 - def;
-    const int chosen = t.med_ms[other] < (1.0 - kPrefetchTuneMargin) * t.med_ms[def] ? other : def;
+    t.ns[mode].push_back(ns);
+    t.next = (mode + 1) % kPrefetchModes;
+    for (const auto &v : t.ns)
+        if (v.size() < size_t(kPrefetchTuneSteps)) return;
+    int best = 0;
+    for (int m = 0; m < kPrefetchModes; ++m) {
+        t.med_ms[m] = median_ms(t.ns[m]);
+        if (t.med_ms[m] < t.med_ms[best]) best = m;
+    }
+    const int def = k_decode_prefetch_default();
+    const int chosen = best != def && t.med_ms[best] < (1.0 - kPrefetchTuneMargin) * t.med_ms[def] ? best : def;
     g_k_prefetch.store(chosen, std::memory_order_relaxed);
     t.source = "tuned";
 }
 
 DecodePrefetchState k_decode_prefetch_state() {
-    const bool on = k_decode_prefetch();
+    const int mode = k_decode_prefetch();
     PrefetchTune &t = prefetch_tune();
     std::lock_guard<std::mutex> l(t.mu);
-    return {on, t.source, t.med_ms[0], t.med_ms[1]};
+    DecodePrefetchState s{mode, t.source, {}};
+    for (int m = 0; m < kPrefetchModes; ++m) s.median_ms[m] = t.med_ms[m];
+    return s;
 }
 
 void register_type_kernels(Isa isa, const TypeKernels &tk) {

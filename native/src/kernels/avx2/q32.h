@@ -172,7 +172,8 @@ inline __m256i dot_group_u4(const __m256i v[8], const block_q8_0 &a) {
     for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], act_quad(a, j)));
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
-template <typename Traits, int NC, bool Prefetch = true>
+// PF: the prefetch mode (kernels.h; prefill always l1, decode k_decode_prefetch()).
+template <typename Traits, int NC, int PF = kPrefetchL1>
 inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_0 *const *a,
                        const int32_t *asum_off, float *y, size_t ldy, int rows_valid) {
     __m256 acc[NC];
@@ -181,9 +182,8 @@ inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const b
     const block_q8_0 *p[NC];
     int32_t off[NC] = {};
     for (int64_t b = 0; b < nb; ++b) {
-        if constexpr (Prefetch)
-            for (size_t o = 0; o < sizeof(typename Traits::GroupBlock); o += 64)
-                _mm_prefetch(reinterpret_cast<const char *>(g + b) + kPrefetchBytes + o, _MM_HINT_T0);
+        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + (PF == kPrefetchL2 ? kPrefetchL2Bytes : kPrefetchBytes),
+                           sizeof(typename Traits::GroupBlock));
 #pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) {
             p[c] = a[c] + b;
@@ -212,7 +212,7 @@ void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void
                 asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActSumScale * act_sum(a[b]);
         }
     }
-    const bool prefetch = nc > 1 || k_decode_prefetch();
+    const int decode_pf = k_decode_prefetch();
     const auto tile = [&]<int NC>(int gi, int c0, const block_q8_0 *const *a) {
         const auto *g = reinterpret_cast<const typename Traits::GroupBlock *>(static_cast<const char *>(wp) +
                                                                               size_t(gi) * group_stride);
@@ -220,7 +220,10 @@ void gemm_repacked_r8(int64_t k, const void *wp, size_t group_stride, const void
         const int valid = std::min(kRepackRows, nr - gi * kRepackRows);
         float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRows;
         if constexpr (NC == 1)
-            if (!prefetch) return gemm_group<Traits, 1, false>(nb, g, a, off, yg, ldy, valid);
+            if (nc == 1) {  // decode: its prefetch mode
+                if (decode_pf == kPrefetchOff) return gemm_group<Traits, 1, kPrefetchOff>(nb, g, a, off, yg, ldy, valid);
+                if (decode_pf == kPrefetchL2) return gemm_group<Traits, 1, kPrefetchL2>(nb, g, a, off, yg, ldy, valid);
+            }
         gemm_group<Traits, NC>(nb, g, a, off, yg, ldy, valid);
     };
     const int n_groups = (nr + kRepackRows - 1) / kRepackRows;

@@ -53,7 +53,8 @@ inline int32_t act_sum_vnni(const block_q8_0 &a) {
 //   static constexpr int kActOffset;          // u = q + kActOffset
 //   static void load(const GroupBlock &, __m512i v[8]);   // the 8 unsigned registers
 //   static __m256i scales(const GroupBlock &);             // the 16 fp16 row scales
-template <typename Traits, int NC, bool Prefetch = true>
+// PF: the prefetch mode (kernels.h; prefill always l1, decode k_decode_prefetch()).
+template <typename Traits, int NC, int PF = kPrefetchL1>
 inline void gemm_group16(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_0 *const *a,
                          const int32_t *const *asum_off, float *y, size_t ldy, int rows_valid) {
     __m512 acc[NC];
@@ -62,9 +63,8 @@ inline void gemm_group16(int64_t nb, const typename Traits::GroupBlock *g, const
     for (int64_t b = 0; b < nb; ++b) {
         // One prefetch per cache line of the block (352 or 544 bytes: whole lines only when the
         // buffer is 64-byte aligned, as the prepared weights are).
-        if constexpr (Prefetch)
-            for (size_t o = 0; o < sizeof(typename Traits::GroupBlock); o += 64)
-                _mm_prefetch(reinterpret_cast<const char *>(g + b) + kPrefetchBytes + o, _MM_HINT_T0);
+        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + (PF == kPrefetchL2 ? kPrefetchL2Bytes : kPrefetchBytes),
+                           sizeof(typename Traits::GroupBlock));
         __m512i v[8];
         Traits::load(g[b], v);
         const __m512 dw = _mm512_cvtph_ps(Traits::scales(g[b]));
@@ -105,8 +105,8 @@ void gemm_repacked_r16(int64_t k, const void *wp, size_t group_stride, const voi
             asum_off[size_t(c) * size_t(nb) + size_t(b)] = Traits::kActOffset * act_sum_vnni(a[b]);
     }
     const int n_groups = (nr + kRepackRows16 - 1) / kRepackRows16;
-    // Prefill prefetches; decode (nc = 1) where k_decode_prefetch() says so.
-    const bool prefetch = nc > 1 || k_decode_prefetch();
+    // Prefill prefetches (l1); decode (nc = 1) as k_decode_prefetch() says.
+    const int decode_pf = nc > 1 ? kPrefetchL1 : k_decode_prefetch();
     // The loops written out rather than through for_each_tile, as in gemm_repacked_k8 (x86/k_repack.h):
     // the driver changed GCC 12's code for the streaming kernels.
     const char *xb = static_cast<const char *>(xq);
@@ -125,10 +125,12 @@ void gemm_repacked_r16(int64_t k, const void *wp, size_t group_stride, const voi
             float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRows16;
             switch (ncc) {
                 case 1:
-                    if (prefetch)
-                        gemm_group16<Traits, 1>(nb, g, a, off, yg, ldy, valid);
+                    if (decode_pf == kPrefetchL1)
+                        gemm_group16<Traits, 1, kPrefetchL1>(nb, g, a, off, yg, ldy, valid);
+                    else if (decode_pf == kPrefetchL2)
+                        gemm_group16<Traits, 1, kPrefetchL2>(nb, g, a, off, yg, ldy, valid);
                     else
-                        gemm_group16<Traits, 1, false>(nb, g, a, off, yg, ldy, valid);
+                        gemm_group16<Traits, 1, kPrefetchOff>(nb, g, a, off, yg, ldy, valid);
                     break;
                 case 2: gemm_group16<Traits, 2>(nb, g, a, off, yg, ldy, valid); break;
                 case 3: gemm_group16<Traits, 3>(nb, g, a, off, yg, ldy, valid); break;

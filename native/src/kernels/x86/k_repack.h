@@ -209,37 +209,46 @@ struct Q6_Kx8 {
 // (gemm_repacked_k8).
 // The distance was first measured on the old Q4_K and Q6_K layouts under load: 4-16 KiB 1.4-1.8x
 // faster than none, 2 KiB less so; _MM_HINT_NTA slower than none.
+// The l2 mode (prefetcht1, kPrefetchL2Bytes ahead, paced: x86/common.h) was measured on a Xeon
+// (family 6 model 167, AVX-512, 480 MiB L3, 2 vCPU) where l1 makes decode slower: a
+// Qwen2.5-7B-shaped Q4_K_M from DRAM (4.4 GB a token, tests/models/synthetic_dense.py),
+// consecutive steps alternating off and the mode in blocks of 4, 20 steps each, 2 threads:
+// prefetcht1 4-32 KiB ahead 0.87-0.89x the step time of off (one thread 0.88-0.89x), prefetcht2
+// the same, prefetcht0 1-8 KiB ahead 1.23-1.30x; every other line only (128-byte stride) 1.19x.
 constexpr size_t kPrefetchBytes = 8192;
+template <int PF>
+constexpr size_t prefetch_distance() {
+    return PF == kPrefetchL2 ? kPrefetchL2Bytes : kPrefetchBytes;
+}
 
-// The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks.
-template <typename Traits, int NC, bool Prefetch = false>
+// The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks; PF:
+// the decode prefetch mode (kernels.h).
+template <typename Traits, int NC, int PF = kPrefetchOff>
 inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, const block_q8_K *const *a, float *y,
                           size_t ldy, int rows_valid) {
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
     const block_q8_K *p[NC];
     for (int64_t b = 0; b < nb; ++b) {
-        // Software prefetch kPrefetchBytes ahead of the weight stream (groups are contiguous, so
-        // this runs on into the next group): on a Zen 3 one core's hardware prefetchers alone
-        // keep too few lines in flight to reach DRAM bandwidth. The lines of block b + distance
-        // are requested once each (the + 63 covers a block that does not start a line).
-        if constexpr (Prefetch) {
-            const char *pf = reinterpret_cast<const char *>(g + b) + kPrefetchBytes;
-            for (size_t off = 0; off < sizeof(typename Traits::GroupBlock) + 63; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
-        }
+        // Software prefetch ahead of the weight stream (groups are contiguous, so this runs on
+        // into the next group): on a Zen 3 one core's hardware prefetchers alone keep too few
+        // lines in flight to reach DRAM bandwidth. The lines of block b + distance are requested
+        // once each (the + 63 covers a block that does not start a line).
+        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + prefetch_distance<PF>(),
+                           sizeof(typename Traits::GroupBlock) + 63);
         for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
         Traits::template dot_group<NC>(g[b], p, acc);
     }
     for (int c = 0; c < NC; ++c) store_rows8(acc[c], y + size_t(c) * ldy, rows_valid);
 }
 
-// Prefetches the first kPrefetchBytes of a tile's groups, which the prefetch inside
-// gemm_group_k8 runs ahead of: decode reads many small matrices in turn (MoE experts), each
-// starting cold.
+// Prefetches the first distance of a tile's groups, which the prefetch inside gemm_group_k8 runs
+// ahead of: decode reads many small matrices in turn (MoE experts), each starting cold.
+template <int PF = kPrefetchL1>
 inline void prefetch_head(const char *wb, int nr, size_t group_stride) {
     const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
-    const size_t head = std::min(kPrefetchBytes, size_t(n_groups) * group_stride);
-    for (size_t off = 0; off < head; off += 64) _mm_prefetch(wb + off, _MM_HINT_T0);
+    if constexpr (PF != kPrefetchOff)
+        prefetch_lines<kPrefetchL1>(wb, std::min(prefetch_distance<PF>(), size_t(n_groups) * group_stride));
 }
 
 // TypeKernels::gemm_repacked for the K-quant 8-row layouts. Groups are taken in chunks of about
@@ -255,17 +264,17 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     const char *xb = static_cast<const char *>(xq);
     if (nc == 1) {
         const block_q8_K *a[1] = {reinterpret_cast<const block_q8_K *>(xb)};
-        const auto decode = [&]<bool Prefetch>() {
+        const auto decode = [&]<int PF>() {
+            prefetch_head<PF>(wb, nr, group_stride);
             for (int gi = 0; gi < n_groups; ++gi)
-                gemm_group_k8<Traits, 1, Prefetch>(nb, reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride),
-                                                   a, y + size_t(gi) * kRepackRowsK, ldy,
-                                                   std::min(kRepackRowsK, nr - gi * kRepackRowsK));
+                gemm_group_k8<Traits, 1, PF>(nb, reinterpret_cast<const GroupBlock *>(wb + size_t(gi) * group_stride),
+                                             a, y + size_t(gi) * kRepackRowsK, ldy,
+                                             std::min(kRepackRowsK, nr - gi * kRepackRowsK));
         };
-        if (k_decode_prefetch()) {
-            prefetch_head(wb, nr, group_stride);
-            decode.template operator()<true>();
-        } else {
-            decode.template operator()<false>();
+        switch (k_decode_prefetch()) {
+            case kPrefetchL1: decode.template operator()<kPrefetchL1>(); break;
+            case kPrefetchL2: decode.template operator()<kPrefetchL2>(); break;
+            default: decode.template operator()<kPrefetchOff>(); break;
         }
         return;
     }
@@ -280,11 +289,11 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
     // 1.6-12% faster, Q6_K 2048 x 768 at n = 8 4-6%; whole forwards (medians and paired medians
     // of alternating runs), Qwen3-MoE bench file pp128 0.99-1.05x and pp512 1.00-1.02x,
     // Qwen2.5-Coder-1.5B pp128 1.02-1.10x. The arithmetic is the same either way.
-    const bool prefetch_first = k_decode_prefetch();
+    const int prefetch_first = k_decode_prefetch();
     // The loops written out rather than through for_each_tile: with the driver, GCC 12 folded the
     // Q6_K weight loads into the shifts and the 172 MB Q6_K output head of the deepseek2 bench file
     // decoded ~60% slower at one thread (perf: 8.1k -> 13.8k samples over 200 steps).
-    const auto tiles = [&]<bool Prefetch>(int g0, int g1, int c0) {
+    const auto tiles = [&]<int PF>(int g0, int g1, int c0) {
         const int ncc = std::min(kMaxCols, nc - c0);
         const block_q8_K *a[kMaxCols];
         for (int c = 0; c < ncc; ++c) a[c] = reinterpret_cast<const block_q8_K *>(xb + size_t(c0 + c) * x_stride);
@@ -293,20 +302,22 @@ void gemm_repacked_k8(int64_t k, const void *wp, size_t group_stride, const void
             const int valid = std::min(kRepackRowsK, nr - gi * kRepackRowsK);
             float *yg = y + size_t(c0) * ldy + size_t(gi) * kRepackRowsK;
             switch (ncc) {
-                case 1: gemm_group_k8<Traits, 1, Prefetch>(nb, g, a, yg, ldy, valid); break;
-                case 2: gemm_group_k8<Traits, 2, Prefetch>(nb, g, a, yg, ldy, valid); break;
-                case 3: gemm_group_k8<Traits, 3, Prefetch>(nb, g, a, yg, ldy, valid); break;
-                default: gemm_group_k8<Traits, 4, Prefetch>(nb, g, a, yg, ldy, valid); break;
+                case 1: gemm_group_k8<Traits, 1, PF>(nb, g, a, yg, ldy, valid); break;
+                case 2: gemm_group_k8<Traits, 2, PF>(nb, g, a, yg, ldy, valid); break;
+                case 3: gemm_group_k8<Traits, 3, PF>(nb, g, a, yg, ldy, valid); break;
+                default: gemm_group_k8<Traits, 4, PF>(nb, g, a, yg, ldy, valid); break;
             }
         }
     };
     for (int g0 = 0; g0 < n_groups; g0 += chunk) {
         const int g1 = std::min(n_groups, g0 + chunk);
         for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
-            if (c0 == 0 && prefetch_first)
-                tiles.template operator()<true>(g0, g1, c0);
+            if (c0 == 0 && prefetch_first == kPrefetchL1)
+                tiles.template operator()<kPrefetchL1>(g0, g1, c0);
+            else if (c0 == 0 && prefetch_first == kPrefetchL2)
+                tiles.template operator()<kPrefetchL2>(g0, g1, c0);
             else
-                tiles.template operator()<false>(g0, g1, c0);
+                tiles.template operator()<kPrefetchOff>(g0, g1, c0);
         }
     }
 }
