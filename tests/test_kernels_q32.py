@@ -353,6 +353,14 @@ def test_bench_bindings_validate_input():
     assert K.bench_matmul("Q8_0", w, 16, 64, 2, 2, 1) > 0
     with pytest.raises(ValueError):
         K.bench_read_bandwidth(100, 1, 1)
+    # The kept buffer: its size rounded down to whole 4 KiB pages, one pass per read of any loop.
+    buf = K.ReadBuffer((1 << 20) + 100, 2)
+    assert (buf.bytes, buf.threads) == (1 << 20, 2)
+    assert all(buf.read(pf) > 0 for pf in K.READ_BANDWIDTH_PREFETCH + (64,))
+    with pytest.raises(ValueError, match="prefetch must be >= 0"):
+        buf.read(-1)
+    with pytest.raises(ValueError, match="bytes >= 4096"):
+        K.ReadBuffer(4095, 1)
     with pytest.raises(ValueError):
         K.bench_matmul("Q8_0", w, 17, 64, 1, 1, 1)  # wrong size
     with pytest.raises(ValueError):

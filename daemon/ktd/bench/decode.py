@@ -6,9 +6,11 @@
 
 Each decode step (one single-token forward + the greedy argmax, as ``ktd.bench.e2e``'s tg) is
 followed by one read-bandwidth pass over a buffer of the model's bytes per token (``ktd
-inspect``) with the same thread count (``bench_read_bandwidth``, a summing loop on 2 MiB pages
-where THP allows). Step and bandwidth therefore see the same load at the same moment, and the
-figure reported is the median step against the median pass: the same statistic on both sides.
+inspect``) with the same thread count (``ReadBuffer``, a summing loop on 2 MiB pages where THP
+allows; one buffer for the whole measurement, allocated and written before the first step: fresh
+buffers, allocated, faulted in and freed four times a step, had made the steps after them 1.5x as
+slow on a KVM guest, so the decode was measured against the benchmark's own memory churn). Step
+and bandwidth therefore see the same load at the same moment, and the figure reported is the median step against the median pass: the same statistic on both sides.
 Comparing a median decode rate with a best-of bandwidth taken at another moment (or a figure from
 another run) understates or overstates the percentage by as much as the machine's noise, 10-20%
 here.
@@ -379,6 +381,8 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         logits = eng.forward(np.array([token]), np.array([n]), np.zeros(1), np.ones(1, bool))
         token, n = int(np.argmax(logits[0])), n + 1
     steps, bws, loops, pass_steps = [], [], [], []
+    # One buffer for every pass, allocated and written before the first step (see the module's doc).
+    read_buffer = _native.kernels.ReadBuffer(bpt, threads)
     load_start = os.getloadavg()
     if with_breakdown:
         eng.context.set_profiling(True)
@@ -398,7 +402,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
             for pf in read_loops_after(i):
                 loops.append(pf)
                 pass_steps.append(i)
-                bws.append(_native.kernels.bench_read_bandwidth(bpt, threads, 1, pf))
+                bws.append(read_buffer.read(pf))
     finally:
         if ab_prefetch:
             _native.kernels.set_decode_prefetch(-1)  # the CPU's default again
@@ -418,7 +422,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
                                         summary["median_read_bandwidth_bytes_per_s"], parts)
         result["pool"] = pool_rows(eng.context.pool_stats(), tokens, statistics.fmean(steps), threads, cpu)
         eng.context.set_pool_stats(False)
-    del eng  # the weights arena goes before the next thread count maps its own
+    del eng, read_buffer  # the weights arena goes before the next thread count maps its own
     return result
 
 

@@ -759,6 +759,16 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
 
     read_bandwidth: dict[int, float] = {}
     read_loop: dict[int, int] = {}   # the loop of the passes during decode, per thread count
+    # The passes during decode read one buffer per thread count, kept for the whole run: fresh
+    # buffers, allocated, faulted in and freed at every pass, slowed the decode steps after them
+    # (ktd.bench.decode's doc).
+    buffers: dict[int, Any] = {}
+
+    def read_buffer(th: int) -> Any:
+        if th not in buffers:
+            buffers[th] = _native.kernels.ReadBuffer(bw_bytes, th)
+        return buffers[th]
+
     for t in threads:
         read_bandwidth[t] = _native.kernels.bench_read_bandwidth(bw_bytes, t, bw_reps)
         read_loop[t] = int(best_read_loop(bw_bytes, t))
@@ -782,7 +792,7 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         c.n_vocab = None
         for t in threads:
             _bench_threads(c, m.name, path, tokens, t, engines, tests, reps,
-                           lambda th: _native.kernels.bench_read_bandwidth(bw_bytes, th, 1, read_loop[th]), peer)
+                           lambda th: read_buffer(th).read(read_loop[th]), peer)
         if c.n_vocab:
             c.overhead.append({"model": m.name, "engine": "both", "threads": None, "test": TG_TEST,
                                "how": "input setting + argmax over n_vocab logits, timed alone",

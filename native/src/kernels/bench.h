@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 
 #include "kernels/kernels.h"
 
@@ -19,6 +21,29 @@ namespace ktd {
 // that loop alone (ktd.bench.kernels' per-pass figure does).
 inline constexpr size_t kReadBandwidthPrefetch[] = {0, 2048, 4096, 8192};
 double bench_read_bandwidth(ThreadPool *pool, size_t bytes, int reps, int64_t prefetch = -1);
+
+// A read-bandwidth buffer that stays between passes: allocated (2 MiB pages where THP allows) and
+// written once, then read by one loop per pass(). ktd.bench.decode keeps one for a whole
+// measurement: on a 2-vCPU KVM guest (Xeon, 480 MiB L3) the decode step that followed four passes
+// over fresh 4.4 GB buffers (each allocated, faulted in, freed) took 1.5x as long as one that
+// followed none (285-294 ms against 184-188, repeated in 5 processes of 6 rounds; a 3 s sleep
+// after the passes did not help), so the decode figure had been measured against the passes'
+// memory churn rather than against the machine.
+class ReadBuffer {
+public:
+    ReadBuffer(ThreadPool *pool, size_t bytes);  // bytes >= 4096, rounded down to 4 KiB
+    // Bytes/s of one pass of the loop prefetching `prefetch` bytes ahead (0: none), split over the
+    // pool's workers as bench_read_bandwidth does.
+    double pass(ThreadPool *pool, size_t prefetch);
+    size_t bytes() const { return bytes_; }
+
+private:
+    struct FreeDeleter {
+        void operator()(uint8_t *p) const { std::free(p); }
+    };
+    std::unique_ptr<uint8_t, FreeDeleter> buf_;
+    size_t bytes_ = 0;
+};
 
 // Best wall time in seconds of one matmul(W[rows,k] · X[n,k]^T) over `reps` calls after one
 // untimed call; X is synthetic (values in [-1, 1)), the scratch and output are reused.

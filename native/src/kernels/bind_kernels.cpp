@@ -450,6 +450,30 @@ void bind_kernels(py::module_ &m) {
        "Best-of-reps read bandwidth (bytes/s) streaming a fresh buffer of `bytes` with `threads` workers; "
        "prefetch -1: the best of every loop in READ_BANDWIDTH_PREFETCH, >= 0: only the loop prefetching "
        "that many bytes ahead (0: none)");
+    // The pool of a thread count lives as long as the module (pool_for), so the buffer keeps the
+    // count, not the pool.
+    struct PyReadBuffer {
+        int threads;
+        std::unique_ptr<ReadBuffer> buf;
+    };
+    py::class_<PyReadBuffer>(k, "ReadBuffer",
+                             "A read-bandwidth buffer kept between passes: allocated and written once (by the workers "
+                             "that read it), then one loop per read() call")
+        .def(py::init([](size_t bytes, int threads) {
+                 ThreadPool *pool = pool_for(threads);
+                 py::gil_scoped_release nogil;
+                 return PyReadBuffer{threads, std::make_unique<ReadBuffer>(pool, bytes)};
+             }),
+             py::arg("bytes"), py::arg("threads"))
+        .def("read", [](PyReadBuffer &b, int64_t prefetch) {
+                 if (prefetch < 0) throw py::value_error("prefetch must be >= 0 bytes (0: none)");
+                 ThreadPool *pool = pool_for(b.threads);
+                 py::gil_scoped_release nogil;
+                 return b.buf->pass(pool, size_t(prefetch));
+             },
+             py::arg("prefetch") = 0, "bytes/s of one pass of the loop prefetching `prefetch` bytes ahead")
+        .def_property_readonly("bytes", [](const PyReadBuffer &b) { return b.buf->bytes(); })
+        .def_property_readonly("threads", [](const PyReadBuffer &b) { return b.threads; });
     {
         py::tuple variants(std::size(kReadBandwidthPrefetch));
         for (size_t i = 0; i < std::size(kReadBandwidthPrefetch); ++i) variants[i] = kReadBandwidthPrefetch[i];
