@@ -10,10 +10,10 @@ inspect``) with the same thread count (``ReadBuffer``, a summing loop on 2 MiB p
 allows; one buffer for the whole measurement, allocated and written before the first step: fresh
 buffers, allocated, faulted in and freed four times a step, had made the steps after them 1.5x as
 slow on a KVM guest, so the decode was measured against the benchmark's own memory churn). Step
-and bandwidth therefore see the same load at the same moment, and the figure reported is the median step against the median pass: the same statistic on both sides.
-Comparing a median decode rate with a best-of bandwidth taken at another moment (or a figure from
-another run) understates or overstates the percentage by as much as the machine's noise, 10-20%
-here.
+and bandwidth therefore see the same load at the same moment, and the figure reported is the
+median step against the median pass: the same statistic on both sides. Comparing a median
+decode rate with a best-of bandwidth taken at another moment (or a figure from another run)
+understates or overstates the percentage by as much as the machine's noise, 10-20% here.
 
 A pass is one pass of one loop. Every step is followed by one pass of each loop
 (``READ_BANDWIDTH_PREFETCH``: plain, and prefetching 2-8 KiB ahead, as the kernels prefetch; the
@@ -51,9 +51,9 @@ token), while the % of the ceiling counts the weight bytes only, so at a long co
 same model, thread count and context.
 
 ``--ab-prefetch`` checks the decode GEMV's software prefetch modes (``_native.kernels``:
-off, l1 = prefetcht0 a few KiB ahead, l2 = prefetcht1 32 KiB ahead; the CPU's default,
-``decode_prefetch_default``, is off on AMD Zen 4 and later and l1 elsewhere, and the first
-one-row steps of a process tune it) on the machine at hand: the steps take the modes in turn,
+off, l1 = prefetcht0 a few KiB ahead, l2 = prefetcht1 8 KiB ahead, paced; the CPU's default,
+``decode_prefetch_default``, is off on AMD Zen 4 and later, l2 on Intel and l1 elsewhere, and
+the first one-row steps of a process tune it) on the machine at hand: the steps take the modes in turn,
 one step each, so every mode sees the same machine at the same moments, and the row gets each
 mode's median step and % of the ceiling and the ratio of its median to off's
 (``decode_prefetch_ab``). On a shared host whose bandwidth drifts by 10-20% between runs,
