@@ -101,3 +101,42 @@ def test_hot_rows_hold_about_256_kib_per_thread_in_whole_row_groups():
     assert bk.hot_rows("Q4_K", 8960, 1536, 1) == 288        # 303 -> 288
     assert bk.hot_rows("Q4_K", 100, 1536, 2) == 100         # never more than the matrix
     assert bk.hot_rows("Q8_0", 1000, 1 << 20, 1) == 16      # rows wider than the budget: one group
+
+
+def test_run_times_each_case_against_one_kept_buffer_per_thread_count(monkeypatch):
+    """The whole GEMV/GEMM loop at toy sizes (no timing asserted): every case gets its rows, and the
+    per-case read passes go to one ReadBuffer per thread count (fresh buffers at every pass slowed
+    what ran after them), of the case buffer's size, over every loop and the chosen one."""
+    from ktd import _native
+
+    monkeypatch.setattr(bk, "l3_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(bk, "GEMV_SHAPES", [("toy", 64, 256)])
+    monkeypatch.setattr(bk, "GEMM_SHAPE", ("toy", 64, 256))
+    monkeypatch.setattr(bk, "GEMM_N", [2])
+    real = _native.kernels.ReadBuffer
+    made, reads = [], []
+
+    class Spy:
+        def __init__(self, nbytes, threads):
+            made.append((nbytes, threads))
+            self.threads, self.buf = threads, real(nbytes, threads)
+
+        def read(self, prefetch=0):
+            reads.append((self.threads, prefetch))
+            return self.buf.read(prefetch)
+
+    monkeypatch.setattr(_native.kernels, "ReadBuffer", Spy)
+    rows = bk.run([1, 2], 8 << 20, 1, ["Q8_0"], rounds=1)
+    case_bytes = max(256 << 20, bk.CACHE_FACTOR << 20)  # min(bw_bytes, ...) with bw_bytes < that
+    assert made == [(min(8 << 20, case_bytes), 1), (min(8 << 20, case_bytes), 2)]
+    gemv = [r for r in rows if r["n"] == 1]
+    assert {(r["threads"], r["layout"]) for r in gemv} == {(t, lay) for t in (1, 2) for lay in bk.layouts("Q8_0")}
+    assert all(r["read_bandwidth_gbps"] > 0 and r["pct_of_bandwidth_per_pass"] > 0 for r in gemv)
+    loops = {t: {r["read_loop_prefetch"] for r in gemv if r["threads"] == t} for t in (1, 2)}
+    per_case = 2 * len(_native.kernels.READ_BANDWIDTH_PREFETCH) + bk.PASS_PAIRS
+    for t in (1, 2):
+        assert len(loops[t]) == 1
+        mine = [pf for th, pf in reads if th == t]
+        assert len(mine) == per_case * len(bk.layouts("Q8_0"))
+        assert mine.count(next(iter(loops[t]))) >= bk.PASS_PAIRS
+    assert any(r["n"] == 2 and r["gflops"] > 0 for r in rows)

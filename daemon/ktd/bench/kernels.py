@@ -4,8 +4,9 @@ GEMM throughput, for every type the active ISA has kernels for.
     python -m ktd.bench.kernels [--threads 1 2] [--out bench/results/kernels.json]
 
 The read bandwidth is measured in the same run with the same thread count (a streaming sum over a
-buffer much larger than the L3 cache, timed in C++; for each GEMV case it is measured again,
-interleaved with that case's timing, and the case's percentage uses that figure), and every matmul is timed in C++ as well
+buffer much larger than the L3 cache, timed in C++; for each GEMV case it is measured again over
+a smaller buffer kept for the thread count, ``ReadBuffer``, interleaved with that case's timing,
+and the case's percentage uses that figure), and every matmul is timed in C++ as well
 (``ktd._native.kernels.bench_matmul``: best of ``reps`` calls, scratch and pool reused). GEMV shapes
 are real-model shapes stacked until the weights are far larger than the L3 cache, so the weights
 stream from DRAM as in decode. Weights come from gguf-py's quantizer where it has one for the
@@ -197,6 +198,9 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
               f"(best of 5 passes over {bw_bytes >> 20} MiB); per-pass figures against the read loop "
               f"prefetching {loop} bytes ahead, the fastest here", flush=True)
         print(TABLE_HEADER)
+        # The per-case passes read one buffer, kept for the thread count: fresh buffers, allocated,
+        # faulted in and freed at every pass, slowed what ran after them (ktd.bench.decode's doc).
+        case_buf = K.ReadBuffer(case_bw_bytes, threads)
         for t in types:
             for label, base_rows, k in GEMV_SHAPES:
                 if row_bytes(t, k) is None:
@@ -211,7 +215,8 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                     # on a shared machine; the best of each is compared.
                     sec, case_bw, ggml_sec = float("inf"), 0.0, float("inf")
                     for _ in range(rounds):
-                        case_bw = max(case_bw, K.bench_read_bandwidth(case_bw_bytes, threads, 2))
+                        case_bw = max([case_bw] + [case_buf.read(pf) for _ in range(2)
+                                                   for pf in K.READ_BANDWIDTH_PREFETCH])
                         sec = min(sec, K.bench_matmul(t, wl, rows, k, 1, threads, reps,
                                                       repacked=layout == "repacked"))
                         if ggml is not None and layout == "plain":
@@ -219,7 +224,7 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                                                                       threads, reps))
                     # Single calls against single passes of one loop (the module's doc).
                     pairs = [(K.bench_matmul(t, wl, rows, k, 1, threads, 1, repacked=layout == "repacked"),
-                              K.bench_read_bandwidth(case_bw_bytes, threads, 1, loop)) for _ in range(PASS_PAIRS)]
+                              case_buf.read(loop)) for _ in range(PASS_PAIRS)]
                     gbps = w.nbytes / sec / 1e9
                     hr = hot_rows(t, rows, k, threads)
                     w_hot = np.ascontiguousarray(w[:hr])
@@ -258,6 +263,7 @@ def run(threads_list: list[int], bw_bytes: int, reps: int, types: list[str] | No
                         gsec = ggml.time_matmul(int(GGMLQuantizationType[t]), w, rows, k, n, threads, max(2, reps // 4))
                         rows_out.append(_ggml_row(row, gsec, bw))
                         _print_row(rows_out[-1])
+        del case_buf  # before the next thread count's
     return rows_out
 
 
