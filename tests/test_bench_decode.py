@@ -342,7 +342,19 @@ def test_weights_map_option_reaches_the_engine(weights_map, tmp_path, capsys):
                    "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert row["weights_map"] == weights_map and row["tokens"] == 2
-    assert f"weights_map {weights_map}, context 16: decode" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"weights_map {weights_map}, context 16: decode" in printed
+    # The arenas' share on huge pages (smaps), none without arenas.
+    if weights_map == "gguf":
+        assert row["arena_huge_share"] is None and "weights not in arenas" in printed
+    else:
+        assert 0.0 <= row["arena_huge_share"] <= 1.0 and "% on huge pages" in printed
+
+
+def test_huge_words():
+    assert B.huge_words(None) == "weights not in arenas"
+    assert B.huge_words(1.0) == "weights arenas 100% on huge pages"
+    assert B.huge_words(0.25) == "weights arenas 25% on huge pages (the rest on 4 KiB pages: slower)"
 
 
 def test_context_option_sets_the_prompt_length(tmp_path, capsys):

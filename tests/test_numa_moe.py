@@ -317,6 +317,35 @@ def test_hugepages_hugetlb_demanded_without_a_pool_fails_with_the_fix(tiny):
         _native.Model(tiny("qwen3moe", "Q8_0"), n_threads=1, pin=False, hugepages="hugetlb")
 
 
+def test_the_arenas_pages_are_read_back_and_a_small_huge_share_warned(tiny, caplog, monkeypatch):
+    """info()'s hugepages carry what the kernel gave the arenas (smaps, not the request): every
+    prepared byte resident, huge pages none with hugepages off; the load warns when under 90% of the
+    resident bytes are on huge pages (a fragmented machine refuses THP at fault time), and not
+    when they all are; weights_map: gguf has no arenas."""
+    from ktd import engine as engine_mod
+
+    path = tiny("qwen3moe", "Q8_0")
+    e = Engine.open(path, n_ctx=32, threads=1, pin=False, hugepages="off")
+    hp = e.info()["memory"]["hugepages"]
+    # Independently of smaps: the load's own count of the bytes it wrote into the arenas.
+    written = int(e.model.repacked_bytes) + int(e.model.copied_bytes)
+    assert written > 0 and hp["resident_bytes"] >= written
+    assert hp["huge_bytes"] == 0 and hp["huge_share"] == 0.0
+    pages = e.model.arena_pages()
+    assert pages["KernelPageSize"] == PAGE and pages["AnonHugePages"] == 0
+    g = Engine.open(path, n_ctx=32, threads=1, pin=False, weights_map="gguf")
+    assert g.model.arena_pages() == {}
+    assert g.info()["memory"]["hugepages"]["huge_share"] is None
+    for share, warned in ((0.5, True), (1.0, False)):
+        monkeypatch.setattr(engine_mod, "arena_huge_pages",
+                            lambda m, s=share: {"resident_bytes": 1 << 30, "huge_bytes": int(s * (1 << 30)),
+                                                "huge_share": s})
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ktd.engine"):
+            engine_mod.log_memory(e.model, "auto")
+        assert ("are on huge pages (50%)" in caplog.text) == warned, caplog.text
+
+
 # ---- ktd inspect: the plan for this machine's nodes ----------------------------------------------
 
 def test_inspect_numa_plan_splits_expert_bytes_by_row_slices(tiny):

@@ -333,7 +333,7 @@ class Engine:
             "numa": numa_summary(m.memory),
             "memory": {"hugepages": {"kind": m.memory["page_kind"] or None,
                                      "page_size": int(m.memory["page_size"]),
-                                     "reason": m.memory["page_reason"]},
+                                     "reason": m.memory["page_reason"], **arena_huge_pages(m)},
                        **weights_map_summary(m.memory), "weights_map_switch": dict(self.weights_switch)},
             **({"experts": self._experts_summary()} if m.n_expert else {}),
             **({"gpu": self.gpu.summary(self._hybrid_snapshot)} if self.gpu is not None else {}),
@@ -514,6 +514,23 @@ _PAGE_KINDS = {
 }
 
 
+# Below this share of the arenas' resident bytes on huge pages, the load warns (log_memory).
+HUGE_SHARE_WARN = 0.9
+
+
+def arena_huge_pages(model: "_native.Model") -> dict[str, Any]:
+    """What the kernel gives the weights arenas now (Model.arena_pages, read from smaps, not
+    assumed): resident bytes, bytes on huge pages (transparent, reserved, or a mapped cache
+    entry's PMD mappings) and their share; None values without arenas (weights_map: gguf)."""
+    p = model.arena_pages()
+    hugetlb = int(p.get("Private_Hugetlb", 0)) + int(p.get("Shared_Hugetlb", 0))
+    resident = int(p.get("Rss", 0)) + hugetlb
+    huge = int(p.get("AnonHugePages", 0)) + int(p.get("FilePmdMapped", 0)) + hugetlb
+    if not p:
+        return {"resident_bytes": None, "huge_bytes": None, "huge_share": None}
+    return {"resident_bytes": resident, "huge_bytes": huge, "huge_share": huge / resident if resident else None}
+
+
 def weights_map_summary(mem: dict[str, Any]) -> dict[str, Any]:
     """``status``'s view of model.weights_map: the map the load used, the bytes the forward reads
     from the model file's mapping (gguf), and why not the requested map / which tensors were copied."""
@@ -537,6 +554,13 @@ def log_memory(model: "_native.Model", hugepages: str = "auto") -> None:
         why = f"; not better because: {mem['page_reason']}" if mem["page_reason"] else ""
         log.info("weights memory (hugepages: %s): %s%s", hugepages,
                  _PAGE_KINDS.get(mem["page_kind"], mem["page_kind"]), why)
+        got = arena_huge_pages(model)
+        if got["huge_share"] is not None and got["huge_share"] < HUGE_SHARE_WARN:
+            log.warning("weights memory: only %s of the arenas' %s resident bytes are on huge pages (%.0f%%): the "
+                        "kernel had no free 2 MiB pages at the load (memory fragmented), and decode streams the "
+                        "rest from 4 KiB pages, slower; reserved huge pages (vm.nr_hugepages, hugepages: auto or "
+                        "hugetlb) cannot be refused or split later", _size(got["huge_bytes"]),
+                        _size(got["resident_bytes"]), 100 * got["huge_share"])
     nodes = mem["nodes"]
     if len(nodes) > 1:
         layout = ", ".join(f"node {n['node']}: {n['threads']} threads, experts {_size(int(n['expert_bytes']))}"

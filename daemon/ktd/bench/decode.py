@@ -62,7 +62,9 @@ cannot. The row's own figures are the default mode's steps. Only the x86 kernels
 
 The result records the load average before and after, the CPU model, the kernels' ISA (set
 ``KTD_ISA=avx2`` to run the AVX2 path on an AVX-512 CPU) and the last-level cache, and flags
-a model whose bytes per token are under ~4x the L3 as cache-assisted, as ``ktd.bench.e2e`` does.
+a model whose bytes per token are under ~4x the L3 as cache-assisted, as ``ktd.bench.e2e`` does,
+and the weights arenas' share on huge pages at the end (``arena_huge_share``, read from smaps:
+transparent huge pages are a request a fragmented machine refuses, and 4 KiB pages stream slower).
 """
 
 from __future__ import annotations
@@ -262,6 +264,14 @@ def prefetch_words(r: dict[str, Any]) -> str:
     return words + (f", {st['source']}" if st.get("source") else "")
 
 
+def huge_words(share: float | None) -> str:
+    """The weights arenas' share on huge pages at the end of the measurement, as printed."""
+    if share is None:
+        return "weights not in arenas"
+    slower = " (the rest on 4 KiB pages: slower)" if share < 0.9 else ""
+    return f"weights arenas {100 * share:.0f}% on huge pages{slower}"
+
+
 def read_loops_after(step: int) -> list[int]:
     """The read loops (prefetch distances, every one of READ_BANDWIDTH_PREFETCH) of the passes
     after decode step ``step``, in turn, the first one rotating from step to step so that no loop
@@ -358,7 +368,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
     layout, gguf = the file's plain rows; ``ab_prefetch``: the steps alternate the decode prefetch
     off and on, see the module's doc)."""
     from ktd import _native
-    from ktd.engine import Engine
+    from ktd.engine import Engine, arena_huge_pages
     from ktd.inspect import inspect_model
 
     if tokens < 1 or threads < 1 or context < 1:
@@ -413,7 +423,8 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
     result = {"model": os.path.basename(path), "threads": threads, "context": context, "bytes_per_token": bpt,
               "weights_map": eng.model.memory["weights_map"],
               **summary, "ceiling_method": CEILING_METHOD, **machine_info(bpt),
-              "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg())}
+              "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
+              "arena_huge_share": arena_huge_pages(eng.model)["huge_share"]}
     if ab is not None:
         result["decode_prefetch_ab"] = ab
     if with_breakdown:
@@ -567,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['cpu_model_name']}, kernels {r['isa']} ({prefetch_words(r)}), "
               "last-level cache "
               f"{llc['bytes'] >> 20 if llc else '?'} MiB{' (cache-assisted: bytes/token < 4x the cache, its % of the DRAM ceiling is not comparable)' if r['cache_assisted'] else ''}; "
-              f"load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}", flush=True)
+              f"load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}; "
+              f"{huge_words(r.get('arena_huge_share'))}", flush=True)
         if args.ab_prefetch:
             from ktd import _native
             print(format_prefetch_ab(r["decode_prefetch_ab"], _native.kernels.decode_prefetch_default()), flush=True)

@@ -364,6 +364,14 @@ static void bind_model_class(py::module_ &m) {
             "weights_map (arena or gguf, as loaded) with weights_map_note (why not the requested one), "
             "file_bytes (gguf: matrix and token_embd bytes served from the file's mapping) and "
             "file_copy_note (gguf: the tensors copied instead, and why)")
+        .def("arena_pages", [](const Model &x) {
+                 py::dict d;
+                 for (const auto &[k, v] : x.arena_pages()) d[py::str(k)] = v;
+                 return d;
+             },
+             "What the kernel gives the weights arenas now, summed over them, from /proc/self/smaps (bytes: "
+             "Rss, AnonHugePages, Private_Hugetlb, ...; KernelPageSize the largest); {} without arenas "
+             "(weights_map: gguf)")
         .def("_expert_slice_ranges", &expert_slice_ranges,
              py::arg("layer"), py::arg("which"),
              "Test hook: per expert the parts of a routed-expert stack as (address, bytes, first row, rows)")

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -234,6 +235,12 @@ public:
     // repacking, token_embd's lookup rows; replicate: one copy counted).
     uint64_t copied_bytes() const { return copied_bytes_; }
     const MemoryLayout &memory() const { return mem_; }
+    // What the kernel gives the weights arenas now, summed over them (smaps: Rss, AnonHugePages,
+    // Private_Hugetlb, ... in bytes; empty without arenas, model.weights_map: gguf). Read, not
+    // assumed: transparent huge pages are a request the kernel may refuse at fault time (a
+    // fragmented machine) or undo later (compaction splits them), and a decode streaming 4 KiB
+    // pages is slower; page_kind only says what was asked for.
+    std::map<std::string, uint64_t> arena_pages() const;
     // What the load did with the prepared-weights cache.
     WeightsCacheStatus cache() const {
         std::lock_guard<std::mutex> l(cache_mu_);
@@ -260,6 +267,7 @@ private:
     std::unique_ptr<ThreadPool> pool_;
     uint64_t n_params_ = 0, repacked_bytes_ = 0, copied_bytes_ = 0;
     MemoryLayout mem_;
+    std::vector<std::shared_ptr<const Arena>> arenas_;  // every weights arena (arena_pages)
     WeightsCacheStatus cache_;  // under cache_mu_ once a background write runs
     mutable std::mutex cache_mu_;
     std::atomic<bool> cache_cancel_{false};

@@ -798,8 +798,25 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
         struct stat cst {};
         if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
     }
+    if (arenas.dense) m->arenas_.push_back(arenas.dense);
+    for (const auto *v : {&arenas.copies, &arenas.slices})
+        for (const auto &ar : *v)
+            if (ar) m->arenas_.push_back(ar);
     if (opts.progress) opts.progress->phase = LoadProgress::Done;
     return m;
+}
+
+std::map<std::string, uint64_t> Model::arena_pages() const {
+    std::map<std::string, uint64_t> sum;
+    for (const auto &ar : arenas_)
+        for (const auto &[k, v] : ar->smaps()) {
+            // Page sizes are the largest seen (page_report.h); the rest add up.
+            if (k == "KernelPageSize" || k == "MMUPageSize")
+                sum[k] = std::max(sum[k], v);
+            else
+                sum[k] += v;
+        }
+    return sum;
 }
 
 Model::~Model() {
