@@ -32,3 +32,26 @@ def real_model():
             pytest.skip(f"cannot fetch real model {name}: {e}")
 
     return get
+
+
+@pytest.fixture
+def read_buffer_spy(monkeypatch):
+    """_native.kernels.ReadBuffer replaced by a spy over the real one: returns (made, reads), the
+    (bytes, threads) of every buffer created and the (threads, prefetch) of every read."""
+    from ktd import _native
+
+    real = _native.kernels.ReadBuffer
+    made: list[tuple[int, int]] = []
+    reads: list[tuple[int, int]] = []
+
+    class Spy:
+        def __init__(self, nbytes, threads):
+            made.append((nbytes, threads))
+            self.threads, self.buf = threads, real(nbytes, threads)
+
+        def read(self, prefetch=0):
+            reads.append((self.threads, prefetch))
+            return self.buf.read(prefetch)
+
+    monkeypatch.setattr(_native.kernels, "ReadBuffer", Spy)
+    return made, reads

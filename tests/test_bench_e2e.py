@@ -240,7 +240,7 @@ def test_ktd_missing_is_reported_not_faked(monkeypatch):
 
 
 @pytest.mark.realmodel
-def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
+def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model, read_buffer_spy):
     """The whole run loop with a stand-in ``ktd.engine`` (the fake engine behind Engine.open):
     opened per thread count with the benchmark's options, every test measured every repetition,
     bytes per token from ktd.inspect, bandwidth per thread count; the report validates."""
@@ -270,19 +270,7 @@ def test_run_measures_a_ktd_engine_once_it_exists(monkeypatch, real_model):
         return real_bw(nbytes, threads, reps, prefetch)
 
     monkeypatch.setattr(_native.kernels, "bench_read_bandwidth", bw_spy)
-    buffers, reads = [], []
-    real_buffer = _native.kernels.ReadBuffer
-
-    class BufferSpy:
-        def __init__(self, nbytes, threads):
-            buffers.append((nbytes, threads))
-            self.threads, self.buf = threads, real_buffer(nbytes, threads)
-
-        def read(self, prefetch=0):
-            reads.append((self.threads, prefetch))
-            return self.buf.read(prefetch)
-
-    monkeypatch.setattr(_native.kernels, "ReadBuffer", BufferSpy)
+    buffers, reads = read_buffer_spy
     rep = e2e.run([e2e.BenchModel("q", lambda: path)], ["ktd"], [1, 2], e2e.TESTS, reps=2,
                   bw_bytes=64 << 20, bw_reps=1)
     e2e.validate_report(rep)

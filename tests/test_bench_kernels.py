@@ -103,7 +103,7 @@ def test_hot_rows_hold_about_256_kib_per_thread_in_whole_row_groups():
     assert bk.hot_rows("Q8_0", 1000, 1 << 20, 1) == 16      # rows wider than the budget: one group
 
 
-def test_run_times_each_case_against_one_kept_buffer_per_thread_count(monkeypatch):
+def test_run_times_each_case_against_one_kept_buffer_per_thread_count(monkeypatch, read_buffer_spy):
     """The whole GEMV/GEMM loop at toy sizes (no timing asserted): every case gets its rows, and the
     per-case read passes go to one ReadBuffer per thread count (fresh buffers at every pass slowed
     what ran after them), of the case buffer's size, over every loop and the chosen one."""
@@ -113,19 +113,7 @@ def test_run_times_each_case_against_one_kept_buffer_per_thread_count(monkeypatc
     monkeypatch.setattr(bk, "GEMV_SHAPES", [("toy", 64, 256)])
     monkeypatch.setattr(bk, "GEMM_SHAPE", ("toy", 64, 256))
     monkeypatch.setattr(bk, "GEMM_N", [2])
-    real = _native.kernels.ReadBuffer
-    made, reads = [], []
-
-    class Spy:
-        def __init__(self, nbytes, threads):
-            made.append((nbytes, threads))
-            self.threads, self.buf = threads, real(nbytes, threads)
-
-        def read(self, prefetch=0):
-            reads.append((self.threads, prefetch))
-            return self.buf.read(prefetch)
-
-    monkeypatch.setattr(_native.kernels, "ReadBuffer", Spy)
+    made, reads = read_buffer_spy
     rows = bk.run([1, 2], 8 << 20, 1, ["Q8_0"], rounds=1)
     case_bytes = max(256 << 20, bk.CACHE_FACTOR << 20)  # min(bw_bytes, ...) with bw_bytes < that
     assert made == [(min(8 << 20, case_bytes), 1), (min(8 << 20, case_bytes), 2)]
