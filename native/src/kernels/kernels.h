@@ -105,8 +105,9 @@ Isa parse_isa(std::string_view name);  // throws std::invalid_argument
 // Software prefetch in the decode (n = 1) GEMV of the repacked x86 layouts (the K-quants' 8-row
 // tiles, kernels/x86/k_repack.h; the 32-element types' 8- and 16-row tiles, kernels/avx2/q32.h and
 // kernels/avx512/q32_vnni.h), one of three modes: off; l1, prefetcht0 a few KiB ahead of the
-// weight stream (8 KiB in the K-quant tiles, 4 KiB in the others); l2, prefetcht1 kPrefetchL2Bytes
-// ahead, paced (kernels/x86/common.h prefetch_lines). Which pays depends on the core, not on the
+// weight stream (8 KiB in the K-quant tiles, 4 KiB in the others); l2, prefetcht1 ahead, paced
+// (kernels/x86/common.h prefetch_lines): kPrefetchL2Bytes ahead, 2304 in the K-quant tiles
+// (kPrefetchL2BytesK, kernels/x86/k_repack.h). Which pays depends on the core, not on the
 // ISA tier: l1 measured faster on a Xeon and on an AMD Zen 3, slower on an AMD Zen 4; on another
 // Xeon (family 6 model 167, 480 MiB L3) l1 made a 7B Q4_K_M decode from DRAM 1.25-1.35x slower
 // and l2 0.87x the step time of off. The default is off on AMD Zen 4 and later, l2 on Intel, l1

@@ -215,10 +215,19 @@ struct Q6_Kx8 {
 // consecutive steps alternating off and the mode in blocks of 4, 20 steps each, 2 threads:
 // prefetcht1 4-32 KiB ahead 0.87-0.89x the step time of off (one thread 0.88-0.89x), prefetcht2
 // the same, prefetcht0 1-8 KiB ahead 1.23-1.30x; every other line only (128-byte stride) 1.19x.
+// The l2 distance of these tiles is shorter than the other layouts' kPrefetchL2Bytes (kernels.h):
+// two Q4_K group blocks (2 x 1152 bytes). Measured on the same Xeon (session 26), 2 threads, the
+// distance changed alone: a stand-alone loop over 2 GiB of Q4_Kx8 groups (7B ffn_gate's 14 blocks
+// a group) streamed 24.0 GB/s at 8 KiB, 25.6-26.0 at 1.8-2.8 KiB and 24.1-24.8 at 3-4 KiB (read
+// loop 27.9-28.9); `ktd.bench.kernels` Q4_K repacked 80.0-79.3% -> 83.6-85.5% of the read
+// bandwidth, Q6_K no different (flat from 2 to 8 KiB); the 7B decode, this distance and 8 KiB
+// alternating step by step in one process (10 steps each, two runs): 186.9 against 194.2 ms and
+// 193.6 against 195.1 ms a step.
+constexpr size_t kPrefetchL2BytesK = 2304;
 constexpr size_t kPrefetchBytes = 8192;
 template <int PF>
 constexpr size_t prefetch_distance() {
-    return PF == kPrefetchL2 ? kPrefetchL2Bytes : kPrefetchBytes;
+    return PF == kPrefetchL2 ? kPrefetchL2BytesK : kPrefetchBytes;
 }
 
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks; PF:
