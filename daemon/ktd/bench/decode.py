@@ -51,7 +51,7 @@ token), while the % of the ceiling counts the weight bytes only, so at a long co
 same model, thread count and context.
 
 ``--ab-prefetch`` checks the decode GEMV's software prefetch modes (``_native.kernels``:
-off, l1 = prefetcht0 a few KiB ahead, l2 = prefetcht1 8 KiB ahead, paced; the CPU's default,
+off, l1 = prefetcht0 a few KiB ahead, l2 = prefetcht1 9 KiB ahead, paced; the CPU's default,
 ``decode_prefetch_default``, is off on AMD Zen 4 and later, l2 on Intel and l1 elsewhere, and
 the first one-row steps of a process tune it) on the machine at hand: the steps take the modes in turn,
 one step each, so every mode sees the same machine at the same moments, and the row gets each

@@ -182,7 +182,7 @@ inline void gemm_group(int64_t nb, const typename Traits::GroupBlock *g, const b
     const block_q8_0 *p[NC];
     int32_t off[NC] = {};
     for (int64_t b = 0; b < nb; ++b) {
-        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + (PF == kPrefetchL2 ? kPrefetchL2Bytes : kPrefetchBytes),
+        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + prefetch_ahead<PF>(kPrefetchBytes),
                            sizeof(typename Traits::GroupBlock));
 #pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) {

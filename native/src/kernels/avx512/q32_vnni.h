@@ -63,7 +63,7 @@ inline void gemm_group16(int64_t nb, const typename Traits::GroupBlock *g, const
     for (int64_t b = 0; b < nb; ++b) {
         // One prefetch per cache line of the block (352 or 544 bytes: whole lines only when the
         // buffer is 64-byte aligned, as the prepared weights are).
-        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + (PF == kPrefetchL2 ? kPrefetchL2Bytes : kPrefetchBytes),
+        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + prefetch_ahead<PF>(kPrefetchBytes),
                            sizeof(typename Traits::GroupBlock));
         __m512i v[8];
         Traits::load(g[b], v);

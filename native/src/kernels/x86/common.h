@@ -98,6 +98,13 @@ inline void load_nibbles(const uint8_t *qs, __m256i v[8]) {
 // l1 mode keeps the loop measured on the Zen 3.
 inline std::atomic<size_t> g_prefetch_pace{64};
 
+// How far ahead of the weight stream the decode prefetch of mode PF runs, bytes: l1_bytes (the
+// layout's own l1 distance) in the l1 mode, kPrefetchL2Bytes (kernels.h, every layout) in l2.
+template <int PF>
+constexpr size_t prefetch_ahead(size_t l1_bytes) {
+    return PF == kPrefetchL2 ? kPrefetchL2Bytes : l1_bytes;
+}
+
 template <int PF>
 inline void prefetch_lines(const char *p, size_t bytes) {
     if constexpr (PF == kPrefetchL1)

@@ -195,7 +195,8 @@ struct Q6_Kx8 {
 };
 
 // Software prefetch of the weight stream in the decode (nc = 1) GEMV, where k_decode_prefetch()
-// says so (kernels/kernels.h): kPrefetchBytes ahead, and each tile's head (prefetch_head). Whether
+// says so (kernels/kernels.h): prefetch_ahead (kPrefetchBytes in l1, kPrefetchL2Bytes in l2), and
+// each tile's head (prefetch_head). Whether
 // it pays depends on the core. Measured quiet, alternating builds, on an AVX2-only AMD EPYC Zen 3
 // (family 25 model 1, 32 MiB L3, 2 vCPU): the n = 1 GEMV from DRAM streamed at 93-104% of the
 // read bandwidth at one thread against 75-83% without (Q4_K 1.5B ffn_up x18), Q6_K 10.3-12.3 GB/s
@@ -215,20 +216,8 @@ struct Q6_Kx8 {
 // consecutive steps alternating off and the mode in blocks of 4, 20 steps each, 2 threads:
 // prefetcht1 4-32 KiB ahead 0.87-0.89x the step time of off (one thread 0.88-0.89x), prefetcht2
 // the same, prefetcht0 1-8 KiB ahead 1.23-1.30x; every other line only (128-byte stride) 1.19x.
-// The l2 distance of these tiles is shorter than the other layouts' kPrefetchL2Bytes (kernels.h):
-// two Q4_K group blocks (2 x 1152 bytes). Measured on the same Xeon (session 26), 2 threads, the
-// distance changed alone: a stand-alone loop over 2 GiB of Q4_Kx8 groups (7B ffn_gate's 14 blocks
-// a group) streamed 24.0 GB/s at 8 KiB, 25.6-26.0 at 1.8-2.8 KiB and 24.1-24.8 at 3-4 KiB (read
-// loop 27.9-28.9); `ktd.bench.kernels` Q4_K repacked 80.0-79.3% -> 83.6-85.5% of the read
-// bandwidth, Q6_K no different (flat from 2 to 8 KiB); the 7B decode, this distance and 8 KiB
-// alternating step by step in one process (10 steps each, two runs): 186.9 against 194.2 ms and
-// 193.6 against 195.1 ms a step.
-constexpr size_t kPrefetchL2BytesK = 2304;
+// Its distance, kPrefetchL2Bytes, is the same for every layout (kernels.h says how it was chosen).
 constexpr size_t kPrefetchBytes = 8192;
-template <int PF>
-constexpr size_t prefetch_distance() {
-    return PF == kPrefetchL2 ? kPrefetchL2BytesK : kPrefetchBytes;
-}
 
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks; PF:
 // the decode prefetch mode (kernels.h).
@@ -243,7 +232,7 @@ inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, cons
         // into the next group): on a Zen 3 one core's hardware prefetchers alone keep too few
         // lines in flight to reach DRAM bandwidth. The lines of block b + distance are requested
         // once each (the + 63 covers a block that does not start a line).
-        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + prefetch_distance<PF>(),
+        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + prefetch_ahead<PF>(kPrefetchBytes),
                            sizeof(typename Traits::GroupBlock) + 63);
         for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
         Traits::template dot_group<NC>(g[b], p, acc);
@@ -257,7 +246,7 @@ template <int PF = kPrefetchL1>
 inline void prefetch_head(const char *wb, int nr, size_t group_stride) {
     const int n_groups = (nr + kRepackRowsK - 1) / kRepackRowsK;
     if constexpr (PF != kPrefetchOff)
-        prefetch_lines<kPrefetchL1>(wb, std::min(prefetch_distance<PF>(), size_t(n_groups) * group_stride));
+        prefetch_lines<kPrefetchL1>(wb, std::min(prefetch_ahead<PF>(kPrefetchBytes), size_t(n_groups) * group_stride));
 }
 
 // TypeKernels::gemm_repacked for the K-quant 8-row layouts. Groups are taken in chunks of about
