@@ -96,3 +96,37 @@ def test_last_level_cache_matches_lscpu():
     if not sizes or llc is None:
         pytest.skip("neither lscpu nor sysfs lists the caches on this machine (some VMs): nothing to compare")
     assert llc["bytes"] == sizes[f"L{llc['level']}"]
+
+
+def test_kernel_isa_of_each_type_serves_it():
+    """kernels_isa names an ISA that has kernels for the type and that this CPU runs; the types
+    kernel_isa_by_type lists are exactly those whose ISA is not the active one."""
+    k = _native.kernels
+    runnable = [i for i in ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm") if k.isa_compiled(i) and k.isa_supported(i)]
+    types = sorted({t for i in runnable for t in k.supported_types(i)})
+    assert types
+    by_type = machine.kernel_isa_by_type()
+    for t in types:
+        isa = k.kernels_isa(t)
+        assert isa in runnable and t in k.supported_types(isa), (t, isa)
+        assert (t in by_type) == (isa != k.active_isa())
+        if t in by_type:
+            assert by_type[t] == isa
+
+
+def test_kernel_isa_by_type_is_empty_when_the_isa_is_fixed():
+    """KTD_ISA fixes the ISA for every type (no per-type preference), so nothing is listed."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KTD_ISA=_native.kernels.active_isa())
+    out = subprocess.run([sys.executable, "-c", "from ktd import machine; print(machine.kernel_isa_by_type())"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "{}"
+
+
+def test_kernel_isa_words():
+    assert machine.kernel_isa_words("avx2", {}) == "avx2"
+    assert machine.kernel_isa_words("avx2", None) == "avx2"
+    assert (machine.kernel_isa_words("avx2", {"Q6_K": "avx512", "Q4_K": "avx512", "IQ1_S": "ref"})
+            == "avx2 (avx512 for Q4_K, Q6_K; ref for IQ1_S)")

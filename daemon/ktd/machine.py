@@ -22,6 +22,29 @@ def prefetch_name(mode: int | bool | str | None) -> str:
     names = _native.kernels.decode_prefetch_modes()
     return names[mode] if 0 <= mode < len(names) else str(mode)
 
+def kernel_isa_by_type() -> dict[str, str]:
+    """The types whose matrices run another ISA's kernels than the active one (``kernels_isa``: the
+    AVX-512 kernels of the types measured faster with them on an AVX2-default build, or an ISA's
+    fallbacks for types it has none of), type name -> ISA."""
+    from ktd import _native
+
+    k = _native.kernels
+    active = k.active_isa()
+    isas = [i for i in ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm") if k.isa_compiled(i) and k.isa_supported(i)]
+    types = sorted({t for i in isas for t in k.supported_types(i)})
+    return {t: isa for t in types if (isa := k.kernels_isa(t)) is not None and isa != active}
+
+
+def kernel_isa_words(active: str, by_type: dict[str, str] | None) -> str:
+    """'avx2', or 'avx2 (avx512 for Q4_K, Q6_K)': the active ISA and the types that run another's."""
+    if not by_type:
+        return active
+    groups: dict[str, list[str]] = {}
+    for t, isa in by_type.items():
+        groups.setdefault(isa, []).append(t)
+    return f"{active} ({'; '.join(f'{isa} for ' + ', '.join(sorted(ts)) for isa, ts in sorted(groups.items()))})"
+
+
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -111,6 +134,7 @@ def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
             "stepping": features.stepping,
             "flags": sorted(name for name, on in features.flags().items() if on),
             "kernel_isa": _native.kernels.active_isa(),
+            "kernel_isa_by_type": kernel_isa_by_type(),
             "kernel_decode_prefetch": prefetch_name(_native.kernels.decode_prefetch()),
             # env, set, default, tuning (the first one-row forwards try each mode) or tuned
             "kernel_decode_prefetch_source": _native.kernels.decode_prefetch_state()["source"],
@@ -175,7 +199,8 @@ def summary_lines(d: dict) -> list[str]:
     llc = cpu.get("last_level_cache")
     llc_text = f", L{llc['level']} {_size(llc['bytes'])}" if llc else ""
     lines = [
-        f"cpu: {cpu['model_name'] or cpu['vendor']}{llc_text} — kernels: {cpu['kernel_isa']} "
+        f"cpu: {cpu['model_name'] or cpu['vendor']}{llc_text} — kernels: "
+        f"{kernel_isa_words(cpu['kernel_isa'], cpu.get('kernel_isa_by_type'))} "
         f"(runnable: {', '.join(cpu['kernel_isas_runnable'])}; decode prefetch "
         f"{prefetch_name(cpu.get('kernel_decode_prefetch'))}"
         f"{', ' + cpu['kernel_decode_prefetch_source'] if cpu.get('kernel_decode_prefetch_source') else ''})",

@@ -246,6 +246,7 @@ def machine_info(bytes_per_token: int) -> dict[str, Any]:
     features = _native.cpu_features()
     llc = machine.last_level_cache()
     return {"cpu_model_name": features.model_name or features.vendor, "isa": _native.kernels.active_isa(),
+            "isa_by_type": machine.kernel_isa_by_type(),
             "decode_prefetch": _native.kernels.decode_prefetch(),
             "decode_prefetch_state": dict(_native.kernels.decode_prefetch_state()),
             "last_level_cache": llc, "cpu_count": os.cpu_count(),
@@ -555,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
               "breakdown would mix the modes)",
               file=sys.stderr)
         return 1
+    from ktd import machine
     from ktd.commands.run import _resolve
     from ktd.cli import UserError
 
@@ -575,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         print("  read loops (prefetch bytes: median GB/s): "
               + ", ".join(f"{pf}: {m / 1e9:.2f}" for pf, m in r["read_loop_medians"].items()), flush=True)
         llc = r["last_level_cache"]
-        print(f"  {r['cpu_model_name']}, kernels {r['isa']} ({prefetch_words(r)}), "
+        print(f"  {r['cpu_model_name']}, kernels {machine.kernel_isa_words(r['isa'], r.get('isa_by_type'))} "
+              f"({prefetch_words(r)}), "
               "last-level cache "
               f"{llc['bytes'] >> 20 if llc else '?'} MiB{' (cache-assisted: bytes/token < 4x the cache, its % of the DRAM ceiling is not comparable)' if r['cache_assisted'] else ''}; "
               f"load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}; "

@@ -387,7 +387,7 @@ def format_table(report: dict) -> str:
         llc = cfg.get("last_level_cache") or {}
         cpuid_l3 = cfg.get("cpuid_l3_bytes")
         lines.append(f"machine: {cfg['cpu_model_name']} (family {cfg.get('cpu_family')} model "
-                     f"{cfg.get('cpu_model')}), kernels {cfg.get('isa')}"
+                     f"{cfg.get('cpu_model')}), kernels {machine.kernel_isa_words(cfg.get('isa'), cfg.get('isa_by_type'))}"
                      + (f" (decode prefetch {machine.prefetch_name(cfg['decode_prefetch'])})" if "decode_prefetch" in cfg else "")
                      + ", "
                      + (f"L{llc['level']} {llc['bytes'] >> 20} MiB per instance (sysfs)" if llc else "no cache in sysfs")
@@ -807,6 +807,7 @@ def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[
         "llama_bench": ({"exe": peer.exe, "args": list(peer.args)} if peer and "llama-bench" in engines else None),
         "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
         "cpu_count": os.cpu_count(), "isa": _native.kernels.active_isa(), "ktd_engine_info": c.engine_info,
+        "isa_by_type": machine.kernel_isa_by_type(),
         "decode_prefetch": _native.kernels.decode_prefetch(),
         "cpu_model_name": features.model_name or features.vendor, "cpu_family": features.family,
         "cpu_model": features.model, "last_level_cache": llc, "cpuid_l3_bytes": machine.cpuid_l3_bytes(),

@@ -123,6 +123,15 @@ void bind_kernels(py::module_ &m) {
         for (GGMLType t : supported_types(parse_isa(name))) out.emplace_back(ggml_type_name(t));
         return out;
     });
+    k.def("kernels_isa", [](const std::string &type) -> py::object {
+        const TypeKernels *tk = kernels_for(parse_type(type));
+        if (!tk) return py::none();
+        for (Isa i : kAllIsas)
+            if (find_type_kernels(tk->type, i) == tk) return py::str(std::string(isa_name(i)));
+        return py::none();
+    }, py::arg("type"),
+       "the ISA whose kernels a model's matrices of this type run by default (kernels_for: the active ISA, its "
+       "fallbacks, or AVX-512 for the types measured faster there), None if no kernels");
     k.def("act_type", [](const std::string &type, std::optional<std::string> isa) {
         return std::string(ggml_type_name(lookup(type, isa).act_type));
     }, py::arg("type"), py::arg("isa") = py::none());
