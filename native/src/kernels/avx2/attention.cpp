@@ -210,34 +210,8 @@ void attend_heads(const AttnBlock &b, int r, int g0, const Tile &t, int a, int e
     pv<NH, NV>(acc, t.hdv, correction, s, t.v, t.vs, a, e);
 }
 
-// Subnormal floats flushed to zero (MXCSR FTZ and DAZ) while the kernel runs, the caller's mode
-// restored after. Without it, a query whose scores spread widely makes subnormals: exp_ps's
-// smallest result (~1e-38) times a value, acc·correction with a correction near 0, and every
-// FMA that reads or writes one takes a microcode assist on Intel cores. Measured on the Xeon
-// (family 6 model 167, 2 threads), the Qwen2.5-7B-shaped bench file (random weights: wide scores)
-// decoding after a 256-token prompt, `ktd.bench.decode --breakdown`, runs alternating: attention
-// 11.5 and 11.7 ms a step without, 2.4 and 2.4 with; the step 151.5 / 149.8 -> 144.9 / 141.3 ms.
-// What is flushed is below 1.2e-38 of a sum normalised by at least 1: no value the output can
-// show. The reference kernel (the fallback below) keeps IEEE subnormals.
-class FlushSubnormals {
-  public:
-    FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFtzDaz); }
-    ~FlushSubnormals() { _mm_setcsr(saved_); }
-    FlushSubnormals(const FlushSubnormals &) = delete;
-    FlushSubnormals &operator=(const FlushSubnormals &) = delete;
-
-  private:
-    static constexpr unsigned kFtzDaz = 0x8040;  // bit 15 flush-to-zero, bit 6 denormals-are-zero
-    unsigned saved_;
-};
-
-void attend_block(const AttnBlock &b, float *scratch) {
+void attend_simd(const AttnBlock &b, float *scratch) {
     const int64_t hdk = b.head_dim_k, hdv = b.head_dim_v;
-    if (hdk % 8 != 0 || hdv % 8 != 0) {
-        find_attention_kernel(Isa::Ref)(b, scratch);
-        return;
-    }
-    const FlushSubnormals ftz;
     const AttnScratchLayout lay = attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv);
     uint16_t *pad = reinterpret_cast<uint16_t *>(scratch + lay.pad);  // the padded 8-key groups
     float *mx = scratch + lay.m, *sum = scratch + lay.l, *acc = scratch + lay.acc;
@@ -282,6 +256,29 @@ void attend_block(const AttnBlock &b, float *scratch) {
             if (b.m_out) b.m_out[qi] = mx[qi];
             if (b.l_out) b.l_out[qi] = sum[qi];
         }
+}
+
+// Subnormal floats flushed to zero (MXCSR FTZ and DAZ) while attend_simd runs, the caller's mode
+// restored after. Without it, a query whose scores spread widely makes subnormals: exp_ps's
+// smallest result (~1e-38) times a value, acc·correction with a correction near 0, and every
+// FMA that reads or writes one takes a microcode assist on Intel cores. Measured on the Xeon
+// (family 6 model 167, 2 threads), the Qwen2.5-7B-shaped bench file (random weights: wide scores)
+// decoding after a 256-token prompt, `ktd.bench.decode --breakdown`, runs alternating: attention
+// 11.5 and 11.7 ms a step without, 2.4 and 2.4 with; the step 151.5 / 149.8 -> 144.9 / 141.3 ms.
+// What is flushed is below 1.2e-38 of a sum normalised by at least 1: no value the output can
+// show. The reference kernel (the fallback) keeps IEEE subnormals. Set and restored by hand, not
+// by a guard object: its destructor would need unwinding tables here, whose personality symbol is
+// shared with the baseline code (tests/test_isa_isolation.py); nothing in attend_simd throws.
+void attend_block(const AttnBlock &b, float *scratch) {
+    if (b.head_dim_k % 8 != 0 || b.head_dim_v % 8 != 0) {
+        find_attention_kernel(Isa::Ref)(b, scratch);
+        return;
+    }
+    constexpr unsigned kFtzDaz = 0x8040;  // bit 15 flush-to-zero, bit 6 denormals-are-zero
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(saved | kFtzDaz);
+    attend_simd(b, scratch);
+    _mm_setcsr(saved);
 }
 
 }  // namespace
