@@ -22,6 +22,15 @@ def prefetch_name(mode: int | bool | str | None) -> str:
     names = _native.kernels.decode_prefetch_modes()
     return names[mode] if 0 <= mode < len(names) else str(mode)
 
+
+def runnable_isas() -> list[str]:
+    """The kernel ISAs this build has and this CPU runs."""
+    from ktd import _native
+
+    k = _native.kernels
+    return [i for i in ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm") if k.isa_compiled(i) and k.isa_supported(i)]
+
+
 def kernel_isa_by_type() -> dict[str, str]:
     """The types whose matrices run another ISA's kernels than the active one (``kernels_isa``: the
     AVX-512 kernels of the types measured faster with them on an AVX2-default build, or an ISA's
@@ -30,8 +39,7 @@ def kernel_isa_by_type() -> dict[str, str]:
 
     k = _native.kernels
     active = k.active_isa()
-    isas = [i for i in ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm") if k.isa_compiled(i) and k.isa_supported(i)]
-    types = sorted({t for i in isas for t in k.supported_types(i)})
+    types = sorted({t for i in runnable_isas() for t in k.supported_types(i)})
     return {t: isa for t in types if (isa := k.kernels_isa(t)) is not None and isa != active}
 
 
@@ -138,7 +146,7 @@ def describe(sysfs_root: str = "/sys", proc_root: str = "/proc") -> dict:
             "kernel_decode_prefetch": prefetch_name(_native.kernels.decode_prefetch()),
             # env, set, default, tuning (the first one-row forwards try each mode) or tuned
             "kernel_decode_prefetch_source": _native.kernels.decode_prefetch_state()["source"],
-            "kernel_isas_runnable": [i for i in ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm") if _native.kernels.isa_compiled(i) and _native.kernels.isa_supported(i)],
+            "kernel_isas_runnable": runnable_isas(),
             "last_level_cache": last_level_cache(sysfs_root),
             "cpuid_l3_bytes": cpuid_l3_bytes(),
         },

@@ -85,8 +85,7 @@ void bind_kernels(py::module_ &m) {
     k.def("set_active_isa", [](const std::string &name) { set_active_isa(parse_isa(name)); });
     k.def("decode_prefetch", [] { return k_decode_prefetch(); },
           "the repacked x86 decode GEMV's software prefetch mode: 0 off, 1 l1 (prefetcht0 a few KiB ahead), 2 l2 "
-          "(prefetcht1 9 KiB ahead, paced) (the CPU default, tuned, or "
-          "KTD_DECODE_PREFETCH)");
+          "(prefetcht1 9 KiB ahead, paced) (the CPU default, tuned, or KTD_DECODE_PREFETCH)");
     k.def("decode_prefetch_default", [] { return k_decode_prefetch_default(); },
           "this CPU's default decode_prefetch mode (0 on AMD Zen 4 and later, 2 on Intel, else 1)");
     k.def("decode_prefetch_modes", [] {

@@ -106,10 +106,10 @@ Isa parse_isa(std::string_view name);  // throws std::invalid_argument
 // tiles, kernels/x86/k_repack.h; the 32-element types' 8- and 16-row tiles, kernels/avx2/q32.h and
 // kernels/avx512/q32_vnni.h), one of three modes: off; l1, prefetcht0 a few KiB ahead of the
 // weight stream (8 KiB in the K-quant tiles, 4 KiB in the others); l2, prefetcht1 kPrefetchL2Bytes
-// ahead in every layout, paced (kernels/x86/common.h prefetch_lines). Which pays depends on the core, not on the
-// ISA tier: l1 measured faster on a Xeon and on an AMD Zen 3, slower on an AMD Zen 4; on another
-// Xeon (family 6 model 167, 480 MiB L3) l1 made a 7B Q4_K_M decode from DRAM 1.25-1.35x slower
-// and l2 0.87x the step time of off. The default is off on AMD Zen 4 and later, l2 on Intel, l1
+// ahead in every layout, paced (kernels/x86/common.h prefetch_lines). Which pays depends on the
+// core, not on the ISA tier: l1 measured faster on a Xeon and on an AMD Zen 3, slower on an AMD
+// Zen 4; on another Xeon (family 6 model 167, 480 MiB L3) l1 made a 7B Q4_K_M decode from DRAM
+// 1.25-1.35x slower and l2 0.87x the step time of off. The default is off on AMD Zen 4 and later, l2 on Intel, l1
 // elsewhere (k_decode_prefetch_default), then tuned by the first one-row forwards
 // (k_decode_prefetch_tune_begin below). KTD_DECODE_PREFETCH=0|1|2 or off|l1|l2 (read once, at
 // first use) or set_k_decode_prefetch overrides; set_k_decode_prefetch(-1) goes back to the

@@ -196,9 +196,8 @@ struct Q6_Kx8 {
 
 // Software prefetch of the weight stream in the decode (nc = 1) GEMV, where k_decode_prefetch()
 // says so (kernels/kernels.h): prefetch_ahead (kPrefetchBytes in l1, kPrefetchL2Bytes in l2), and
-// each tile's head (prefetch_head). Whether
-// it pays depends on the core. Measured quiet, alternating builds, on an AVX2-only AMD EPYC Zen 3
-// (family 25 model 1, 32 MiB L3, 2 vCPU): the n = 1 GEMV from DRAM streamed at 93-104% of the
+// each tile's head (prefetch_head). Whether it pays depends on the core. Measured quiet,
+// alternating builds, on an AVX2-only AMD EPYC Zen 3 (family 25 model 1, 32 MiB L3, 2 vCPU): the n = 1 GEMV from DRAM streamed at 93-104% of the
 // read bandwidth at one thread against 75-83% without (Q4_K 1.5B ffn_up x18), Q6_K 10.3-12.3 GB/s
 // against 9.1-9.7, and Qwen2.5-Coder-1.5B decode reached 80-92% of the ceiling at one thread
 // against 73-81%. On an AMD EPYC Zen 4 (family 25 model 17, AVX-512) it is the other way round,
