@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +44,27 @@ def load_summary(*, clients: int, requests: int, completed: int, errors: Any, to
             "tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
             "ttft_ms": ms(ttft), "latency_ms": ms(latency),
             "decode_tokens_per_s": {k: round(v, 2) for k, v in percentiles(decode).items()}}
+
+
+def finish_decode_prefetch_tuning(step: Callable[[], Any]) -> int:
+    """Run ``step`` (one untimed one-row forward of an in-process engine) until the decode prefetch
+    tuning is over, and return how many ran.
+
+    The process's first one-row forwards tune the x86 decode prefetch (native/src/kernels/kernels.h):
+    they take the modes in turn, one of them up to ~1.3x slower than the one that stays on some
+    CPUs, so a benchmark that times them measures the tuning, not the decode. Stops as soon as the
+    setting is fixed (KTD_DECODE_PREFETCH, set_decode_prefetch), tuned, or after one step that did
+    not start a tuning (a build or CPU where nothing reads the setting), and at the latest after
+    the steps a whole tuning takes."""
+    from ktd import _native
+
+    def pending() -> bool:
+        return _native.kernels.decode_prefetch_state()["source"] in ("default", "tuning")
+
+    n = 0
+    while n < _native.kernels.DECODE_PREFETCH_TUNE_STEPS and pending():
+        step()
+        n += 1
+        if _native.kernels.decode_prefetch_state()["source"] == "default":
+            break
+    return n

@@ -79,7 +79,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ktd.bench import write_results
+from ktd.bench import finish_decode_prefetch_tuning, write_results
 
 PROMPT_TOKENS = 16
 # How the ceiling was taken (``ceiling_method`` in the results; ``--compare`` says when two files
@@ -357,11 +357,6 @@ def prefetch_ab(steps: Sequence[float], bandwidths: Sequence[float], settings: S
     return out
 
 
-# Untimed one-row steps at most before the timed ones, while the decode prefetch is being tuned
-# (the modes x kPrefetchTuneSteps, native/src/kernels/kernels.h).
-TUNE_STEPS_MAX = len(PREFETCH_MODES) * 9
-
-
 def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
             weights_map: str = "arena", context: int = PROMPT_TOKENS, ab_prefetch: bool = False) -> dict[str, Any]:
     """Interleaved decode steps and bandwidth passes on one model and thread count, after an
@@ -378,8 +373,8 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         raise ValueError(f"the prefetch A/B needs at least {len(PREFETCH_MODES)} tokens and no breakdown (it would "
                          "mix the modes)")
     bpt = int(inspect_model(path)["bytes_per_token"]["total"])
-    eng = Engine.open(path, n_ctx=context + tokens + 1 + TUNE_STEPS_MAX, n_seq_max=1, threads=threads,
-                      weights_map=weights_map)
+    eng = Engine.open(path, n_ctx=context + tokens + 1 + _native.kernels.DECODE_PREFETCH_TUNE_STEPS, n_seq_max=1,
+                      threads=threads, weights_map=weights_map)
     # A fixed prompt of ordinary token ids; what is generated does not change the bytes read.
     prompt = 100 + np.arange(context) % max(1, eng.n_vocab - 100)
     n = len(prompt)
@@ -387,10 +382,14 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
     token = int(np.argmax(logits[0]))
     # The process's first one-row steps tune the decode prefetch (kernels.h): untimed here, so the
     # timed steps run the setting it keeps (the A/B fixes each step's setting itself).
-    while not ab_prefetch and _native.kernels.decode_prefetch_state()["source"] in ("default", "tuning") \
-            and n < context + TUNE_STEPS_MAX:
+
+    def untimed_step() -> None:
+        nonlocal logits, token, n
         logits = eng.forward(np.array([token]), np.array([n]), np.zeros(1), np.ones(1, bool))
         token, n = int(np.argmax(logits[0])), n + 1
+
+    if not ab_prefetch:
+        finish_decode_prefetch_tuning(untimed_step)
     steps, bws, loops, pass_steps = [], [], [], []
     # One buffer for every pass, allocated and written before the first step (see the module's doc).
     read_buffer = _native.kernels.ReadBuffer(bpt, threads)

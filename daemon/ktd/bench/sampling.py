@@ -39,6 +39,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ktd import _native
+from ktd.bench import finish_decode_prefetch_tuning
 from ktd.sampling import Sampler, SamplingParams
 
 N_VOCAB = 151936
@@ -83,8 +85,8 @@ def open_step(model: str, threads: int, n_steps: int) -> Callable[[], tuple[floa
     from ktd import models
     from ktd.engine import Engine
 
-    engine = Engine.open(models.fetch(model) if model in models.MODELS else model, n_ctx=n_steps + 16,
-                         threads=threads)
+    engine = Engine.open(models.fetch(model) if model in models.MODELS else model,
+                         n_ctx=n_steps + 16 + _native.kernels.DECODE_PREFETCH_TUNE_STEPS, threads=threads)
     pos = 0
 
     def step() -> float:
@@ -97,6 +99,7 @@ def open_step(model: str, threads: int, n_steps: int) -> Callable[[], tuple[floa
 
     for _ in range(8):  # warm-up: caches, page faults of the weights, the pool's threads
         step()
+    finish_decode_prefetch_tuning(step)  # and the decode prefetch tuning, not timed either
     return step
 
 

@@ -108,6 +108,7 @@ void bind_kernels(py::module_ &m) {
           "the decode prefetch: mode, name, source (env, set, default, tuning: the first one-row forwards try "
           "every mode in turn, tuned: the fastest stayed if clearly faster than the default) and the median step "
           "time of each mode in the tuning (ms; 0 before it ends)");
+    k.attr("DECODE_PREFETCH_TUNE_STEPS") = kPrefetchTuneSteps * kPrefetchModes;  // one-row steps a tuning takes
     k.def("decode_prefetch_tune_step", [](int mode, uint64_t ns) { k_decode_prefetch_tune_end(mode, ns); },
           py::arg("mode"), py::arg("ns"), "record a one-row step of `mode` as the tuning would (tests)");
     k.def("decode_prefetch_tune_begin", [] { return k_decode_prefetch_tune_begin(); },
