@@ -430,7 +430,8 @@ def test_three_engines_report_a_ratio_per_peer():
     lb = [_s("llama-bench", "pp128", 0, 5.0), _s("llama-bench", "pp128", 1, 10.0),
           _s("llama-bench", "pp128", 2, 40.0), _s("llama-bench", "tg128", 0, 10.0),
           _s("llama-bench", "tg128", 1, 11.0)]
-    rep = e2e.summarise(model_names=["m"], engines=e2e.ENGINES, threads=[1], tests=["pp128", "tg128"],
+    engines = ["ktd", "llama.cpp", "llama-bench"]
+    rep = e2e.summarise(model_names=["m"], engines=engines, threads=[1], tests=["pp128", "tg128"],
                         samples=PP + TG + lb, unavailable={}, read_bandwidth={1: 20e9},
                         bytes_per_token={"m": 400_000_000})
     e2e.validate_report(rep)
@@ -439,8 +440,81 @@ def test_three_engines_report_a_ratio_per_peer():
     assert ratios["pp128"]["per_rep_over"]["llama-bench"] == [2.0, 3.0, 0.5]
     assert ratios["tg128"]["ktd_over"] == {"llama.cpp": pytest.approx(0.9), "llama-bench": 2.0}  # 20/25, 22/22
     assert rep["ceiling"][0]["decode_pct_of_ceiling"]["llama-bench"] == pytest.approx(21.0)  # 10.5 / 50
-    rep["config"] = {"engines": list(e2e.ENGINES)}
+    rep["config"] = {"engines": engines}
     table = e2e.format_table(rep).splitlines()
     assert "lbench t/s" in table[0] and "ktd/lbench" in table[0] and "lbench %ceil" in table[0]
     pp = next(x for x in table if x.startswith("m ") and "pp128" in x).split()
     assert pp[3:8] == ["25.00", "10.00", "1.000", "10.00", "2.000"]
+
+
+def test_the_avx2_engine_is_reported_against_ktd_and_llama_cpp():
+    # ktd-avx2 pp128 5/10/20 -> ktd/avx2 2, 3, 1 -> 2; avx2/llama 0.5, 1, 0.5 -> 0.5; tg 16, 20:
+    # ktd/avx2 1.25, 1.1 -> 1.175, avx2/llama 0.64, 0.909 -> 0.7745; % of the 50 tok/s ceiling 36.
+    avx2 = [_s("ktd-avx2", "pp128", 0, 5.0), _s("ktd-avx2", "pp128", 1, 10.0), _s("ktd-avx2", "pp128", 2, 20.0),
+            _s("ktd-avx2", "tg128", 0, 16.0), _s("ktd-avx2", "tg128", 1, 20.0)]
+    engines = ["ktd", "ktd-avx2", "llama.cpp"]
+    rep = e2e.summarise(model_names=["m"], engines=engines, threads=[1], tests=["pp128", "tg128"],
+                        samples=PP + TG + avx2, unavailable={}, read_bandwidth={1: 20e9},
+                        bytes_per_token={"m": 400_000_000}, config={"engines": engines})
+    e2e.validate_report(rep)
+    ratios = {r["test"]: r for r in rep["ratios"]}
+    assert ratios["pp128"]["ktd_over"] == {"ktd-avx2": 2.0, "llama.cpp": 1.0}
+    assert ratios["pp128"]["isa_engine_over_llama_cpp"] == {"ktd-avx2": 0.5}
+    assert ratios["tg128"]["ktd_over"]["ktd-avx2"] == pytest.approx(1.175)
+    assert ratios["tg128"]["isa_engine_over_llama_cpp"]["ktd-avx2"] == pytest.approx((0.64 + 20 / 22) / 2)
+    assert rep["ceiling"][0]["decode_pct_of_ceiling"]["ktd-avx2"] == pytest.approx(36.0)
+    table = e2e.format_table(rep).splitlines()
+    assert table[0].split()[:12] == ["model", "thr", "test", "ktd", "t/s", "avx2", "t/s", "ktd/avx2", "avx2/llama",
+                                     "llama", "t/s", "ktd/llama"]
+    pp = next(x for x in table if x.startswith("m ") and "pp128" in x).split()
+    assert pp[3:9] == ["25.00", "10.00", "2.000", "0.500", "10.00", "1.000"]
+    tg = next(x for x in table if x.startswith("m ") and "tg128" in x).split()
+    assert tg[10:13] == ["42.0", "36.0", "47.0"]   # % of the ceiling: ktd, avx2, llama.cpp
+    assert any(x.startswith("avx2: ktd with KTD_ISA=avx2 (a process of its own") for x in table)
+
+
+def test_default_engines_add_the_avx2_path_only_where_avx512_runs(monkeypatch):
+    from ktd import _native, machine
+
+    monkeypatch.delenv("KTD_ISA", raising=False)
+    uses_avx512 = "avx512" in {_native.kernels.active_isa(), *machine.kernel_isa_by_type().values()}
+    want = ["ktd", "ktd-avx2", "llama.cpp"] if uses_avx512 and "avx2" in machine.runnable_isas() else ["ktd", "llama.cpp"]
+    assert e2e.default_engines() == want
+    monkeypatch.setenv("KTD_ISA", "avx2")   # the user fixed the ISA: measured as asked, nothing added
+    assert e2e.default_engines() == ["ktd", "llama.cpp"]
+
+
+def test_child_engine_decodes_as_the_in_process_one(tmp_path):
+    """KtdChildRunner (a ktd engine in a process of its own with KTD_ISA set) on a tiny model: with
+    this process's own ISA its greedy tokens are the in-process KtdRunner's; with KTD_ISA=ref the
+    child reports the ref kernels; a file it cannot open is EngineUnavailable with the child's
+    reason; an unknown ISA is refused before any process starts."""
+    from models import tiny_dense
+    from ktd import _native
+
+    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
+    prompt = np.arange(40, 56, dtype=np.int32)
+    local = e2e.KtdRunner.open(path, 1)
+    _, want = local.decode(prompt, 12)
+    local.close()
+    child = e2e.KtdChildRunner(path, 1, _native.kernels.active_isa())
+    try:
+        assert child.info["isa"] == _native.kernels.active_isa()
+        assert child.prefill(prompt) > 0
+        assert child.finish_tuning(prompt) >= 0
+        sec, got = child.decode(prompt, 12)
+        assert got == want and len(got) == 13 and sec > 0 and child.n_vocab == local.n_vocab
+    finally:
+        child.close()
+    assert child.proc.returncode == 0
+    ref = e2e.KtdChildRunner(path, 1, "ref")
+    try:
+        assert ref.info["isa"] == "ref"
+        assert len(ref.decode(prompt, 3)[1]) == 4
+    finally:
+        ref.close()
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(e2e.EngineUnavailable, match="cannot open bad.gguf"):
+        e2e.KtdChildRunner(tmp_path / "bad.gguf", 1, "ref")
+    with pytest.raises(ValueError):
+        e2e.KtdChildRunner(path, 1, "sse9")

@@ -30,8 +30,12 @@ would be the best of four samples, on a Zen 3 0-5% above one loop's median, agai
 that is one. The per-token cost of the Python harness itself is measured and reported.
 A model whose bytes per token are under 4x the last-level cache is flagged cache-assisted (``*``):
 part of its weight stream comes from the cache, so its % of the ceiling is not comparable with
-other machines. The report names the CPU, its caches and the kernels' ISA; on an AVX-512 machine
-run it again with ``KTD_ISA=avx2 ... --out bench-avx2.json`` to report the AVX2 path too.
+other machines. The report names the CPU, its caches and the kernels' ISA. Where ktd's default
+kernels use AVX-512 (and KTD_ISA is not set), a third engine, ``ktd-avx2``, is measured by default
+beside the other two: ktd with ``KTD_ISA=avx2`` in a process of its own (KtdChildRunner; the
+kernels are chosen once per process), interleaved like them, with its ratio against llama.cpp
+(``avx2/llama``), the default kernels' gain over it (``ktd/avx2``) and its % of the ceiling: the
+AVX2 path an AVX2-only server (a Zen 3) would run, on this machine's memory.
 
 A third engine, ``llama-bench``, is a peer's own ``llama-bench`` binary (llama.cpp's, or
 ik_llama.cpp's with its kernels and options: ``--llama-bench PATH --llama-bench-args "-fmoe 1 -rtr 1"``),
@@ -66,8 +70,10 @@ import numpy as np
 from ktd.bench import finish_decode_prefetch_tuning, write_results
 
 SCHEMA = "ktd.bench.e2e/1"
-ENGINES = ("ktd", "llama.cpp", "llama-bench")
+ENGINES = ("ktd", "ktd-avx2", "llama.cpp", "llama-bench")
 DEFAULT_ENGINES = ("ktd", "llama.cpp")
+# ktd with KTD_ISA=<isa>, in a process of its own (the kernels are chosen once per process).
+ISA_ENGINES = {"ktd-avx2": "avx2"}
 PP_TESTS = {"pp128": 128, "pp512": 512}
 TG_TEST, TG_TOKENS = "tg128", 128
 # Read-bandwidth passes right before and right after each tg128 pair (the %@tg columns).
@@ -230,6 +236,9 @@ def summarise(*, model_names: Sequence[str], engines: Sequence[str], threads: Se
                                          "ktd_over_llama_cpp": median_or_none(r), "per_rep": r,
                                          "ktd_over": {peer: median_or_none(v) for peer, v in over.items()},
                                          "per_rep_over": over}
+                isa_over = {e: paired_ratios(samples, model, t, test, num=e) for e in engines if e in ISA_ENGINES}
+                if isa_over:   # the other ISA's ktd against llama.cpp, the same way
+                    entry["isa_engine_over_llama_cpp"] = {e: median_or_none(v) for e, v in isa_over.items()}
                 if test == TG_TEST:
                     entry["greedy_tokens_agreeing"] = leading_agreement(
                         greedy.get((model, "ktd", t)), greedy.get((model, "llama.cpp", t)))
@@ -317,7 +326,7 @@ def format_table(report: dict) -> str:
     """
     peers = [e for e in report.get("config", {}).get("engines", DEFAULT_ENGINES) if e != "ktd"] or ["llama.cpp"]
     engines = ["ktd", *peers]
-    short = {"llama.cpp": "llama", "llama-bench": "lbench"}
+    short = {"llama.cpp": "llama", "llama-bench": "lbench", "ktd-avx2": "avx2"}
     rows = {(r["model"], r["threads"], r["test"], r["engine"]): r for r in report["rows"]}
     absent = {"tokens_per_s": None, "unavailable": "not run (--engines)"}
     ratios = {(r["model"], r["threads"], r["test"]): r for r in report["ratios"]}
@@ -326,6 +335,8 @@ def format_table(report: dict) -> str:
     head = f"{'model':22} {'thr':>3} {'test':6} {'ktd t/s':>9}"
     for p in peers:
         head += f" {short.get(p, p) + ' t/s':>10} {'ktd/' + short.get(p, p):>10}"
+        if p in ISA_ENGINES:
+            head += f" {short.get(p, p) + '/llama':>11}"
     head += f" {'ceiling':>8}" + "".join(f" {short.get(e, e) + ' %ceil':>12}" for e in engines)
     head += "".join(f" {short.get(e, e) + ' %@tg':>11}" for e in engines)
     lines = [head, "-" * len(head)]
@@ -348,6 +359,8 @@ def format_table(report: dict) -> str:
         line = f"{name:22} {t:3d} {test:6} {num(tps[0], '9.2f')}"
         for p, tp in zip(peers, tps[1:]):
             line += f" {num(tp, '10.2f')} {num(over.get(p), '10.3f')}"
+            if p in ISA_ENGINES:
+                line += f" {num((rat.get('isa_engine_over_llama_cpp') or {}).get(p), '11.3f')}"
         if test == TG_TEST:
             c = ceil[(model, t)]
             pct = c["decode_pct_of_ceiling"]
@@ -381,6 +394,10 @@ def format_table(report: dict) -> str:
         share = f" ({ov['pct_of_step']:.2f}% of a step)" if ov["pct_of_step"] is not None else ""
         lines.append(f"harness overhead, {where} {ov['test']}: {ov['seconds_per_token'] * 1e6:.0f} µs/token"
                      f"{share} — {ov['how']}")
+    for e in engines:
+        if e in ISA_ENGINES:
+            lines.append(f"{short[e]}: ktd with KTD_ISA={ISA_ENGINES[e]} (a process of its own, same file and "
+                         f"threads): ktd/{short[e]} is the default kernels' gain over that path")
     for what, reason in notes.items():
         lines.append(f"{what}: not available: {reason}")
     cfg = report.get("config", {})
@@ -653,6 +670,116 @@ class LlamaBenchRunner:
         pass
 
 
+class KtdChildRunner:
+    """ktd with ``KTD_ISA=isa`` in a child process (``python -m ktd.bench.e2e --serve-engine``): the
+    AVX2 path of an AVX-512 CPU, measured in the same run as the default one. The child times its
+    own forwards exactly as KtdRunner does (the pipe is outside the timed part) and answers one
+    JSON line per request on its stdout (its other output goes to stderr)."""
+
+    def __init__(self, path: Path, threads: int, isa: str):
+        from ktd import _native
+
+        if not (_native.kernels.isa_compiled(isa) and _native.kernels.isa_supported(isa)):
+            raise EngineUnavailable(f"KTD_ISA={isa}: not compiled into this build or not run by this CPU")
+        self.isa = isa
+        self.n_vocab: int | None = None
+        self.proc = subprocess.Popen([sys.executable, "-m", "ktd.bench.e2e", "--serve-engine", str(path),
+                                      "--threads", str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "KTD_ISA": isa})
+        try:
+            self.info = self._call(op="open")["info"]
+        except EngineUnavailable:
+            self.close()
+            raise
+
+    def _call(self, **request: Any) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            raise EngineUnavailable(f"the KTD_ISA={self.isa} engine process exited ({self.proc.wait()})")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise EngineUnavailable(answer["error"]) if request["op"] == "open" else RuntimeError(answer["error"])
+        return answer
+
+    def prefill(self, tokens: np.ndarray) -> float:
+        return float(self._call(op="prefill", tokens=[int(t) for t in tokens])["seconds"])
+
+    def decode(self, prompt: np.ndarray, n: int) -> tuple[float, list[int]]:
+        a = self._call(op="decode", prompt=[int(t) for t in prompt], n=n)
+        self.n_vocab = a["n_vocab"]
+        return float(a["seconds"]), list(a["tokens"])
+
+    def finish_tuning(self, prompt: np.ndarray) -> int:
+        return int(self._call(op="finish_tuning", prompt=[int(t) for t in prompt])["steps"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()   # end of requests: the child closes its engine and exits
+                self.proc.wait(timeout=120)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serve_engine(path: str, threads: int) -> int:
+    """The child of KtdChildRunner: a KtdRunner on ``path`` serving JSON-line requests (open,
+    prefill, decode, finish_tuning) from stdin until it closes."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)   # anything else printed goes to stderr, not into the answers
+
+    def answer(**a: Any) -> None:
+        proto.write(json.dumps(a) + "\n")
+
+    runner: KtdRunner | None = None
+    for line in sys.stdin:
+        req = json.loads(line)
+        op = req["op"]
+        try:
+            if op == "open":
+                runner = KtdRunner.open(Path(path), threads)
+                answer(info=runner.engine.info())
+                continue
+            assert runner is not None, "open first"
+            if op == "prefill":
+                answer(seconds=runner.prefill(np.array(req["tokens"], np.int32)))
+            elif op == "decode":
+                sec, out = runner.decode(np.array(req["prompt"], np.int32), int(req["n"]))
+                answer(seconds=sec, tokens=out, n_vocab=runner.n_vocab)
+            elif op == "finish_tuning":
+                answer(steps=runner.finish_tuning(np.array(req["prompt"], np.int32)))
+            else:
+                answer(error=f"unknown request {op!r}")
+        except Exception as e:  # reported by the parent in this engine's rows
+            answer(error=f"{type(e).__name__}: {e}")
+    if runner is not None:
+        runner.close()
+    return 0
+
+
+def default_engines() -> list[str]:
+    """ktd and llama.cpp, and ktd-avx2 where ktd's default kernels use AVX-512 for some type and
+    KTD_ISA does not fix the ISA: the AVX2 path is then measured beside them (ratios against
+    llama.cpp and its own % of the ceiling)."""
+    from ktd import _native, machine
+
+    engines = list(DEFAULT_ENGINES)
+    if os.environ.get("KTD_ISA") or "avx2" not in machine.runnable_isas():
+        return engines
+    isas = {_native.kernels.active_isa(), *machine.kernel_isa_by_type().values()}
+    if "avx512" in isas:
+        engines.insert(1, "ktd-avx2")
+    return engines
+
+
 # --llama-bench PATH and --llama-bench-args (set by main; run() callers pass them in `peer`).
 @dataclasses.dataclass
 class PeerBench:
@@ -663,6 +790,8 @@ class PeerBench:
 def open_runner(engine: str, path: Path, threads: int, peer: PeerBench | None = None) -> Runner:
     if engine == "ktd":
         return KtdRunner.open(path, threads)
+    if engine in ISA_ENGINES:
+        return KtdChildRunner(path, threads, ISA_ENGINES[engine])
     if engine == "llama-bench":
         peer = peer or PeerBench()
         return LlamaBenchRunner(peer.exe, path, threads, peer.args)
@@ -714,11 +843,14 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
     try:
         if "ktd" in runners:   # what the engine chose (ISA, threads, repacked bytes ...)
             c.engine_info.append({"model": model, "threads": threads, "info": runners["ktd"].engine.info()})
+        for name in ISA_ENGINES:
+            if name in runners:
+                c.engine_info.append({"model": model, "threads": threads, "engine": name, "info": runners[name].info})
         for name, r in list(runners.items()):   # warm-up: page the weights in, build graphs
             try:
                 r.prefill(tokens[:PP_TESTS["pp128"]])
                 r.decode(tokens[:TG_PROMPT_TOKENS], 8)
-                if isinstance(r, KtdRunner):
+                if isinstance(r, (KtdRunner, KtdChildRunner)):
                     r.finish_tuning(tokens[:TG_PROMPT_TOKENS])
             except Exception as e:  # reported in its rows; the other engine is still measured
                 c.fail(model, name, "in warm-up", e)
@@ -871,7 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, help="interleaved repetitions per test (default 5; 2 with --quick)")
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=None,
-                    help="engines to measure (default: ktd llama.cpp, plus llama-bench with --llama-bench)")
+                    help="engines to measure (default: ktd llama.cpp, plus ktd-avx2 where ktd's kernels use AVX-512 "
+                         "and KTD_ISA is not set, and llama-bench with --llama-bench)")
     ap.add_argument("--llama-bench", metavar="PATH",
                     help="a peer's llama-bench binary (llama.cpp's or ik_llama.cpp's), measured as engine llama-bench")
     ap.add_argument("--llama-bench-args", default="", metavar="ARGS",
@@ -882,7 +1015,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"read-bandwidth buffer in bytes (default and minimum {MIN_BW_BYTES >> 20} MiB)")
     ap.add_argument("--bw-reps", type=int, default=5, help="read-bandwidth passes (best is kept)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results; the PNG is written beside it")
+    ap.add_argument("--serve-engine", metavar="PATH", help=argparse.SUPPRESS)  # KtdChildRunner's child
     args = ap.parse_args(argv)
+    if args.serve_engine:
+        return serve_engine(args.serve_engine, args.threads[0])
     reps = args.reps if args.reps is not None else (2 if args.quick else 5)
     if reps < 1 or args.bw_reps < 1 or any(t < 1 for t in args.threads):
         ap.error("--reps, --bw-reps and --threads must be >= 1")
@@ -894,7 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     threads = list(dict.fromkeys(args.threads))
-    engines = list(args.engines or DEFAULT_ENGINES)
+    engines = list(args.engines or default_engines())
     if args.llama_bench and "llama-bench" not in engines:
         engines.append("llama-bench")
     peer = PeerBench(args.llama_bench, tuple(shlex.split(args.llama_bench_args)))

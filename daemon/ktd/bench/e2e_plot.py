@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 from ktd.bench.e2e import ENGINES, PP_TESTS, TG_TEST  # noqa: E402
 
-COLORS = {"ktd": "tab:blue", "llama.cpp": "tab:orange", "llama-bench": "tab:green"}
+COLORS = {"ktd": "tab:blue", "ktd-avx2": "tab:cyan", "llama.cpp": "tab:orange", "llama-bench": "tab:green"}
 
 
 def _group_label(test: str, threads: int, ratios: dict[str, float | None]) -> str:
