@@ -207,6 +207,26 @@ def test_breakdown_arithmetic():
         B.breakdown(profile, 0, 0.01, {}, 1e9)
 
 
+def test_median_profile_reads_per_step_medians_from_the_running_sums():
+    # 3 steps: attention_in 2, 2 and 20 ms (a descheduled step), glu_ffn 5, 6, 7 ms; forward
+    # 8, 9, 30 ms. Medians 2, 6 and 9 ms, as sums over the 3 steps: 6, 18, 27 ms.
+    ms = 1_000_000
+    snaps = [{},
+             {"attention_in": (2 * ms, 4), "glu_ffn": (5 * ms, 4), "forward": (8 * ms, 1)},
+             {"attention_in": (4 * ms, 8), "glu_ffn": (11 * ms, 8), "forward": (17 * ms, 2)},
+             {"attention_in": (24 * ms, 12), "glu_ffn": (18 * ms, 12), "forward": (47 * ms, 3)}]
+    p = B.median_profile(snaps)
+    assert p == {"attention_in": (6 * ms, 12), "glu_ffn": (18 * ms, 12), "forward": (27 * ms, 3)}
+    rows = {r["block"]: r for r in B.breakdown(p, 3, 0.010, {"attention_in": 10_000_000}, 10e9)}
+    assert rows["attention_in"]["ms_per_step"] == pytest.approx(2.0)        # not the mean, 8
+    assert rows["attention_in"]["pct_of_bandwidth"] == pytest.approx(50.0)  # 10 MB in 2 ms of 10 GB/s
+    assert rows["forward, outside the blocks"]["ms_per_step"] == pytest.approx(1.0)  # 9 - 2 - 6
+    # a name first seen after the first step counts from zero; one step is its own median
+    assert B.median_profile([{"norm": (1, 1)}, {"norm": (5, 3), "embed": (7, 1)}]) == {"norm": (4, 2), "embed": (7, 1)}
+    with pytest.raises(ValueError):
+        B.median_profile([{}])
+
+
 def test_breakdown_lists_the_moe_parts_under_their_block_and_leaves_them_out_of_the_sums():
     # 2 steps of 10 ms; moe_ffn 6 ms/step, of which router 1, gate/up 3, down 1.5 (0.5 outside them)
     profile = {"moe_ffn": (12_000_000, 2), "moe_router": (2_000_000, 2), "moe_gate_up": (6_000_000, 2),

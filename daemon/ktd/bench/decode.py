@@ -35,8 +35,10 @@ the KV cache, output projection, dense FFN, MoE FFN, output head) and prints whe
 goes: per block its milliseconds per step, the weight bytes it streams per token (the GGUF's
 tensors mapped to the block that reads them) and that stream as % of the bandwidth measured in
 the same run; what the forward does outside the blocks and the step's time outside the forward
-(Python, pybind11, argmax) are rows of their own. Block times are means over the steps (the
-native sums divided by the step count) and include each block's hand-over to the thread pool and
+(Python, pybind11, argmax) are rows of their own. Block times are medians over the steps, as the
+headline's step (the native sums are read after every step: a step descheduled by the host no
+longer inflates every block, as the means did, 161 ms against a 140 ms median step in one such
+run) and include each block's hand-over to the thread pool and
 its wait for the slowest worker; the pool's own counters (``Context.set_pool_stats``) then say how
 much of it that is: pool regions and barriers per step, the calling thread's wait for the slowest
 worker at the end of each region and inside barriers, the delay from a region's release to its
@@ -165,11 +167,27 @@ def block_and_part_bytes(path: str) -> tuple[dict[str, int], dict[str, int]]:
     return out, sub
 
 
+def median_profile(snapshots: Sequence[dict[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    """The native profile's sums (name -> (ns, calls)) read before the first step and after each
+    of the steps, as the sums ``breakdown`` takes, but per-step medians: each name's ns is the
+    median of its per-step differences times the step count (calls stay the true total)."""
+    if len(snapshots) < 2:
+        raise ValueError("need the profile before the first step and after at least one")
+    steps = len(snapshots) - 1
+    out = {}
+    for name in set().union(*snapshots):
+        ns = [snapshots[i + 1].get(name, (0, 0))[0] - snapshots[i].get(name, (0, 0))[0] for i in range(steps)]
+        calls = snapshots[-1].get(name, (0, 0))[1] - snapshots[0].get(name, (0, 0))[1]
+        out[name] = (round(statistics.median(ns) * steps), calls)
+    return out
+
+
 def breakdown(profile: dict[str, tuple[int, int]], steps: int, step_seconds: float,
               block_bytes: dict[str, int], bandwidth: float,
               part_bytes: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Rows {block, ms_per_step, pct_of_step, bytes_per_token, gb_per_s, pct_of_bandwidth} from
-    the native per-block sums over ``steps`` forwards, the mean step (s) and the bandwidth (B/s).
+    the native per-block sums over ``steps`` forwards, the step (s) and the bandwidth (B/s): the
+    mean step with the sums as read, the median step with median_profile's.
     A block's timed parts (SUB_BLOCKS, bytes from part_bytes) follow it as rows "block > part",
     which the sums leave out."""
     if steps < 1 or step_seconds <= 0 or bandwidth <= 0:
@@ -227,7 +245,8 @@ def pool_rows(stats: dict[str, Any], steps: int, step_seconds: float, threads: i
 def format_pool(p: dict[str, Any]) -> str:
     busy = ", ".join(f"{b:.0f}%" for b in p["worker_busy_pct_of_step"])
     start = ", ".join(f"{s:.1f}" if s is not None else "-" for s in p["worker_start_us_mean"]) or "-"
-    lines = [f"  pool: {p['regions_per_step']:.0f} regions and {p['barriers_per_step']:.0f} barriers per step, "
+    lines = [f"  pool (means over the steps): {p['regions_per_step']:.0f} regions and {p['barriers_per_step']:.0f} "
+             "barriers per step, "
              f"{p['region_ms_per_step']:.3f} ms/step inside regions, of which the caller waited "
              f"{p['join_wait_ms_per_step']:.3f} ms for the slowest worker at the ends "
              f"({p['join_sleeps_per_step']:.1f} of them asleep) and {p['barrier_wait_ms_per_step']:.3f} ms in barriers",
@@ -398,6 +417,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         eng.context.set_profiling(True)
         eng.context.set_pool_stats(True)
     cpu = 0.0
+    snapshots = [eng.context.profile()] if with_breakdown else []  # the sums before, then after each step
     settings = [i % len(PREFETCH_MODES) for i in range(tokens)] if ab_prefetch else []
     try:
         for i in range(tokens):
@@ -409,6 +429,8 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
             token = int(np.argmax(logits[0]))
             steps.append(time.perf_counter() - t0)
             cpu += time.process_time() - c0
+            if with_breakdown:
+                snapshots.append(eng.context.profile())
             for pf in read_loops_after(i):
                 loops.append(pf)
                 pass_steps.append(i)
@@ -429,7 +451,7 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
         result["decode_prefetch_ab"] = ab
     if with_breakdown:
         blocks, parts = block_and_part_bytes(path)
-        result["breakdown"] = breakdown(eng.context.profile(), tokens, statistics.fmean(steps), blocks,
+        result["breakdown"] = breakdown(median_profile(snapshots), tokens, statistics.median(steps), blocks,
                                         summary["median_read_bandwidth_bytes_per_s"], parts)
         result["pool"] = pool_rows(eng.context.pool_stats(), tokens, statistics.fmean(steps), threads, cpu)
         eng.context.set_pool_stats(False)
