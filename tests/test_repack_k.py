@@ -408,31 +408,3 @@ def test_one_row_forwards_tune_the_decode_prefetch(tmp_path, restore_decode_pref
     assert st["source"] == "tuned" and all(ms > 0 for ms in st["median_ms"])
     K.set_decode_prefetch(0)
     np.testing.assert_array_equal(run().view(np.uint32), tuned.view(np.uint32))
-
-
-def test_benchmarks_finish_the_tuning_before_timing(tmp_path, restore_decode_prefetch):
-    """ktd.bench.finish_decode_prefetch_tuning (bench.decode and bench.e2e run it before their timed
-    steps): on x86 it runs one-row forwards until the tuning has taken all its steps (27) and the
-    mode is tuned, then none; with the mode fixed, none; where nothing tunes (aarch64), one step and
-    it stops."""
-    from models import tiny_dense
-    from ktd.bench import finish_decode_prefetch_tuning
-    from ktd.engine import Engine
-
-    path = tiny_dense.make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    eng = Engine.open(str(path), n_ctx=64, n_seq_max=1, threads=1)
-    pos = [0]
-
-    def step() -> None:
-        eng.forward(np.array([40 + pos[0] % 8]), np.array([pos[0]]), np.zeros(1), np.ones(1, bool))
-        pos[0] += 1
-
-    K.set_decode_prefetch(-1)
-    x86 = platform.machine() in ("x86_64", "AMD64")
-    assert K.DECODE_PREFETCH_TUNE_STEPS == 3 * 9
-    assert finish_decode_prefetch_tuning(step) == (K.DECODE_PREFETCH_TUNE_STEPS if x86 else 1)
-    assert K.decode_prefetch_state()["source"] == ("tuned" if x86 else "default")
-    assert finish_decode_prefetch_tuning(step) == (0 if x86 else 1)
-    K.set_decode_prefetch(1)
-    assert finish_decode_prefetch_tuning(step) == 0
-    assert pos[0] == (K.DECODE_PREFETCH_TUNE_STEPS if x86 else 2)

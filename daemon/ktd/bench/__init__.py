@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def write_results(results: Any, out: Path) -> None:
     """Write ``results`` as indented JSON to ``out`` (its directory created), atomically: a reader
@@ -68,3 +70,22 @@ def finish_decode_prefetch_tuning(step: Callable[[], Any]) -> int:
         if _native.kernels.decode_prefetch_state()["source"] == "default":
             break
     return n
+
+
+def finish_tuning_greedy(engine: Any, token: int, pos: int, seq: int = 0) -> tuple[int, int, int]:
+    """``finish_decode_prefetch_tuning`` with greedy one-row forwards of ``engine`` (an
+    ``ktd.engine.Engine``): sequence ``seq`` is fed ``token`` at position ``pos``, then each step's
+    argmax at the next position. Returns (steps run, the token and position the next step would
+    take), so a caller that decodes on from there continues the same sequence."""
+    tok = np.array([token], np.int32)
+    p = np.array([pos], np.int32)
+    sq = np.array([seq], np.int32)
+    want = np.ones(1, np.bool_)
+
+    def step() -> None:
+        logits = engine.forward(tok, p, sq, want)
+        tok[0] = int(np.argmax(logits[0]))
+        p[0] += 1
+
+    n = finish_decode_prefetch_tuning(step)
+    return n, int(tok[0]), int(p[0])

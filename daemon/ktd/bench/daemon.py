@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from ktd import _native
-from ktd.bench import finish_decode_prefetch_tuning
+from ktd.bench import finish_tuning_greedy
 
 SCHEMA = "ktd.bench.daemon/1"
 DEFAULT_OUT = Path("bench/results/daemon.json")
@@ -79,14 +79,7 @@ def warm_up(engine: Any) -> int:
     """Untimed one-row steps of ``engine`` until this process's decode prefetch tuning is over;
     how many ran."""
     engine.free_seq(0)
-    pos = [0]
-
-    def step() -> None:
-        engine.forward(np.array([1], np.int32), np.array([pos[0]], np.int32), np.zeros(1, np.int32),
-                       np.ones(1, np.bool_))
-        pos[0] += 1
-
-    n = finish_decode_prefetch_tuning(step)
+    n = finish_tuning_greedy(engine, 1, 0)[0]
     engine.free_seq(0)
     return n
 

@@ -81,7 +81,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ktd.bench import finish_decode_prefetch_tuning, write_results
+from ktd.bench import finish_tuning_greedy, write_results
 
 PROMPT_TOKENS = 16
 # How the ceiling was taken (``ceiling_method`` in the results; ``--compare`` says when two files
@@ -399,16 +399,10 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
     n = len(prompt)
     logits = eng.forward(prompt, np.arange(n), np.zeros(n), np.arange(n) == n - 1)
     token = int(np.argmax(logits[0]))
-    # The process's first one-row steps tune the decode prefetch (kernels.h): untimed here, so the
-    # timed steps run the setting it keeps (the A/B fixes each step's setting itself).
-
-    def untimed_step() -> None:
-        nonlocal logits, token, n
-        logits = eng.forward(np.array([token]), np.array([n]), np.zeros(1), np.ones(1, bool))
-        token, n = int(np.argmax(logits[0])), n + 1
-
     if not ab_prefetch:
-        finish_decode_prefetch_tuning(untimed_step)
+        # The process's first one-row steps tune the decode prefetch (kernels.h): untimed here, so
+        # the timed steps run the setting it keeps (the A/B fixes each step's setting itself).
+        _, token, n = finish_tuning_greedy(eng, token, n)
     steps, bws, loops, pass_steps = [], [], [], []
     # One buffer for every pass, allocated and written before the first step (see the module's doc).
     read_buffer = _native.kernels.ReadBuffer(bpt, threads)

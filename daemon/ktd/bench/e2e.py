@@ -67,7 +67,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ktd.bench import finish_decode_prefetch_tuning, write_results
+from ktd.bench import finish_tuning_greedy, write_results
 
 SCHEMA = "ktd.bench.e2e/1"
 ENGINES = ("ktd", "ktd-avx2", "llama.cpp", "llama-bench")
@@ -497,16 +497,7 @@ class KtdRunner:
         the rest of the tuning, ~4% slower here (a 7B-shaped decode, 7.00 against 7.41 tokens/s)."""
         self.engine.free_seq(0)
         token = int(np.argmax(self._forward_prompt(prompt)[-1]))
-        pos = len(prompt)
-
-        def step() -> None:
-            nonlocal token, pos
-            self._one_tok[0], self._one_pos[0] = token, pos
-            token = int(np.argmax(self.engine.forward(self._one_tok, self._one_pos, self._one_seq,
-                                                      self._one_want)[0]))
-            pos += 1
-
-        return finish_decode_prefetch_tuning(step)
+        return finish_tuning_greedy(self.engine, token, len(prompt))[0]
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)
