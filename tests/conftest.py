@@ -55,3 +55,12 @@ def read_buffer_spy(monkeypatch):
 
     monkeypatch.setattr(_native.kernels, "ReadBuffer", Spy)
     return made, reads
+
+
+@pytest.fixture
+def restore_decode_prefetch():
+    """The decode prefetch back to the CPU's default (and its tuning) after a test that fixes it."""
+    yield
+    from ktd import _native
+
+    _native.kernels.set_decode_prefetch(-1)

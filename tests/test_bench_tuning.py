@@ -8,22 +8,15 @@ from __future__ import annotations
 import platform
 
 import numpy as np
-import pytest
 
 from ktd import _native
 
 K = _native.kernels
 
 
-@pytest.fixture
-def restore_decode_prefetch():
-    yield
-    K.set_decode_prefetch(-1)
-
-
 def test_benchmarks_finish_the_tuning_before_timing(tmp_path, restore_decode_prefetch):
-    """ktd.bench.finish_decode_prefetch_tuning (bench.decode and bench.e2e run it before their timed
-    steps): on x86 it runs one-row forwards until the tuning has taken all its steps (27) and the
+    """ktd.bench.finish_decode_prefetch_tuning (the benchmarks run it before their timed steps, most
+    through finish_tuning_greedy): on x86 it runs one-row forwards until the tuning has taken all its steps (27) and the
     mode is tuned, then none; with the mode fixed, none; where nothing tunes (aarch64), one step and
     it stops."""
     from models import tiny_dense

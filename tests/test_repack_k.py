@@ -276,12 +276,6 @@ def test_real_model_shapes(qt, rows, k):
         assert (np.abs(y1 - y2[:1]) <= 1e-5 * np.abs(y2[:1]) + 1e-6).all()
 
 
-@pytest.fixture
-def restore_decode_prefetch():
-    yield
-    K.set_decode_prefetch(-1)
-
-
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qt", TYPES)
 def test_decode_prefetch_changes_no_bits(qt, isa, restore_decode_prefetch):
