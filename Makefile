@@ -10,7 +10,7 @@ KTD_WERROR ?= OFF
 NATIVE_SRCS := $(shell find native -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check gpu-carry build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe synthetic-dense clean distclean wheel oracle deb test-deb test-arm64 test-arm64-ci
+.PHONY: gpu-check gpu-carry build native venv test test-fast fuzz run demo fetch-models bench bench-kernels bench-decode bench-sampling bench-load bench-daemon synthetic-moe synthetic-dense synthetic-dram clean distclean wheel oracle deb test-deb test-arm64 test-arm64-ci
 
 build: native
 
@@ -124,6 +124,13 @@ synthetic-moe: venv
 # synthetic-qwen2-7b-bench, or ktd.bench.decode on the file.
 synthetic-dense: venv
 	$(PY) -m tests.models.synthetic_dense
+
+# The MoE bench shapes with the real models' layers and a quarter of their experts (Qwen3-30B-A3B
+# 5.3 GB, DeepSeek-V2-Lite 3.2 GB; 1.9 and 1.6 GB read per token; ~15 minutes, ~18 GB of scratch
+# disk): MoE decode from DRAM where the L3 holds much of the bench files. python -m ktd.bench.e2e
+# --models synthetic-qwen3moe-dram synthetic-deepseek2-v2-lite-dram.
+synthetic-dram: venv
+	$(PY) -m tests.models.synthetic_moe --preset dram
 
 wheel: venv
 	$(PIP) wheel --no-deps --no-build-isolation -w dist .

@@ -355,15 +355,23 @@ def test_synthetic_moe_models_resolve_from_the_cache(tmp_path, monkeypatch):
     assert m.resolve() == path
 
 
-def test_the_dense_bench_file_is_run_only_when_named(tmp_path, monkeypatch):
-    """synthetic-qwen2-7b-bench (4.4 GB per token) is not in the default list; named, it resolves
-    from the cache or says which command writes it."""
+@pytest.mark.parametrize("name, file, writer", [
+    ("synthetic-qwen2-7b-bench", "qwen2-7b-bench-q4_k_m-s0.gguf", r"python -m tests\.models\.synthetic_dense"),
+    ("synthetic-qwen3moe-dram", "qwen3moe-dram-q4_k_m-s0.gguf",
+     r"python -m tests\.models\.synthetic_moe --preset dram --arch qwen3moe"),
+    ("synthetic-deepseek2-v2-lite-dram", "deepseek2-v2-lite-dram-q4_k_m-s0.gguf",
+     r"python -m tests\.models\.synthetic_moe --preset dram --arch deepseek2"),
+])
+def test_the_dram_bench_files_are_run_only_when_named(tmp_path, monkeypatch, name, file, writer):
+    """The files that read GBs per token (synthetic-qwen2-7b-bench 4.4 GB, the MoE dram presets
+    1.6-1.9 GB) are not in the default list; named, each resolves from the cache or says which command
+    writes it."""
     monkeypatch.setenv("KTD_CACHE", str(tmp_path))
-    assert "synthetic-qwen2-7b-bench" not in [m.name for m in e2e.select_models(None, quick=False)]
-    (m,) = e2e.select_models(["synthetic-qwen2-7b-bench"], quick=False)
-    with pytest.raises(FileNotFoundError, match=r"python -m tests\.models\.synthetic_dense"):
+    assert name not in [m.name for m in e2e.select_models(None, quick=False)]
+    (m,) = e2e.select_models([name], quick=False)
+    with pytest.raises(FileNotFoundError, match=writer):
         m.resolve()
-    path = tmp_path / "synthetic" / "qwen2-7b-bench-q4_k_m-s0.gguf"
+    path = tmp_path / "synthetic" / file
     path.parent.mkdir()
     path.write_bytes(b"GGUF")
     assert m.resolve() == path

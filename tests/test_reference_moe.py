@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 
@@ -210,6 +211,43 @@ def test_generator_is_deterministic(tmp_path):
     assert digest(a) == digest(b) != digest(c)
 
 
+@pytest.mark.parametrize("arch, variant, layers, experts, real_experts, used, bench_factor", [
+    ("qwen3moe", None, 48, 32, 128, 8, 3),      # Qwen3-30B-A3B
+    ("deepseek2", "v2-lite", 27, 16, 64, 6, 2),  # DeepSeek-V2-Lite (no q LoRA, as the real one)
+])
+def test_the_dram_presets_read_what_the_real_models_read_a_token(arch, variant, layers, experts, real_experts, used,
+                                                                  bench_factor):
+    """A dram preset is the bench one with the real model's layers and a quarter of its experts per
+    layer: each matrix keeps its shape, and the weights a token reads (attention, routed and shared
+    experts, dense layers, output head) are the real model's; only the router is smaller (n_expert
+    rows of n_embd a layer)."""
+    bench, dram = S.config(arch, "bench"), S.config(arch, "dram")
+    assert S.default_variant(arch, "dram") == variant
+    assert (dram.n_layer, dram.n_expert, dram.n_expert_used) == (layers, experts, used)
+    assert dram.q_lora_rank == 0 or arch != "deepseek2"  # llama.cpp loads a 27-layer deepseek2 as V2-Lite
+    full = dataclasses.replace(dram, n_expert=real_experts)
+
+    def shapes(cfg):
+        return {t.name: t.shape for t in S.tensor_table(cfg)}
+
+    def read_per_token(cfg):
+        n = 0
+        for t in S.tensor_table(cfg):
+            if t.name == "token_embd.weight" or "ffn_gate_inp." in t.name or "exp_probs_b" in t.name:
+                continue  # one row a token; the router has n_expert rows
+            size = int(np.prod(t.shape))
+            n += size * cfg.n_expert_used // cfg.n_expert if "_exps." in t.name else size
+        return n
+
+    routed = lambda cfg: {k: v[1:] for k, v in shapes(cfg).items() if "_exps." in k}  # noqa: E731
+    rest = lambda cfg: {k: v for k, v in shapes(cfg).items()  # noqa: E731
+                        if "_exps." not in k and "ffn_gate_inp." not in k and "exp_probs_b" not in k}
+    assert routed(dram) == routed(full) and routed(full)
+    assert rest(dram) == rest(full)
+    assert read_per_token(dram) == read_per_token(full) > bench_factor * read_per_token(bench)
+    assert arch in S.PRESET_ARCHS["dram"]
+
+
 def test_generator_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError):
         S.make_model("mamba", tmp_path / "x.gguf")
@@ -219,6 +257,8 @@ def test_generator_rejects_bad_arguments(tmp_path):
         S.make_model("llama", tmp_path / "x.gguf", preset="huge")
     with pytest.raises(ValueError):
         S.make_model("llama", tmp_path / "x.gguf", preset="bench")
+    with pytest.raises(ValueError, match="no dram preset"):
+        S.make_model("llama", tmp_path / "x.gguf", preset="dram")
     with pytest.raises((ValueError, RuntimeError)):  # RuntimeError: no llama-cpp-python to ask
         S.make_model("llama", tmp_path / "x.gguf", wtype="Q9_Z")
     assert list(tmp_path.iterdir()) == []

@@ -40,6 +40,7 @@ import shutil
 import sys
 import time
 import zlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,7 +150,33 @@ def _bench(arch: str, variant: str | None) -> MoeConfig:
                      "qwen3moe)")
 
 
-PRESETS = {"tiny": _tiny, "bench": _bench}
+def _dram(arch: str, variant: str | None) -> MoeConfig:
+    # Decode from DRAM on a CPU with a large last-level cache: the bench files read 665-713 MB a
+    # token, which a 300-480 MiB L3 holds in good part. These read what the real models read a
+    # token and keep the files small enough to write in minutes and map in RAM by holding a quarter
+    # of the experts per layer: Qwen3-30B-A3B's 48 layers, 8 routed experts of 768 (~1.9 GB at
+    # Q4_K_M, 32 of 128 experts, a 5.3 GB file); DeepSeek-V2-Lite's 27 layers, plain wq (no q
+    # LoRA: llama.cpp takes a 27-layer deepseek2 for V2-Lite and will not load one with it), 6
+    # routed + 2 shared experts of 1408 (~1.6 GB, 16 of 64, a 3.2 GB file). Every matrix has the real
+    # shape, so per-matrix costs are the real model's.
+    if arch == "qwen3moe":
+        return dataclasses.replace(_bench(arch, variant), n_layer=48, n_expert=32)
+    if arch == "deepseek2" and variant == "v2-lite":
+        return dataclasses.replace(_bench(arch, "v2"), n_layer=27, n_expert=16, q_lora_rank=0)
+    raise ValueError(f"no dram preset for arch {arch!r} variant {variant!r} (dram presets: qwen3moe, "
+                     "deepseek2 v2-lite)")
+
+
+PRESETS = {"tiny": _tiny, "bench": _bench, "dram": _dram}
+# The archs a preset writes when --arch is not given, and the variant of an arch a preset takes
+# when none is given (else the arch's first).
+PRESET_ARCHS = {"tiny": ARCHS, "bench": ("deepseek2", "qwen3moe"), "dram": ("deepseek2", "qwen3moe")}
+PRESET_VARIANTS = {("dram", "deepseek2"): "v2-lite"}
+
+
+def default_variant(arch: str, preset: str = "tiny") -> str | None:
+    """The variant `config` and `make_model` use for (arch, preset) when none is given."""
+    return PRESET_VARIANTS.get((preset, arch), VARIANTS[arch][0] if arch in VARIANTS else None)
 
 
 def config(arch: str, preset: str = "tiny", variant: str | None = None) -> MoeConfig:
@@ -159,7 +186,7 @@ def config(arch: str, preset: str = "tiny", variant: str | None = None) -> MoeCo
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {tuple(PRESETS)}")
     if variant is None:
-        variant = VARIANTS[arch][0]
+        variant = default_variant(arch, preset)
     if variant not in VARIANTS[arch]:
         raise ValueError(f"arch {arch!r} has variants {VARIANTS[arch]}, not {variant!r}")
     return PRESETS[preset](arch, variant)
@@ -413,7 +440,7 @@ def make_model(arch: str, path: str | os.PathLike[str], *, preset: str = "tiny",
     entirely (e.g. `dataclasses.replace(config(...), n_layer=1)`). Same arguments, same bytes.
     """
     if variant is None and arch in VARIANTS:
-        variant = VARIANTS[arch][0]
+        variant = default_variant(arch, preset)
     cfg = cfg if cfg is not None else config(arch, preset, variant)
     if cfg.arch != arch:
         raise ValueError(f"cfg is for arch {cfg.arch!r}, not {arch!r}")
@@ -592,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", choices=ARCHS, action="append", help="repeatable; default: all with the preset")
     p.add_argument("--variant", default=None)
     p.add_argument("--wtype", default=None, help="F32, F16, BF16, Q8_0 or a llama.cpp file type such as Q4_K_M "
-                                                  "(default: F32 for tiny, Q4_K_M for bench)")
+                                                  "(default: F32 for tiny, Q4_K_M for the others)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output file (one arch only)")
     p.add_argument("--check", action="store_true", help="then load and run each file in llama.cpp")
@@ -600,12 +627,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="lay the file out like the low-bit dynamic quants: routed experts as random valid i-quant "
                         "blocks (gate/up IQ1_S, down IQ2_XXS) over the --wtype file (default Q4_K_M)")
     args = p.parse_args(argv)
-    wtype = args.wtype or ("Q4_K_M" if args.preset == "bench" or args.dynamic_iq else "F32")
-    archs = args.arch or (["deepseek2", "qwen3moe"] if args.preset == "bench" else list(ARCHS))
+    wtype = args.wtype or ("F32" if args.preset == "tiny" and not args.dynamic_iq else "Q4_K_M")
+    archs = args.arch or list(PRESET_ARCHS[args.preset])
     if args.out and len(archs) != 1:
         p.error("--out needs exactly one --arch")
     for arch in archs:
-        variant = args.variant if args.variant is not None else VARIANTS[arch][0]
+        variant = args.variant if args.variant is not None else default_variant(arch, args.preset)
         out = args.out or default_path(arch, args.preset, ("dyn-iq-" if args.dynamic_iq else "") + wtype, variant, args.seed)
         t0 = time.monotonic()
         try:

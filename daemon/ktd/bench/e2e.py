@@ -126,11 +126,11 @@ def _synthetic(file: str, writer: str) -> Callable[[], Path]:
     return resolve
 
 
-def _synthetic_moe(arch: str, variant: str | None = None) -> Callable[[], Path]:
-    """A synthetic MoE benchmark file (tests/models/synthetic_moe.py, bench preset, Q4_K_M)."""
+def _synthetic_moe(arch: str, variant: str | None = None, preset: str = "bench") -> Callable[[], Path]:
+    """A synthetic MoE benchmark file (tests/models/synthetic_moe.py, `preset`, Q4_K_M)."""
     v = f"-{variant}" if variant else ""
-    return _synthetic(f"{arch}{v}-bench-q4_k_m-s0.gguf",
-                      f"python -m tests.models.synthetic_moe --preset bench --arch {arch}")
+    return _synthetic(f"{arch}{v}-{preset}-q4_k_m-s0.gguf",
+                      f"python -m tests.models.synthetic_moe --preset {preset} --arch {arch}")
 
 
 MODELS: list[BenchModel] = [
@@ -141,12 +141,17 @@ MODELS: list[BenchModel] = [
     BenchModel("synthetic-qwen3moe-bench", _synthetic_moe("qwen3moe")),
     BenchModel("synthetic-deepseek2-v2-bench", _synthetic_moe("deepseek2", "v2")),
 ]
-# Run only when named (--models): a Qwen2.5-7B-shaped dense Q4_K_M of random valid blocks
-# (tests/models/synthetic_dense.py, 4.4 GB read per token), for decode figures that come from DRAM
-# where the last-level cache holds most of the small models (every row above cache-assisted).
+# Run only when named (--models): for decode figures that come from DRAM where the last-level
+# cache holds most of the files above (every row above cache-assisted on a 300-480 MiB L3).
+# A Qwen2.5-7B-shaped dense Q4_K_M of random valid blocks (tests/models/synthetic_dense.py, 4.4 GB
+# read per token), and the two MoE bench files' shapes with all the real model's layers and a
+# quarter of its experts (tests/models/synthetic_moe.py, preset dram): what Qwen3-30B-A3B and
+# DeepSeek-V2-Lite read per token (1.9 and 1.6 GB), in files of 5.3 and 3.2 GB.
 EXTRA_MODELS: list[BenchModel] = [
     BenchModel("synthetic-qwen2-7b-bench", _synthetic("qwen2-7b-bench-q4_k_m-s0.gguf",
                                                       "python -m tests.models.synthetic_dense")),
+    BenchModel("synthetic-qwen3moe-dram", _synthetic_moe("qwen3moe", preset="dram")),
+    BenchModel("synthetic-deepseek2-v2-lite-dram", _synthetic_moe("deepseek2", "v2-lite", preset="dram")),
 ]
 
 
