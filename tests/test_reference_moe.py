@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -246,6 +247,27 @@ def test_the_dram_presets_read_what_the_real_models_read_a_token(arch, variant, 
     assert rest(dram) == rest(full)
     assert read_per_token(dram) == read_per_token(full) > bench_factor * read_per_token(bench)
     assert arch in S.PRESET_ARCHS["dram"]
+
+
+def test_the_cli_takes_each_presets_archs_and_variant(tmp_path, capsys, monkeypatch):
+    """Without --arch a preset writes the archs it has (dram: deepseek2 as V2-Lite, and qwen3moe);
+    an arch it lacks is an error on stderr, before anything is written."""
+    written = []
+
+    def fake_make_model(arch, out, **kw):
+        written.append((arch, kw["variant"], Path(out).name))
+        Path(out).write_bytes(b"GGUF")
+        return Path(out)
+
+    monkeypatch.setattr(S, "make_model", fake_make_model)
+    monkeypatch.setattr(S, "cache_dir", lambda: tmp_path)
+    assert S.main(["--preset", "dram"]) == 0
+    assert written == [("deepseek2", "v2-lite", "deepseek2-v2-lite-dram-q4_k_m-s0.gguf"),
+                       ("qwen3moe", None, "qwen3moe-dram-q4_k_m-s0.gguf")]
+    monkeypatch.undo()
+    assert S.main(["--preset", "dram", "--arch", "llama", "--out", str(tmp_path / "x.gguf")]) == 1
+    assert "no dram preset for arch 'llama'" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_generator_rejects_bad_arguments(tmp_path):

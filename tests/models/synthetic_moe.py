@@ -28,7 +28,10 @@ directly; any other llama.cpp file type (Q4_K_M, ...) is produced from an F16 fi
 llama.cpp's quantizer through llama-cpp-python.
 
     python -m tests.models.synthetic_moe --preset bench --arch deepseek2 --wtype Q4_K_M
-writes to ${KTD_CACHE:-~/.cache/ktd}/synthetic/ (never into the repository).
+writes to ${KTD_CACHE:-~/.cache/ktd}/synthetic/ (never into the repository). Presets: tiny (the
+tests'), bench (a few layers of Qwen3-30B-A3B and DeepSeek-V2-Lite, for the benchmarks) and dram
+(their real layer counts with a quarter of the experts: a token reads what the real model reads,
+1.6-1.9 GB, so decode streams from DRAM even on a CPU with a 300-480 MiB L3).
 """
 
 from __future__ import annotations
