@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import os
 import shutil
 import sys
 import time
 import zlib
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,8 +160,8 @@ def _dram(arch: str, variant: str | None) -> MoeConfig:
     # of the experts per layer: Qwen3-30B-A3B's 48 layers, 8 routed experts of 768 (~1.9 GB at
     # Q4_K_M, 32 of 128 experts, a 5.3 GB file); DeepSeek-V2-Lite's 27 layers, plain wq (no q
     # LoRA: llama.cpp takes a 27-layer deepseek2 for V2-Lite and will not load one with it), 6
-    # routed + 2 shared experts of 1408 (~1.6 GB, 16 of 64, a 3.2 GB file). Every matrix has the real
-    # shape, so per-matrix costs are the real model's.
+    # routed + 2 shared experts of 1408 (~1.6 GB, 16 of 64, a 3.2 GB file). Every matrix has the
+    # real shape, so per-matrix costs are the real model's.
     if arch == "qwen3moe":
         return dataclasses.replace(_bench(arch, variant), n_layer=48, n_expert=32)
     if arch == "deepseek2" and variant == "v2-lite":
