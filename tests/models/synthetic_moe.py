@@ -179,7 +179,7 @@ PRESET_VARIANTS = {("dram", "deepseek2"): "v2-lite"}
 
 def default_variant(arch: str, preset: str = "tiny") -> str | None:
     """The variant `config` and `make_model` use for (arch, preset) when none is given."""
-    return PRESET_VARIANTS.get((preset, arch), VARIANTS[arch][0] if arch in VARIANTS else None)
+    return PRESET_VARIANTS.get((preset, arch), VARIANTS[arch][0])
 
 
 def config(arch: str, preset: str = "tiny", variant: str | None = None) -> MoeConfig:
