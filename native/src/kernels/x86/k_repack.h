@@ -83,8 +83,10 @@ inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], 
 
 struct Q4_Kx8 {
     using GroupBlock = block_q4_Kx8;
-    template <int NC>
-    static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
+    // PF: the decode prefetch this block spreads over its 8 steps (gemm_group_k8), of the block
+    // at `ahead`.
+    template <int NC, int PF = kPrefetchOff>
+    static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc, const char *ahead) {
         __m256i pairs[4];
         q4_Kx8_scale_pairs(g, pairs);
         __m256i isum[NC];
@@ -96,6 +98,7 @@ struct Q4_Kx8 {
         // chunk loop made its AVX2 GEMV 16% slower (16 registers) and its AVX-512 one no faster.
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {
+            if constexpr (PF != kPrefetchOff) prefetch_part<PF>(ahead, sizeof(GroupBlock) * j / 8, sizeof(GroupBlock) * (j + 1) / 8);
             __m256i v[8];
             load_nibbles(g.qs + 128 * j, v);
             const __m256i sc = q4_Kx8_chunk_scale(pairs, j);
@@ -135,12 +138,13 @@ struct Q4_Kx8 {
 // 16 registers). Integer sums only, so the order does not change the result.
 struct Q6_Kx8 {
     using GroupBlock = block_q6_Kx8;
-    template <int NC>
-    static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc) {
+    template <int NC, int PF = kPrefetchOff>  // PF, ahead: as Q4_Kx8's
+    static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc, const char *ahead) {
         const __m256i m3f = _mm256_set1_epi8(0x3F), mc0 = _mm256_set1_epi8(char(0xC0));
         __m256i isum[NC];
         for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
         for (int s = 0; s < 8; ++s) {
+            if constexpr (PF != kPrefetchOff) prefetch_part<PF>(ahead, sizeof(GroupBlock) * s / 8, sizeof(GroupBlock) * (s + 1) / 8);
             const block_q6_Kx8_chunk &ch = g.c[s];
             // int16 [2r + h] → lane r = that int16 in both halves.
             const __m256i sc2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(ch.scales)));
@@ -216,6 +220,17 @@ struct Q6_Kx8 {
 // prefetcht1 4-32 KiB ahead 0.87-0.89x the step time of off (one thread 0.88-0.89x), prefetcht2
 // the same, prefetcht0 1-8 KiB ahead 1.23-1.30x; every other line only (128-byte stride) 1.19x.
 // Its distance, kPrefetchL2Bytes, is the same for every layout (kernels.h says how it was chosen).
+// In l2 the K-quant tiles spread a block's prefetches over its 8 steps (prefetch_part: 2-4 lines
+// between the loads of each step) instead of issuing its 18 (Q4_K) or 27 (Q6_K) lines in one
+// burst before it, paced (prefetch_lines). Measured on a Xeon (family 6 model 207, 300 MiB L3, 2
+// vCPU, session 31), 2 threads, 1 GiB of copies of a 4096 x 2048 Q4_K matrix, one matmul over all,
+// alternating with a 2-thread read loop in the same buffer (10-12 rounds, paired medians): the
+// burst 0.88-0.89x the read loop's bandwidth (AVX2 and AVX-512 tiers), spread 0.96-1.00x; Q6_K
+// (2048 x 768) 0.975-1.000x either way. Whole decode steps, the two alternating in one process
+// (16-20 steps each): Qwen3-30B-A3B-shaped MoE from DRAM 0.93-0.96x the step time (AVX2 and
+// AVX-512), Qwen2.5-7B-shaped dense 0.94x (AVX2); the distance (4.5-13.5 KiB) and the tile head
+// prefetch (none, 2 KiB, 4 KiB, prefetcht1) within 1-4% of the current either way, noise here.
+// The l1 mode keeps its burst: it is the one measured on the Zen 3 above.
 constexpr size_t kPrefetchBytes = 8192;
 
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks; PF:
@@ -229,12 +244,17 @@ inline void gemm_group_k8(int64_t nb, const typename Traits::GroupBlock *g, cons
     for (int64_t b = 0; b < nb; ++b) {
         // Software prefetch ahead of the weight stream (groups are contiguous, so this runs on
         // into the next group): on a Zen 3 one core's hardware prefetchers alone keep too few
-        // lines in flight to reach DRAM bandwidth. The lines of block b + distance are requested
-        // once each (the + 63 covers a block that does not start a line).
-        prefetch_lines<PF>(reinterpret_cast<const char *>(g + b) + prefetch_ahead<PF>(kPrefetchBytes),
-                           sizeof(typename Traits::GroupBlock) + 63);
+        // lines in flight to reach DRAM bandwidth. The lines of the block a distance ahead are
+        // requested once each: in l1, all of them before block b (the + 63 covers a block that
+        // does not start a line); in l2, spread over block b's 8 steps (prefetch_part).
+        const char *ahead = reinterpret_cast<const char *>(g + b) + prefetch_ahead<PF>(kPrefetchBytes);
         for (int c = 0; c < NC; ++c) p[c] = a[c] + b;
-        Traits::template dot_group<NC>(g[b], p, acc);
+        if constexpr (PF == kPrefetchL2) {
+            Traits::template dot_group<NC, PF>(g[b], p, acc, ahead);
+        } else {
+            prefetch_lines<PF>(ahead, sizeof(typename Traits::GroupBlock) + 63);
+            Traits::template dot_group<NC>(g[b], p, acc, nullptr);
+        }
     }
     for (int c = 0; c < NC; ++c) store_rows8(acc[c], y + size_t(c) * ldy, rows_valid);
 }
