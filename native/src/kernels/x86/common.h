@@ -115,17 +115,14 @@ inline void prefetch_lines(const char *p, size_t bytes) {
             _mm_prefetch(p + off, _MM_HINT_T1);
 }
 
-// The decode prefetch of mode PF for one part of a weight block: the lines that start in
+// The l2 decode prefetch (prefetcht1) of one part of a weight block: the lines that start in
 // [p + lo, p + hi). A block's kernel calls it once per step of its loop with the step's share of the
 // block's bytes, so the steps together request each line of the block once, a few at a time between
 // the block's loads, instead of all of them in one burst before the block (prefetch_lines).
-template <int PF>
 inline void prefetch_part(const char *p, size_t lo, size_t hi) {
     const uintptr_t base = reinterpret_cast<uintptr_t>(p);
-    for (uintptr_t line = (base + lo + 63) & ~uintptr_t(63); line < base + hi; line += 64) {
-        if constexpr (PF == kPrefetchL1) _mm_prefetch(reinterpret_cast<const char *>(line), _MM_HINT_T0);
-        if constexpr (PF == kPrefetchL2) _mm_prefetch(reinterpret_cast<const char *>(line), _MM_HINT_T1);
-    }
+    for (uintptr_t line = (base + lo + 63) & ~uintptr_t(63); line < base + hi; line += 64)
+        _mm_prefetch(reinterpret_cast<const char *>(line), _MM_HINT_T1);
 }
 
 // Stores the 8 row lanes of a group's result, only the first rows_valid (a last partial group).

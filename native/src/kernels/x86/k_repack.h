@@ -83,8 +83,8 @@ inline __m256 q4_Kx8_accumulate(__m256 d8, __m256 dmin8, const __m256i mins[4], 
 
 struct Q4_Kx8 {
     using GroupBlock = block_q4_Kx8;
-    // PF: the decode prefetch this block spreads over its 8 steps (gemm_group_k8), of the block
-    // at `ahead`.
+    // PF = kPrefetchL2: the block at `ahead` is prefetched over this block's 8 steps
+    // (gemm_group_k8); any other PF prefetches nothing here.
     template <int NC, int PF = kPrefetchOff>
     static inline void dot_group(const GroupBlock &g, const block_q8_K *const *a, __m256 *acc, const char *ahead) {
         __m256i pairs[4];
@@ -98,7 +98,8 @@ struct Q4_Kx8 {
         // chunk loop made its AVX2 GEMV 16% slower (16 registers) and its AVX-512 one no faster.
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {
-            if constexpr (PF != kPrefetchOff) prefetch_part<PF>(ahead, sizeof(GroupBlock) * j / 8, sizeof(GroupBlock) * (j + 1) / 8);
+            if constexpr (PF == kPrefetchL2)
+                prefetch_part(ahead, sizeof(GroupBlock) * j / 8, sizeof(GroupBlock) * (j + 1) / 8);
             __m256i v[8];
             load_nibbles(g.qs + 128 * j, v);
             const __m256i sc = q4_Kx8_chunk_scale(pairs, j);
@@ -144,7 +145,8 @@ struct Q6_Kx8 {
         __m256i isum[NC];
         for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
         for (int s = 0; s < 8; ++s) {
-            if constexpr (PF != kPrefetchOff) prefetch_part<PF>(ahead, sizeof(GroupBlock) * s / 8, sizeof(GroupBlock) * (s + 1) / 8);
+            if constexpr (PF == kPrefetchL2)
+                prefetch_part(ahead, sizeof(GroupBlock) * s / 8, sizeof(GroupBlock) * (s + 1) / 8);
             const block_q6_Kx8_chunk &ch = g.c[s];
             // int16 [2r + h] → lane r = that int16 in both halves.
             const __m256i sc2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(ch.scales)));
@@ -227,8 +229,8 @@ struct Q6_Kx8 {
 // alternating with a 2-thread read loop in the same buffer (10-12 rounds, paired medians): the
 // burst 0.88-0.89x the read loop's bandwidth (AVX2 and AVX-512 tiers), spread 0.96-1.00x; Q6_K
 // (2048 x 768) 0.975-1.000x either way. Whole decode steps, the two alternating in one process
-// (16-20 steps each): Qwen3-30B-A3B-shaped MoE from DRAM 0.93-0.96x the step time (AVX2 and
-// AVX-512), Qwen2.5-7B-shaped dense 0.94x (AVX2); the distance (4.5-13.5 KiB) and the tile head
+// (16-20 steps each): Qwen3-30B-A3B-shaped MoE from DRAM 0.96x the step time (AVX2), 0.94x
+// (AVX-512), Qwen2.5-7B-shaped dense 0.94x (AVX2); the distance (4.5-13.5 KiB) and the tile head
 // prefetch (none, 2 KiB, 4 KiB, prefetcht1) within 1-4% of the current either way, noise here.
 // The l1 mode keeps its burst: it is the one measured on the Zen 3 above.
 constexpr size_t kPrefetchBytes = 8192;
