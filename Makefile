@@ -187,7 +187,7 @@ distclean: clean
 # The fuzz and fault campaign (tests/fuzz.py): >= 100k hostile frames against the daemon and
 # >= 10k mutated model files through the loader, fixed seeds; prints the table (crashes, hangs,
 # unanswered, untyped errors, RSS before/after) and fails on any finding. CI runs a slice of it
-# (tests/test_fuzz.py).
+# (tests/daemon/test_fuzz.py).
 FUZZ_FRAMES ?= 100000
 FUZZ_FILES ?= 10000
 fuzz: build

@@ -213,8 +213,8 @@ stop_daemon() {
 cat >"$R/tmp/greedy.py" <<'EOF'
 import sys
 import numpy as np
-from ktd.engine import Engine
-from ktd.tokenizer import Tokenizer
+from ktd.server.engine import Engine
+from ktd.text.tokenizer import Tokenizer
 
 path, prompt, n_max = sys.argv[1], sys.argv[2], int(sys.argv[3])
 tok = Tokenizer.from_gguf(path)

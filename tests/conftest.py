@@ -1,10 +1,17 @@
-"""Shared fixtures. Real models come from the cache (ktd.models); tiny models are generated."""
+"""Shared fixtures. Real models come from the cache (ktd.ops.models); tiny models are generated."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+from paths import TESTS
+
+# Some test modules still import helpers from a test module of another layer's folder (the
+# topology fake, the scheduler's collector, ...): every layer's folder is importable.
+sys.path[1:1] = [str(p) for p in sorted(TESTS.iterdir()) if p.is_dir() and any(p.glob("test_*.py"))]
 
 # The prepared-weights cache (model.weights_cache, default auto: ~/.cache/ktd/weights) is off for
 # the daemons and `ktd run`s the tests start: every test model is a new temporary file, whose
@@ -21,8 +28,7 @@ def real_model():
 
     Set KTD_NO_FETCH=1 to skip (with the reason) instead of downloading.
     """
-    from ktd import models
-
+    from ktd.ops import models
     def get(name: str):
         if not models.is_cached(name) and os.environ.get("KTD_NO_FETCH"):
             pytest.skip(f"real model {name} not in cache and KTD_NO_FETCH is set")

@@ -46,7 +46,7 @@ sys.path.insert(0, HERE)
 import msgpack  # noqa: E402
 
 from daemon_helpers import DaemonProcess  # noqa: E402
-from ktd import protocol  # noqa: E402
+from ktd.server import protocol  # noqa: E402
 from ktd.errors import ERRORS  # noqa: E402
 
 HANG_S = 20.0               # a connection not closed by then is a hang (the daemon answers in ms)
@@ -274,7 +274,7 @@ _LOADER_CHILD = textwrap.dedent("""
     import random, struct, sys
     import numpy as np
     from ktd import GGUFError, ResourceError
-    from ktd.engine import Engine
+    from ktd.server.engine import Engine
 
     src, scratch, first, count, header_end = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
     orig = open(src, "rb").read()

@@ -1,5 +1,5 @@
-"""Checks shared by the kernel tests of the 256-element block types (tests/test_kernels_k.py,
-tests/test_kernels_iq.py): which ISAs run here, and the matmul / threads / tile checks, each against
+"""Checks shared by the kernel tests of the 256-element block types (tests/kernels/test_kernels_k.py,
+tests/kernels/test_kernels_iq.py): which ISAs run here, and the matmul / threads / tile checks, each against
 the independent oracle of kernel_oracle.py (gguf-py + float64) or the kernels' own invariants.
 
 Each test module brings its own ``random_weights(qt, rows, k, rng)`` (valid random blocks of its

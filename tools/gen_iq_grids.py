@@ -5,7 +5,7 @@ The grids are facts of the file format (the point sets IQ1_S/IQ1_M, IQ2_XXS, IQ2
 IQ3_XXS and IQ3_S index into). They are taken from gguf-py (gguf.quants), which carries them
 packed 2 or 3 bits per element with a small value map, and written out in the form the kernels
 want: one little-endian uint64 (8 elements, one byte each) or uint32 (4 elements) per grid point,
-element j in byte j. tests/test_kernels_iq.py regenerates the file and checks it is unchanged.
+element j in byte j. tests/kernels/test_kernels_iq.py regenerates the file and checks it is unchanged.
 
 Usage: python tools/gen_iq_grids.py [output path]   (default: native/src/kernels/iq_grids.cpp)
 """

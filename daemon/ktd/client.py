@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from ktd import protocol
+from ktd.server import protocol
 from ktd.errors import (BadRequest, Busy, Cancelled, ContextOverflow, Internal, KtdError, NotFound,
                         TooLarge, Unauthorized, from_wire)
 from ktd.errors import Loading

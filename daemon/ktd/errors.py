@@ -67,7 +67,7 @@ class ContextOverflow(KtdError):
     """Prompt plus requested tokens do not fit the per-sequence context (n_ctx).
 
     Also raised by an engine's ``forward`` when a position would exceed n_ctx; admission
-    (``ktd.admission.admit``) checks n_ctx first so that this normally never happens there.
+    (``ktd.server.admission.admit``) checks n_ctx first so that this normally never happens there.
     """
 
     code = "context_overflow"

@@ -4,7 +4,7 @@ Each file has the tensor names of gguf-py's MODEL_TENSORS table, the shapes llam
 `load_arch_tensors` creates, and the metadata its `load_hparams` reads, with deterministic random
 weights (seeded) scaled so that activations stay O(1). The files are test fixtures for the native
 forward and for the numpy reference (tests/reference/numpy_forward.py); llama.cpp loading and
-running them is what shows the layout is right (tests/test_reference_forward.py).
+running them is what shows the layout is right (tests/model/test_reference_forward.py).
 
 Shapes: numpy arrays are [out_features, in_features] (row-major), i.e. GGML ne = {in, out}:
 `blk.N.ffn_gate.weight` is numpy [n_ff, n_embd] == llama.cpp {n_embd, n_ff}.

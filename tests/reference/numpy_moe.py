@@ -3,7 +3,7 @@
 Written from the architectures' definitions (DeepSeek-V2/V3 papers and HF modeling_deepseek.py,
 HF Qwen2-MoE / Qwen3-MoE / Mixtral modelling code), not from any engine's C++: it is the oracle
 a native MoE forward is tested against, and it is itself checked against llama.cpp
-(tests/test_reference_moe.py). Everything is computed in float64 so the reference's own rounding
+(tests/model/test_reference_moe.py). Everything is computed in float64 so the reference's own rounding
 is negligible next to an engine's float32/float16 arithmetic.
 
 Weights come from the GGUF file through gguf-py (`GGUFReader` + `gguf.quants.dequantize`).

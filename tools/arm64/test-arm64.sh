@@ -26,9 +26,9 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=${KTD_ARM64_ROOT:-$HOME/.cache/ktd/arm64-root}
 export KTD_ARM64_ROOT=$ROOT
 CPUS=${KTD_ARM64_CPUS:-max cortex-a57}
-TESTS=${KTD_ARM64_TESTS:-tests/test_bench_tuning.py tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_kernels_smoke.py tests/test_kernels_q32.py tests/test_kernels_k.py tests/test_kernels_iq.py tests/test_attention.py tests/test_elementwise.py tests/test_sampling.py tests/test_thread_pool.py tests/test_forward.py tests/test_moe_forward.py tests/test_tokenizer.py tests/test_chat.py tests/test_structured_output.py}
-CI_MAX="tests/test_bench_tuning.py tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_forward.py tests/test_moe_forward.py tests/test_iq_forward.py tests/test_tokenizer.py tests/test_chat.py"
-CI_FALLBACK="tests/test_bench_tuning.py tests/test_cpu_features.py tests/test_kernels_arm.py tests/test_repack_arm.py tests/test_forward.py tests/test_moe_forward.py"
+TESTS=${KTD_ARM64_TESTS:-tests/bench/test_bench_tuning.py tests/kernels/test_cpu_features.py tests/kernels/test_kernels_arm.py tests/kernels/test_repack_arm.py tests/kernels/test_kernels_smoke.py tests/kernels/test_kernels_q32.py tests/kernels/test_kernels_k.py tests/kernels/test_kernels_iq.py tests/kernels/test_attention.py tests/kernels/test_elementwise.py tests/text/test_sampling.py tests/kernels/test_thread_pool.py tests/model/test_forward.py tests/model/test_moe_forward.py tests/text/test_tokenizer.py tests/text/test_chat.py tests/text/test_structured_output.py}
+CI_MAX="tests/bench/test_bench_tuning.py tests/kernels/test_cpu_features.py tests/kernels/test_kernels_arm.py tests/kernels/test_repack_arm.py tests/model/test_forward.py tests/model/test_moe_forward.py tests/model/test_iq_forward.py tests/text/test_tokenizer.py tests/text/test_chat.py"
+CI_FALLBACK="tests/bench/test_bench_tuning.py tests/kernels/test_cpu_features.py tests/kernels/test_kernels_arm.py tests/kernels/test_repack_arm.py tests/model/test_forward.py tests/model/test_moe_forward.py"
 case ${KTD_ARM64_LIST:-} in
     "") ;;
     ci) [ -z "${KTD_ARM64_TESTS:-}" ] || { echo "test-arm64: KTD_ARM64_LIST=ci and KTD_ARM64_TESTS both given" >&2; exit 2; } ;;

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "daemon"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ktd import _native  # noqa: E402
-from ktd.engine import Engine  # noqa: E402
+from ktd.server.engine import Engine  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache/ktd/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 

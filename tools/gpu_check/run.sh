@@ -64,7 +64,7 @@ t_build=$(( $(date +%s) - t0 ))
 say "tests: gpu-marked kernels + the CPU-side cuda tests"
 export PYTHONPATH=$ROOT/daemon:$ROOT/tests
 "$PY" -m pytest -q -rA -p no:cacheprovider --junitxml="$WORK/junit.xml" \
-  tests/test_cuda_block_math.py tests/test_cuda_ops.py tests/test_cuda_device_emulated.py \
+  tests/kernels/test_cuda_block_math.py tests/kernels/test_cuda_ops.py tests/model/test_cuda_device_emulated.py \
   ${GPU_CHECK_PYTEST_ARGS:-} >>"$LOG" 2>&1
 rc=$?
 

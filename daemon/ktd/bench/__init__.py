@@ -74,7 +74,7 @@ def finish_decode_prefetch_tuning(step: Callable[[], Any]) -> int:
 
 def finish_tuning_greedy(engine: Any, token: int, pos: int, seq: int = 0) -> tuple[int, int, int]:
     """``finish_decode_prefetch_tuning`` with greedy one-row forwards of ``engine`` (a
-    ``ktd.engine.Engine``): sequence ``seq`` is fed ``token`` at position ``pos``, then each step's
+    ``ktd.server.engine.Engine``): sequence ``seq`` is fed ``token`` at position ``pos``, then each step's
     argmax at the next position. Returns (steps run, the token and position the next step would
     take), so a caller that decodes on from there continues the same sequence."""
     tok = np.array([token], np.int32)

@@ -6,8 +6,8 @@
 One run measures, interleaved per repetition so that a load change on a shared machine hits
 every figure of that repetition alike (the quoted ratios are medians of per-repetition ratios):
 
-- ``inproc``: one sequence decoded in this process with ``ktd.engine.Engine`` and
-  ``ktd.sampling.Generation`` (what ``ktd run`` does): forward of one row + sampling +
+- ``inproc``: one sequence decoded in this process with ``ktd.server.engine.Engine`` and
+  ``ktd.text.sampling.Generation`` (what ``ktd run`` does): forward of one row + sampling +
   detokenization per token. Decode tokens/s = (tokens - 1) / (time from the first to the last
   token); the prompt is not timed.
 - ``native[n]``: the native forward alone with n decode rows per step (n sequences in lockstep,
@@ -66,8 +66,7 @@ N_CTX = 1024
 
 
 def _model_path(name: str) -> str:
-    from ktd import models
-
+    from ktd.ops import models
     if os.path.exists(name):
         return name
     if name not in models.MODELS:
@@ -86,7 +85,7 @@ def warm_up(engine: Any) -> int:
 
 def inproc_decode(engine: Any, n_tokens: int) -> float:
     """Decode tokens/s of one sequence: forward + Generation.accept (sampling, detokenization)."""
-    from ktd.sampling import Generation, SamplingParams
+    from ktd.text.sampling import Generation, SamplingParams
 
     tok = engine.tokenizer
     prompt = tok.encode(PROMPT, add_special=True)
@@ -390,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--streams, --tokens (>= 2) and --reps must be positive")
     streams = sorted(set(args.streams))
 
-    from ktd.engine import Engine
+    from ktd.server.engine import Engine
 
     # a stop (timeout, kill) still stops the daemon: SIGTERM unwinds like Ctrl-C
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

@@ -114,8 +114,8 @@ def bytes_per_block(path: str, parts: bool = False) -> dict[str, int]:
 
 def block_and_part_bytes(path: str) -> tuple[dict[str, int], dict[str, int]]:
     """bytes_per_block's two answers, (blocks, parts), from one reading of the file."""
-    from ktd.gguf import GGUFFile
-    from ktd.inspect import LOOKUP_TABLES, OUTPUT_HEAD, TIED_HEAD, bytes_per_token, placement_classes
+    from ktd.model.gguf import GGUFFile
+    from ktd.model.inspect import LOOKUP_TABLES, OUTPUT_HEAD, TIED_HEAD, bytes_per_token, placement_classes
 
     f = GGUFFile(path)
     arch = f.metadata.get("general.architecture")
@@ -259,7 +259,8 @@ def format_pool(p: dict[str, Any]) -> str:
 
 def machine_info(bytes_per_token: int) -> dict[str, Any]:
     """CPU model, kernels' ISA, last-level cache and the cache-assisted flag of ktd.bench.e2e."""
-    from ktd import _native, machine
+    from ktd import _native
+    from ktd.ops import machine
     from ktd.bench.e2e import cache_assisted
 
     features = _native.cpu_features()
@@ -274,7 +275,7 @@ def machine_info(bytes_per_token: int) -> dict[str, Any]:
 
 def prefetch_words(r: dict[str, Any]) -> str:
     """'decode prefetch off|l1|l2' and where the mode came from (the tuning's medians when tuned)."""
-    from ktd.machine import prefetch_name
+    from ktd.ops.machine import prefetch_name
 
     st = r.get("decode_prefetch_state") or {}
     words = f"decode prefetch {prefetch_name(r['decode_prefetch'])}"
@@ -383,8 +384,8 @@ def measure(path: str, threads: int, tokens: int, with_breakdown: bool = False,
     layout, gguf = the file's plain rows; ``ab_prefetch``: the steps alternate the decode prefetch
     off and on, see the module's doc)."""
     from ktd import _native
-    from ktd.engine import Engine, arena_huge_pages
-    from ktd.inspect import inspect_model
+    from ktd.server.engine import Engine, arena_huge_pages
+    from ktd.model.inspect import inspect_model
 
     if tokens < 1 or threads < 1 or context < 1:
         raise ValueError("tokens, threads and context must be >= 1")
@@ -571,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
               "breakdown would mix the modes)",
               file=sys.stderr)
         return 1
-    from ktd import machine
+    from ktd.ops import machine
     from ktd.commands.run import _resolve
     from ktd.cli import UserError
 

@@ -17,7 +17,7 @@ Tests, as llama-bench measures them:
 
 Decode is also reported as % of the DRAM ceiling: read bandwidth (measured in this run with the
 same thread count, streaming a buffer far larger than the L3 cache) ÷ bytes read per token
-(``ktd.inspect``), twice: against the peak (the best of ``--bw-reps`` passes before the run, or
+(``ktd.model.inspect``), twice: against the peak (the best of ``--bw-reps`` passes before the run, or
 of the passes during that model's decode where one of those was faster: the bandwidth may rise
 while the run goes on) and against the bandwidth measured during decode (``BRACKET_PASSES`` passes
 right before and as many right after every repetition's tg128 pair, median): on a virtual machine
@@ -108,7 +108,7 @@ class BenchModel:
 
 def _known_model(name: str) -> Callable[[], Path]:
     def resolve() -> Path:
-        from ktd import models
+        from ktd.ops import models
         return models.fetch(name)
     return resolve
 
@@ -407,7 +407,7 @@ def format_table(report: dict) -> str:
         lines.append(f"{what}: not available: {reason}")
     cfg = report.get("config", {})
     if cfg.get("cpu_model_name") is not None:
-        from ktd import machine
+        from ktd.ops import machine
         llc = cfg.get("last_level_cache") or {}
         cpuid_l3 = cfg.get("cpuid_l3_bytes")
         lines.append(f"machine: {cfg['cpu_model_name']} (family {cfg.get('cpu_family')} model "
@@ -445,7 +445,7 @@ class EngineUnavailable(Exception):
 
 
 class KtdRunner:
-    """ktd through the daemon's Engine protocol (ktd.engine_api.Engine), sequence slot 0."""
+    """ktd through the daemon's Engine protocol (ktd.server.engine_api.Engine), sequence slot 0."""
 
     def __init__(self, engine: Any):
         self.engine = engine
@@ -458,15 +458,15 @@ class KtdRunner:
     @classmethod
     def open(cls, path: Path, threads: int) -> KtdRunner:
         try:
-            from ktd.engine import Engine
+            from ktd.server.engine import Engine
         except ImportError as e:
-            if e.name == "ktd.engine":
-                raise EngineUnavailable("ktd.engine missing") from e
-            raise EngineUnavailable(f"ktd.engine import failed: {e}") from e
+            if e.name == "ktd.server.engine":
+                raise EngineUnavailable("ktd.server.engine missing") from e
+            raise EngineUnavailable(f"ktd.server.engine import failed: {e}") from e
         try:
             return cls(Engine.open(str(path), n_ctx=N_CTX, n_seq_max=1, threads=threads))
         except Exception as e:  # unsupported architecture, bad file, ...: reported in its rows
-            raise EngineUnavailable(f"ktd.engine cannot open {path.name}: {type(e).__name__}: {e}") from e
+            raise EngineUnavailable(f"ktd.server.engine cannot open {path.name}: {type(e).__name__}: {e}") from e
 
     def _forward_prompt(self, tokens: np.ndarray) -> np.ndarray:
         n = len(tokens)
@@ -612,7 +612,7 @@ def argmax_overhead_s(n_vocab: int, reps: int = 200) -> float:
 def prompt_tokens(path: Path, n: int) -> np.ndarray:
     """n token ids of PROMPT_TEXT (repeated) with the model's own tokenizer (ktd's, held equal
     to llama.cpp's by the tokenizer tests); no BOS/special tokens."""
-    from ktd.tokenizer import Tokenizer
+    from ktd.text.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(path)
     ids: list[int] = []
     while len(ids) < n:
@@ -765,8 +765,8 @@ def default_engines() -> list[str]:
     """ktd and llama.cpp, and ktd-avx2 where ktd's default kernels use AVX-512 for some type and
     KTD_ISA does not fix the ISA: the AVX2 path is then measured beside them (ratios against
     llama.cpp and its own % of the ceiling)."""
-    from ktd import _native, machine
-
+    from ktd import _native
+    from ktd.ops import machine
     engines = list(DEFAULT_ENGINES)
     if os.environ.get("KTD_ISA") or "avx2" not in machine.runnable_isas():
         return engines
@@ -898,8 +898,9 @@ def _bench_threads(c: _Collected, model: str, path: Path, tokens: np.ndarray, th
 
 def run(models: Sequence[BenchModel], engines: Sequence[str], threads: Sequence[int], tests: Sequence[str],
         reps: int, bw_bytes: int, bw_reps: int, peer: PeerBench | None = None) -> dict[str, Any]:
-    from ktd import _native, machine
-    from ktd.inspect import inspect_model
+    from ktd import _native
+    from ktd.ops import machine
+    from ktd.model.inspect import inspect_model
 
     load_start = os.getloadavg()
     features = _native.cpu_features()

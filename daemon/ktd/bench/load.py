@@ -7,7 +7,7 @@ Per model file (default: the 1.5B Qwen model, the deepseek2 and qwen3moe bench f
 exist), each measured as a fresh process, page cache warm (one untimed ``cat`` first):
 
 - ``cat``    ``cat FILE > /dev/null``
-- ``import`` ``python -c "import ktd.engine, ktd._native"``: the fixed start-up of the Python
+- ``import`` ``python -c "import ktd.server.engine, ktd._native"``: the fixed start-up of the Python
              process, independent of the model
 - ``cold``   ``ktd run FILE --prompt Hi --max-tokens 1`` with the prepared-weights cache off
              (``KTD_MODEL__WEIGHTS_CACHE=off``) and ``model.weights_map: arena`` (as cold, first
@@ -109,7 +109,7 @@ def measure(model: str, reps: int, threads: int, cache_dir: str, first: FreshCac
     env_first = {**env_cold, "KTD_MODEL__WEIGHTS_CACHE": first.path}
     cmds: dict[str, tuple[list[str], dict[str, str] | None]] = {
         "cat": (["cat", model], None),
-        "import": ([sys.executable, "-c", "import ktd.engine, ktd._native"], None),
+        "import": ([sys.executable, "-c", "import ktd.server.engine, ktd._native"], None),
         "cold": (run_cmd(model, threads), env_cold),
         "first": (run_cmd(model, threads), env_first),
         "warm": (run_cmd(model, threads), env_warm),

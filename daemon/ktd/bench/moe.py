@@ -36,7 +36,7 @@ import numpy as np
 from gguf import GGUFReader
 
 from ktd import _native
-from ktd.engine import Engine
+from ktd.server.engine import Engine
 
 BW_BYTES = 1 << 30  # read-bandwidth buffer: far larger than any L3 cache
 

@@ -24,10 +24,8 @@ import time
 
 import numpy as np
 
-from ktd import models as ktd_models
-from ktd import perplexity as P
-
-
+from ktd.ops import models as ktd_models
+from ktd.model import perplexity as P
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -70,7 +68,7 @@ class LlamaPerplexity:
 
 
 def compare(name: str, path: str, text_path: str, n_ctx: int, threads: int, n_chunks: int | None) -> dict:
-    from ktd.engine import Engine
+    from ktd.server.engine import Engine
 
     text = open(text_path, encoding="utf-8").read()
     eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=threads, n_batch=n_ctx)

@@ -3,7 +3,7 @@
     python -m ktd.bench.sampling [--model qwen2.5-coder-0.5b] [--threads 2] [--reps 200]
 
 The issue's budget: sampling takes < 2 % of a decode step at this vocabulary. Every mode of
-ktd.sampling (greedy, temperature, top-k, top-p, min-p, the penalties over a window, and
+ktd.text.sampling (greedy, temperature, top-k, top-p, min-p, the penalties over a window, and
 combinations) is timed on three logit shapes: "peaked" (Zipf-like: what a language model
 usually produces, a few plausible tokens), "flat3" (normal, σ = 3: a nucleus of a few thousand
 tokens) and "flat1" (normal, σ = 1: a nucleus of ~100k tokens, the worst case for top-p).
@@ -41,7 +41,7 @@ import numpy as np
 
 from ktd import _native
 from ktd.bench import finish_decode_prefetch_tuning
-from ktd.sampling import Sampler, SamplingParams
+from ktd.text.sampling import Sampler, SamplingParams
 
 N_VOCAB = 151936
 PENALTIES = dict(repeat_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2, penalty_last_n=64)
@@ -82,8 +82,8 @@ def open_step(model: str, threads: int, n_steps: int) -> Callable[[], tuple[floa
     """A function that runs the next decode step of ``model`` (one row, positions 0, 1, ...; at
     most ``n_steps`` calls after the warm-up) and returns (wall time, process CPU time /
     threads) in ms."""
-    from ktd import models
-    from ktd.engine import Engine
+    from ktd.ops import models
+    from ktd.server.engine import Engine
 
     engine = Engine.open(models.fetch(model) if model in models.MODELS else model,
                          n_ctx=n_steps + 16 + _native.kernels.DECODE_PREFETCH_TUNE_STEPS, threads=threads)
@@ -157,8 +157,9 @@ SCHEMA = {
 def grammar_cost(model: str, threads: int, reps: int, yardstick: str = "wall") -> dict:
     """Per-token cost of a JSON Schema grammar beside the decode step of ``model`` (see the module
     docstring); a greedy decode that starts a new document whenever one is complete."""
-    from ktd import grammar, models
-    from ktd.engine import Engine
+    from ktd.text import grammar
+    from ktd.ops import models
+    from ktd.server.engine import Engine
 
     engine = Engine.open(models.fetch(model) if model in models.MODELS else model, n_ctx=reps + 256,
                          threads=threads)
@@ -240,8 +241,8 @@ def _in_scheduler(engine, prompt: list[int], spec, reps: int, overlap: bool) -> 
     time on it per token (ms)."""
     import threading
 
-    from ktd import grammar
-    from ktd.scheduler import Job, Scheduler
+    from ktd.text import grammar
+    from ktd.server.scheduler import Job, Scheduler
 
     engine.free_seq(0)
     s = Scheduler(engine, prefill_tokens_per_step=512, max_queue=1, overlap_masks=overlap)

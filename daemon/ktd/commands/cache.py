@@ -19,8 +19,8 @@ def register(sub) -> None:
 
 
 def _dir(args) -> str:
-    from ktd import config as ktd_config
-    from ktd import weights_cache
+    from ktd.ops import config as ktd_config
+    from ktd.ops import weights_cache
     from ktd.cli import UserError
 
     if args.dir:
@@ -42,7 +42,7 @@ def _mib(n: int) -> str:
 def run(args) -> int:
     import os
 
-    from ktd import weights_cache
+    from ktd.ops import weights_cache
     from ktd.cli import UserError
 
     d = _dir(args)

@@ -16,7 +16,7 @@ def register(sub) -> None:
 
 
 def run_check(args) -> int:
-    from ktd import config
+    from ktd.ops import config
     from ktd.cli import UserError
 
     try:
@@ -29,7 +29,6 @@ def run_check(args) -> int:
 
 
 def run_explain(args) -> int:
-    from ktd import config
-
+    from ktd.ops import config
     print(config.explain())
     return 0

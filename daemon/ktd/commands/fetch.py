@@ -12,7 +12,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ktd import models
+    from ktd.ops import models
     from ktd.cli import UserError
 
     if args.list:

@@ -32,11 +32,13 @@ def _prepare(path: str, config_path: str | None) -> dict:
     import sys
     import time
 
-    from ktd import _native, weights_cache
-    from ktd import config as ktd_config
+    from ktd import _native
+
+    from ktd.ops import weights_cache
+    from ktd.ops import config as ktd_config
     from ktd.cli import UserError
     from ktd.commands.run import _progress_bar
-    from ktd.engine import _ProgressReporter, placement_options
+    from ktd.server.engine import _ProgressReporter, placement_options
 
     try:
         cfg = ktd_config.load(config_path)
@@ -65,8 +67,8 @@ def run(args) -> int:
     import json
 
     from ktd.cli import UserError
-    from ktd.inspect import inspect_model, render
-    from ktd.placement import parse_size
+    from ktd.model.inspect import inspect_model, render
+    from ktd.model.placement import parse_size
 
     vram = None
     experts = args.gpu_experts
@@ -79,7 +81,7 @@ def run(args) -> int:
         raise UserError(f"inspect: {e}") from None
     weights_map = None  # the default configuration's
     if args.config:
-        from ktd import config as ktd_config
+        from ktd.ops import config as ktd_config
         try:
             weights_map = ktd_config.load(args.config).model.weights_map
         except ktd_config.ConfigError as e:

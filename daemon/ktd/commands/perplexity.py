@@ -1,5 +1,5 @@
 """``ktd perplexity MODEL TEXTFILE [--ctx N]``: the perplexity of a model on a text file, by
-llama-perplexity's method (``ktd.perplexity``), with a progress bar on stderr.
+llama-perplexity's method (``ktd.model.perplexity``), with a progress bar on stderr.
 
 The result goes to stdout: ``PPL = X +/- Y`` (as llama-perplexity's "Final estimate") and the
 running PPL after each chunk (``[1]a,[2]b,...``), or one JSON object with ``--json``.
@@ -36,8 +36,8 @@ def _bar(done: int, total: int, ppl: float, seconds: float) -> str:
 def run(args) -> int:
     from ktd.cli import UserError
     from ktd.commands.run import _resolve
-    from ktd.engine import Engine
-    from ktd.perplexity import PerplexityError, evaluate
+    from ktd.server.engine import Engine
+    from ktd.model.perplexity import PerplexityError, evaluate
 
     if args.ctx < 4 or args.ctx > 1 << 22:
         raise UserError(f"--ctx must be in [4, {1 << 22}], got {args.ctx}")
@@ -55,7 +55,7 @@ def run(args) -> int:
     except UnicodeDecodeError as e:
         raise UserError(f"{args.textfile}: not UTF-8 text (byte {e.start})") from None
     path = _resolve(args.model)
-    from ktd.tokenizer import Tokenizer
+    from ktd.text.tokenizer import Tokenizer
 
     tokens = Tokenizer.from_gguf(path).encode(text, add_special=True, parse_special=False)
     if len(tokens) < 2 * args.ctx:  # before loading the weights

@@ -36,7 +36,7 @@ def register(sub) -> None:
 
 
 def _resolve(model: str) -> str:
-    from ktd import models
+    from ktd.ops import models
     from ktd.cli import UserError
 
     if os.path.exists(model):
@@ -72,8 +72,8 @@ def run(args) -> int:
     import numpy as np
 
     from ktd.cli import UserError
-    from ktd.engine import Engine
-    from ktd.sampling import Generation, SamplingParams
+    from ktd.server.engine import Engine
+    from ktd.text.sampling import Generation, SamplingParams
 
     if args.max_tokens < 1:
         raise UserError("--max-tokens must be at least 1")
@@ -84,8 +84,8 @@ def run(args) -> int:
         params.validate()
     except ValueError as e:
         raise UserError(str(e)) from None
-    from ktd import config as ktd_config
-    from ktd.engine import placement_options
+    from ktd.ops import config as ktd_config
+    from ktd.server.engine import placement_options
 
     try:
         placement = placement_options(ktd_config.load(args.config))
@@ -93,7 +93,7 @@ def run(args) -> int:
         raise UserError(str(e)) from None
     path = _resolve(args.model)
 
-    from ktd.tokenizer import Tokenizer
+    from ktd.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(path)
     if args.chat:

@@ -15,13 +15,13 @@ def register(sub) -> None:
 
 
 def default_engine_factory():
-    """``ktd.engine.load(config, progress)``, or a clear error while this build has no engine."""
+    """``ktd.server.engine.load(config, progress)``, or a clear error while this build has no engine."""
     from ktd.cli import UserError
 
     try:
-        engine = importlib.import_module("ktd.engine")
+        engine = importlib.import_module("ktd.server.engine")
     except ModuleNotFoundError as e:
-        if e.name in ("ktd.engine",):
+        if e.name in ("ktd.server.engine",):
             raise UserError("model execution is not available in this build yet") from None
         raise
     return engine.load
@@ -30,7 +30,9 @@ def default_engine_factory():
 def run(args, engine_factory=None) -> int:
     import os
 
-    from ktd import config as config_mod, server
+    from ktd.ops import config as config_mod
+
+    from ktd.server import daemon as server
     from ktd.cli import UserError
 
     path = args.config

@@ -20,7 +20,9 @@ import socket
 import stat
 import sys
 
-from ktd import __version__, systemd
+from ktd import __version__
+
+from ktd.ops import systemd
 from ktd.client import default_socket
 from ktd.http import DEFAULT_PORT
 

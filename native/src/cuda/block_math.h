@@ -1,7 +1,7 @@
 // The arithmetic of the GGUF block formats, written once for the CPU and the GPU: every function
 // here is `__host__ __device__` under nvcc and plain inline C++ otherwise, so the CPU build
 // compiles the very code the CUDA kernels run and tests it against gguf-py on every CI run, with
-// or without a GPU (tests/test_cuda_block_math.py through ktd._native.cuda_math).
+// or without a GPU (tests/kernels/test_cuda_block_math.py through ktd._native.cuda_math).
 //
 // One unit of work is 32 consecutive weights of a row (a "sub32"): a whole Q4_0/Q5_0/Q8_0 block,
 // or one eighth of a Q4_K/Q5_K/Q6_K/TQ1_0/TQ2_0 super-block. Every format unpacks to the same form

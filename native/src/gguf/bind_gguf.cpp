@@ -1,4 +1,4 @@
-// Python binding of GGUFFile (ktd._native.GGUFFile). The public API is ktd.gguf, which wraps it.
+// Python binding of GGUFFile (ktd._native.GGUFFile). The public API is ktd.model.gguf, which wraps it.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -8,7 +8,7 @@
 //
 // Every ISA's kernel is registered at load time (KTD_REGISTER_ATTENTION); the scalar reference
 // (Isa::Ref) is the specification, the others must agree with it within F32 rounding
-// (tests/test_attention.py). A kernel's result for one query depends only on that query and its
+// (tests/kernels/test_attention.py). A kernel's result for one query depends only on that query and its
 // key range, never on the block it was computed in, the thread, or the other rows — so the
 // forward is independent of the thread count and the block split, bitwise, for a given ISA.
 #pragma once

@@ -4,7 +4,7 @@
 //   iq3xxs_grid[256]: 4 magnitudes in {4, 12, ..., 52, 62};  iq3s_grid[512]: 4 in {1, 3, ..., 15}
 //   iq1s_grid[2048]: 8 signed values in {−1, 0, 1} (int8 bytes), shared by IQ1_S and IQ1_M.
 // Plain extern data (no inline definitions), so the ISA translation units share one copy with
-// the baseline code (tests/test_isa_isolation.py).
+// the baseline code (tests/kernels/test_isa_isolation.py).
 #pragma once
 #include <cstdint>
 

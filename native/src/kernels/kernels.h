@@ -12,8 +12,8 @@
 // Every (type, ISA) pair is one TypeKernels entry registered at load time by the file that
 // implements it (KTD_REGISTER_KERNELS below). The scalar reference (Isa::Ref) is the
 // specification: every other ISA's entry must agree with it within the activation-quantization
-// error stated per type in the tests (tests/test_kernels_q32.py for the 32-element and float types,
-// tests/test_kernels_k.py for the 256-element ones).
+// error stated per type in the tests (tests/kernels/test_kernels_q32.py for the 32-element and float types,
+// tests/kernels/test_kernels_k.py for the 256-element ones).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -70,7 +70,7 @@ void read_moe_hparams(const GGUFFile &f, const std::string &p, HParams &hp) {
                         " exceeds block_count " + std::to_string(hp.n_layer));
     // 0 (llama.cpp's "none") or absent: softmax, as the pinned llama.cpp does for deepseek2 ("for
     // compatibility with DeepSeek V2/V2.5 GGUFs"), also for files whose model routes by sigmoid
-    // (tests/test_deepseek2.py::test_absent_gating_func_is_softmax_as_in_llama_cpp).
+    // (tests/model/test_deepseek2.py::test_absent_gating_func_is_softmax_as_in_llama_cpp).
     const uint64_t gating = gguf_get_uint_or(f, p + "expert_gating_func", 0);
     if (gating == 0 || gating == 1)
         m.gating = ExpertGating::Softmax;

@@ -36,7 +36,7 @@ void tune_neox_rope(HParams &hp, const GGUFFile &) { hp.rope.type = hp.rope_swa.
 
 // The routing llama.cpp hard-codes for these architectures (build_moe_ffn's gating and norm_w
 // arguments), whatever the file says; it does not read expert_weights_scale for them either, but
-// it does apply expert_group_count (checked against llama.cpp in tests/test_moe_forward.py).
+// it does apply expert_group_count (checked against llama.cpp in tests/model/test_moe_forward.py).
 void set_softmax_routing(HParams &hp, bool weights_norm) {
     hp.moe.gating = ExpertGating::Softmax;
     hp.moe.weights_norm = weights_norm;

@@ -142,7 +142,7 @@ enum class NumaDense { Interleave, Replicate };
 // load falls back to Arena and MemoryLayout::weights_map_note says why. Auto: Arena when the
 // weights cache has the entry (a hit), Gguf on a miss (cache state "absent": the entry is left
 // to someone else to prepare: the daemon's background builder, whose entry the daemon then
-// switches to, daemon/ktd/engine.py); Arena without a cache or on several nodes.
+// switches to, daemon/ktd/server/engine.py); Arena without a cache or on several nodes.
 enum class WeightsMap { Arena, Gguf, Auto };
 
 struct ModelOptions {

@@ -1,4 +1,4 @@
-// ktd._native.sampling: the token sampler (sampling/sampler.h). ktd.sampling.Sampler calls sample()
+// ktd._native.sampling: the token sampler (sampling/sampler.h). ktd.text.sampling.Sampler calls sample()
 // once per token; candidates() and draw() expose its parts to the tests.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>

@@ -1,5 +1,5 @@
 // Token sampling for one row of logits: penalties, temperature, top-k, top-p, min-p and a seeded
-// draw, as daemon/ktd/sampling.py documents them (the definitions are the contract; the Python
+// draw, as daemon/ktd/text/sampling.py documents them (the definitions are the contract; the Python
 // side owns the parameters, the random stream and the stop logic).
 //
 //   penalties over the window → temperature (0: argmax of the penalised logits, first of equals)

@@ -5,7 +5,7 @@
 // F16 is widened by FCVTL, BF16 by a 16-bit shift: both exact, so dequantize_row is bitwise the
 // reference's. The dot products use FMA into several float32x4 accumulators, a different
 // summation order (and fewer roundings) than the reference's sequential sum, so, like the AVX2
-// kernels, they agree with it within the float32 summation bound of tests/test_kernels_q32.py
+// kernels, they agree with it within the float32 summation bound of tests/kernels/test_kernels_q32.py
 // (order_bound), not bit for bit. The decode path (one activation row) uses four accumulators of
 // four lanes per output; the prefill tile one accumulator per output, whatever the tiling, so a
 // given output does not depend on how the rows and columns are split between threads.

@@ -268,7 +268,7 @@ void attend_simd(const AttnBlock &b, float *scratch) {
 // What is flushed is below 1.2e-38 of a sum normalised by at least 1: no value the output can
 // show. The reference kernel (the fallback) keeps IEEE subnormals. Set and restored by hand, not
 // by a guard object: its destructor would need unwinding tables here, whose personality symbol is
-// shared with the baseline code (tests/test_isa_isolation.py); nothing in attend_simd throws.
+// shared with the baseline code (tests/kernels/test_isa_isolation.py); nothing in attend_simd throws.
 void attend_block(const AttnBlock &b, float *scratch) {
     if (b.head_dim_k % 8 != 0 || b.head_dim_v % 8 != 0) {
         find_attention_kernel(Isa::Ref)(b, scratch);

@@ -8,7 +8,7 @@
 //            query's range are 0
 //   P·V:    the queries' accumulators, 4·NV floats each, stay in registers over the keys
 // Head dims that are not multiples of 4 go to the reference kernel. Within F32 rounding of the
-// reference (tests/test_attention.py's tolerance for every ISA). dotprod and i8mm use it
+// reference (tests/kernels/test_attention.py's tolerance for every ISA). dotprod and i8mm use it
 // (isa_fallback).
 #include <arm_neon.h>
 

@@ -1,7 +1,7 @@
 // NEON element-wise activations (kernels/elementwise.h): 4 floats at a time with the vector exp of
 // neon/vec_math.h, the twin of kernels/avx2/elementwise.cpp (same formulas and operation order);
 // the last n % 4 elements go through the same vector code, so every element is computed the same
-// way. Within the tolerance of the reference that tests/test_elementwise.py gives every ISA.
+// way. Within the tolerance of the reference that tests/kernels/test_elementwise.py gives every ISA.
 // dotprod and i8mm use these (isa_fallback).
 #include <arm_neon.h>
 

@@ -6,7 +6,7 @@
 // compiled with different ISA flags in two translation units must not be merged by the linker (an
 // AVX-512 copy could otherwise be called on an AVX2-only CPU). For the same reason these headers
 // include no header with inline code shared with baseline translation units (common/float16.h...)
-// and instantiate no out-of-line std templates (std::vector...): tests/test_isa_isolation.py checks
+// and instantiate no out-of-line std templates (std::vector...): tests/kernels/test_isa_isolation.py checks
 // the objects' weak symbols.
 #pragma once
 #include <immintrin.h>
