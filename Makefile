@@ -16,7 +16,7 @@ build: native
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: requirements-dev.txt pyproject.toml
-	# systemd-python builds from its sdist against libsystemd (docs/OPS.md section 3).
+	# systemd-python builds from its sdist against libsystemd (docs/OPERATIONS.md, "systemd-python").
 	if ! pkg-config --exists libsystemd 2>/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libsystemd-dev pkg-config >/dev/null; fi
 	$(PYTHON_SYS) -m venv $(VENV)
@@ -76,11 +76,11 @@ run: build
 demo: build
 	$(PY) -m ktd run $(MODEL) --chat --prompt "Write a Python function that checks whether a number is prime." $(RUN_ARGS)
 
-# The three real models of docs/MODELS into the cache (~/.cache/ktd/models, or $$KTD_CACHE).
+# The three real models of docs/MODELS.md into the cache (~/.cache/ktd/models, or $$KTD_CACHE).
 fetch-models: build
 	$(PY) -m ktd fetch --all
 
-# End to end, ktd vs llama.cpp on the same files and threads, interleaved (docs/PERF.md):
+# End to end, ktd vs llama.cpp on the same files and threads, interleaved (docs/PERFORMANCE.md):
 # bench/results/bench.json + bench.png. Options: make bench BENCH_ARGS="--quick --threads 2".
 BENCH_ARGS ?=
 bench: build oracle
@@ -99,7 +99,7 @@ bench-decode: build
 bench-sampling: build
 	$(PY) -m ktd.bench.sampling $(BENCH_SAMPLING_ARGS)
 
-# Time to READY vs reading the file (issue 20): cat, Python import, ktd run cold (cache off) and
+# Time to READY vs reading the file: cat, Python import, ktd run cold (cache off) and
 # warm (prepared-weights cache), alternating, best of N: bench/results/load.json.
 # Options: make bench-load BENCH_LOAD_ARGS="--reps 5 --threads 2 MODEL.gguf".
 BENCH_LOAD_ARGS ?=

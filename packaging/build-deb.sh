@@ -2,7 +2,7 @@
 # make deb: dist/ktd_<version>~deb12_amd64.deb and the offline bundle dist/ktd-bundle-<version>/
 # (the .deb plus every .deb of its dependency closure that a minimal Debian 12 lacks).
 #
-# Steps (docs/OPS.md section 4):
+# Steps (docs/OPERATIONS.md, "The Debian package"):
 #   1. a build venv from Debian's /usr/bin/python3.11 (the interpreter the package runs on);
 #   2. the wheelhouse: PyPI wheels pinned in packaging/requirements-runtime.txt, systemd-python
 #      built from its sdist against libsystemd-dev, ktd's own wheel (scikit-build-core);

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Install the self-contained /opt/ktd environment into a staging tree, offline, from the wheelhouse
-# (called by debian/rules as `make-venv.sh $(CURDIR)/debian/ktd`). docs/OPS.md section 4 pitfalls:
-# the venv is created by Debian's /usr/bin/python3.11 (the interpreter the package depends on),
-# bin/python* stay symlinks to it, nothing may mention the staging path, and every module is
-# byte-compiled here because the service cannot write __pycache__ under ProtectSystem=strict.
+# (called by debian/rules as `make-venv.sh $(CURDIR)/debian/ktd`). The pitfalls it avoids
+# (docs/OPERATIONS.md, "The Debian package"): the venv is created by Debian's /usr/bin/python3.11
+# (the interpreter the package depends on), bin/python* stay symlinks to it, nothing may mention
+# the staging path, and every module is byte-compiled here because the service cannot write
+# __pycache__ under ProtectSystem=strict.
 #
 # Environment: KTD_WHEELHOUSE (directory of wheels), KTD_REQUIREMENTS (pinned runtime list),
 # KTD_WHEEL_VERSION (ktd's version inside the wheelhouse), KTD_BUILD_PIP (a pip that runs

@@ -1,5 +1,6 @@
 #!/bin/bash
-# make test-deb: checks of the package built by `make deb` (docs/OPS.md sections 1 and 4).
+# make test-deb: checks of the package built by `make deb` (docs/OPERATIONS.md: "The Debian
+# package", "systemd units").
 #   lintian              no errors (overrides carry a comment saying why)
 #   install (offline)    the bundle into a minimal Debian 12 root under `unshare -n`
 #   serve                the installed daemon as user ktd on a tiny generated model; the installed
@@ -396,7 +397,7 @@ check "units: systemd-analyze security ktd.service exposure <= 1.0 ($(unshare -n
 cat >"$S/usr/local/sbin/ktd-selftest" <<'EOF'
 #!/bin/sh
 # Runs inside the booted container; the report is read by test-deb.sh.
-exec >/root/selftest.log 2>&1
+exec >/var/log/ktd-selftest.log 2>&1
 set -x
 ok=1
 wait_active() { for i in $(seq 300); do systemctl is-active -q "$1" && return 0; sleep 0.2; done; return 1; }
@@ -458,14 +459,14 @@ boot() {
     >"$LOGS/nspawn.log" 2>&1
   local rc=$?
   echo "systemd-nspawn rc=$rc"
-  cat "$S/root/selftest.log" 2>/dev/null
-  grep -q SELFTEST-PASS "$S/root/selftest.log" 2>/dev/null
+  cat "$S/var/log/ktd-selftest.log" 2>/dev/null
+  grep -q SELFTEST-PASS "$S/var/log/ktd-selftest.log" 2>/dev/null
 }
 if [ -n "${KTD_SKIP_BOOT:-}" ]; then
   skip "boot: systemd-nspawn -b (KTD_SKIP_BOOT set)"
 else
   check "boot: systemd-nspawn -b: ktd.service READY (Type=notify), socket root:ktd 0660, socket activation, reload; ktd-http.socket disabled by default, enabled: /v1/models over loopback" boot
-  if ! grep -q 'selftest' "$LOGS/nspawn.log" 2>/dev/null && [ ! -f "$S/root/selftest.log" ]; then
+  if ! grep -q 'selftest' "$LOGS/nspawn.log" 2>/dev/null && [ ! -f "$S/var/log/ktd-selftest.log" ]; then
     echo "    (nspawn did not reach the self-test: $(head -3 "$LOGS/nspawn.log" | tr '\n' ' '))"
   fi
 fi

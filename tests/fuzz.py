@@ -1,4 +1,4 @@
-"""The project's fuzz campaigns (issue 19): the daemon's wire protocol and the model loader.
+"""The project's fuzz campaigns: the daemon's wire protocol and the model loader.
 
     python tests/fuzz.py [--frames N] [--files N] [--seed S]     (`make fuzz`: the full campaign)
 

@@ -1,5 +1,6 @@
 """Lifecycle under a fake systemd: NOTIFY_SOCKET (a datagram socket bound here), LISTEN_FDS set
-via `exec` (docs/OPS.md section 2), WATCHDOG_USEC, SIGHUP reload, SIGTERM drain."""
+via `exec` (docs/DEVELOPMENT.md, "Testing the systemd integration"), WATCHDOG_USEC, SIGHUP
+reload, SIGTERM drain."""
 
 from __future__ import annotations
 

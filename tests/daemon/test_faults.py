@@ -1,4 +1,4 @@
-"""Fault scenarios (issue 19): what an unlucky operator's machine does to the daemon. Each runs
+"""Fault scenarios: what an unlucky operator's machine does to the daemon. Each runs
 the real daemon process (the fake engine, or the real one on a generated tiny model)."""
 
 from __future__ import annotations

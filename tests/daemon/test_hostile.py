@@ -1,4 +1,4 @@
-"""Hostile input (issue 19): what an attacker or an unlucky operator sends, one regression test
+"""Hostile input: what an attacker or an unlucky operator sends, one regression test
 per finding. Daemon-level tests run the real daemon process with the fake engine
 (tests/daemon_helpers.py); tokenizer and loader tests use generated tiny models."""
 

@@ -49,7 +49,7 @@ N_GREEDY = 32
 #   agreement with its default (one batched prefill; n_batch 8, 32 or 512 and 1 or 2 threads all
 #   give identical logits): token by token 0.977, flash attention on 0.962 (ktd: 0.958; ktd
 #   against those two: 0.962 and 0.967). The exact float64 forward (numpy reference, dequantized
-#   weights) agreed with llama.cpp at 0.967 and with ktd at 0.972 (first 48 tokens, session 2).
+#   weights) agreed with llama.cpp at 0.967 and with ktd at 0.972 (first 48 tokens).
 #   Cause: Gemma's residual stream reaches 1e5 and the FFN-down input has outliers
 #   ~2000x its median (layer 0: max 156, median 0.08), so a Q8 activation step (block max / 127)
 #   is many times the typical value; any upstream difference, down to F32 rounding (summation

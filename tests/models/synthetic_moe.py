@@ -126,7 +126,7 @@ def _tiny(arch: str, variant: str | None) -> MoeConfig:
 
 def _bench(arch: str, variant: str | None) -> MoeConfig:
     if arch == "deepseek2" and variant in (None, "v2"):
-        # DeepSeek-V2-Lite shape with the q LoRA of the full V2 (docs/PERF.md), 10 layers instead of 27.
+        # DeepSeek-V2-Lite shape with the q LoRA of the full V2 (docs/MODELS.md), 10 layers instead of 27.
         # No YaRN (the real file has factor 40): it changes rope frequencies and the kq scale, not the work.
         return MoeConfig(arch="deepseek2", n_vocab=102400, n_embd=2048, n_layer=10, n_head=16, n_head_kv=1,
                          n_embd_head=0, n_ff=10944, n_expert=64, n_expert_used=6, n_ff_exp=1408,

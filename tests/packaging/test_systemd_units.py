@@ -1,4 +1,4 @@
-"""The shipped unit files: `systemd-analyze verify` must print nothing (docs/OPS.md section 1:
+"""The shipped unit files: `systemd-analyze verify` must print nothing (docs/OPERATIONS.md, "systemd units":
 verify exits 0 on unknown keys, so any output is a failure)."""
 
 from __future__ import annotations

@@ -1,13 +1,18 @@
 #!/bin/bash
 # Prepare what `make gpu-check` needs on a GPU machine that cannot reach PyPI, may run another
 # Python (3.12) and may lack gguf: a wheelhouse under build/gpu-carry/wheels for the CPython
-# versions in $PYVERS (default 3.12: about 52 MB with cmake, under the device tool's 64 MiB carry
-# limit; each more version adds ~18 MB) on x86-64, with the pins of requirements-dev.txt and only
-# what building ktd._native and running the cuda tests import. Run here, where PyPI is reachable;
-# carry build/gpu-carry (and, when the device runs this Python, the in-place daemon/ktd/*.so).
+# versions in $PYVERS (default 3.12: about 52 MB with cmake, small enough to copy to a device
+# machine along with the checkout; each more version adds ~18 MB) on x86-64, with the pins of
+# requirements-dev.txt and only what building ktd._native and running the cuda tests import. Run
+# it where PyPI is reachable; carry build/gpu-carry (and, when the device runs this Python, the
+# in-place daemon/ktd/*.so).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PY=${PY:-/work/main/.venv/bin/python}
+# The Python whose pip downloads the wheels: the checkout's .venv when there is one (`make gpu-carry`
+# passes it), else python3.
+if [ -z "${PY:-}" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
 OUT=build/gpu-carry/wheels
 rm -rf "$OUT"
 mkdir -p "$OUT"

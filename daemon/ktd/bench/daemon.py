@@ -22,7 +22,7 @@ every figure of that repetition alike (the quoted ratios are medians of per-repe
   port), driven by ``ktd.bench.http_load`` (a separate process, streamed ``/v1/completions``
   with ``ignore_eos``) with n concurrent streams: the same figures as ``daemon[n]``, plus the
   gateway's CPU per token.
-``--prefix-cache`` measures the prefix cache instead (issue 16): a 5-turn chat re-sent in full
+``--prefix-cache`` measures the prefix cache instead: a 5-turn chat re-sent in full
 every turn, as chat clients do: the first user turn is a ~2,500-token document (the text of
 tests/data/perplexity.txt and the start of the README) to discuss, the next four short questions
 about it; replies greedy (48 tokens). Each turn is sent twice, in
@@ -32,10 +32,9 @@ alternating order: with ``cache_prompt: false`` (the whole history prefilled) an
 (greedy; the history continues with the cached run's reply).
 
 Both sides use the same sampling parameters (the protocol defaults, ``ignore_eos``), so the
-socket ratio measures the daemon's overhead (scheduler, event loop, framing, client). Goals
-(issue 6): socket decode ≥ 97 % of in-process; aggregate at 4 streams ≥ 3× one stream.
-(issue 15): HTTP decode (1 stream) ≥ 95 % of in-process; HTTP aggregate at 8 streams within 5 %
-of the socket's.
+socket ratio measures the daemon's overhead (scheduler, event loop, framing, client). Goals:
+socket decode ≥ 97 % of in-process; aggregate at 4 streams ≥ 3× one stream; HTTP decode
+(1 stream) ≥ 95 % of in-process; HTTP aggregate at 8 streams within 5 % of the socket's.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 For every model and thread count both engines are opened, then measured interleaved — each
 repetition runs every test on both engines back to back, the engine that goes first alternating
 between repetitions (A B, B A, ...) so that a load change on this shared machine hits both alike.
-The quoted ratio ktd/llama.cpp is the median of the per-repetition ratios (docs/PERF.md).
+The quoted ratio ktd/llama.cpp is the median of the per-repetition ratios (docs/PERFORMANCE.md).
 Before the first repetition every engine is warmed up untimed (a pp128 and 8 decode steps; ktd
 also until its decode prefetch tuning is over: ktd.bench.finish_decode_prefetch_tuning).
 

@@ -1,4 +1,4 @@
-"""Time to READY against the time it takes to read the file (issue 20's table).
+"""Time to READY against the time it takes to read the file.
 
     python -m ktd.bench.load [MODEL ...] [--reps 3] [--threads 2] [--cache-dir DIR]
                              [--baseline DIR] [--out bench/results/load.json]
@@ -19,15 +19,15 @@ exist), each measured as a fresh process, page cache warm (one untimed ``cat`` f
              untimed run first): every later start
 - ``gguf``   the same with ``model.weights_map: gguf`` (``KTD_MODEL__WEIGHTS_MAP=gguf``): the
              matrices served from the file's own mapping, nothing prepared (no cache either)
-- ``before`` (``--baseline DIR``: a checkout of the code before this work, built in place) its
+- ``before`` (``--baseline DIR``: an older checkout of ktd, built in place) its
              ``ktd run`` with ``PYTHONPATH=DIR/daemon``, the cold command's pair
 
 The commands run alternately, ``--reps`` rounds, so that a change of the machine's load hits
 all of them alike; each row reports the best round's wall time and the user+system CPU time of
 that run (``wait4``'s rusage: on a shared machine CPU time is the steadier figure), and the load
-average is printed before and after. The targets the issue sets: warm ≤ 1.5 × cat + import
-(``warm_target``), cold, first (and gguf) ≥ 2× faster than before this work (measured alongside
-with ``--baseline``, otherwise the issue's figures or ``--before FILE=SECONDS``).
+average is printed before and after. The targets: warm ≤ 1.5 × cat + import (``warm_target``);
+cold, first (and gguf) ≥ 2× faster than the code before the prepared-weights cache (measured
+alongside with ``--baseline``, or given with ``--before FILE=SECONDS``).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache-dir", help="the warm rows' cache directory (default: a temporary one, removed)")
     ap.add_argument("--baseline", metavar="DIR",
-                    help="a checkout of ktd before this work, built in place (e.g. /work/baseline): its ktd run "
+                    help="an older checkout of ktd, built in place (e.g. ../ktd-baseline): its ktd run "
                          "with the cache off is timed alongside, the 'before' of the 2x target")
     ap.add_argument("--before", action="append", default=[], metavar="FILE=SECONDS",
                     help="a cold-load figure from before, per file name, for the 2x target")

@@ -67,7 +67,7 @@ def last_level_cache(sysfs_root: str = "/sys", cpu: int = 0) -> dict | None:
     """The largest data/unified cache the kernel lists for ``cpu``: {level, bytes, shared_cpu_list}.
 
     None where sysfs has no cache directory (some VMs and containers). Benchmarks use it to flag
-    models whose bytes per token a cache of this size holds in part (docs/PERF.md).
+    models whose bytes per token a cache of this size holds in part (docs/PERFORMANCE.md).
     """
     best = None
     for index in sorted(Path(sysfs_root, f"devices/system/cpu/cpu{cpu}/cache").glob("index*")):

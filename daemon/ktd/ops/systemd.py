@@ -1,6 +1,6 @@
 """The daemon's only contact with systemd: sd_notify, socket activation, watchdog, journal.
 
-Built on systemd-python (``systemd.daemon``, ``systemd.journal``; docs/OPS.md section 3). Every
+Built on systemd-python (``systemd.daemon``, ``systemd.journal``; docs/OPERATIONS.md, "systemd-python"). Every
 function is a no-op outside systemd (no NOTIFY_SOCKET / LISTEN_FDS / WATCHDOG_USEC /
 JOURNAL_STREAM) and when systemd-python cannot be imported.
 """

@@ -3,7 +3,7 @@
 The parts it composes: ``sockets`` (the listening socket), ``connections`` (clients, requests,
 generate streams), ``scheduler`` (the engine thread), ``instrument`` (status, metrics, STATUS=).
 One process serves one model. The event loop owns the sockets and never blocks: the model runs
-on the scheduler's engine thread, tokenization in the default executor. Lifecycle (docs/OPS.md):
+on the scheduler's engine thread, tokenization in the default executor. Lifecycle (docs/OPERATIONS.md):
 bind or inherit the socket and accept → load the model (STATUS=/EXTEND_TIMEOUT_USEC= progress;
 meanwhile ``health``/``status``/``metrics`` report the load's progress and every other method gets
 the typed ``loading`` error) → start the engine thread → serve every method → READY=1; SIGHUP reloads the live keys (RELOADING=1 … READY=1); SIGTERM

@@ -108,26 +108,19 @@ Isa parse_isa(std::string_view name);  // throws std::invalid_argument
 // weight stream (8 KiB in the K-quant tiles, 4 KiB in the others); l2, prefetcht1 kPrefetchL2Bytes
 // ahead in every layout, paced (kernels/x86/common.h prefetch_lines). Which pays depends on the
 // core, not on the ISA tier: l1 measured faster on a Xeon and on an AMD Zen 3, slower on an AMD
-// Zen 4; on another Xeon (family 6 model 167, 480 MiB L3) l1 made a 7B Q4_K_M decode from DRAM
-// 1.25-1.35x slower and l2 0.87x the step time of off. The default is off on AMD Zen 4 and later, l2 on Intel, l1
-// elsewhere (k_decode_prefetch_default), then tuned by the first one-row forwards
-// (k_decode_prefetch_tune_begin below). KTD_DECODE_PREFETCH=0|1|2 or off|l1|l2 (read once, at
-// first use) or set_k_decode_prefetch overrides; set_k_decode_prefetch(-1) goes back to the
-// default (and to tuning). Prefill (n > 1) follows the same mode in its first column tile only.
+// Zen 4; on another Xeon l1 made a DRAM-bound decode about a quarter slower and l2 about an eighth
+// faster than off (docs/perf/ has the figures, per CPU). The default is off on AMD Zen 4 and
+// later, l2 on Intel, l1 elsewhere (k_decode_prefetch_default), then tuned by the first one-row
+// forwards (k_decode_prefetch_tune_begin below). KTD_DECODE_PREFETCH=0|1|2 or off|l1|l2 (read
+// once, at first use) or set_k_decode_prefetch overrides; set_k_decode_prefetch(-1) goes back to
+// the default (and to tuning). Prefill (n > 1) follows the same mode in its first column tile only.
 constexpr int kPrefetchOff = 0, kPrefetchL1 = 1, kPrefetchL2 = 2, kPrefetchModes = 3;
-// The l2 distance: 9 KiB, not a multiple of 4 KiB. Measured on the Xeon above (2 vCPU, session 27),
-// the distance changed alone at run time, the rest of the build the same:
-// - the Qwen2.5-7B-shaped Q4_K_M decode from DRAM (4.4 GB a token), the distances taking turns
-//   step by step in one process (6-8 steps each), 2 threads: 2304 bytes (the K-quant tiles' distance
-//   before) 180.7 ms a step, 9216 171.6; in other runs 6144 173.2, 10240 172.4, 10368 171.6-174.0,
-//   13824 174.7, but 4608 181.5, 7680 180.8, 8064 186.7, 8192 192.1, 12288 187.8-188.9, 16384 188.2;
-//   1 thread: 2304 343.9 ms, 9216 329.1, 8192 355.6;
-// - 1.5 GiB repacked GEMVs (k = 4864, random weights on huge pages), 2 threads, GB/s at 2304 /
-//   8192 / 9216: Q4_K 24.36 / 23.88 / 25.72, Q6_K 25.79 / 25.93 / 27.03, Q4_0 23.39 / 23.61 / 24.51,
-//   Q5_0 26.85 / 25.18 / 26.35, Q8_0 26.45 / 26.00 / 26.22 (read loop 26.5-30.5).
-// The multiples of 4 KiB, and the distances whose prefetched block spans one (7680, 8064), were the
-// slow ones; why is not established (no PMU counters in that guest). The 8 KiB the 32-element
-// layouts had and the 2304 bytes of the K-quant tiles both gave way to this one distance.
+// The l2 distance: 9 KiB, not a multiple of 4 KiB. Changed alone at run time on a Xeon, the
+// distances that are a multiple of 4 KiB (4, 8, 12, 16 KiB), and those whose prefetched block
+// spans one (7.5-7.9 KiB), made decode steps 5-10% slower than 9 KiB, which beat the 2304 bytes
+// the K-quant tiles had by 4-5% and was among the fastest for every repacked type
+// (docs/perf/2026-12-04-intel-xeon-480mib-l3.md). Why the multiples of 4 KiB are slow is not
+// established. One distance serves every layout.
 constexpr size_t kPrefetchL2Bytes = 9216;
 const char *prefetch_mode_name(int mode);  // "off", "l1", "l2"
 int k_decode_prefetch();                   // the mode

@@ -89,8 +89,8 @@ struct Q4K {
 
 // The repacked layout runs the shared 8-row tile (kernels/x86/k_repack.h: 256-bit, VNNI dpbusd),
 // decode with the software prefetch where k_decode_prefetch() says so. A 512-bit decode kernel on
-// an activation row expanded to 2 KiB per super-block was this entry's decode before a19ed52:
-// on a Zen 4 it streamed at half the tile's rate once the row outgrew L1d (k = 4864).
+// an activation row expanded to 2 KiB per super-block was this entry's decode once: on a Zen 4 it
+// streamed at half the tile's rate once the row outgrew L1d (k = 4864).
 KTD_REGISTER_KERNELS(Isa::AVX512, TypeKernels{.type = GGMLType::Q4_K,
                                               .act_type = GGMLType::Q8_K,
                                               .dequantize_row = dequantize_row_q4_K,

@@ -6,7 +6,7 @@ KTD_REGISTER_KERNELS(Isa::NEON, q8_entry(GGMLType::Q8_0, dequantize_row_q8<Q8_0U
 KTD_REGISTER_KERNELS(Isa::NEON, q8_entry(GGMLType::Q4_0, dequantize_row_q8<Q4_0Unpack>, gemm_q8<Q4_0Unpack>));
 KTD_REGISTER_KERNELS(Isa::NEON, k_entry(GGMLType::Q4_K, dequantize_row_q4_K, gemm_k<block_q4_K, vec_dot_q4_K>));
 KTD_REGISTER_KERNELS(Isa::NEON, k_entry(GGMLType::Q6_K, dequantize_row_q6_K, gemm_k<block_q6_K, vec_dot_q6_K>));
-// Session 7: the other 32-element types (kernels/arm/q32_more_neon.h), the other K-quants, IQ4_XS
+// The other 32-element types (kernels/arm/q32_more_neon.h), the other K-quants, IQ4_XS
 // and the ternary types (k_more_neon.h), the i-quants (iq_neon.h), the float types (float_neon.h).
 KTD_REGISTER_KERNELS(Isa::NEON, q8_entry(GGMLType::Q4_1, dequantize_row_q8_min<Q4_1Unpack>, gemm_q8_min<Q4_1Unpack>));
 KTD_REGISTER_KERNELS(Isa::NEON, q8_entry(GGMLType::Q5_0, dequantize_row_q8<Q5_0Unpack>, gemm_q8<Q5_0Unpack>));

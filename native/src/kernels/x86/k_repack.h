@@ -202,37 +202,21 @@ struct Q6_Kx8 {
 
 // Software prefetch of the weight stream in the decode (nc = 1) GEMV, where k_decode_prefetch()
 // says so (kernels/kernels.h): prefetch_ahead (kPrefetchBytes in l1, kPrefetchL2Bytes in l2), and
-// each tile's head (prefetch_head). Whether it pays depends on the core. Measured quiet,
-// alternating builds, on an AVX2-only AMD EPYC Zen 3 (family 25 model 1, 32 MiB L3, 2 vCPU): the n = 1 GEMV from DRAM streamed at 93-104% of the
-// read bandwidth at one thread against 75-83% without (Q4_K 1.5B ffn_up x18), Q6_K 10.3-12.3 GB/s
-// against 9.1-9.7, and Qwen2.5-Coder-1.5B decode reached 80-92% of the ceiling at one thread
-// against 73-81%. On an AMD EPYC Zen 4 (family 25 model 17, AVX-512) it is the other way round,
-// in both tiers (session 12, one thread, 12 copies of 1.5B ffn_up from DRAM, alternating, 3
-// rounds): AVX2 Q6_K 14.2-16.6 GB/s with it against 22.6-24.8 without, Q4_K 18.1-22.9 against
-// 22.7-24.7; the AVX-512 tier's Q4_K 14.6-15.9 against 18.3-28.0. Not across a whole prefill
-// GEMM (nc > 1): compute-bound there, and prefetching in every tile cost the n = 128 GEMM up to
-// 30% at one thread; in prefill only the first column tile of each chunk prefetches
-// (gemm_repacked_k8).
-// The distance was first measured on the old Q4_K and Q6_K layouts under load: 4-16 KiB 1.4-1.8x
-// faster than none, 2 KiB less so; _MM_HINT_NTA slower than none.
-// The l2 mode (prefetcht1, kPrefetchL2Bytes ahead, paced: x86/common.h) was measured on a Xeon
-// (family 6 model 167, AVX-512, 480 MiB L3, 2 vCPU) where l1 makes decode slower: a
-// Qwen2.5-7B-shaped Q4_K_M from DRAM (4.4 GB a token, tests/models/synthetic_dense.py),
-// consecutive steps alternating off and the mode in blocks of 4, 20 steps each, 2 threads:
-// prefetcht1 4-32 KiB ahead 0.87-0.89x the step time of off (one thread 0.88-0.89x), prefetcht2
-// the same, prefetcht0 1-8 KiB ahead 1.23-1.30x; every other line only (128-byte stride) 1.19x.
-// Its distance, kPrefetchL2Bytes, is the same for every layout (kernels.h says how it was chosen).
+// each tile's head (prefetch_head). Whether it pays depends on the core: on an AMD Zen 3 the l1
+// prefetch lifts the one-thread GEMV from DRAM from about 80% of the read bandwidth to about
+// 100%; on an AMD Zen 4 the same prefetch makes it slower, in both tiers; on an Intel Xeon where
+// l1 is slower, prefetcht1 4-32 KiB ahead (the l2 mode) is faster than none and prefetcht0 at any
+// distance slower, as is prefetching every other line only (docs/perf/, per CPU). Not across a
+// whole prefill GEMM (nc > 1): it is compute-bound there, and prefetching in every tile cost the
+// n = 128 GEMM up to 30% at one thread; in prefill only the first column tile of each chunk
+// prefetches (gemm_repacked_k8). The l1 distance: 4-16 KiB ahead all streamed 1.4-1.8x faster
+// than no prefetch when first measured (under load), 2 KiB less so; _MM_HINT_NTA was slower than
+// none.
 // In l2 the K-quant tiles spread a block's prefetches over its 8 steps (prefetch_part: 2-4 lines
 // between the loads of each step) instead of issuing its 18 (Q4_K) or 27 (Q6_K) lines in one
-// burst before it, paced (prefetch_lines). Measured on a Xeon (family 6 model 207, 300 MiB L3, 2
-// vCPU, session 31), 2 threads, 1 GiB of copies of a 4096 x 2048 Q4_K matrix, one matmul over all,
-// alternating with a 2-thread read loop in the same buffer (10-12 rounds, paired medians): the
-// burst 0.88-0.89x the read loop's bandwidth (AVX2 and AVX-512 tiers), spread 0.96-1.00x; Q6_K
-// (2048 x 768) 0.975-1.000x either way. Whole decode steps, the two alternating in one process
-// (16-20 steps each): Qwen3-30B-A3B-shaped MoE from DRAM 0.96x the step time (AVX2), 0.94x
-// (AVX-512), Qwen2.5-7B-shaped dense 0.94x (AVX2); the distance (4.5-13.5 KiB) and the tile head
-// prefetch (none, 2 KiB, 4 KiB, prefetcht1) within 1-4% of the current either way, noise here.
-// The l1 mode keeps its burst: it is the one measured on the Zen 3 above.
+// burst before it: the burst starved the loads (a Q4_K GEMV at about 0.88x the read loop's
+// bandwidth with it, 0.96-1.00x spread; docs/perf/2026-12-05-intel-xeon-300mib-l3.md). The l1
+// mode keeps its burst: it is the one measured on the Zen 3.
 constexpr size_t kPrefetchBytes = 8192;
 
 // The 8 rows of group `g` (rows_valid of them real) × NC columns over all nb super-blocks; PF:
