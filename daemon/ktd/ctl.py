@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from ktd.bench import load_summary
+from ktd.ops.load_report import load_summary
 from ktd.client import AsyncClient, Client, ConnectionLost, default_socket
 from ktd.errors import KtdError
 

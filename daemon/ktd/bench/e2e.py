@@ -68,17 +68,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from ktd.bench import finish_tuning_greedy, write_results
+from ktd.bench.e2e_suite import ENGINES, PP_TESTS, TESTS, TG_TEST, TG_TOKENS
 
 SCHEMA = "ktd.bench.e2e/1"
-ENGINES = ("ktd", "ktd-avx2", "llama.cpp", "llama-bench")
 DEFAULT_ENGINES = ("ktd", "llama.cpp")
 # ktd with KTD_ISA=<isa>, in a process of its own (the kernels are chosen once per process).
 ISA_ENGINES = {"ktd-avx2": "avx2"}
-PP_TESTS = {"pp128": 128, "pp512": 512}
-TG_TEST, TG_TOKENS = "tg128", 128
 # Read-bandwidth passes right before and right after each tg128 pair (the %@tg columns).
 BRACKET_PASSES = 4
-TESTS = (*PP_TESTS, TG_TEST)
 TG_PROMPT_TOKENS = 16      # the short prompt before decode (not timed)
 N_CTX = 1024               # >= 512 (pp512) and >= TG_PROMPT_TOKENS + TG_TOKENS
 N_BATCH = 512              # llama.cpp n_batch = n_ubatch: pp512 is one physical batch

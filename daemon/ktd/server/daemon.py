@@ -32,7 +32,7 @@ import numpy as np
 from ktd.ops import config as config_mod, routing_profile, systemd
 from ktd.server.connections import READ_CHUNK, Connections, Policy, loop_delivery
 from ktd.server.engine_api import Engine, EngineFactory
-from ktd.ops.instrument import Instrument, ServerFacts, loading_metrics_text, loading_status_document
+from ktd.server.instrument import Instrument, ServerFacts, loading_metrics_text, loading_status_document
 from ktd.ops.routing_profile import RoutingProfile
 from ktd.server.scheduler import Scheduler
 from ktd.server.sockets import StartupError, listening_socket
