@@ -96,11 +96,13 @@ def run(args) -> int:
     bar = _progress_bar if sys.stderr.isatty() else None
     if args.prepare and placement["weights_map"] == "auto":
         placement["weights_map"] = "arena"  # a miss prepares (and writes) the entry here
-    # A one-shot run starts no background build (it would outlive or be cut by the run's end).
-    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, tokenizer=tok,
-                      build_in_background=False, **placement)
+    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, tokenizer=tok, **placement)
     if bar:
         sys.stderr.write("\r\x1b[K")
+    if eng.model.cache["state"] == "absent":
+        # A one-shot run starts no background build (it would outlive or be cut by the run's end).
+        from ktd.ops import weights_cache
+        weights_cache.log_load(eng.model.cache, building=False)
 
     gen = Generation(params, prompt=prompt, eos_ids=tok.eos_ids, stop=[], max_tokens=args.max_tokens,
                      decoder=tok.decode_stream())
