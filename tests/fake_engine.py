@@ -31,6 +31,9 @@ N_VOCAB = 260
 SPECIALS = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
 SPECIAL_TEXT = {v: k for k, v in SPECIALS.items()}
 ROLES = ("system", "user", "assistant", "tool")
+# FakeEngine(fim=True): fill-in-the-middle tokens by role (Tokenizer.fim_ids). The vocabulary has
+# no room for more specials, so three of its control tokens stand in, all different from BOS.
+FIM_IDS = {"pre": IM_START, "suf": IM_END, "mid": EOS}
 
 
 class ByteStreamDecoder:
@@ -181,8 +184,10 @@ class EngineDied(BaseException):
 class FakeEngine:
     def __init__(self, *, n_ctx: int = 256, n_seq_max: int = 4, step_delay_s: float = 0.0,
                  eos_bias: float = -4.0, wedge_after_steps: int | None = None,
-                 die_after_steps: int | None = None, cache_slots: int = 0):
+                 die_after_steps: int | None = None, cache_slots: int = 0, fim: bool = False):
         self.tokenizer = ByteTokenizer()
+        if fim:
+            self.tokenizer.fim_ids = dict(FIM_IDS)
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.n_kv_slots = n_seq_max + cache_slots   # the prefix cache's slots follow the running ones

@@ -117,7 +117,7 @@ def loop_delivery(loop: asyncio.AbstractEventLoop) -> Deliver:
 
 def _fim_tokens(fim_ids: Mapping[str, int]) -> dict[str, int] | None:
     """hello's ``fim``: the prefix/suffix/middle token ids when the model has all three."""
-    if all(k in fim_ids for k in ("pre", "suf", "mid")):
+    if all(k in fim_ids for k in admission.FIM_ROLES):
         return {"prefix": fim_ids["pre"], "suffix": fim_ids["suf"], "middle": fim_ids["mid"]}
     return None
 
