@@ -3,7 +3,7 @@
     python tests/daemon_launcher.py [FAKE_OPTIONS_JSON] -- serve --config FILE [--socket PATH]
 
 FAKE_OPTIONS_JSON: keyword arguments of ``fake_engine.factory`` (step_delay_s, eos_bias,
-wedge_after_steps, die_after_steps, load_steps, load_delay_s).
+wedge_after_steps, die_after_steps, load_steps, load_delay_s, fim).
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ N_VOCAB = 260
 SPECIALS = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
 SPECIAL_TEXT = {v: k for k, v in SPECIALS.items()}
 ROLES = ("system", "user", "assistant", "tool")
+# FakeEngine(fim=True): fill-in-the-middle tokens by role (Tokenizer.fim_ids). The vocabulary has
+# no room for more specials, so three of its control tokens stand in, all different from BOS.
+FIM_IDS = {"pre": IM_START, "suf": IM_END, "mid": EOS}
 
 
 class ByteStreamDecoder:
@@ -181,8 +184,10 @@ class EngineDied(BaseException):
 class FakeEngine:
     def __init__(self, *, n_ctx: int = 256, n_seq_max: int = 4, step_delay_s: float = 0.0,
                  eos_bias: float = -4.0, wedge_after_steps: int | None = None,
-                 die_after_steps: int | None = None, cache_slots: int = 0):
+                 die_after_steps: int | None = None, cache_slots: int = 0, fim: bool = False):
         self.tokenizer = ByteTokenizer()
+        if fim:
+            self.tokenizer.fim_ids = dict(FIM_IDS)
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.n_kv_slots = n_seq_max + cache_slots   # the prefix cache's slots follow the running ones
@@ -247,38 +252,47 @@ class FakeEngine:
         self.kv[seq_id] = []
         self.freed.append(seq_id)
 
-    # The weights switch: a test calls offer_switch() (as the real engine's builder thread does);
-    # switch_weights empties every slot, as the real engine's new KV cache is empty.
-    _wake = None
-    switch_offered = False
-    switches: list[int] = []  # n_forward at each switch (replaced per instance below)
+    def copy_seq(self, src: int, dst: int, n_tokens: int) -> None:
+        if not 0 <= n_tokens <= len(self.kv[src]):
+            raise ValueError(f"copy_seq: {n_tokens} tokens, seq {src} holds {len(self.kv[src])}")
+        self.kv[dst] = list(self.kv[src][:n_tokens])
+        self.copies.append((src, dst, n_tokens))
+
+
+class FakeWeights:
+    """The weights switch (ktd.server.engine_api.WeightsSwitch) of a FakeEngine: a test calls
+    offer_switch() (as the real manager's builder thread does); switch empties every slot, as the
+    real switch's new KV cache is empty."""
+
+    def __init__(self, engine: FakeEngine):
+        self.engine = engine
+        self._wake = None
+        self.switch_offered = False
+        self.switches: list[int] = []  # the engine's n_forward at each switch
 
     def offer_switch(self) -> None:
         self.switch_offered = True
         if self._wake is not None:
             self._wake()
 
-    def on_weights_ready(self, wake) -> None:
+    def on_ready(self, wake) -> None:
         self._wake = wake
         if self.switch_offered:
             wake()
 
-    def switch_weights(self) -> bool:
+    def switch(self) -> bool:
         if not self.switch_offered:
             return False
         self.switch_offered = False
-        self.switches = [*self.switches, self.n_forward]
-        self.kv = [[] for _ in range(self.n_kv_slots)]
+        self.switches.append(self.engine.n_forward)
+        self.engine.kv = [[] for _ in range(self.engine.n_kv_slots)]
         return True
 
-    def close(self) -> None:
-        self.closed = True
+    def status(self) -> dict[str, Any]:
+        return {"state": "ready" if self.switch_offered else "none"}
 
-    def copy_seq(self, src: int, dst: int, n_tokens: int) -> None:
-        if not 0 <= n_tokens <= len(self.kv[src]):
-            raise ValueError(f"copy_seq: {n_tokens} tokens, seq {src} holds {len(self.kv[src])}")
-        self.kv[dst] = list(self.kv[src][:n_tokens])
-        self.copies.append((src, dst, n_tokens))
+    def close(self) -> None:
+        pass
 
 
 def factory(**options):

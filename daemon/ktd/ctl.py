@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from ktd.bench import load_summary
+from ktd.ops.load_report import load_summary
 from ktd.client import AsyncClient, Client, ConnectionLost, default_socket
 from ktd.errors import KtdError
 
@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     g = sub.add_parser("generate", help="complete a prompt, streaming to the terminal")
     g.add_argument("prompt", help="prompt text ('-' reads stdin)")
+    g.add_argument("--suffix", default=None, metavar="TEXT",
+                   help="fill in the middle: the text after the gap (the prompt is the text before it)")
     _sampling_args(g)
     c = sub.add_parser("chat", help="chat using the model's template (interactive without -m)")
     c.add_argument("-m", "--message", default=None, help="one user message, then exit")
@@ -150,7 +152,8 @@ def _stream_to_terminal(client: Client, params: dict[str, Any], no_stream: bool,
 
 def cmd_generate(client: Client, args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    _stream_to_terminal(client, {"prompt": prompt, **_sampling(args)}, args.no_stream, args.verbose)
+    _stream_to_terminal(client, {"prompt": prompt, "suffix": args.suffix, **_sampling(args)}, args.no_stream,
+                        args.verbose)
     return 0
 
 

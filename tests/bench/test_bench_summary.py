@@ -1,4 +1,4 @@
-"""The load-run summary shared by ``ktctl bench`` and ``ktd.bench.http_load`` (ktd.bench.load_summary):
+"""The load-run summary shared by ``ktctl bench`` and ``ktd.bench.http_load`` (ktd.ops.load_report):
 its percentiles against numpy.percentile, its units, and both tools' JSON against one real daemon
 (fake engine) — the same keys, the counts of what was asked."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from daemon_helpers import daemon_fixture
 from http_helpers import gateway  # noqa: F401 (a fixture)
-from ktd.bench import load_summary, percentiles
+from ktd.ops.load_report import load_summary, percentiles
 
 daemon = daemon_fixture(model={"n_ctx": 256, "n_seq_max": 4}, fake={"eos_bias": -8.0})
 

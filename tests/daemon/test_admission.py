@@ -71,3 +71,77 @@ def test_prompt_tokens_of_text_and_chat():
     g = protocol.parse_generate({"messages": [{"role": "robot", "content": "x"}]}, LIMITS)
     with pytest.raises(BadRequest, match="generate: chat template: .*unsupported role"):
         admission.prompt_tokens(g, tok)
+
+
+# --- fill-in-the-middle: generate's suffix -------------------------------------------------------
+
+def _fim_tokenizer() -> fake_engine.ByteTokenizer:
+    tok = fake_engine.ByteTokenizer()
+    tok.fim_ids = dict(fake_engine.FIM_IDS)
+    return tok
+
+
+def test_fim_prompt_is_prefix_suffix_middle_with_the_models_tokens():
+    tok, fim = _fim_tokenizer(), fake_engine.FIM_IDS
+    g = protocol.parse_generate({"prompt": "ab", "suffix": "c"}, LIMITS)
+    assert admission.prompt_tokens(g, tok) == [fake_engine.BOS, fim["pre"], 97, 98, fim["suf"], 99, fim["mid"]]
+    # no BOS with add_special false; empty texts leave their part empty
+    g = protocol.parse_generate({"prompt": "", "suffix": "", "add_special": False}, LIMITS)
+    assert admission.prompt_tokens(g, tok) == [fim["pre"], fim["suf"], fim["mid"]]
+    # the texts are text: a special token's text in them stays bytes unless parse_special
+    g = protocol.parse_generate({"prompt": "<s>", "suffix": "</s>"}, LIMITS)
+    assert admission.prompt_tokens(g, tok) == [fake_engine.BOS, fim["pre"], *b"<s>", fim["suf"], *b"</s>", fim["mid"]]
+    g = protocol.parse_generate({"prompt": "<s>", "suffix": "</s>", "parse_special": True}, LIMITS)
+    assert admission.prompt_tokens(g, tok) == [fake_engine.BOS, fim["pre"], fake_engine.BOS, fim["suf"],
+                                               fake_engine.EOS, fim["mid"]]
+
+
+def test_fim_prompt_is_held_to_the_prompt_limit_as_a_whole():
+    """max_prompt_tokens (100) counts the assembled prompt: BOS and three FIM tokens beside the
+    texts' 48 + 48 bytes is 100, one byte more is too large."""
+    tok = _fim_tokenizer()
+    g = protocol.parse_generate({"prompt": "p" * 48, "suffix": "s" * 48}, LIMITS)
+    assert admit(admission.prompt_tokens(g, tok), 1, n_ctx=1000) == 1
+    g = protocol.parse_generate({"prompt": "p" * 48, "suffix": "s" * 49}, LIMITS)
+    with pytest.raises(TooLarge, match="101 prompt tokens, the limit is 100"):
+        admit(admission.prompt_tokens(g, tok), n_ctx=1000)
+
+
+def test_fim_without_the_models_fim_tokens_is_a_bad_request():
+    tok = fake_engine.ByteTokenizer()  # fim_ids {}
+    g = protocol.parse_generate({"prompt": "a", "suffix": "b"}, LIMITS)
+    with pytest.raises(BadRequest, match="generate: suffix .*fill-in-the-middle.* this model has none"):
+        admission.prompt_tokens(g, tok)
+    tok.fim_ids = {"pre": 258, "suf": 259}  # one role missing is none as well
+    with pytest.raises(BadRequest, match="this model has none"):
+        admission.prompt_tokens(g, tok)
+
+
+def _gateway_fim_before(tok, prefix: str, suffix: str) -> list[int]:
+    """The prompt ktd-http assembled before generate took suffix: hello's fim ids and three
+    ``tokenize`` calls (the daemon's tokenize: encode with add_special as given, parse_special
+    false), [BOS] <fim_pre> prefix <fim_suf> suffix <fim_mid>."""
+    fim = {"prefix": tok.fim_ids["pre"], "suffix": tok.fim_ids["suf"], "middle": tok.fim_ids["mid"]}
+    bos = tok.encode("", add_special=True, parse_special=False)
+    pre = tok.encode(prefix, add_special=False, parse_special=False) if prefix else []
+    suf = tok.encode(suffix, add_special=False, parse_special=False) if suffix else []
+    return [*bos, fim["prefix"], *pre, fim["suffix"], *suf, fim["middle"]]
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("prefix, suffix", [("def add(a, b):\n    return ", "\n\nprint(add(2, 3))\n"),
+                                            ("", "x = 1\n"), ("import os\n", ""),
+                                            ("s = '<|fim_suffix|>'  # ", " <|endoftext|>")])
+def test_fim_prompt_of_qwen_coder_equals_the_gateways_and_the_documented_form(real_model, prefix, suffix):
+    """Qwen2.5-Coder's FIM tokens (from its GGUF): the daemon's prompt equals, id for id, what the
+    gateway built with three tokenize round trips, and Qwen's documented text form
+    ``<|fim_prefix|>…<|fim_suffix|>…<|fim_middle|>`` (texts without special-token texts)."""
+    from ktd.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(real_model("qwen2.5-coder-0.5b"))
+    g = protocol.parse_generate({"prompt": prefix, "suffix": suffix}, LIMITS)
+    got = admission.prompt_tokens(g, tok)
+    assert got == _gateway_fim_before(tok, prefix, suffix)
+    if "<|" not in prefix + suffix:
+        text = f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
+        assert got == tok.encode(text, add_special=True, parse_special=True)

@@ -82,6 +82,15 @@ def test_non_streaming_generate_chat_and_tokens(daemon):
         assert h["protocol"] == protocol.PROTOCOL_VERSION and h["n_ctx"] == 256
 
 
+def test_fim_on_a_model_without_fim_tokens_is_a_bad_request(daemon):
+    with daemon.client() as c:
+        assert c.hello()["fim"] is None
+        with pytest.raises(BadRequest, match="suffix .*fill-in-the-middle.* this model has none"):
+            c.generate("def f(", suffix=")", max_tokens=4)
+        r = c.generate("hello", temperature=0, max_tokens=8)  # the connection goes on
+        assert (r["text"], r["finish_reason"]) == expected_greedy("hello", 8)
+
+
 def test_same_seed_same_text(daemon):
     with daemon.client() as c:
         a = c.generate("seeded", seed=42, temperature=1.0, max_tokens=20, ignore_eos=True)["text"]

@@ -1,11 +1,11 @@
-"""ktd.ops.instrument: the status document, the metrics text, the STATUS= line and the /proc parsers."""
+"""ktd.server.instrument: the status document, the metrics text, the STATUS= line and the /proc parsers."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import fake_engine
-from ktd.ops import instrument
+from ktd.server import instrument
 from ktd.server import protocol
 from ktd.server.scheduler import Scheduler
 

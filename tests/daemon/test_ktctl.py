@@ -54,6 +54,8 @@ def test_chat_status_health_metrics_tokenize(daemon):
 def test_errors_are_one_line(daemon, tmp_path):
     r = ktctl(daemon, "generate", "x", "-n", "0")
     assert r.returncode == 1 and r.stderr.startswith("ktctl: error: bad_request: generate: max_tokens")
+    r = ktctl(daemon, "generate", "def f(", "--suffix", ")", "-n", "4")  # the fake model has no FIM tokens
+    assert r.returncode == 1 and r.stderr.startswith("ktctl: error: bad_request: generate: suffix")
     code = "import sys; from ktd.ctl import main; sys.exit(main())"
     r = subprocess.run([sys.executable, "-c", code, "--socket", str(tmp_path / "none.sock"), "health"],
                        capture_output=True, text=True)

@@ -89,9 +89,23 @@ def test_parse_generate_validation():
         ({"messages": [{"role": "u", "content": "c"}] * 300}, TooLarge, "messages"),
         ({"tokens": [-1]}, BadRequest, "tokens"),
         ({"prompt": "a", "deadline_s": -1}, BadRequest, "deadline_s"),
+        ({"prompt": "a", "suffix": 3}, BadRequest, "suffix must be a string"),
+        ({"prompt": "a", "suffix": ["b"]}, BadRequest, "suffix must be a string"),
+        ({"messages": [{"role": "user", "content": "c"}], "suffix": "b"}, BadRequest, "suffix .* needs prompt"),
+        ({"tokens": [1, 2], "suffix": "b"}, BadRequest, "suffix .* needs prompt"),
+        ({"suffix": "b"}, BadRequest, "exactly one of"),
     ]:
         with pytest.raises(err, match=text.replace("[", r"\[").replace("]", r"\]")):
             protocol.parse_generate(params, LIMITS)
+
+
+def test_parse_generate_suffix():
+    """Fill-in-the-middle: suffix goes with a text prompt, either of them may be empty; without it
+    a request is as before."""
+    assert protocol.parse_generate({"prompt": "def f(", "suffix": ")"}, LIMITS).suffix == ")"
+    g = protocol.parse_generate({"prompt": "", "suffix": "", "parse_special": True}, LIMITS)
+    assert (g.prompt, g.suffix, g.parse_special) == ("", "", True)
+    assert protocol.parse_generate({"prompt": "a"}, LIMITS).suffix is None
 
 
 # --- against the real daemon ----------------------------------------------------------------

@@ -46,7 +46,8 @@ def make():
 
     def factory(prefill=8, max_queue=16, **engine):
         eng = fake_engine.FakeEngine(**engine)
-        s = Scheduler(eng, prefill_tokens_per_step=prefill, max_queue=max_queue)
+        s = Scheduler(eng, prefill_tokens_per_step=prefill, max_queue=max_queue,
+                      weights=fake_engine.FakeWeights(eng))
         s.start()
         made.append(s)
         return eng, s
@@ -446,7 +447,7 @@ def test_weights_switch_waits_until_no_sequence_is_in_flight(make):
     class Offer(Collector):
         def __call__(self, kind, payload):
             if kind == "chunk" and not self.chunks:
-                eng.offer_switch()
+                s.weights.offer_switch()
             super().__call__(kind, payload)
 
     offer = Offer()
@@ -461,8 +462,8 @@ def test_weights_switch_waits_until_no_sequence_is_in_flight(make):
     # Two slots: offer's job and first[0] ran together, the switch came when both had ended
     # (a switch under them would have failed their next forward), then first[1] was admitted and,
     # its prompt's prefix cache entry dropped with the old KV, prefilled from position 0.
-    assert len(eng.switches) == 1
-    n_before = eng.switches[0]
+    assert len(s.weights.switches) == 1
+    n_before = s.weights.switches[0]
     assert eng.calls[n_before].positions.min() == 0 and 0 < n_before < len(eng.calls)
     tok = fake_engine.ByteTokenizer()
     ref = tok.decode(fake_engine.reference_greedy([fake_engine.BOS, 65, 66, 67], 12, stop_at_eos=False))
@@ -473,12 +474,12 @@ def test_weights_switch_waits_until_no_sequence_is_in_flight(make):
 
 def test_weights_announced_while_idle_are_switched_to_at_once(make):
     eng, s = make()
-    assert eng.switches == []
-    eng.offer_switch()
+    assert s.weights.switches == []
+    s.weights.offer_switch()
     c = Collector()
     s.submit(job([fake_engine.BOS, 65], c, max_tokens=3))
     assert c.wait()[0] == "done"
-    assert eng.switches == [0]  # before the job's first forward
+    assert s.weights.switches == [0]  # before the job's first forward
 
 
 def test_a_busy_scheduler_holds_new_sequences_back_for_a_pending_switch(make):
@@ -492,14 +493,14 @@ def test_a_busy_scheduler_holds_new_sequences_back_for_a_pending_switch(make):
     class Offer(Collector):
         def __call__(self, kind, payload):
             if kind == "chunk" and not self.chunks:
-                eng.offer_switch()
+                s.weights.offer_switch()
                 s.submit(job([fake_engine.BOS, 70, 71], later, max_tokens=4))
             super().__call__(kind, payload)
 
     offer = Offer()
     s.submit(job([fake_engine.BOS, 65, 66, 67], offer, max_tokens=12))
     assert offer.wait()[0] == "done" and later.wait()[0] == "done"
-    [n_before] = eng.switches
+    [n_before] = s.weights.switches
     assert all(len(set(c.seq_ids.tolist())) == 1 for c in eng.calls)  # never both in one step
     assert len(eng.calls) - n_before == 4 and eng.calls[n_before].positions.min() == 0
     tok = fake_engine.ByteTokenizer()

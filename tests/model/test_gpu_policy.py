@@ -373,12 +373,9 @@ def test_the_hybrid_backend_sets_the_pools_spin(moe):
         c = cfg(f"model:\n  path: {moe}\n  n_ctx: 64\n  threads: 1\ngpu:\n  device: {device}\n"
                 f"  backend: loopback\n  vram_budget: 4G\n  pool_spin_us: 777\n")
         eng = load(c, progress=None)
-        try:
-            assert eng.gpu.backend == ("loopback" if want else "cpu")
-            assert eng.pool_spin_us == want
-            assert eng.context.pool_spin_us == (want or 50)
-        finally:
-            eng.close()
+        assert eng.gpu.backend == ("loopback" if want else "cpu")
+        assert eng.pool_spin_us == want
+        assert eng.context.pool_spin_us == (want or 50)
 
 
 def test_daemon_hybrid_counters_move(moe, tmp_path):

@@ -21,6 +21,7 @@ import pytest
 from ktd import _native
 from ktd.ops import config as ktd_config
 from ktd.server.engine import Engine, placement_options
+from ktd.server.weights import WeightsManager
 from models import synthetic_moe as S
 from models import tiny_dense
 from models.tiny_dense import make_model
@@ -232,6 +233,7 @@ def test_auto_miss_serves_from_the_file_and_prepares_the_entry_for_the_next_star
     cache.mkdir()
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
         e = Engine.open(str(path), n_ctx=32, threads=2, pin=False, weights_cache=str(cache), weights_map="auto")
+        w = WeightsManager.start(e)
     c = e.model.cache
     assert c["state"] == "absent" and c["path"].startswith(str(cache))
     assert e.model.memory["weights_map"] == "gguf" and e.model.repacked_bytes == 0
@@ -239,10 +241,10 @@ def test_auto_miss_serves_from_the_file_and_prepares_the_entry_for_the_next_star
     plain = _native.Model(str(path), n_threads=2, pin=False, allow_repack=False)
     np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
     # The background builder writes the entry the next start maps.
-    assert e.cache_builder is not None and e.cache_builder.wait(timeout=300) == 0
+    assert w.builder is not None and w.builder.wait(timeout=300) == 0
     assert [str(p) for p in cache.iterdir() if p.suffix == ".ktdw"] == [c["path"]]
     e2 = Engine.open(str(path), n_ctx=32, threads=2, pin=False, weights_cache=str(cache), weights_map="auto")
-    assert e2.model.cache["state"] == "hit" and e2.cache_builder is None
+    assert e2.model.cache["state"] == "hit" and WeightsManager.start(e2).builder is None
     assert e2.model.memory["weights_map"] == "arena" and e2.model.repacked_bytes > 0
     fresh = _native.Model(str(path), n_threads=2, pin=False)  # repacked, no cache
     np.testing.assert_array_equal(_logits(e2.model).view(np.uint32), _logits(fresh).view(np.uint32))
@@ -323,4 +325,4 @@ def test_inspect_prepare_with_auto_writes_the_entry_an_auto_start_maps(tmp_path)
     p = json.loads(out.stdout)["prepare"]
     assert p["weights_map"] == "arena" and p["weights_cache"]["state"] == "written"
     e = Engine.open(str(path), n_ctx=32, threads=1, pin=False, weights_cache=str(cache), weights_map="auto")
-    assert e.model.cache["state"] == "hit" and e.cache_builder is None
+    assert e.model.cache["state"] == "hit" and WeightsManager.start(e).builder is None

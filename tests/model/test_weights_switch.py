@@ -1,6 +1,6 @@
 """model.weights_map: auto after a cache miss: the engine serves from the model file while the
 background builder (ktd.ops.cache_builder) writes the prepared entry, then opens the entry (mapped,
-checksums verified) and switches to it when no request is in flight (Engine.switch_weights, called
+checksums verified) and switches to it when no request is in flight (WeightsManager.switch, called
 by the scheduler's engine thread).
 
 Oracles: an arena load of the same file (repacked, no cache) for the tokens after the switch and,
@@ -26,6 +26,8 @@ import pytest
 from ktd import _native
 from ktd.server.engine import Engine
 from ktd.server.scheduler import Scheduler
+from ktd.server.engine_api import model_info
+from ktd.server.weights import WeightsManager
 from models.tiny_dense import make_model
 from test_prefix_cache import _Recording, _run
 from test_weights_map import _file_ranges, _logits
@@ -49,9 +51,10 @@ def _greedy(engine: Engine, prompt: list[int]) -> list[int]:
     return out
 
 
-def _open_auto(path, cache) -> Engine:
-    return Engine.open(str(path), n_ctx=64, n_seq_max=2, threads=2, pin=False, weights_cache=str(cache),
-                       weights_map="auto", cache_slots=2)
+def _open_auto(path, cache) -> tuple[Engine, WeightsManager]:
+    e = Engine.open(str(path), n_ctx=64, n_seq_max=2, threads=2, pin=False, weights_cache=str(cache),
+                    weights_map="auto", cache_slots=2)
+    return e, WeightsManager.start(e)
 
 
 @pytest.fixture
@@ -76,28 +79,28 @@ def test_the_switch_serves_what_an_arena_load_serves(model, gate, caplog):
     plain = _native.Model(str(path), n_threads=2, pin=False, allow_repack=False)
     expected = [_greedy(arena, p) for p in PROMPTS]
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
-        e = _open_auto(path, cache)
+        e, w = _open_auto(path, cache)
         try:
-            assert e.weights_switch["state"] == "building" and e.model.memory["weights_map"] == "gguf"
+            assert w.status()["state"] == "building" and e.model.memory["weights_map"] == "gguf"
             np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
             before = [_greedy(e, p) for p in PROMPTS]
-            assert e.switch_weights() is False  # nothing to switch to yet
+            assert w.switch() is False  # nothing to switch to yet
             gate.touch()
-            st = e.wait_weights_switch(timeout=BUILD_S)
+            st = w.wait(timeout=BUILD_S)
             assert st["state"] == "ready", st
             assert e.model.memory["weights_map"] == "gguf"  # until the engine thread switches
-            assert e.switch_weights() is True
-            assert e.switch_weights() is False  # once
+            assert w.switch() is True
+            assert w.switch() is False  # once
             assert e.model.memory["weights_map"] == "arena" and e.model.cache["state"] == "hit"
             np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(arena.model).view(np.uint32))
             after = [_greedy(e, p) for p in PROMPTS]
             assert before == expected and after == expected
-            sw = e.info()["memory"]["weights_map_switch"]
+            sw = model_info(e, w)["memory"]["weights_map_switch"]
             assert sw["state"] == "done" and sw["from"] == "gguf" and sw["to"] == "arena" and sw["at"]
             assert sw["entry"] == e.model.cache["path"]
-            assert e.cache_builder.poll() == 0
+            assert w.builder.poll() == 0
         finally:
-            e.close()
+            w.close()
     del plain, arena
     gc.collect()
     assert _file_ranges(path) == []  # the file's pages the gguf map served are released
@@ -111,17 +114,17 @@ def test_a_switch_in_a_multi_request_run_gives_the_arena_tokens(model, gate):
     path, cache = model
     arena = Engine.open(str(path), n_ctx=64, threads=2, pin=False)
     expected = [_greedy(arena, p) for p in PROMPTS]
-    e = _open_auto(path, cache)
+    e, w = _open_auto(path, cache)
     rec = _Recording(e.tokenizer)
     e.tokenizer = rec
-    s = Scheduler(e, prefill_tokens_per_step=16, max_queue=4)
+    s = Scheduler(e, prefill_tokens_per_step=16, max_queue=4, weights=w)
     s.start()
     try:
         got = [_run(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
-        assert s.prefix.stats()["entries"] > 0 and e.weights_switch["state"] == "building"
+        assert s.prefix.stats()["entries"] > 0 and w.status()["state"] == "building"
         gate.touch()
         got += [_run(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
-        st = e.wait_weights_switch(("done", "failed"), timeout=BUILD_S)
+        st = w.wait(("done", "failed"), timeout=BUILD_S)
         assert st["state"] == "done", st
         assert e.model.memory["weights_map"] == "arena"
         got += [_run(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
@@ -129,7 +132,7 @@ def test_a_switch_in_a_multi_request_run_gives_the_arena_tokens(model, gate):
         assert s.prefix.stats()["hits"] > 0
     finally:
         s.stop(timeout=30)
-        e.close()
+        w.close()
     assert got == expected * 4
 
 
@@ -140,29 +143,29 @@ def test_a_failed_switch_keeps_serving_from_the_file(model, monkeypatch, caplog,
     monkeypatch.setenv(hook, "1")
     plain = _native.Model(str(path), n_threads=2, pin=False, allow_repack=False)
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
-        e = _open_auto(path, cache)
+        e, w = _open_auto(path, cache)
         try:
-            st = e.wait_weights_switch(("ready", "failed"), timeout=BUILD_S)
+            st = w.wait(("ready", "failed"), timeout=BUILD_S)
             assert st["state"] == "failed" and why in st["reason"], st
-            assert e.switch_weights() is False
+            assert w.switch() is False
             assert e.model.memory["weights_map"] == "gguf"
-            assert e.info()["memory"]["weights_map_switch"] == st
+            assert model_info(e, w)["memory"]["weights_map_switch"] == st
             # the entry's path and the reason name the model's path: operators only
             from ktd.server.connections import _unprivileged_model
-            assert _unprivileged_model(e.info())["memory"]["weights_map_switch"] == {
+            assert _unprivileged_model(model_info(e, w))["memory"]["weights_map_switch"] == {
                 "state": "failed", "from": "gguf", "to": "arena"}
             np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
         finally:
-            e.close()
+            w.close()
     assert "not switching to the prepared entry" in caplog.text
 
 
 def test_close_stops_a_running_build(model, gate):
     path, cache = model
-    e = _open_auto(path, cache)
-    b = e.cache_builder
+    e, w = _open_auto(path, cache)
+    b = w.builder
     assert b.poll() is None  # held at the gate
-    e.close()
+    w.close()
     assert b.poll() is not None
     assert not [p for p in cache.iterdir() if p.suffix == ".ktdw"]
 
@@ -253,7 +256,7 @@ def test_ktd_run_starts_no_builder_and_prepares_with_prepare(model, gate, monkey
     assert capsys.readouterr().out == first
     assert [p.suffix for p in cache.iterdir()] == [".ktdw"] and set(_children(os.getpid())) == children
     e = Engine.open(str(path), n_ctx=32, threads=1, pin=False, weights_cache=str(cache), weights_map="auto")
-    assert e.model.cache["state"] == "hit" and e.cache_builder is None
+    assert e.model.cache["state"] == "hit" and WeightsManager.start(e).builder is None
 
 
 def _forward_logits(engine: Engine) -> np.ndarray:
@@ -280,17 +283,17 @@ def test_the_switch_keeps_the_backend(tmp_path, gate, backend):
     cache.mkdir()
     arena = Engine.open(str(path), n_ctx=64, threads=2, pin=False)
     arena.context.set_backend(backend)
-    e = _open_auto(path, cache)
+    e, w = _open_auto(path, cache)
     try:
         e.context.set_backend(backend)
         e.backend_args = (backend, {})
         gate.touch()
-        assert e.wait_weights_switch(timeout=BUILD_S)["state"] == "ready"
-        assert e.switch_weights() is True and e.model.memory["weights_map"] == "arena"
+        assert w.wait(timeout=BUILD_S)["state"] == "ready"
+        assert w.switch() is True and e.model.memory["weights_map"] == "arena"
         assert e.context.backend == backend
         np.testing.assert_array_equal(_forward_logits(e).view(np.uint32), _forward_logits(arena).view(np.uint32))
     finally:
-        e.close()
+        w.close()
 
 
 @pytest.mark.parametrize("arch,wtype", [("qwen3moe", "Q8_0"), ("deepseek2", "Q8_0"), ("qwen2", "Q4_0"),
@@ -308,14 +311,14 @@ def test_the_switch_of_other_architectures(tmp_path, gate, arch, wtype):
     cache.mkdir()
     plain = _native.Model(str(path), n_threads=2, pin=False, allow_repack=False)
     arena = _native.Model(str(path), n_threads=2, pin=False)
-    e = _open_auto(path, cache)
+    e, w = _open_auto(path, cache)
     try:
         np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
         _greedy(e, PROMPTS[0])
         routed = e.expert_counts()
         gate.touch()
-        assert e.wait_weights_switch(timeout=BUILD_S)["state"] == "ready"
-        assert e.switch_weights() is True and e.model.repacked_bytes == arena.repacked_bytes
+        assert w.wait(timeout=BUILD_S)["state"] == "ready"
+        assert w.switch() is True and e.model.repacked_bytes == arena.repacked_bytes
         np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(arena).view(np.uint32))
         # MoE: the routing statistics stay cumulative across the switch (the routing profile's)
         np.testing.assert_array_equal(e.expert_counts(), routed)
@@ -325,4 +328,4 @@ def test_the_switch_of_other_architectures(tmp_path, gate, arch, wtype):
         e.reset_expert_counts()
         assert not e.expert_counts().any()
     finally:
-        e.close()
+        w.close()

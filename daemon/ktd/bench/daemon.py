@@ -66,11 +66,10 @@ N_CTX = 1024
 
 def _model_path(name: str) -> str:
     from ktd.ops import models
-    if os.path.exists(name):
-        return name
-    if name not in models.MODELS:
-        raise SystemExit(f"{name}: no such file, and not a known model ({', '.join(models.MODELS)})")
-    return str(models.fetch(name))
+    try:
+        return models.resolve(name)
+    except models.FetchError as e:
+        raise SystemExit(str(e)) from None
 
 
 def warm_up(engine: Any) -> int:
@@ -368,7 +367,7 @@ def main_prefix_cache(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ktd.bench.daemon", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="known model name or GGUF path")
     ap.add_argument("--threads", type=int, default=0, help="compute threads (0: one per physical core)")
@@ -380,6 +379,109 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-cache", action="store_true",
                     help="measure the prefix cache instead: TTFT per turn of a 5-turn chat, with and without "
                          "(bench/results/prefix_cache.json)")
+    return ap
+
+
+def measure_rep(engine: Any, daemon: DaemonRun, gateway: GatewayRun | None, streams: list[int],
+                tokens: int) -> dict[str, Any]:
+    """One repetition: in-process decode, native rows, then the daemon (and the gateway) at each
+    stream count, with the ratios between them."""
+    row: dict[str, Any] = {"inproc_decode_tokens_per_s": inproc_decode(engine, tokens),
+                           "native_rows_per_s": {}, "daemon": {}}
+    for n in streams:
+        row["native_rows_per_s"][n] = native_rows(engine, n, tokens // 2)
+    for n in streams:  # socket and HTTP alternate per stream count: a load change hits both
+        row["daemon"][n] = daemon.bench(n, tokens)
+        if gateway:
+            row.setdefault("http", {})[n] = gateway.bench(n, tokens)
+    base = row["daemon"][streams[0]]["tokens_per_s"]
+    row["socket_decode_ratio"] = (row["daemon"][streams[0]]["decode_tokens_per_s"]["p50"]
+                                  / row["inproc_decode_tokens_per_s"])
+    row["daemon_gain"] = {n: row["daemon"][n]["tokens_per_s"] / base for n in streams}
+    row["native_gain"] = {n: row["native_rows_per_s"][n] / row["native_rows_per_s"][streams[0]] for n in streams}
+    if gateway:
+        row["http_decode_ratio"] = (row["http"][streams[0]]["decode_tokens_per_s"]["p50"]
+                                    / row["inproc_decode_tokens_per_s"])
+        row["http_aggregate_ratio"] = {n: row["http"][n]["tokens_per_s"] / row["daemon"][n]["tokens_per_s"]
+                                       for n in streams}
+    return row
+
+
+def _rep_line(row: dict[str, Any], rep: int, n_reps: int) -> str:
+    http = "http_decode_ratio" in row
+    return (f"rep {rep + 1}/{n_reps}: in-process {row['inproc_decode_tokens_per_s']:.1f} tok/s, "
+            f"socket {row['socket_decode_ratio']:.1%}, daemon gain "
+            + " ".join(f"{n}:{g:.2f}x" for n, g in row["daemon_gain"].items())
+            + (f", http {row['http_decode_ratio']:.1%} of in-process, http/socket aggregate "
+               + " ".join(f"{n}:{g:.1%}" for n, g in row["http_aggregate_ratio"].items())
+               if http else ""))
+
+
+def summarise(reps: list[dict[str, Any]], streams: list[int], http: bool) -> dict[str, Any]:
+    """Medians over the repetitions (the per-step and per-token CPU figures: the last one's)."""
+    med = statistics.median
+    summary = {
+        "inproc_decode_tokens_per_s": med(r["inproc_decode_tokens_per_s"] for r in reps),
+        "socket_decode_ratio": med(r["socket_decode_ratio"] for r in reps),
+        "daemon_tokens_per_s": {n: med(r["daemon"][n]["tokens_per_s"] for r in reps) for n in streams},
+        "daemon_gain": {n: med(r["daemon_gain"][n] for r in reps) for n in streams},
+        "native_rows_per_s": {n: med(r["native_rows_per_s"][n] for r in reps) for n in streams},
+        "native_gain": {n: med(r["native_gain"][n] for r in reps) for n in streams},
+        "engine_ms_per_step": {n: reps[-1]["daemon"][n]["engine_ms_per_step"] for n in streams},
+        "cpu_ms_per_token": {n: reps[-1]["daemon"][n]["cpu_ms_per_token"] for n in streams},
+    }
+    if http:
+        summary["http_decode_ratio"] = med(r["http_decode_ratio"] for r in reps)
+        summary["http_tokens_per_s"] = {n: med(r["http"][n]["tokens_per_s"] for r in reps) for n in streams}
+        summary["http_aggregate_ratio"] = {n: med(r["http_aggregate_ratio"][n] for r in reps) for n in streams}
+        summary["http_cpu_ms_per_token"] = {n: reps[-1]["http"][n]["cpu_ms_per_token"] for n in streams}
+    return summary
+
+
+def _print_socket(summary: dict[str, Any], streams: list[int]) -> None:
+    """The socket path's table; adds serving_overhead_of_forward to ``summary``."""
+    print(f"in-process decode          {summary['inproc_decode_tokens_per_s']:8.1f} tok/s")
+    print(f"socket decode (1 stream)   {summary['socket_decode_ratio']:8.1%} of in-process   (goal >= 97%)")
+    # the same question in CPU terms, which a busy machine disturbs less: per token at one
+    # stream, the engine thread's work outside the forward plus the event loop's and client's CPU
+    e, c = summary["engine_ms_per_step"][streams[0]], summary["cpu_ms_per_token"][streams[0]]
+    if e["forward"] > 0:
+        extra = (e["step"] - e["forward"]) + c["event_loop"] + c["client"]
+        summary["serving_overhead_of_forward"] = extra / e["forward"]
+        print(f"serving overhead           {extra:8.3f} ms/token = {extra / e['forward']:.2%} of the forward "
+              f"(engine thread outside forward {e['step'] - e['forward']:.3f}, event loop {c['event_loop']:.3f}, "
+              f"client {c['client']:.3f} ms)")
+    print(f"{'streams':>8} {'daemon tok/s':>13} {'gain':>7} {'native gain':>12} "
+          f"{'step ms':>8} {'forward':>8} {'sample':>8}   cpu ms/token: {'loop':>6} {'client':>6}")
+    for n in streams:
+        e = summary["engine_ms_per_step"][n]
+        c = summary["cpu_ms_per_token"][n]
+        print(f"{n:8d} {summary['daemon_tokens_per_s'][n]:13.1f} {summary['daemon_gain'][n]:6.2f}x "
+              f"{summary['native_gain'][n]:11.2f}x {e['step']:8.2f} {e['forward']:8.2f} {e['sample']:8.2f}"
+              f"                 {c['event_loop']:6.3f} {c['client']:6.3f}")
+    print("(goal: gain >= 3x at 4 streams)")
+
+
+def _print_http(summary: dict[str, Any], streams: list[int]) -> None:
+    """The HTTP gateway's table; adds http_gateway_cpu_of_forward to ``summary``."""
+    print(f"HTTP decode (1 stream)     {summary['http_decode_ratio']:8.1%} of in-process   (goal >= 95%)")
+    # in CPU terms (less disturbed by a busy machine): the gateway's CPU per token at one
+    # stream against the forward's time per token
+    fwd = summary["engine_ms_per_step"][streams[0]]["forward"]
+    if fwd > 0:
+        g = summary["http_cpu_ms_per_token"][streams[0]]["gateway"]
+        summary["http_gateway_cpu_of_forward"] = g / fwd
+        print(f"gateway CPU (1 stream)     {g:8.3f} ms/token = {g / fwd:.2%} of the forward")
+    print(f"{'streams':>8} {'http tok/s':>11} {'http/socket':>12}   cpu ms/token: {'gateway':>8} {'client':>7}")
+    for n in streams:
+        c = summary["http_cpu_ms_per_token"][n]
+        print(f"{n:8d} {summary['http_tokens_per_s'][n]:11.1f} {summary['http_aggregate_ratio'][n]:11.1%}"
+              f"                 {c['gateway']:8.3f} {c['client']:7.3f}")
+    print(f"(goal: http/socket aggregate at {streams[-1]} streams >= 95%)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.prefix_cache:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -408,94 +510,22 @@ def main(argv: list[str] | None = None) -> int:
         warm_up(engine)
         daemon.bench(1, _native.kernels.DECODE_PREFETCH_TUNE_STEPS + 2)
         for rep in range(args.reps):
-            row: dict[str, Any] = {"inproc_decode_tokens_per_s": inproc_decode(engine, args.tokens),
-                                   "native_rows_per_s": {}, "daemon": {}}
-            for n in streams:
-                row["native_rows_per_s"][n] = native_rows(engine, n, args.tokens // 2)
-            for n in streams:  # socket and HTTP alternate per stream count: a load change hits both
-                row["daemon"][n] = daemon.bench(n, args.tokens)
-                if gateway:
-                    row.setdefault("http", {})[n] = gateway.bench(n, args.tokens)
-            base = row["daemon"][streams[0]]["tokens_per_s"]
-            row["socket_decode_ratio"] = (row["daemon"][streams[0]]["decode_tokens_per_s"]["p50"]
-                                          / row["inproc_decode_tokens_per_s"])
-            row["daemon_gain"] = {n: row["daemon"][n]["tokens_per_s"] / base for n in streams}
-            row["native_gain"] = {n: row["native_rows_per_s"][n] / row["native_rows_per_s"][streams[0]]
-                                  for n in streams}
-            if gateway:
-                row["http_decode_ratio"] = (row["http"][streams[0]]["decode_tokens_per_s"]["p50"]
-                                            / row["inproc_decode_tokens_per_s"])
-                row["http_aggregate_ratio"] = {n: row["http"][n]["tokens_per_s"] / row["daemon"][n]["tokens_per_s"]
-                                               for n in streams}
-            reps.append(row)
-            print(f"rep {rep + 1}/{args.reps}: in-process {row['inproc_decode_tokens_per_s']:.1f} tok/s, "
-                  f"socket {row['socket_decode_ratio']:.1%}, daemon gain "
-                  + " ".join(f"{n}:{g:.2f}x" for n, g in row["daemon_gain"].items())
-                  + (f", http {row['http_decode_ratio']:.1%} of in-process, http/socket aggregate "
-                     + " ".join(f"{n}:{g:.1%}" for n, g in row["http_aggregate_ratio"].items())
-                     if gateway else ""), file=sys.stderr)
+            reps.append(measure_rep(engine, daemon, gateway, streams, args.tokens))
+            print(_rep_line(reps[-1], rep, args.reps), file=sys.stderr)
     finally:
         if gateway:
             gateway.stop()
         daemon.stop()
 
-    med = statistics.median
-    summary = {
-        "inproc_decode_tokens_per_s": med(r["inproc_decode_tokens_per_s"] for r in reps),
-        "socket_decode_ratio": med(r["socket_decode_ratio"] for r in reps),
-        "daemon_tokens_per_s": {n: med(r["daemon"][n]["tokens_per_s"] for r in reps) for n in streams},
-        "daemon_gain": {n: med(r["daemon_gain"][n] for r in reps) for n in streams},
-        "native_rows_per_s": {n: med(r["native_rows_per_s"][n] for r in reps) for n in streams},
-        "native_gain": {n: med(r["native_gain"][n] for r in reps) for n in streams},
-        "engine_ms_per_step": {n: reps[-1]["daemon"][n]["engine_ms_per_step"] for n in streams},
-        "cpu_ms_per_token": {n: reps[-1]["daemon"][n]["cpu_ms_per_token"] for n in streams},
-    }
+    summary = summarise(reps, streams, gateway is not None)
+    print(f"model {info['name']}, {info['threads']} threads, {args.tokens} tokens/request, "
+          f"median of {args.reps} reps")
+    _print_socket(summary, streams)
     if gateway:
-        summary["http_decode_ratio"] = med(r["http_decode_ratio"] for r in reps)
-        summary["http_tokens_per_s"] = {n: med(r["http"][n]["tokens_per_s"] for r in reps) for n in streams}
-        summary["http_aggregate_ratio"] = {n: med(r["http_aggregate_ratio"][n] for r in reps) for n in streams}
-        summary["http_cpu_ms_per_token"] = {n: reps[-1]["http"][n]["cpu_ms_per_token"] for n in streams}
+        _print_http(summary, streams)
     out = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(["python -m ktd.bench.daemon", *(argv if argv is not None else sys.argv[1:])]),
            "model": info, "threads": args.threads, "tokens": args.tokens, "reps": reps, "summary": summary}
-
-    print(f"model {info['name']}, {info['threads']} threads, {args.tokens} tokens/request, "
-          f"median of {args.reps} reps")
-    print(f"in-process decode          {summary['inproc_decode_tokens_per_s']:8.1f} tok/s")
-    print(f"socket decode (1 stream)   {summary['socket_decode_ratio']:8.1%} of in-process   (goal >= 97%)")
-    # the same question in CPU terms, which a busy machine disturbs less: per token at one
-    # stream, the engine thread's work outside the forward plus the event loop's and client's CPU
-    e, c = summary["engine_ms_per_step"][streams[0]], summary["cpu_ms_per_token"][streams[0]]
-    if e["forward"] > 0:
-        extra = (e["step"] - e["forward"]) + c["event_loop"] + c["client"]
-        summary["serving_overhead_of_forward"] = extra / e["forward"]
-        print(f"serving overhead           {extra:8.3f} ms/token = {extra / e['forward']:.2%} of the forward "
-              f"(engine thread outside forward {e['step'] - e['forward']:.3f}, event loop {c['event_loop']:.3f}, "
-              f"client {c['client']:.3f} ms)")
-    print(f"{'streams':>8} {'daemon tok/s':>13} {'gain':>7} {'native gain':>12} "
-          f"{'step ms':>8} {'forward':>8} {'sample':>8}   cpu ms/token: {'loop':>6} {'client':>6}")
-    for n in streams:
-        e = summary["engine_ms_per_step"][n]
-        c = summary["cpu_ms_per_token"][n]
-        print(f"{n:8d} {summary['daemon_tokens_per_s'][n]:13.1f} {summary['daemon_gain'][n]:6.2f}x "
-              f"{summary['native_gain'][n]:11.2f}x {e['step']:8.2f} {e['forward']:8.2f} {e['sample']:8.2f}"
-              f"                 {c['event_loop']:6.3f} {c['client']:6.3f}")
-    print("(goal: gain >= 3x at 4 streams)")
-    if gateway:
-        print(f"HTTP decode (1 stream)     {summary['http_decode_ratio']:8.1%} of in-process   (goal >= 95%)")
-        # in CPU terms (less disturbed by a busy machine): the gateway's CPU per token at one
-        # stream against the forward's time per token
-        fwd = summary["engine_ms_per_step"][streams[0]]["forward"]
-        if fwd > 0:
-            g = summary["http_cpu_ms_per_token"][streams[0]]["gateway"]
-            summary["http_gateway_cpu_of_forward"] = g / fwd
-            print(f"gateway CPU (1 stream)     {g:8.3f} ms/token = {g / fwd:.2%} of the forward")
-        print(f"{'streams':>8} {'http tok/s':>11} {'http/socket':>12}   cpu ms/token: {'gateway':>8} {'client':>7}")
-        for n in streams:
-            c = summary["http_cpu_ms_per_token"][n]
-            print(f"{n:8d} {summary['http_tokens_per_s'][n]:11.1f} {summary['http_aggregate_ratio'][n]:11.1%}"
-                  f"                 {c['gateway']:8.3f} {c['client']:7.3f}")
-        print(f"(goal: http/socket aggregate at {streams[-1]} streams >= 95%)")
     print(f"-> {args.out}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -573,12 +573,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     from ktd.ops import machine
-    from ktd.commands.run import _resolve
-    from ktd.cli import UserError
+    from ktd.ops import models
 
     try:
-        path = _resolve(args.model)
-    except UserError as e:
+        path = models.resolve(args.model)
+    except models.FetchError as e:
         print(e, file=sys.stderr)
         return 1
     rows = []

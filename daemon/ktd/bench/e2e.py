@@ -68,17 +68,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from ktd.bench import finish_tuning_greedy, write_results
+from ktd.bench.e2e_suite import ENGINES, PP_TESTS, TESTS, TG_TEST, TG_TOKENS
 
 SCHEMA = "ktd.bench.e2e/1"
-ENGINES = ("ktd", "ktd-avx2", "llama.cpp", "llama-bench")
 DEFAULT_ENGINES = ("ktd", "llama.cpp")
 # ktd with KTD_ISA=<isa>, in a process of its own (the kernels are chosen once per process).
 ISA_ENGINES = {"ktd-avx2": "avx2"}
-PP_TESTS = {"pp128": 128, "pp512": 512}
-TG_TEST, TG_TOKENS = "tg128", 128
 # Read-bandwidth passes right before and right after each tg128 pair (the %@tg columns).
 BRACKET_PASSES = 4
-TESTS = (*PP_TESTS, TG_TEST)
 TG_PROMPT_TOKENS = 16      # the short prompt before decode (not timed)
 N_CTX = 1024               # >= 512 (pp512) and >= TG_PROMPT_TOKENS + TG_TOKENS
 N_BATCH = 512              # llama.cpp n_batch = n_ubatch: pp512 is one physical batch
@@ -347,11 +344,6 @@ def format_table(report: dict) -> str:
     lines = [head, "-" * len(head)]
     notes: dict[str, str] = {}
     assisted = {m["name"]: m.get("cache_assisted") for m in report["models"]}
-
-    def num(x: float | None, fmt: str) -> str:
-        width = fmt.split(".")[0]
-        return format("-", f">{width}") if x is None else format(x, fmt)
-
     for (model, t, test), rat in ratios.items():
         tps = []
         for e in engines:
@@ -361,22 +353,35 @@ def format_table(report: dict) -> str:
                 notes[f"{model} {e}"] = r["unavailable"]
         name = model[:21] + ("*" if assisted.get(model) else "")
         over = rat.get("ktd_over") or {"llama.cpp": rat["ktd_over_llama_cpp"]}
-        line = f"{name:22} {t:3d} {test:6} {num(tps[0], '9.2f')}"
+        line = f"{name:22} {t:3d} {test:6} {_num(tps[0], '9.2f')}"
         for p, tp in zip(peers, tps[1:]):
-            line += f" {num(tp, '10.2f')} {num(over.get(p), '10.3f')}"
+            line += f" {_num(tp, '10.2f')} {_num(over.get(p), '10.3f')}"
             if p in ISA_ENGINES:
-                line += f" {num((rat.get('isa_engine_over_llama_cpp') or {}).get(p), '11.3f')}"
+                line += f" {_num((rat.get('isa_engine_over_llama_cpp') or {}).get(p), '11.3f')}"
         if test == TG_TEST:
             c = ceil[(model, t)]
             pct = c["decode_pct_of_ceiling"]
             during = (c.get("during_decode") or {}).get("decode_pct_of_ceiling", {})
-            line += f" {num(c['ceiling_tokens_per_s'], '8.1f')}"
-            line += "".join(f" {num(pct.get(e), '12.1f')}" for e in engines)
-            line += "".join(f" {num(during.get(e), '11.1f')}" for e in engines)
+            line += f" {_num(c['ceiling_tokens_per_s'], '8.1f')}"
+            line += "".join(f" {_num(pct.get(e), '12.1f')}" for e in engines)
+            line += "".join(f" {_num(during.get(e), '11.1f')}" for e in engines)
         lines.append(line)
+    return "\n".join(lines + _footnotes(report, engines, short, notes))
+
+
+def _num(x: float | None, fmt: str) -> str:
+    """``x`` formatted, or "-" in the same width."""
+    width = fmt.split(".")[0]
+    return format("-", f">{width}") if x is None else format(x, fmt)
+
+
+def _footnotes(report: dict, engines: list[str], short: dict[str, str], notes: dict[str, str]) -> list[str]:
+    """The lines under format_table's table: read bandwidths, bytes per token, harness overhead,
+    the ISA engines, what was not available (``notes``), the machine and its load."""
+    lines = []
     for bw in report["read_bandwidth"]:
         gbps = bw["bytes_per_s"] / 1e9 if bw["bytes_per_s"] else None
-        lines.append(f"read bandwidth, {bw['threads']} thread(s): {num(gbps, '.2f')} GB/s (peak: best pass before "
+        lines.append(f"read bandwidth, {bw['threads']} thread(s): {_num(gbps, '.2f')} GB/s (peak: best pass before "
                      f"the run; the ceiling and %ceil columns unless a pass during a model's decode beat it)")
     for c in report["ceiling"]:
         if c.get("peak_from") == "during decode":
@@ -391,7 +396,7 @@ def format_table(report: dict) -> str:
                          f"({min(gb):.2f}-{max(gb):.2f}; the %@tg columns)")
     for m in report["models"]:
         mb = m["bytes_per_token"] / 1e6 if m["bytes_per_token"] else None
-        lines.append(f"{m['name']}: {num(mb, '.1f')} MB read per token"
+        lines.append(f"{m['name']}: {_num(mb, '.1f')} MB read per token"
                      + (" (* cache-assisted: under 4x the last-level cache; its % of the DRAM ceiling"
                         " is not comparable with other machines)" if m.get("cache_assisted") else ""))
     for ov in report.get("harness_overhead", []):
@@ -420,7 +425,7 @@ def format_table(report: dict) -> str:
     if cfg.get("cpu_count") and load > 0.5 * cfg["cpu_count"]:
         lines.append(f"note: the machine was busy before the run (1-min load average {load:.1f} on "
                      f"{cfg['cpu_count']} CPUs): absolute tokens/s are low and noisy; read the ratios")
-    return "\n".join(lines)
+    return lines
 
 
 # --- engines under test --------------------------------------------------------------------

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")   # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
-from ktd.bench.e2e import ENGINES, PP_TESTS, TG_TEST  # noqa: E402
+from ktd.bench.e2e_suite import ENGINES, PP_TESTS, TG_TEST  # noqa: E402
 
 COLORS = {"ktd": "tab:blue", "ktd-avx2": "tab:cyan", "llama.cpp": "tab:orange", "llama-bench": "tab:green"}
 

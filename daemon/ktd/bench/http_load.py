@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.parse
 
-from ktd.bench import load_summary
+from ktd.ops.load_report import load_summary
 
 
 def one(url: str, prompt: str, tokens: int, out: list, barrier: threading.Barrier) -> None:

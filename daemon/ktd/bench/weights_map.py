@@ -62,12 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.threads < 1:
         print("--steps and --threads must be >= 1", file=sys.stderr)
         return 1
-    from ktd.cli import UserError
-    from ktd.commands.run import _resolve
+    from ktd.ops import models
 
     try:
-        path = _resolve(args.model)
-    except UserError as e:
+        path = models.resolve(args.model)
+    except models.FetchError as e:
         print(e, file=sys.stderr)
         return 1
     r = measure(path, args.steps, args.threads)

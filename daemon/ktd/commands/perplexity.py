@@ -35,7 +35,7 @@ def _bar(done: int, total: int, ppl: float, seconds: float) -> str:
 
 def run(args) -> int:
     from ktd.cli import UserError
-    from ktd.commands.run import _resolve
+    from ktd.commands import model_path
     from ktd.server.engine import Engine
     from ktd.model.perplexity import PerplexityError, evaluate
 
@@ -54,7 +54,7 @@ def run(args) -> int:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UserError(f"{args.textfile}: not UTF-8 text (byte {e.start})") from None
-    path = _resolve(args.model)
+    path = model_path(args.model)
     from ktd.text.tokenizer import Tokenizer
 
     tokens = Tokenizer.from_gguf(path).encode(text, add_special=True, parse_special=False)

@@ -10,7 +10,6 @@ short); ``--prepare`` prepares the entry in the foreground instead (as weights_m
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -33,20 +32,6 @@ def register(sub) -> None:
                         "before generating (a slow first run, then every start maps it); without it such a "
                         "run serves from the model file and prepares nothing (no background build)")
     p.set_defaults(func=run)
-
-
-def _resolve(model: str) -> str:
-    from ktd.ops import models
-    from ktd.cli import UserError
-
-    if os.path.exists(model):
-        return model
-    if model in models.MODELS:
-        try:
-            return str(models.fetch(model))
-        except models.FetchError as e:
-            raise UserError(str(e)) from None
-    raise UserError(f"{model}: no such file, and not a known model ({', '.join(models.MODELS)})")
 
 
 def chat_prompt_ids(tok, text: str) -> list[int]:
@@ -72,6 +57,7 @@ def run(args) -> int:
     import numpy as np
 
     from ktd.cli import UserError
+    from ktd.commands import model_path
     from ktd.server.engine import Engine
     from ktd.text.sampling import Generation, SamplingParams
 
@@ -91,7 +77,7 @@ def run(args) -> int:
         placement = placement_options(ktd_config.load(args.config))
     except ktd_config.ConfigError as e:
         raise UserError(str(e)) from None
-    path = _resolve(args.model)
+    path = model_path(args.model)
 
     from ktd.text.tokenizer import Tokenizer
 
@@ -110,11 +96,13 @@ def run(args) -> int:
     bar = _progress_bar if sys.stderr.isatty() else None
     if args.prepare and placement["weights_map"] == "auto":
         placement["weights_map"] = "arena"  # a miss prepares (and writes) the entry here
-    # A one-shot run starts no background build (it would outlive or be cut by the run's end).
-    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, tokenizer=tok,
-                      build_in_background=False, **placement)
+    eng = Engine.open(path, n_ctx=n_ctx, n_seq_max=1, threads=args.threads, progress=bar, tokenizer=tok, **placement)
     if bar:
         sys.stderr.write("\r\x1b[K")
+    if eng.model.cache["state"] == "absent":
+        # A one-shot run starts no background build (it would outlive or be cut by the run's end).
+        from ktd.ops import weights_cache
+        weights_cache.log_load(eng.model.cache, building=False)
 
     gen = Generation(params, prompt=prompt, eos_ids=tok.eos_ids, stop=[], max_tokens=args.max_tokens,
                      decoder=tok.decode_stream())

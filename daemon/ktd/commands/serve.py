@@ -27,6 +27,13 @@ def default_engine_factory():
     return engine.load
 
 
+def default_weights_factory():
+    """``ktd.server.weights.WeightsManager.start(engine)``: the real engine's weights switch."""
+    from ktd.server.weights import WeightsManager
+
+    return WeightsManager.start
+
+
 def run(args, engine_factory=None) -> int:
     import os
 
@@ -42,8 +49,10 @@ def run(args, engine_factory=None) -> int:
         cfg = config_mod.load(path)
     except config_mod.ConfigError as e:
         raise UserError(str(e)) from None
+    # An injected engine (the tests' fake) has no weights to switch to.
     factory = engine_factory or default_engine_factory()
+    weights = None if engine_factory else default_weights_factory()
     try:
-        return server.serve(cfg, factory, config_path=path, socket_path=args.socket)
+        return server.serve(cfg, factory, config_path=path, socket_path=args.socket, weights_factory=weights)
     except server.StartupError as e:
         raise UserError(str(e)) from None

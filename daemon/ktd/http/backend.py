@@ -164,21 +164,13 @@ class Backend:
             self._client = None
 
 
-def fim_tokens_needed(model: ModelInfo) -> dict[str, int]:
+def fim_params(model: ModelInfo, prefix: str, suffix: str) -> dict[str, Any]:
+    """A fill-in-the-middle request's generate params: the text before the gap as ``prompt`` and
+    the text after it as ``suffix`` (the daemon builds the prompt from the model's FIM tokens).
+    The model's FIM tokens are known from ``hello``: a model without them is answered here."""
     if not model.fim:
         raise bad_request(f"model {model.id} has no fill-in-the-middle tokens (its GGUF metadata names "
                           "no tokenizer.ggml.fim_pre/suf/mid_token_id and its vocabulary has no "
                           "<|fim_prefix|>-style tokens): `suffix` cannot be used with it", param="suffix",
                           code="fim_unsupported")
-    return model.fim
-
-
-async def fim_prompt_tokens(backend: Backend, model: ModelInfo, prefix: str, suffix: str) -> list[int]:
-    """The fill-in-the-middle prompt as token ids: [BOS] <fim_pre> prefix <fim_suf> suffix <fim_mid>
-    (prefix-suffix-middle order, as llama.cpp's infill builds it). The user's text is tokenized
-    as text: special-token texts in it never become control tokens."""
-    fim = fim_tokens_needed(model)
-    bos = await backend.call("tokenize", text="", add_special=True)
-    pre = await backend.call("tokenize", text=prefix, add_special=False) if prefix else {"tokens": []}
-    suf = await backend.call("tokenize", text=suffix, add_special=False) if suffix else {"tokens": []}
-    return [*bos["tokens"], fim["prefix"], *pre["tokens"], fim["suffix"], *suf["tokens"], fim["middle"]]
+    return {"prompt": prefix, "suffix": suffix}

@@ -25,7 +25,7 @@ import hashlib
 from typing import Any
 
 from ktd import __version__
-from ktd.http.backend import Backend, HTTPFailure, ModelInfo, bad_request, fim_prompt_tokens
+from ktd.http.backend import Backend, HTTPFailure, ModelInfo, bad_request, fim_params
 from ktd.http.generation import Dialect, GenerationResponse, Outcome, json_bytes
 
 OFFLINE = ("ktd is offline and serves the one model its configuration names: there is nothing to "
@@ -287,7 +287,7 @@ async def generate(backend: Backend, body: dict, on_done=None):
         raise bad_request("template is not supported by ktd: the model's own chat template is used "
                           "(send raw: true with a formatted prompt instead)")
     if suffix:
-        params["tokens"] = await fim_prompt_tokens(backend, model, prompt or "", suffix)
+        params.update(fim_params(model, prompt or "", suffix))
     elif not prompt:
         return _loaded(body["model"], "response", "")
     elif raw:

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any
 
-from ktd.http.backend import Backend, HTTPFailure, ModelInfo, bad_request, fim_prompt_tokens
+from ktd.http.backend import Backend, HTTPFailure, ModelInfo, bad_request, fim_params
 from ktd.http.generation import Dialect, GenerationResponse, Outcome, json_bytes
 
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
@@ -440,7 +440,7 @@ async def completions(backend: Backend, body: dict, on_done=None) -> GenerationR
         raise bad_request("suffix must be a string", "suffix", "invalid_type")
     if isinstance(prompt, str):
         if suffix is not None:
-            params["tokens"] = await fim_prompt_tokens(backend, model, prompt, suffix)
+            params.update(fim_params(model, prompt, suffix))
         else:
             # Raw completion text: special-token texts in it (chat markup) are control tokens, as
             # llama-server and Ollama's raw mode treat them.

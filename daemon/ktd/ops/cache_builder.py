@@ -4,9 +4,9 @@ own, started here: ``python -m ktd.ops.cache_builder OPTIONS_JSON``, at nice 19 
 takes only CPU time nobody else wants, so it does not slow the serving daemon's decode), which
 loads the model as ``weights_map: arena`` with the same placement, i.e. prepares the weights
 straight into the new entry (temporary file, checksums, rename: the native writer's guarantees),
-and exits. The running engine then opens the entry (mapped, checksums verified) and switches to
-it when no request is in flight (ktd.server.engine.Engine.switch_weights: its KV and prefix caches start
-empty); the next start maps the entry (a hit).
+and exits. The daemon's weights manager (ktd.server.weights) then opens the entry (mapped,
+checksums verified) and switches the engine to it when no request is in flight (its KV and prefix
+caches start empty); the next start maps the entry (a hit).
 
 Two processes building the same entry at once are safe (the native writer renames atomically; the
 last rename wins, with identical bytes). The builder is a child of the process that started it:
@@ -107,7 +107,7 @@ def spawn(path: str, cache_dir: str, threads: int, placement: dict[str, Any]) ->
 def watch(proc: subprocess.Popen, entry: str,
           on_end: Callable[[bool, str], None] | None = None) -> threading.Thread:
     """Logs the builder's end (a daemon thread): the entry written, or why not; then, on that
-    thread, ``on_end(written, why not)`` (the engine's switch to the entry)."""
+    thread, ``on_end(written, why not)`` (the weights manager's switch to the entry)."""
     t0 = time.monotonic()
 
     def wait() -> None:
@@ -118,7 +118,7 @@ def watch(proc: subprocess.Popen, entry: str,
         if ok:
             log.info("prepared-weights cache: background build written in %.1f s to %s (%s)",
                      time.monotonic() - t0, entry, text.splitlines()[-1] if text else "")
-        elif proc.returncode == -signal.SIGTERM:  # Engine.close (the daemon stopping) or the operator
+        elif proc.returncode == -signal.SIGTERM:  # WeightsManager.close (the daemon stopping) or the operator
             why = "stopped (SIGTERM) before it was written"
             log.info("prepared-weights cache: background build %s; the next start builds it again", why)
         else:

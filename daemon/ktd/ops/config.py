@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,100 +222,128 @@ def _where(node: yaml.Node | None, source: str) -> str:
     return f"{source}:{node.start_mark.line + 1}"
 
 
+# One converter per schema kind: (value, the key's schema entry, fail) -> the typed value, where
+# fail(expected, value) is the ConfigError naming the key and the value as it was read.
+Fail = Callable[[str, Any], ConfigError]
+
+
+def _to_number(value: Any, meta: Mapping[str, Any], fail: Fail) -> int | float:
+    kind = meta["kind"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail("an integer" if kind == "int" else "a number", value)
+    if kind == "int" and not isinstance(value, int):
+        raise fail("an integer", value)
+    return int(value) if kind == "int" else float(value)
+
+
+def _to_bool(value: Any, meta: Mapping[str, Any], fail: Fail) -> bool:
+    if not isinstance(value, bool):
+        raise fail("true or false", value)
+    return value
+
+
+def _to_str(value: Any, meta: Mapping[str, Any], fail: Fail) -> str:
+    if not isinstance(value, str) or not value:
+        raise fail("a non-empty string", value)
+    return value
+
+
+def _to_optstr(value: Any, meta: Mapping[str, Any], fail: Fail) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise fail("a non-empty string or null", value)
+    return value
+
+
+def _to_dir_or_off(value: Any, meta: Mapping[str, Any], fail: Fail) -> str:
+    if value is False:  # YAML 1.1 reads an unquoted off as false.
+        value = "off"
+    if not isinstance(value, str) or not value or (value not in ("auto", "off") and not value.startswith("/")):
+        raise fail("auto, off or an absolute directory", value)
+    return value
+
+
+def _is_count(value: Any) -> bool:
+    """A non-negative integer (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _to_gpu_device(value: Any, meta: Mapping[str, Any], fail: Fail) -> int | None:
+    if value is None or value is False or value == "off":  # YAML 1.1 reads an unquoted off/no as false.
+        return None
+    if _is_count(value):
+        return value
+    raise fail("a CUDA device index (0, 1, ...) or off/null", value)
+
+
+def _to_size_or_auto(value: Any, meta: Mapping[str, Any], fail: Fail) -> str | int:
+    if value == "auto" or (_is_count(value) and value > 0):
+        return value
+    from ktd.model.placement import parse_size
+    try:
+        out = parse_size(value) if isinstance(value, str) else None
+    except ValueError:
+        out = None
+    if not out:
+        raise fail("auto or a positive size such as 22G, 24GiB, 16000M or a byte count", value)
+    return out
+
+
+def _to_gpu_experts(value: Any, meta: Mapping[str, Any], fail: Fail) -> str | int:
+    if value is False:  # YAML 1.1: an unquoted `no` is false
+        value = "none"
+    if value in ("none", "hot") or _is_count(value):
+        return value
+    raise fail("none, hot or a number of experts per layer", value)
+
+
+def _to_choice(value: Any, meta: Mapping[str, Any], fail: Fail) -> Any:
+    # YAML 1.1 reads an unquoted off/no as false: `hugepages: off` means the choice "off".
+    if value is False and "off" in meta["choices"]:
+        value = "off"
+    if value not in meta["choices"]:
+        raise fail("one of " + ", ".join(meta["choices"]), value)
+    return value
+
+
+def _to_mode(value: Any, meta: Mapping[str, Any], fail: Fail) -> int:
+    # YAML 1.1 reads 0660 as octal already; a quoted "0660" is accepted too.
+    if isinstance(value, str):
+        try:
+            value = int(value, 8)
+        except ValueError:
+            raise fail("octal permission bits such as 0660", value) from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
+        raise fail("octal permission bits such as 0660", value)
+    return value
+
+
+def _to_list(value: Any, meta: Mapping[str, Any], fail: Fail) -> tuple:
+    """ints: non-negative integers; ids: those or names (user or group ids)."""
+    if not isinstance(value, list):
+        raise fail("a list", value)
+    for item in value:
+        if meta["kind"] == "ints" and not _is_count(item):
+            raise fail("a list of non-negative integers", value)
+        if meta["kind"] == "ids" and not (_is_count(item) or (isinstance(item, str) and item)):
+            raise fail("a list of numeric ids or names", value)
+    return tuple(value)
+
+
+_CONVERTERS: dict[str, Callable[[Any, Mapping[str, Any], Fail], Any]] = {
+    "int": _to_number, "float": _to_number, "bool": _to_bool, "str": _to_str, "optstr": _to_optstr,
+    "dir_or_off": _to_dir_or_off, "gpu_device": _to_gpu_device, "size_or_auto": _to_size_or_auto,
+    "gpu_experts": _to_gpu_experts, "choice": _to_choice, "mode": _to_mode, "ints": _to_list, "ids": _to_list,
+}
+
+
 def _convert(name: str, meta: Mapping[str, Any], value: Any, where: str) -> Any:
     """Check ``value`` against the key's kind and range; return the typed value."""
-    kind = meta["kind"]
+    def fail(expected: str, got: Any) -> ConfigError:
+        return ConfigError(f"{where}: {name}: expected {expected}, got {got!r}")
 
-    def fail(expected: str) -> ConfigError:
-        return ConfigError(f"{where}: {name}: expected {expected}, got {value!r}")
-
-    if kind == "int" or kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise fail("an integer" if kind == "int" else "a number")
-        if kind == "int" and not isinstance(value, int):
-            raise fail("an integer")
-        out = int(value) if kind == "int" else float(value)
-    elif kind == "bool":
-        if not isinstance(value, bool):
-            raise fail("true or false")
-        out = value
-    elif kind == "str":
-        if not isinstance(value, str) or not value:
-            raise fail("a non-empty string")
-        out = value
-    elif kind == "dir_or_off":
-        # YAML 1.1 reads an unquoted off as false.
-        if value is False:
-            value = "off"
-        if not isinstance(value, str) or not value or (value not in ("auto", "off") and not value.startswith("/")):
-            raise fail("auto, off or an absolute directory")
-        out = value
-    elif kind == "gpu_device":
-        # YAML 1.1 reads an unquoted off/no as false.
-        if value is None or value is False or value == "off":
-            out = None
-        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            out = value
-        else:
-            raise fail("a CUDA device index (0, 1, ...) or off/null")
-    elif kind == "size_or_auto":
-        if value == "auto":
-            out = value
-        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            out = value
-        else:
-            from ktd.model.placement import parse_size
-            try:
-                out = parse_size(value) if isinstance(value, str) else None
-            except ValueError:
-                out = None
-            if not out:
-                raise fail("auto or a positive size such as 22G, 24GiB, 16000M or a byte count")
-    elif kind == "gpu_experts":
-        if value is False:  # YAML 1.1: an unquoted `no` is false
-            value = "none"
-        if value in ("none", "hot"):
-            out = value
-        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            out = value
-        else:
-            raise fail("none, hot or a number of experts per layer")
-    elif kind == "optstr":
-        if value is not None and (not isinstance(value, str) or not value):
-            raise fail("a non-empty string or null")
-        out = value
-    elif kind == "choice":
-        # YAML 1.1 reads an unquoted off/no as false: `hugepages: off` means the choice "off".
-        if value is False and "off" in meta["choices"]:
-            value = "off"
-        if value not in meta["choices"]:
-            raise fail("one of " + ", ".join(meta["choices"]))
-        out = value
-    elif kind == "mode":
-        # YAML 1.1 reads 0660 as octal already; a quoted "0660" is accepted too.
-        if isinstance(value, str):
-            try:
-                value = int(value, 8)
-            except ValueError:
-                raise fail("octal permission bits such as 0660") from None
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
-            raise fail("octal permission bits such as 0660")
-        out = value
-    elif kind in ("ints", "ids"):
-        if not isinstance(value, list):
-            raise fail("a list")
-        for item in value:
-            ok_int = isinstance(item, int) and not isinstance(item, bool) and item >= 0
-            if kind == "ints" and not ok_int:
-                raise fail("a list of non-negative integers")
-            if kind == "ids" and not (ok_int or (isinstance(item, str) and item)):
-                raise fail("a list of numeric ids or names")
-        out = tuple(value)
-    else:  # pragma: no cover - schema bug
-        raise AssertionError(kind)
+    out = _CONVERTERS[meta["kind"]](value, meta, fail)  # a KeyError: a kind the schema has and this lacks
     lo, hi = meta["min"], meta["max"]
-    items = out if isinstance(out, tuple) else (out,)
-    for v in items:
+    for v in out if isinstance(out, tuple) else (out,):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if lo is not None and v < lo:
                 raise ConfigError(f"{where}: {name}: {v} is below the minimum {lo}")

@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,6 +100,16 @@ def is_cached(name: str) -> bool:
 def _part_key(member: str) -> tuple[int, ...]:
     # Numeric, not lexicographic, order of the chunk number(s) in a member name.
     return tuple(int(x) for x in re.findall(r"\d+", os.path.basename(member))) or (0,)
+
+
+def resolve(model: str) -> str:
+    """``model`` as a GGUF path: an existing file as given, a known model's name fetched into the
+    cache if absent. FetchError: neither, or the fetch failed."""
+    if os.path.exists(model):
+        return model
+    if model in MODELS:
+        return str(fetch(model))
+    raise FetchError(f"{model}: no such file, and not a known model ({', '.join(MODELS)})")
 
 
 def fetch(name: str, *, log=lambda msg: print(msg, file=sys.stderr)) -> Path:

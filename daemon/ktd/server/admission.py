@@ -39,7 +39,33 @@ def prompt_tokens(g: GenerateRequest, tok: Tokenizer, limits: Limits = Limits())
         except ValueError as e:
             raise BadRequest(f"generate: chat template: {e}") from None
     assert g.prompt is not None
+    if g.suffix is not None:
+        return fim_prompt_tokens(g, tok)
     return tok.encode(g.prompt, add_special=g.add_special, parse_special=g.parse_special)
+
+
+# The roles of the model's fill-in-the-middle tokens an infill prompt needs (Tokenizer.fim_ids).
+FIM_ROLES = ("pre", "suf", "mid")
+
+
+def fim_prompt_tokens(g: GenerateRequest, tok: Tokenizer) -> list[int]:
+    """The fill-in-the-middle prompt of ``g``: [BOS] <fim_pre> prompt <fim_suf> suffix <fim_mid>
+    (prefix-suffix-middle order, as llama.cpp's infill builds it), from the model's FIM tokens
+    (GGUF tokenizer.ggml.fim_pre/suf/mid_token_id, else the vocabulary's <|fim_prefix|>-style
+    tokens). BOS as ``add_special`` says; ``prompt`` and ``suffix`` tokenized as text unless
+    ``parse_special``. BadRequest: the model has no FIM tokens."""
+    fim = tok.fim_ids
+    if not all(role in fim for role in FIM_ROLES):
+        raise BadRequest("generate: suffix (fill-in-the-middle) needs the model's FIM tokens, and this model has "
+                         "none (its GGUF metadata names no tokenizer.ggml.fim_pre/suf/mid_token_id and its "
+                         "vocabulary has no <|fim_prefix|>-style tokens)")
+
+    def text(s: str) -> list[int]:
+        return tok.encode(s, add_special=False, parse_special=g.parse_special) if s else []
+
+    assert g.prompt is not None and g.suffix is not None
+    return [*tok.encode("", add_special=g.add_special), fim["pre"], *text(g.prompt), fim["suf"], *text(g.suffix),
+            fim["mid"]]
 
 
 def admit(prompt: Sequence[int], max_tokens: int | None, *, n_vocab: int, n_ctx: int,

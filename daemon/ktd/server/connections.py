@@ -117,7 +117,7 @@ def loop_delivery(loop: asyncio.AbstractEventLoop) -> Deliver:
 
 def _fim_tokens(fim_ids: Mapping[str, int]) -> dict[str, int] | None:
     """hello's ``fim``: the prefix/suffix/middle token ids when the model has all three."""
-    if all(k in fim_ids for k in ("pre", "suf", "mid")):
+    if all(k in fim_ids for k in admission.FIM_ROLES):
         return {"prefix": fim_ids["pre"], "suffix": fim_ids["suf"], "middle": fim_ids["mid"]}
     return None
 
@@ -262,6 +262,7 @@ class Connections:
         """engine and scheduler None: the model is loading (``attach`` them when it is loaded);
         ``loading`` gives the load's progress for the ``loading`` error's data."""
         self.engine, self.scheduler, self.policy = engine, scheduler, policy
+        self._model_info = engine.info if engine is not None else None
         self.loading = loading
         self.counters = counters
         self.introspect = introspect
@@ -270,10 +271,12 @@ class Connections:
         self._conn_ids = itertools.count(1)
         self._req_ids = itertools.count(1)
 
-    def attach(self, engine: Engine, scheduler: Scheduler, introspect: Mapping[str, Callable[[], Any]]) -> None:
+    def attach(self, engine: Engine, scheduler: Scheduler, introspect: Mapping[str, Callable[[], Any]], *,
+               model_info: Callable[[], dict[str, Any]] | None = None) -> None:
         """The model is loaded: every method is served from now on (connections opened during
-        the load stay open)."""
+        the load stay open). ``model_info``: hello's ``model`` (default: the engine's info)."""
         self.engine, self.scheduler, self.introspect = engine, scheduler, introspect
+        self._model_info = model_info or engine.info
 
     async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The ``asyncio.start_unix_server`` callback: serve one peer until it leaves."""
@@ -509,7 +512,8 @@ class Connections:
         tok = self.engine.tokenizer
         if m == "hello":
             protocol.parse_empty(m, p)
-            info = self.engine.info()
+            assert self._model_info is not None
+            info = self._model_info()
             return {"protocol": protocol.PROTOCOL_VERSION, "server": f"ktd {__version__}",
                     "model": info if conn.privileged else _unprivileged_model(info),
                     "n_ctx": self.engine.n_ctx,

@@ -1,7 +1,8 @@
 """The daemon's lifecycle: load, serve, reload, drain, stop.
 
 The parts it composes: ``sockets`` (the listening socket), ``connections`` (clients, requests,
-generate streams), ``scheduler`` (the engine thread), ``instrument`` (status, metrics, STATUS=).
+generate streams), ``scheduler`` (the engine thread), ``weights`` (the switch to prepared weights
+after a weights_map: auto miss), ``instrument`` (status, metrics, STATUS=).
 One process serves one model. The event loop owns the sockets and never blocks: the model runs
 on the scheduler's engine thread, tokenization in the default executor. Lifecycle (docs/OPERATIONS.md):
 bind or inherit the socket and accept → load the model (STATUS=/EXTEND_TIMEOUT_USEC= progress;
@@ -31,8 +32,8 @@ import numpy as np
 
 from ktd.ops import config as config_mod, routing_profile, systemd
 from ktd.server.connections import READ_CHUNK, Connections, Policy, loop_delivery
-from ktd.server.engine_api import Engine, EngineFactory
-from ktd.ops.instrument import Instrument, ServerFacts, loading_metrics_text, loading_status_document
+from ktd.server.engine_api import Engine, EngineFactory, WeightsFactory, WeightsSwitch, model_info
+from ktd.server.instrument import Instrument, ServerFacts, loading_metrics_text, loading_status_document
 from ktd.ops.routing_profile import RoutingProfile
 from ktd.server.scheduler import Scheduler
 from ktd.server.sockets import StartupError, listening_socket
@@ -55,12 +56,15 @@ class Daemon:
     are the ``Connections``'; what the daemon reports, the ``Instrument``'s."""
 
     def __init__(self, config: config_mod.Config, engine_factory: EngineFactory, *,
-                 config_path: str | None = None, socket_path: str | None = None):
+                 weights_factory: WeightsFactory | None = None, config_path: str | None = None,
+                 socket_path: str | None = None):
         self.config = config
         self.config_path = config_path
         self.socket_path = socket_path or config.server.socket
         self.engine_factory = engine_factory
+        self.weights_factory = weights_factory
         self.engine: Engine | None = None
+        self.weights: WeightsSwitch | None = None
         self.scheduler: Scheduler | None = None
         self.connections: Connections | None = None
         self.instrument: Instrument | None = None
@@ -97,7 +101,7 @@ class Daemon:
                                        loading=self.loading_progress)
         server = await asyncio.start_unix_server(self.connections.accept, sock=sock, limit=READ_CHUNK)
         try:
-            self.engine = await self._load(loop)
+            self.engine, self.weights = await self._load(loop)
         except BaseException:
             server.close()
             sock.close()
@@ -106,14 +110,14 @@ class Daemon:
         self.scheduler = Scheduler(self.engine,
                                    prefill_tokens_per_step=self.config.scheduler.prefill_tokens_per_step,
                                    max_queue=sc.max_queue, deliver=loop_delivery(loop),
-                                   prefix_cache_bytes=self.config.prefix_cache.max_bytes)
-        self.instrument = Instrument(self.engine, self.scheduler, self.counters)
+                                   prefix_cache_bytes=self.config.prefix_cache.max_bytes, weights=self.weights)
+        self.instrument = Instrument(self.engine, self.scheduler, self.counters, model_info=self.model_info)
         self.profile = self._open_profile()
         introspect = {"health": self.health, "status": self.status, "metrics": self.metrics}
         if self.profile is not None:
             introspect["profile"] = self._profile_answer
         self.scheduler.start()
-        self.connections.attach(self.engine, self.scheduler, introspect)
+        self.connections.attach(self.engine, self.scheduler, introspect, model_info=self.model_info)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload()))
         self.state = "serving"
         systemd.ready(self._status_text())
@@ -135,7 +139,7 @@ class Daemon:
             with contextlib.suppress(OSError):
                 os.unlink(self.socket_path)
 
-    async def _load(self, loop: asyncio.AbstractEventLoop) -> Engine:
+    async def _load(self, loop: asyncio.AbstractEventLoop) -> tuple[Engine, WeightsSwitch | None]:
         def progress(what: str, fraction: float | None, **detail: Any) -> None:
             # detail (the real engine's): phase, done_bytes, total_bytes
             text = f"loading: {what}" + (f" ({fraction:.0%})" if fraction is not None else "")
@@ -152,17 +156,18 @@ class Daemon:
         def load() -> None:
             try:
                 engine = self.engine_factory(self.config, progress)
+                weights = self.weights_factory(engine) if self.weights_factory else None
             except BaseException as e:  # handed to the event loop
                 result, error = None, e
             else:
-                result, error = engine, None
+                result, error = (engine, weights), None
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, result, error)
 
         systemd.notify("STATUS=loading model", f"EXTEND_TIMEOUT_USEC={int(_LOAD_EXTEND_S * 1e6)}")
         log.info("loading model %s", self.config.model.path)
         # A daemon thread, not the executor: a stop during the load must not wait for it.
-        loaded: asyncio.Future[Engine] = loop.create_future()
+        loaded: asyncio.Future[tuple[Engine, WeightsSwitch | None]] = loop.create_future()
         threading.Thread(target=load, name="ktd-load", daemon=True).start()
         stop = loop.create_task(self._stop.wait())
         await asyncio.wait({loaded, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -173,14 +178,14 @@ class Daemon:
             log.info("stopping: a stop was requested while the model was loading")
             raise StoppedDuringLoad()
         try:
-            engine = loaded.result()
+            engine, weights = loaded.result()
         except StartupError:
             raise
         except Exception as e:  # GGUFError, ResourceError, OSError ...: one line for the operator
             log.debug("model load failed", exc_info=True)
             raise StartupError(f"cannot load the model: {e}") from None
         log.info("model loaded: %s", engine.info().get("name", "?"))
-        return engine
+        return engine, weights
 
     def _open_profile(self) -> RoutingProfile | None:
         """The routing profile of a MoE model (model.routing_profile), before serving starts (the
@@ -288,7 +293,8 @@ class Daemon:
             self.scheduler.cancel_all("the daemon is shutting down")
         await self.connections.close(timeout=5.0)  # the cancelled requests' answers go out first
         self.scheduler.stop(timeout=10.0)
-        self.engine.close()  # the background weights build, if one still runs
+        if self.weights is not None:
+            self.weights.close()  # the background weights build, if one still runs
         if self.profile is not None:
             # The engine thread has ended: the counts are read directly, and written once more.
             self.profile.update(self.engine.expert_counts())
@@ -307,6 +313,11 @@ class Daemon:
         if self.instrument is None:
             return self.state
         return self.instrument.status_line(self._facts())
+
+    def model_info(self) -> dict[str, Any]:
+        """``model`` in hello and status."""
+        assert self.engine is not None
+        return model_info(self.engine, self.weights)
 
     def loading_progress(self) -> dict[str, Any]:
         """The load's progress (``loading`` in health and status, the ``loading`` error's data)."""
@@ -344,10 +355,11 @@ def setup_logging(level: str) -> None:
 
 
 def serve(config: config_mod.Config, engine_factory: EngineFactory, *, config_path: str | None,
-          socket_path: str | None = None) -> int:
+          socket_path: str | None = None, weights_factory: WeightsFactory | None = None) -> int:
     """Run the daemon until SIGTERM; returns the exit status. Raises StartupError."""
     setup_logging(config.logging.level)
-    daemon = Daemon(config, engine_factory, config_path=config_path, socket_path=socket_path)
+    daemon = Daemon(config, engine_factory, weights_factory=weights_factory, config_path=config_path,
+                    socket_path=socket_path)
     try:
         return asyncio.run(daemon.run())
     except StoppedDuringLoad:

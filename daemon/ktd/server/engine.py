@@ -11,7 +11,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,11 +69,20 @@ class _ProgressReporter:
         self._thread.join()
 
 
+class BackendNotMoved(Exception):
+    """Engine.adopt: the load's backend cannot be set on the new context (``kv_emptied``: a
+    device backend was released and set again on the old one, its KV cache gone with it)."""
+
+    def __init__(self, message: str, kv_emptied: bool):
+        super().__init__(message)
+        self.kv_emptied = kv_emptied
+
+
 class Engine:
     """One loaded model with ``n_seq_max`` KV slots of ``n_ctx`` tokens each."""
 
     def __init__(self, model: "_native.Model", context: "_native.Context", tokenizer: Tokenizer, path: str,
-                 cache_slots: int = 0):
+                 cache_slots: int = 0, model_options: dict[str, Any] | None = None):
         self.model = model
         self.context = context
         self.tokenizer = tokenizer
@@ -94,28 +102,19 @@ class Engine:
         # The GPU decision of the load (ktd.model.gpu; None: opened without one, i.e. CPU only) and the
         # hybrid backend's transfer counters as of the last snapshot (info() must not lock).
         self.gpu: Any = None
-        # weights_map: auto, a cache miss: the process preparing the entry (ktd.ops.cache_builder).
-        self.cache_builder: Any = None
         self._hybrid_snapshot: dict[str, int] | None = None
         # The context's backend as set at load (set_backend's arguments; None: the CPU): the
         # weights switch sets it on the new context.
         self.backend_args: tuple[str, dict[str, Any]] | None = None
         self.pool_spin_us: int | None = None  # gpu.pool_spin_us while a hybrid backend is set
-        # The switch from the file's weights to the entry the builder wrote (see switch_weights):
-        # Model keywords to open the entry with (None: nothing to switch to), what status shows,
-        # the (model, context) opened and waiting for the engine thread, and its wake-up.
-        self._reopen: dict[str, Any] | None = None
-        self.weights_switch: dict[str, Any] = {"state": "none"}
-        self._switch_lock = threading.Condition()
-        self._prepared: tuple[Any, Any] | None = None
-        self._wake: Callable[[], None] | None = None
-        self._closed = False
+        # The native Model keywords of the load (open_model opens the file again with them).
+        self.model_options: dict[str, Any] = dict(model_options or {})
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, n_ctx: int = 4096, n_seq_max: int = 1, threads: int = 0,
              n_batch: int = 512, pin: bool = True, allow_repack: bool = True, cache_slots: int = 0,
              progress: Progress | None = None, tokenizer: Tokenizer | None = None,
-             cache_in_background: bool = False, build_in_background: bool = True, **placement: Any) -> "Engine":
+             cache_in_background: bool = False, **placement: Any) -> "Engine":
         """Load ``path``. ktd.GGUFError names the tensor/key on a bad or unsupported file.
 
         ``cache_slots``: KV slots beyond ``n_seq_max`` for the prefix cache (``ktd.server.prefix_cache``).
@@ -125,10 +124,9 @@ class Engine:
         config keys they come from. ``tokenizer``: the file's, when the caller has already read it.
         ``cache_in_background``: a new cache entry is written by a thread of its own after the
         load (the daemon: it serves meanwhile) rather than before returning.
-        ``build_in_background``: model.weights_map: auto, a cache miss: a process of its own
-        (ktd.ops.cache_builder) prepares the entry while the engine serves from the file, and the
-        engine switches to it when it is written (``switch_weights``); False: no builder, the
-        file's weights until the engine is closed (``ktd run``)."""
+        model.weights_map: auto and a cache miss (``model.cache["state"]`` is ``absent``): served
+        from the file; what follows is the caller's (the daemon's ``ktd.server.weights.WeightsManager``
+        has the entry built and switches to it; ``ktd run`` does not)."""
         path = os.fspath(path)
         # The tokenizer first: its metadata is checked in a fraction of a second, before the
         # weights are read.
@@ -139,11 +137,11 @@ class Engine:
         if progress:
             progress("loading weights", None)
         cache_dir, cache_off = weights_cache.prepare_dir(placement.pop("weights_cache", "off"))
+        options = {"n_threads": threads, "pin": pin, "allow_repack": allow_repack, "cache_dir": cache_dir, **placement}
         loading = _native.LoadProgress()
         reporter = _ProgressReporter(loading, progress) if progress else None
         try:
-            model = _native.Model(path, n_threads=threads, pin=pin, allow_repack=allow_repack, cache_dir=cache_dir,
-                                  progress=loading, cache_write_background=cache_in_background, **placement)
+            model = _native.Model(path, progress=loading, cache_write_background=cache_in_background, **options)
         except UnicodeDecodeError as e:  # a native message quoting a name from the file
             raise GGUFError(f"{path}: a name or string in the file is not valid UTF-8 ({e.reason})") from None
         finally:
@@ -156,109 +154,36 @@ class Engine:
         # One snapshot for both: the background write may end between two reads, and then "writing"
         # would be logged with no thread left to log "written".
         cache = model.cache
-        weights_cache.log_load(cache, cache_off, building=build_in_background)
+        if cache["state"] != "absent":  # a miss under auto: logged by the caller, who decides what follows
+            weights_cache.log_load(cache, cache_off)
         if cache["state"] == "writing":
             weights_cache.log_when_written(model)
         context = _native.Context(model, n_ctx, n_seq_max + cache_slots, n_batch)
-        engine = cls(model, context, tokenizer, path, cache_slots)
-        if cache["state"] == "absent" and build_in_background:
-            # weights_map: auto, a miss: served from the file meanwhile; the entry is built by a
-            # process of its own, and the engine switches to it once it is written.
-            from ktd.ops import cache_builder
-            engine._reopen = {"n_threads": threads, "pin": pin, "allow_repack": allow_repack, "cache_dir": cache_dir,
-                              **placement, "weights_map": "auto"}
-            engine.weights_switch = {"state": "building", "from": "gguf", "to": "arena", "entry": cache["path"]}
-            engine.cache_builder = cache_builder.spawn(path, cache_dir, threads,
-                                                       {"allow_repack": allow_repack, **placement})
-            cache_builder.watch(engine.cache_builder, cache["path"], on_end=engine._builder_ended)
-        return engine
+        return cls(model, context, tokenizer, path, cache_slots, options)
 
-    # --- the weights switch (model.weights_map: auto after a miss) ---------------------------------
+    # --- new weights (ktd.server.weights: the switch after a weights_map: auto miss) ------------
 
-    def _builder_ended(self, ok: bool, why: str) -> None:
-        """The builder's watch thread: the entry is written (ok) or not. Opens it as a warm start
-        does (mapped, every checksum verified) with a KV cache of its own, here, while the engine
-        serves; switch_weights then swaps them in on the engine thread. Any failure is logged and
-        recorded, and the engine keeps serving from the file."""
-        if not ok:
-            self._switch_failed(f"the background build failed: {why}")
-            return
-        with self._switch_lock:
-            if self._closed:
-                return
-            self._set_switch(state="opening")
-        t0 = time.monotonic()
-        try:
-            assert self._reopen is not None
-            # auto: the entry mapped (a hit) or, whatever is wrong with it, the file (a miss).
-            model = _native.Model(self.path, **self._reopen)
-            c = model.cache
-            if c["state"] != "hit":
-                del model
-                self._switch_failed(f"the entry cannot be used: {c['reason'] or c['state']}")
-                return
-            context = _native.Context(model, self.n_ctx, self.n_kv_slots, self.context.n_batch)
-        except Exception as e:  # GGUFError, OSError, MemoryError: the file or the entry changed under us
-            self._switch_failed(f"opening the entry failed: {type(e).__name__}: {e}")
-            return
-        with self._switch_lock:
-            if self._closed:
-                return
-            self._prepared = (model, context)
-            log.info("weights map: the prepared entry %s is open (%.2f s, checksums verified); switching to it when "
-                     "no request is in flight", c["path"], time.monotonic() - t0)
-            self._set_switch(state="ready", open_s=round(time.monotonic() - t0, 3))
-            wake = self._wake
-        if wake is not None:
-            wake()
+    def open_model(self) -> "_native.Model":
+        """The model file opened again with the load's options (under weights_map: auto: its cache
+        entry mapped if it is there and valid); not swapped in."""
+        return _native.Model(self.path, **self.model_options)
 
-    def _switch_failed(self, reason: str) -> None:
-        with self._switch_lock:
-            if self._closed:
-                return
-            # Logged before the lock is released: whoever waits for "failed" finds the line written.
-            log.warning("weights map: not switching to the prepared entry, serving from the model file until the "
-                        "next start: %s", reason)
-            self._set_switch(state="failed", reason=reason)
+    def new_context(self, model: "_native.Model") -> "_native.Context":
+        """A context on ``model`` of this engine's shape (n_ctx, KV slots, n_batch), KV cache empty."""
+        return _native.Context(model, self.n_ctx, self.n_kv_slots, self.context.n_batch)
 
-    def _set_switch(self, **fields: Any) -> None:
-        # under _switch_lock
-        self.weights_switch = {**self.weights_switch, **fields}
-        self._switch_lock.notify_all()
-
-    def wait_weights_switch(self, states: tuple[str, ...] = ("ready", "done", "failed"),
-                            timeout: float | None = None) -> dict[str, Any]:
-        """Until the switch's state is one of ``states`` (tests, ``timeout`` s at most): its status."""
-        with self._switch_lock:
-            self._switch_lock.wait_for(lambda: self.weights_switch["state"] in states, timeout)
-            return dict(self.weights_switch)
-
-    def on_weights_ready(self, wake: Callable[[], None]) -> None:
-        with self._switch_lock:
-            self._wake = wake
-            ready = self._prepared is not None
-        if ready:
-            wake()
-
-    def switch_weights(self) -> bool:
-        """Engine thread, no sequence in flight: swaps in the model and context opened from the
-        entry (if any). Returns whether every KV slot is empty afterwards (the caller drops its
-        prefix cache): the new context's KV cache starts empty. The file's model is released (its
-        mapping unmapped once nothing refers to it). A backend that cannot be set on the new
-        context leaves the old model serving (a device backend's KV cache is gone then too)."""
-        with self._switch_lock:
-            prepared, self._prepared = self._prepared, None
-        if prepared is None:
-            return False
-        model, context = prepared
-        before = self.model.memory["weights_map"]
+    def adopt(self, model: "_native.Model", context: "_native.Context") -> None:
+        """Engine thread, no sequence in flight: serve from ``model`` and ``context`` (from
+        ``new_context``) from now on, with the load's backend set on the context; the routing
+        counts stay cumulative. BackendNotMoved: the backend cannot be set on the new context,
+        and the old model keeps serving."""
         name = self.backend_args[0] if self.backend_args else "cpu"
         try:
             self._move_backend(context)
         except Exception as e:
-            self._switch_failed(f"the backend {name} cannot be set on the new weights: {type(e).__name__}: {e}")
             # A device backend was released and set again: its KV cache went with it.
-            return name.startswith("cuda")
+            raise BackendNotMoved(f"the backend {name} cannot be set on the new weights: {type(e).__name__}: {e}",
+                                  kv_emptied=name.startswith("cuda")) from e
         if self.model.n_expert:
             self._expert_base = self.expert_counts()  # the old context's, carried over
         self.model, self.context = model, context
@@ -267,14 +192,6 @@ class Engine:
             self.model.pin_forward_thread()  # as the scheduler did for the first model (one node: nothing)
         except OSError as e:
             log.warning("could not pin the engine thread to the new weights' pool: %s", e)
-        after = self.model.memory["weights_map"]
-        with self._switch_lock:
-            log.info("weights map: switched from %s to %s (the prepared entry %s, %s); the model file's pages are "
-                     "released; KV and prefix caches start empty", before, after, self.weights_switch.get("entry"),
-                     "mapped" if model.cache.get("mapped") else "read")
-            self._set_switch(state="done", **{"from": before, "to": after,
-                                              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        return True
 
     def _move_backend(self, context: Any) -> None:
         """Sets the load's backend on ``context``. A device backend holds the device's copy of the
@@ -301,20 +218,6 @@ class Engine:
                     self.gpu.backend, self.gpu.reason = "cpu", str(e)
             raise
 
-    def close(self) -> None:
-        """Stops the background builder (if it still runs) and drops a switch not yet made."""
-        with self._switch_lock:
-            self._closed = True
-            self._prepared = None
-        b = self.cache_builder
-        if b is not None and b.poll() is None:
-            b.terminate()
-            try:
-                b.wait(timeout=10)
-            except Exception:
-                b.kill()
-                b.wait()
-
     def info(self) -> dict[str, Any]:
         m = self.model
         return {
@@ -336,7 +239,7 @@ class Engine:
             "memory": {"hugepages": {"kind": m.memory["page_kind"] or None,
                                      "page_size": int(m.memory["page_size"]),
                                      "reason": m.memory["page_reason"], **arena_huge_pages(m)},
-                       **weights_map_summary(m.memory), "weights_map_switch": dict(self.weights_switch)},
+                       **weights_map_summary(m.memory)},
             **({"experts": self._experts_summary()} if m.n_expert else {}),
             **({"gpu": self.gpu.summary(self._hybrid_snapshot)} if self.gpu is not None else {}),
         }
@@ -450,11 +353,7 @@ def load(config: Any, progress: Progress) -> Engine:
     engine = Engine.open(mc.path, n_ctx=mc.n_ctx, n_seq_max=mc.n_seq_max, threads=mc.threads, progress=progress,
                          cache_in_background=True, cache_slots=config.prefix_cache.slots,
                          **placement_options(config))
-    try:
-        _set_backend(engine, decision, config.gpu)
-    except BaseException:
-        engine.close()  # the builder a miss started goes with the engine
-        raise
+    _set_backend(engine, decision, config.gpu)
     engine.gpu = decision
     return engine
 

@@ -112,27 +112,43 @@ class Engine(Protocol):
 
     def free_seq(self, seq_id: int) -> None: ...
 
-    def on_weights_ready(self, wake: Callable[[], None]) -> None:
-        """Registers ``wake`` (thread-safe and quick; the scheduler's), called from any thread
-        when the engine holds other weights to switch to (model.weights_map: auto, once the
-        background build is written and opened), at once if it already does. An engine that
-        never switches never calls it."""
-        ...
-
-    def switch_weights(self) -> bool:
-        """Engine thread, only when no sequence is in flight: switch to the weights announced by
-        ``wake``, if any. Returns whether every KV slot is empty afterwards (the prefix cache's
-        entries must then be dropped)."""
-        ...
-
-    def close(self) -> None:
-        """Ends what the engine started besides the model (the background build); called once
-        the engine thread has stopped."""
-        ...
-
     def copy_seq(self, src: int, dst: int, n_tokens: int) -> None:
         """Prefix reuse: the first n_tokens of src's KV become dst's (the prefix cache)."""
         ...
+
+
+class WeightsSwitch(Protocol):
+    """Other weights for the engine, switched to on the engine thread when no sequence is in
+    flight (the real one: ``ktd.server.weights.WeightsManager``, model.weights_map: auto after a
+    cache miss). The scheduler is written against this; the server composes it."""
+
+    def on_ready(self, wake: Callable[[], None]) -> None:
+        """Registers ``wake`` (thread-safe and quick; the scheduler's), called from any thread
+        when there are other weights to switch to, at once if there already are."""
+        ...
+
+    def switch(self) -> bool:
+        """Engine thread, only when no sequence is in flight: switch the engine to the weights
+        announced by ``wake``, if any. Returns whether every KV slot is empty afterwards (the
+        prefix cache's entries must then be dropped)."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """``model.memory.weights_map_switch`` in ``status`` (plain msgpack-able values)."""
+        ...
+
+    def close(self) -> None:
+        """Ends what it started (the background build); called once the engine thread has stopped."""
+        ...
+
+
+def model_info(engine: Engine, weights: WeightsSwitch | None) -> dict[str, Any]:
+    """``model`` in hello and status: the engine's info, with the switch's state in its ``memory``
+    (``weights_map_switch``) where there is a switch."""
+    info = engine.info()
+    if weights is not None:
+        info["memory"] = {**info.get("memory", {}), "weights_map_switch": weights.status()}
+    return info
 
 
 # progress(what, fraction or None, **detail): reported by a factory while loading (STATUS= lines,
@@ -140,3 +156,6 @@ class Engine(Protocol):
 Progress = Callable[..., None]
 # factory(config, progress) -> Engine. The default is ``ktd.server.engine.load``.
 EngineFactory = Callable[[Any, Progress], Engine]
+# factory(engine) -> WeightsSwitch, called once the engine is loaded. The default (with the default
+# engine factory) is ``ktd.server.weights.WeightsManager.start``; none: the engine's weights stay.
+WeightsFactory = Callable[[Engine], WeightsSwitch]

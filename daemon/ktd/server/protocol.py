@@ -271,13 +271,14 @@ class GenerateRequest:
     tools: ToolsRequest | None = None    # tool calls (ktd.text.tools)
     top_logprobs: int | None = None      # logprobs: alternatives per token (None: no logprobs)
     cache_prompt: bool = True            # prefix cache: reuse a cached prefix, keep this KV
+    suffix: str | None = None            # fill-in-the-middle: the text after the gap (prompt: before it)
 
 
 _GENERATE_KEYS = ("prompt", "messages", "tokens", "max_tokens", "stop", "stream", "ignore_eos",
                   "add_special", "parse_special", "deadline_s", "temperature", "top_k", "top_p",
                   "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
                   "penalty_last_n", "seed", "grammar", "logprobs", "top_logprobs", "tools", "tool_choice",
-                  "cache_prompt")
+                  "cache_prompt", "suffix")
 
 
 def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
@@ -286,6 +287,9 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
     if len(given) != 1:
         raise BadRequest("generate: give exactly one of prompt, messages, tokens")
     prompt = p.str("prompt", None)
+    suffix = p.str("suffix", None)
+    if suffix is not None and prompt is None:
+        raise BadRequest("generate: suffix (fill-in-the-middle) needs prompt, the text before the gap")
     messages = None
     if params.get("messages") is not None:
         messages = params["messages"]
@@ -353,7 +357,7 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
                            add_special=p.bool("add_special", True),
                            parse_special=p.bool("parse_special", False), deadline_s=deadline,
                            grammar=grammar, top_logprobs=top_logprobs, tools=tools,
-                           cache_prompt=p.bool("cache_prompt", True))
+                           cache_prompt=p.bool("cache_prompt", True), suffix=suffix)
 
 
 def check_message(i: int, m: Any) -> None:

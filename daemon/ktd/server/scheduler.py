@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ktd.server.engine_api import Engine
+from ktd.server.engine_api import Engine, WeightsSwitch
 from ktd.errors import Busy, Cancelled, ContextOverflow, Internal, KtdError
 from ktd.server.events import Deliver, Event, Sink, call_sinks
 from ktd.server.prefix_cache import PrefixCache
@@ -133,8 +133,10 @@ class Scheduler:
     SWITCH_HOLD_AFTER_S = 60.0
 
     def __init__(self, engine: Engine, *, prefill_tokens_per_step: int, max_queue: int,
-                 deliver: Deliver = deliver_here, overlap_masks: bool = True, prefix_cache_bytes: int = 0):
+                 deliver: Deliver = deliver_here, overlap_masks: bool = True, prefix_cache_bytes: int = 0,
+                 weights: WeightsSwitch | None = None):
         self.engine = engine
+        self.weights = weights  # other weights to switch to (model.weights_map: auto after a miss)
         # Engine.forward(..., greedy=True) (the fast path for plain greedy steps), where the engine has it.
         self._engine_greedy = bool(getattr(engine, "supports_greedy", False))
         self.deliver = deliver
@@ -166,11 +168,12 @@ class Scheduler:
         self.forward_seconds = 0.0
         self.sample_seconds = 0.0
         self._masks = _MaskWorker(overlap_masks)  # grammar masks computed during the forward
-        # The engine holds other weights to switch to (model.weights_map: auto after a miss).
+        # ``weights`` holds other weights to switch to.
         self._weights_ready = False
         self._weights_ready_at = 0.0
         self.switch_hold_after_s = self.SWITCH_HOLD_AFTER_S
-        engine.on_weights_ready(self._wake_for_weights)
+        if weights is not None:
+            weights.on_ready(self._wake_for_weights)
 
     # --- event-loop side (thread-safe) -------------------------------------------------------
 
@@ -311,8 +314,9 @@ class Scheduler:
             raise
 
     def _switch_weights(self) -> None:
+        assert self.weights is not None  # only it wakes the thread for a switch
         try:
-            emptied = self.engine.switch_weights()
+            emptied = self.weights.switch()
         except Exception:  # the engine keeps the weights it has; requests go on
             log.exception("weights switch failed")
             return

@@ -115,6 +115,44 @@ class StreamDecoder:
         return out
 
 
+class _Metadata:
+    """Typed reads of a tokenizer's GGUF metadata; each error names the key and ``source``."""
+
+    def __init__(self, meta: dict, source: str):
+        self.meta, self.source = meta, source
+        self.n_vocab = 0  # set once the tokens are read (token_id checks against it)
+
+    def need(self, key: str) -> Any:
+        if key not in self.meta:
+            raise TokenizerError(f"{self.source}: missing tokenizer metadata key {key!r}")
+        return self.meta[key]
+
+    def fail(self, key: str, expected: str) -> TokenizerError:
+        return TokenizerError(f"{self.source}: {key} must be {expected}")
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.meta.get(key, default)
+        if not isinstance(v, (bool, int)):  # an array, a string
+            raise self.fail(key, "a boolean")
+        return bool(v)
+
+    def numbers(self, key: str, kinds: str, expected: str) -> np.ndarray | None:
+        """A 1-D array of a numpy dtype kind in ``kinds`` (``iu``: integers, ``fiu``: numbers), or None."""
+        v = self.meta.get(key)
+        if v is not None and not (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in kinds):
+            raise self.fail(key, expected)
+        return v
+
+    def token_id(self, key: str, default: int | None) -> int | None:
+        """A token id; a missing or out-of-range one falls back to the vocabulary type's default,
+        like llama.cpp (which warns)."""
+        n = self.n_vocab
+        v = self.meta.get(key)
+        if isinstance(v, int) and 0 <= v < n:
+            return v
+        return default if default is not None and 0 <= default < n else None
+
+
 class Tokenizer:
     """A model's tokenizer: text <-> token ids exactly as llama.cpp tokenizes the same GGUF.
 
@@ -132,119 +170,107 @@ class Tokenizer:
     fim_ids: dict[str, int]          # fill-in-the-middle tokens by role: pre, suf, mid, pad, rep, sep
 
     def __init__(self, meta: dict, source: str = "<metadata>"):
-        def need(key):
-            if key not in meta:
-                raise TokenizerError(f"{source}: missing tokenizer metadata key {key!r}")
-            return meta[key]
-
-        def fail(key: str, expected: str) -> TokenizerError:
-            return TokenizerError(f"{source}: {key} must be {expected}")
-
-        def flag(key: str, default: bool) -> bool:
-            v = meta.get(key, default)
-            if not isinstance(v, (bool, int)):  # an array, a string
-                raise fail(key, "a boolean")
-            return bool(v)
-
-        def numbers(key: str, kinds: str, expected: str) -> np.ndarray | None:
-            v = meta.get(key)
-            if v is not None and not (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in kinds):
-                raise fail(key, expected)
-            return v
-
-        model = need("tokenizer.ggml.model")
-        raw_tokens = need("tokenizer.ggml.tokens")
-        if not isinstance(raw_tokens, list) or not raw_tokens:
-            raise TokenizerError(f"{source}: tokenizer.ggml.tokens must be a non-empty string array")
-        n = len(raw_tokens)
-        self.n_vocab = n
+        m = _Metadata(meta, source)
+        model = m.need("tokenizer.ggml.model")
+        self._read_vocabulary(m)
         self.model = model
-        arch = meta.get("general.architecture")
+        add_bos, bos_default, eos_default = self._make_encoder(m, model)
+        self._read_token_ids(m, model, add_bos, bos_default, eos_default)
+        self.eos_ids = frozenset(self._find_end_and_fim_tokens(m))
+        self._index_special_tokens()
+
+    def _read_vocabulary(self, m: "_Metadata") -> None:
+        """The token texts (n_vocab of them), text → id, each token's attributes (from its type)
+        and the architecture name."""
+        raw_tokens = m.need("tokenizer.ggml.tokens")
+        if not isinstance(raw_tokens, list) or not raw_tokens:
+            raise TokenizerError(f"{m.source}: tokenizer.ggml.tokens must be a non-empty string array")
+        n = len(raw_tokens)
+        self.n_vocab = m.n_vocab = n
+        arch = m.meta.get("general.architecture")
         if arch is not None and not (isinstance(arch, str) and not _LONE_SURROGATE.search(arch)):
-            raise fail("general.architecture", "a UTF-8 string")
+            raise m.fail("general.architecture", "a UTF-8 string")
         self.architecture = arch
 
-        types = numbers("tokenizer.ggml.token_type", "iu", "an integer array")
+        types = m.numbers("tokenizer.ggml.token_type", "iu", "an integer array")
         if types is not None and len(types) < n:
-            raise TokenizerError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries "
+            raise TokenizerError(f"{m.source}: tokenizer.ggml.token_type has {len(types)} entries "
                                  f"for {n} tokens")
         try:
             texts = _decode_all(raw_tokens)
         except (AttributeError, TypeError) as e:
-            raise TokenizerError(f"{source}: tokenizer.ggml.tokens must be a string array") from e
+            raise TokenizerError(f"{m.source}: tokenizer.ggml.tokens must be a string array") from e
         if b"" in raw_tokens:
             for i, b in enumerate(raw_tokens):
                 if not b:
                     texts[i] = f"[EMPTY_{i}]"
         self._texts = texts
         # A duplicate text maps to its last id, as in llama.cpp.
-        token_to_id = dict(zip(texts, range(n)))
-        self._token_to_id = token_to_id
+        self._token_to_id = dict(zip(texts, range(n)))
         if types is None:
-            attrs = [ATTR_NORMAL] * n
-        else:
-            tv = types[:n].astype(np.int64)
-            if tv.min() < 0 or tv.max() > max(_TYPE_TO_ATTR):
-                raise fail("tokenizer.ggml.token_type", f"token types in [0, {max(_TYPE_TO_ATTR)}]")
-            table = np.zeros(max(_TYPE_TO_ATTR) + 1, dtype=np.int64)  # 0: undefined
-            for t, a in _TYPE_TO_ATTR.items():
-                table[t] = a
-            attrs = table[tv].tolist()
-        self._attrs = attrs
+            self._attrs = [ATTR_NORMAL] * n
+            return
+        tv = types[:n].astype(np.int64)
+        if tv.min() < 0 or tv.max() > max(_TYPE_TO_ATTR):
+            raise m.fail("tokenizer.ggml.token_type", f"token types in [0, {max(_TYPE_TO_ATTR)}]")
+        table = np.zeros(max(_TYPE_TO_ATTR) + 1, dtype=np.int64)  # 0: undefined
+        for t, a in _TYPE_TO_ATTR.items():
+            table[t] = a
+        self._attrs = table[tv].tolist()
 
-        def meta_id(key: str, default: int | None) -> int | None:
-            """A token id from the metadata; a missing or out-of-range one falls back to the
-            vocabulary type's default, like llama.cpp (which warns)."""
-            v = meta.get(key)
-            if isinstance(v, int) and 0 <= v < n:
-                return v
-            return default if default is not None and 0 <= default < n else None
-
-        # Vocabulary-type defaults (llama_vocab::impl::load), then metadata overrides.
+    def _make_encoder(self, m: "_Metadata", model: str) -> tuple[bool, int | None, int | None]:
+        """The subword encoder of the vocabulary type (byte-level BPE or SentencePiece) and the
+        type's defaults (llama_vocab::impl::load): (add_bos, bos id, eos id)."""
         if model == "gpt2":
-            pre = meta.get("tokenizer.ggml.pre") or "default"
+            pre = m.meta.get("tokenizer.ggml.pre") or "default"
             if not isinstance(pre, str):
-                raise fail("tokenizer.ggml.pre", "a string")
+                raise m.fail("tokenizer.ggml.pre", "a string")
             if pre not in PRE_TYPES:
-                raise TokenizerError(f"{source}: unsupported pre-tokenizer {pre!r} "
+                raise TokenizerError(f"{m.source}: unsupported pre-tokenizer {pre!r} "
                                      f"(supported: {', '.join(sorted(PRE_TYPES))})")
             split, ignore_merges, add_bos = PRE_TYPES[pre]
-            merges = meta.get("tokenizer.ggml.merges")
+            merges = m.meta.get("tokenizer.ggml.merges")
             if not isinstance(merges, list):
-                raise TokenizerError(f"{source}: gpt2 tokenizer without tokenizer.ggml.merges")
-            self._bpe: BytePairEncoder | None = BytePairEncoder(token_to_id, merges, ignore_merges, split)
+                raise TokenizerError(f"{m.source}: gpt2 tokenizer without tokenizer.ggml.merges")
+            self._bpe: BytePairEncoder | None = BytePairEncoder(self._token_to_id, merges, ignore_merges, split)
             self._spm: SentencePieceEncoder | None = None
             self.add_space_prefix = False
-            bos_default = eos_default = None
             self.pre = pre
-        elif model == "llama":
-            scores = numbers("tokenizer.ggml.scores", "fiu", "a number array")
-            if scores is None or len(scores) < n:
-                raise TokenizerError(f"{source}: llama (SentencePiece) tokenizer needs "
+            return add_bos, None, None
+        if model == "llama":
+            scores = m.numbers("tokenizer.ggml.scores", "fiu", "a number array")
+            if scores is None or len(scores) < self.n_vocab:
+                raise TokenizerError(f"{m.source}: llama (SentencePiece) tokenizer needs "
                                      f"tokenizer.ggml.scores for every token")
-            self._spm = SentencePieceEncoder(token_to_id, scores[:n].tolist(),
-                                             meta_id("tokenizer.ggml.unknown_token_id", 0))
+            self._spm = SentencePieceEncoder(self._token_to_id, scores[:self.n_vocab].tolist(),
+                                             m.token_id("tokenizer.ggml.unknown_token_id", 0))
             self._bpe = None
-            add_bos = True
             self.add_space_prefix = True
-            bos_default, eos_default = 1, 2
             self.pre = "default"
-        else:
-            raise TokenizerError(f"{source}: unsupported tokenizer model {model!r} "
-                                 "(supported: gpt2, llama)")
-        self.add_space_prefix = flag("tokenizer.ggml.add_space_prefix", self.add_space_prefix)
-        self.bos_id = meta_id("tokenizer.ggml.bos_token_id", bos_default)
-        self.eos_id = meta_id("tokenizer.ggml.eos_token_id", eos_default)
-        self.eot_id = meta_id("tokenizer.ggml.eot_token_id", None)
-        self.eom_id = meta_id("tokenizer.ggml.eom_token_id", None)
-        self.unk_id = meta_id("tokenizer.ggml.unknown_token_id", 0 if model == "llama" else None)
-        self.pad_id = meta_id("tokenizer.ggml.padding_token_id", None)
-        add_bos = flag("tokenizer.ggml.add_bos_token", add_bos)
+            return True, 1, 2
+        raise TokenizerError(f"{m.source}: unsupported tokenizer model {model!r} (supported: gpt2, llama)")
+
+    def _read_token_ids(self, m: "_Metadata", model: str, add_bos: bool, bos_default: int | None,
+                        eos_default: int | None) -> None:
+        """The special token ids and flags of the metadata over the vocabulary type's defaults,
+        and the chat template."""
+        self.add_space_prefix = m.flag("tokenizer.ggml.add_space_prefix", self.add_space_prefix)
+        self.bos_id = m.token_id("tokenizer.ggml.bos_token_id", bos_default)
+        self.eos_id = m.token_id("tokenizer.ggml.eos_token_id", eos_default)
+        self.eot_id = m.token_id("tokenizer.ggml.eot_token_id", None)
+        self.eom_id = m.token_id("tokenizer.ggml.eom_token_id", None)
+        self.unk_id = m.token_id("tokenizer.ggml.unknown_token_id", 0 if model == "llama" else None)
+        self.pad_id = m.token_id("tokenizer.ggml.padding_token_id", None)
+        add_bos = m.flag("tokenizer.ggml.add_bos_token", add_bos)
         self.add_bos = add_bos and self.bos_id is not None
-        self.add_eos = flag("tokenizer.ggml.add_eos_token", False) and self.eos_id is not None
-        tmpl = meta.get("tokenizer.chat_template")
+        self.add_eos = m.flag("tokenizer.ggml.add_eos_token", False) and self.eos_id is not None
+        tmpl = m.meta.get("tokenizer.chat_template")
         self.chat_template = tmpl if isinstance(tmpl, str) else None
 
+    def _find_end_and_fim_tokens(self, m: "_Metadata") -> set[int]:
+        """The end-of-generation ids (returned) and the FIM ids by role (``fim_ids``): from the
+        metadata, else recognised by their text as llama.cpp does (and then made control tokens)."""
+        token_to_id, attrs = self._token_to_id, self._attrs
         eog: set[int] = set()
         if self.eot_id is None:
             found = sorted(token_to_id[t] for t in _EOT_TEXTS if t in token_to_id)
@@ -256,7 +282,7 @@ class Tokenizer:
             attrs[self.eom_id] |= ATTR_CONTROL
         self.fim_ids: dict[str, int] = {}
         for role, (key, fim_texts, ends) in _FIM_TEXTS.items():
-            fid = meta_id(key, None)
+            fid = m.token_id(key, None)
             if fid is None:
                 found = sorted(token_to_id[t] for t in fim_texts if t in token_to_id)
                 if found:
@@ -274,18 +300,19 @@ class Tokenizer:
         for i in (self.eos_id, self.eot_id, self.eom_id):
             if i is not None:
                 eog.add(i)
-        self.eos_ids = frozenset(eog)
+        return eog
 
-        # Special tokens split out of the text before subword encoding.
-        # USER_DEFINED ones are always split; CONTROL/UNKNOWN only with parse_special.
-        av = np.asarray(attrs, dtype=np.int64)
+    def _index_special_tokens(self) -> None:
+        """The special tokens split out of the text before subword encoding (USER_DEFINED ones
+        always; CONTROL/UNKNOWN only with parse_special) and the byte value of each <0xXX> BYTE
+        token."""
+        texts = self._texts
+        av = np.asarray(self._attrs, dtype=np.int64)
         special = np.flatnonzero(av & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)).tolist()
         self._special_all = _SpecialMatcher({texts[i]: i for i in special})
         always = np.flatnonzero(((av & ATTR_USER_DEFINED) != 0)
                                 & ((av & (ATTR_CONTROL | ATTR_UNKNOWN)) == 0)).tolist()
         self._special_user = _SpecialMatcher({texts[i]: i for i in always})
-
-        # Byte value of each <0xXX> BYTE token.
         self._byte_value: dict[int, int] = {}
         for i in np.flatnonzero(av & ATTR_BYTE).tolist():
             t = texts[i]

@@ -215,18 +215,21 @@ class Instrument:
     def __init__(self, engine: Engine, scheduler: Scheduler, counters: Counter[str], *,
                  read_process_memory: Callable[[], dict[str, int]] = read_smaps_rollup,
                  read_system_memory: Callable[[], dict[str, int]] = read_meminfo,
-                 affinity: Callable[[], int] = lambda: len(os.sched_getaffinity(0))):
+                 affinity: Callable[[], int] = lambda: len(os.sched_getaffinity(0)),
+                 model_info: Callable[[], dict[str, Any]] | None = None):
         self.engine, self.scheduler, self.counters = engine, scheduler, counters
+        # The status document's ``model`` (the daemon's adds the weights switch to the engine's info).
+        self._model_info = model_info or engine.info
         self._read_process_memory = read_process_memory
         self._read_system_memory = read_system_memory
         self._affinity = affinity
 
     def status_line(self, server: ServerFacts) -> str:
-        info = self.engine.info()
+        info = self._model_info()
         return status_line(server, info.get("name", "model"), self.scheduler.stats(), info)
 
     def status(self, server: ServerFacts, limits: protocol.Limits) -> dict[str, Any]:
-        return status_document(server, pid=os.getpid(), info=self.engine.info(), stats=self.scheduler.stats(),
+        return status_document(server, pid=os.getpid(), info=self._model_info(), stats=self.scheduler.stats(),
                                n_ctx=self.engine.n_ctx,
                                prefill_tokens_per_step=self.scheduler.prefill_tokens_per_step,
                                limits=limits, process_memory=self._read_process_memory(),
