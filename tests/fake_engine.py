@@ -128,6 +128,10 @@ class ByteTokenizer:
         return ids
 
 
+def _stack(rows: list[np.ndarray]) -> np.ndarray:
+    return np.stack(rows) if rows else np.zeros((0, N_VOCAB), np.float32)
+
+
 def _greedy_code(row: np.ndarray) -> int:
     """The sampler's temperature-0 token of a logits row, or the engine's code for a row it rejects
     (ktd._native.sampling.greedy_error)."""
@@ -198,7 +202,8 @@ class FakeEngine:
         self.die_after_steps = die_after_steps
         self.kv: list[list[int]] = [[] for _ in range(self.n_kv_slots)]
         self.calls: collections.deque[ForwardCall] = collections.deque(maxlen=10000)
-        self.greedy_calls: collections.deque[bool] = collections.deque(maxlen=10000)  # each call's greedy flag
+        # each call's greedy argument: a bool, or a tuple of the per-row flags of a mixed step
+        self.greedy_calls: collections.deque[bool | tuple[bool, ...]] = collections.deque(maxlen=10000)
         self.n_forward = 0
         self.freed: list[int] = []
         self.copies: list[tuple[int, int, int]] = []
@@ -210,10 +215,11 @@ class FakeEngine:
                 "memory": {"hugepages": "off", "weights_bytes": 0}}
 
     # As the real engine: forward(..., greedy=True) gives each marked row's greedy token (the
-    # sampler's temperature-0 choice on the same logits), so the scheduler's fast path runs here.
+    # sampler's temperature-0 choice on the same logits), so the scheduler's fast path runs here;
+    # greedy=<bool [n]> gives those and the logits of the other marked rows.
     supports_greedy = True
 
-    def forward(self, tokens, positions, seq_ids, want_logits, greedy: bool = False) -> np.ndarray:
+    def forward(self, tokens, positions, seq_ids, want_logits, greedy: bool | np.ndarray = False) -> Any:
         for a, dt in ((tokens, np.int32), (positions, np.int32), (seq_ids, np.int32), (want_logits, np.bool_)):
             if a.dtype != dt or a.ndim != 1 or a.shape[0] != tokens.shape[0]:
                 raise ValueError("forward: bad array dtype or shape")
@@ -238,10 +244,15 @@ class FakeEngine:
             self.kv[s].append(t)
             if w:
                 out.append(row_logits(self.kv[s], self.eos_bias))
+        if not isinstance(greedy, bool):
+            rows = np.asarray(greedy, np.bool_)[want_logits]
+            self.greedy_calls.append(tuple(rows.tolist()))
+            ids = np.array([_greedy_code(r) for r in out], np.int32)
+            return ids, _stack([r for r, g in zip(out, rows) if not g])
         self.greedy_calls.append(greedy)
         if greedy:
             return np.array([_greedy_code(r) for r in out], np.int32)
-        return np.stack(out) if out else np.zeros((0, N_VOCAB), np.float32)
+        return _stack(out)
 
     forward_cpu = -1  # never pinned
 

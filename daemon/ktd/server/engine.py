@@ -274,12 +274,15 @@ class Engine:
     supports_greedy = True
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
-                want_logits: np.ndarray, greedy: bool = False) -> np.ndarray:
+                want_logits: np.ndarray, greedy: bool | np.ndarray = False) -> Any:
         """float32 [n_marked, n_vocab]; ContextOverflow if a position reaches n_ctx. ``greedy``:
         int32 [n_marked] instead, each marked row's greedy token as the sampler chooses it at
         temperature 0 without penalties or mask, taken natively while the output head writes the
         logits (no logits are returned, so none is copied or read again); a negative value where
-        the sampler would reject the row's logits (``_native.sampling.greedy_error`` says why)."""
+        the sampler would reject the row's logits (``_native.sampling.greedy_error`` says why).
+        ``greedy`` a bool [n] array: ``(ids, logits)``, the greedy ids of every marked row and
+        the logits of the marked rows whose ``greedy`` is False only (engine_api.Engine.forward)."""
+        greedy = bool(greedy) if isinstance(greedy, (bool, np.bool_)) else np.asarray(greedy, np.bool_)
         try:
             logits = self.context.forward(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
                                           np.asarray(seq_ids, np.int32), np.asarray(want_logits, np.bool_),

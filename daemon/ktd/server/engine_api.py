@@ -100,14 +100,17 @@ class Engine(Protocol):
         ...
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray,
-                want_logits: np.ndarray, greedy: bool = False) -> np.ndarray:
+                want_logits: np.ndarray, greedy: bool | np.ndarray = False) -> Any:
         """One batch step. tokens/positions/seq_ids: int32 [n]; want_logits: bool [n].
         Returns float32 [n_marked, n_vocab]. May take long; releases the GIL. Raises
         ``ktd.errors.ContextOverflow`` if a position reaches n_ctx. Only where the engine has
         ``supports_greedy = True`` (the scheduler checks): ``greedy=True`` returns int32
         [n_marked] instead, each marked row's temperature-0 token as the sampler would choose it
         from those logits (no penalties, no mask), or a negative code where the sampler would
-        reject them (``ktd._native.sampling.greedy_error``)."""
+        reject them (``ktd._native.sampling.greedy_error``). ``greedy`` a bool [n] array (a step
+        whose marked rows are partly plain greedy): ``(ids, logits)``, ids int32 [n_marked] as
+        greedy=True gives them for every marked row, logits float32 [n_sampled, n_vocab] of the
+        marked rows whose ``greedy`` is False only, in row order."""
         ...
 
     def free_seq(self, seq_id: int) -> None: ...

@@ -84,6 +84,45 @@ class _Seq:
     attached: bool = False           # the prefix cache was consulted (after admission)
 
 
+@dataclass
+class _StepRows:
+    """A step's batch: one row per token fed, the sequences whose last row is marked (their logits
+    or greedy token wanted, in row order) and how many tokens each sequence feeds."""
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    want: list[bool] = field(default_factory=list)
+    marked: list[_Seq] = field(default_factory=list)
+    fed: list[tuple[_Seq, int]] = field(default_factory=list)
+    n_decode: int = 0  # the leading rows that decode (the rest prefill)
+
+    def add(self, seq: _Seq, tokens: list[int], mark: bool) -> None:
+        """seq's next tokens as rows; mark: its last row's output is wanted."""
+        n = len(tokens)
+        self.tokens += tokens
+        self.positions += range(seq.n_past, seq.n_past + n)
+        self.seq_ids += [seq.slot] * n
+        self.want += [False] * (n - 1) + [mark]
+        if mark:
+            self.marked.append(seq)
+        self.fed.append((seq, n))
+
+
+@dataclass
+class _StepOut:
+    """The forward's output for the marked rows: greedy[row] says whether the engine chose row's
+    token (ids[row]); the others' logits are the rows of ``logits``, in marked-row order."""
+    greedy: list[bool]
+    ids: np.ndarray | None
+    logits: np.ndarray | None
+
+    def check(self, n_marked: int, n_sampled: int) -> None:
+        if self.ids is not None and self.ids.shape[0] != n_marked:
+            raise RuntimeError(f"engine returned {self.ids.shape[0]} greedy tokens for {n_marked} marked rows")
+        if self.logits is not None and self.logits.shape[0] != n_sampled:
+            raise RuntimeError(f"engine returned {self.logits.shape[0]} logits rows for {n_sampled} sampled rows")
+
+
 class _MaskWorker:
     """Computes the grammar masks of a step's constrained rows. With ``overlap`` (the default) on
     a helper thread while the forward runs (llguidance releases the GIL, the forward too);
@@ -386,85 +425,109 @@ class Scheduler:
                 self._emit(job, "error", Cancelled("request deadline exceeded while queued"))
 
     def _step(self) -> None:
-        # Rows: decode tokens first (one per sequence past its prompt), then prefill chunks.
         t_start = time.monotonic()
-        tokens: list[int] = []
-        positions: list[int] = []
-        seq_ids: list[int] = []
-        want: list[bool] = []
-        marked: list[_Seq] = []
-        fed: list[tuple[_Seq, int]] = []
+        rows = self._gather()
+        masks = self._masks.start(rows.marked)  # the grammars' masks, computed while the forward runs
+        t0 = time.monotonic()
+        out = self._forward(rows, masks)
+        if out is None:
+            return
+        t1 = time.monotonic()
+        self.forward_seconds += t1 - t0
+        self.steps += 1
+        self.last_progress = t1
+        for seq, n in rows.fed:
+            seq.n_past += n
+            seq.kv.extend(seq.pending[:n])
+            del seq.pending[:n]
+        n_generated = self._accept(rows.marked, out, self._wait_masks(rows.marked, masks), t1)
+        with self._lock:
+            self._tps.append((t1, n_generated))
+            while self._tps and t1 - self._tps[0][0] > _TPS_WINDOW_S:
+                self._tps.popleft()
+        t2 = time.monotonic()
+        self.sample_seconds += t2 - t1
+        self.step_seconds += t2 - t_start
+        self.counters["generated_tokens"] += n_generated
+        self.counters["prompt_tokens"] += len(rows.tokens) - rows.n_decode
+
+    def _gather(self) -> _StepRows:
+        """The step's rows: decode tokens first (one per sequence past its prompt), then prefill
+        chunks, oldest admission first, within prefill_tokens_per_step."""
+        rows = _StepRows()
         prefilling = []
         for seq in self._running.values():
             if seq.n_past >= len(seq.job.prompt):      # decoding: pending = [last sampled token]
-                tokens.append(seq.pending[0])
-                positions.append(seq.n_past)
-                seq_ids.append(seq.slot)
-                want.append(True)
-                marked.append(seq)
-                fed.append((seq, 1))
+                rows.add(seq, seq.pending[:1], mark=True)
             else:
                 prefilling.append(seq)
-        n_decode = len(tokens)
+        rows.n_decode = len(rows.tokens)
         budget = self.prefill_tokens_per_step
         for seq in sorted(prefilling, key=lambda s: s.t_admit):
             if budget <= 0:
                 break
             n = min(budget, len(seq.pending))
             budget -= n
-            completes = n == len(seq.pending)
-            for i in range(n):
-                tokens.append(seq.pending[i])
-                positions.append(seq.n_past + i)
-                seq_ids.append(seq.slot)
-                want.append(completes and i == n - 1)
-            if completes:
-                marked.append(seq)
-            fed.append((seq, n))
-        masks = self._masks.start(marked)  # the grammars' masks, computed while the forward runs
-        # Every marked row plainly greedy: the engine picks the tokens as it writes the logits, and
-        # no logits come back (Engine.forward(greedy=True); Generation.plain_greedy).
-        greedy = self._engine_greedy and bool(marked) and all(seq.gen.plain_greedy for seq in marked)
-        t0 = time.monotonic()
+            rows.add(seq, seq.pending[:n], mark=n == len(seq.pending))
+        return rows
+
+    def _forward(self, rows: _StepRows, masks: Any) -> _StepOut | None:
+        """The engine's forward of the step. Marked rows whose sequence is plainly greedy take the
+        token the engine picks as it writes the logits (Engine.forward(greedy=...);
+        Generation.plain_greedy); only the others' logits come back. None when it failed (the
+        step's sequences are failed)."""
+        greedy = [self._engine_greedy and seq.gen.plain_greedy for seq in rows.marked]
+        n_sampled = greedy.count(False)
+        args = (np.asarray(rows.tokens, dtype=np.int32), np.asarray(rows.positions, dtype=np.int32),
+                np.asarray(rows.seq_ids, dtype=np.int32), np.asarray(rows.want, dtype=np.bool_))
         try:
-            args = (np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32),
-                    np.asarray(seq_ids, dtype=np.int32), np.asarray(want, dtype=np.bool_))
-            logits = self.engine.forward(*args, greedy=True) if greedy else self.engine.forward(*args)
-            if logits.shape[0] != len(marked):
-                raise RuntimeError(f"engine returned {logits.shape[0]} rows for {len(marked)} marked")
+            if not greedy or n_sampled == len(greedy):
+                out = _StepOut(greedy, None, self.engine.forward(*args))
+            elif n_sampled == 0:
+                out = _StepOut(greedy, self.engine.forward(*args, greedy=True), None)
+            else:
+                per_row = np.zeros(len(rows.tokens), np.bool_)
+                per_row[np.flatnonzero(args[3])] = greedy
+                out = _StepOut(greedy, *self.engine.forward(*args, greedy=per_row))
+            out.check(len(rows.marked), n_sampled)
         except Exception as e:
             err = e if isinstance(e, ContextOverflow) else Internal(f"engine failure: {type(e).__name__}: {e}")
-            log.exception("forward failed; failing the %d sequences of this step", len(fed))
-            for seq, _ in fed:
+            log.exception("forward failed; failing the %d sequences of this step", len(rows.fed))
+            for seq, _ in rows.fed:
                 self._finish(seq, error=err)
             with contextlib.suppress(Exception):  # those sequences have ended
                 self._masks.wait(masks)
-            return
-        t1 = time.monotonic()
-        self.forward_seconds += t1 - t0
-        self.steps += 1
-        self.last_progress = t1
-        for seq, n in fed:
-            seq.n_past += n
-            seq.kv.extend(seq.pending[:n])
-            del seq.pending[:n]
-        n_generated = 0
+            return None
+        return out
+
+    def _wait_masks(self, marked: list[_Seq], masks: Any) -> dict[int, np.ndarray]:
+        """The grammars' masks by marked row; on a grammar engine failure those sequences fail, the
+        others go on."""
         try:
-            rows = self._masks.wait(masks)
-        except Exception as e:  # a grammar engine failure: those sequences fail, the others go on
+            return self._masks.wait(masks)
+        except Exception as e:
             log.exception("grammar mask failed")
-            rows = {}
             for seq in marked:
                 if seq.gen.constraint is not None:
                     self._finish(seq, error=Internal(f"grammar failure: {e}"))
+            return {}
+
+    def _accept(self, marked: list[_Seq], out: _StepOut, masks: dict[int, np.ndarray], t1: float) -> int:
+        """Each marked sequence takes its next token (the engine's greedy one, or sampled from its
+        logits row) and streams its text; returns the tokens generated."""
+        n_generated = 0
+        k = 0  # the row of out.logits of the next sampled row
         for row, seq in enumerate(marked):
+            logits = None
+            if not out.greedy[row]:
+                logits, k = out.logits[k], k + 1
             if seq.job.rid not in self._running:
                 continue
             try:
-                if greedy:
-                    token, text, finish = seq.gen.accept_token(int(logits[row]))
+                if logits is None:
+                    token, text, finish = seq.gen.accept_token(int(out.ids[row]))
                 else:
-                    token, text, finish = seq.gen.accept(logits[row], rows.get(row))
+                    token, text, finish = seq.gen.accept(logits, masks.get(row))
             except Exception as e:
                 log.exception("sampling failed for %s", seq.job.label)
                 self._finish(seq, error=Internal(f"sampling failure: {e}"))
@@ -479,15 +542,7 @@ class Scheduler:
                 self._finish(seq, finish=finish)
             else:
                 seq.pending = [token]
-        with self._lock:
-            self._tps.append((t1, n_generated))
-            while self._tps and t1 - self._tps[0][0] > _TPS_WINDOW_S:
-                self._tps.popleft()
-        t2 = time.monotonic()
-        self.sample_seconds += t2 - t1
-        self.step_seconds += t2 - t_start
-        self.counters["generated_tokens"] += n_generated
-        self.counters["prompt_tokens"] += len(tokens) - n_decode
+        return n_generated
 
     def _chunk(self, seq: _Seq, text: str) -> Any:
         """A chunk event's payload: the text, or (text, {"logprobs": [...]}) with the log-probabilities

@@ -27,7 +27,7 @@ Isa supported_isa(const std::string &name) {
     return i;
 }
 
-// As Context::attention splits a decode row: each row's keys in ranges at multiples of
+// As CpuBackend::attention splits a decode row: each row's keys in ranges at multiples of
 // split_keys, one kernel call each (normalised o, m, l per head), merged by attn_merge.
 void attend_split(AttnKernel fn, const AttnBlock &b, int64_t split_keys, float *scratch) {
     const int64_t n_group = b.n_group, hdv = b.head_dim_v;

@@ -19,7 +19,7 @@
 
 namespace ktd {
 
-class Backend;
+class Blocks;
 class GGUFFile;
 struct LayerWeights;
 struct Matrix;
@@ -100,7 +100,7 @@ struct ArchSpec {
     void (*tune)(HParams &hp, const GGUFFile &f);
     void (*tensors)(TensorTable &t, const HParams &hp);
     // One layer of the chunk the backend holds: x → x, as a composition of blocks.
-    void (*layer)(Backend &b, const HParams &hp, const LayerWeights &w, int il);
+    void (*layer)(Blocks &b, const HParams &hp, const LayerWeights &w, int il);
 };
 
 void register_arch(const ArchSpec &spec);

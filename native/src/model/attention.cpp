@@ -1,14 +1,16 @@
-// Context::attention: plans a chunk's jobs (plan_attention, see model/attention.h), writes the
-// chunk's K/V into the cache, runs the attention kernel over the jobs on the pool and merges the
-// split key ranges.
+// CpuBackend::attention: plans a chunk's jobs (plan_attention, see model/attention.h), writes the
+// chunk's K/V into the layer's KvCache, runs the attention kernel over the jobs on the pool and
+// merges the split key ranges.
 #include "model/attention.h"
 
 #include <algorithm>
 
 #include "common/float16.h"
+#include "cpu/thread_pool.h"
 #include "kernels/attention.h"
 #include "model/blocks.h"
-#include "model/model.h"
+#include "model/cpu_backend.h"
+#include "model/kv_cache.h"
 
 namespace ktd {
 
@@ -191,23 +193,23 @@ void plan_attention(const HParams &hp, int il, const int32_t *positions, const i
     plan_jobs(hp, pool_size, plan);
 }
 
-void Context::attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
-    const HParams &hp = model_.hparams();
-    ThreadPool &pool = model_.pool();
+void CpuBackend::attention(int il) {
+    const HParams &hp = hp_;
     AttnPlan &plan = s_.attn_plan;
-    plan_attention(hp, il, positions, seq_ids, n, pool.size(), plan);
+    const int32_t *positions = positions_, *seq_ids = seq_ids_;
+    plan_attention(hp, il, positions, seq_ids, n_, pool_.size(), plan);
     if (s_.attn_part.size() < plan.part_lo.size() * plan.part_stride)
         s_.attn_part.resize(plan.part_lo.size() * plan.part_stride);
-    const AttnBuffers b{s_.q.data(), hp.n_embd_q(), k_cache_[size_t(il)].get(),
-                        hp.n_embd_v_cache() > 0 ? v_cache_[size_t(il)].get() : nullptr, hp.n_head_kv, hp.head_dim_k,
-                        hp.head_dim_v, n_ctx_, s_.attn.data(), s_.attn_part.data()};
-    store_kv(b, s_.k.data(), s_.v.data(), positions, seq_ids, n);
+    const KvCache &kv = cache(il);
+    const AttnBuffers b{s_.q.data(), hp.n_embd_q(), kv.k(), kv.v(), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
+                        kv.n_ctx(), s_.attn.data(), s_.attn_part.data()};
+    store_kv(b, s_.k.data(), s_.v.data(), positions, seq_ids, n_);
     // Each job's result does not depend on which worker claims it.
     const AttnKernel kernel = attention_kernel();
-    pool.for_each_item(plan.jobs.size(), [&](size_t j, int tid) {
+    pool_.for_each_item(plan.jobs.size(), [&](size_t j, int tid) {
         kernel(job_block(hp, plan, b, seq_ids, plan.jobs[j]), s_.attn_tmp.data() + size_t(tid) * s_.attn_tmp_stride);
     });
-    if (!plan.splits.empty()) merge_splits(pool, hp, plan, b);
+    if (!plan.splits.empty()) merge_splits(pool_, hp, plan, b);
 }
 
 }  // namespace ktd

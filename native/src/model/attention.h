@@ -1,4 +1,4 @@
-// The plan of one chunk's attention (Context::attention in attention.cpp executes it): which rows,
+// The plan of one chunk's attention (CpuBackend::attention in attention.cpp executes it): which rows,
 // KV heads, query heads and key ranges each job covers. A pure function of the batch's positions
 // and sequences, the hparams and the pool size: it reads no cache and no activations, so it can be
 // built, printed and checked on its own.
@@ -45,6 +45,9 @@ struct AttnPlan {
     int group = 1;                          // query heads per KV head
     size_t part_stride = 0;                 // floats of one part's result: o [group][hd_v], m [group], l [group]
 };
+
+// Query rows per attention block (attention.cpp): sizes each worker's attention scratch.
+int attn_rows_per_block(const HParams &hp);
 
 // The plan of n rows of layer il (row i at positions[i] of sequence seq_ids[i]) for a pool of
 // pool_size workers, into `plan` (its vectors keep their capacity: no allocation once warm).

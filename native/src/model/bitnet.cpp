@@ -15,7 +15,7 @@ namespace ktd {
 
 namespace {
 
-void bitnet_layer(Backend &b, const HParams &hp, const LayerWeights &w, int il) {
+void bitnet_layer(Blocks &b, const HParams &hp, const LayerWeights &w, int il) {
     b.norm(w.attn_norm, Act::X, Act::XN);
     b.attention_in(w, il);
     b.attention(il);

@@ -1,5 +1,10 @@
 #include "model/cpu_backend.h"
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/attention.h"
 #include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/model.h"
@@ -24,18 +29,64 @@ void norm_heads(float *x, int n_heads, int64_t hd, const std::vector<float> &w, 
 
 }  // namespace
 
-CpuBackend::CpuBackend(Context &ctx)
-    : ctx_(ctx), hp_(ctx.model().hparams()), pool_(ctx.model().pool()), s_(ctx.scratch()) {}
+ForwardScratch::ForwardScratch(const HParams &hp, int64_t n_batch, int n_threads) {
+    const size_t nb = size_t(n_batch);
+    xn.resize(nb * size_t(hp.n_embd));
+    tmp.resize(nb * size_t(std::max(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v)));
+    q.resize(nb * size_t(hp.n_embd_q()));
+    k.resize(nb * size_t(hp.n_embd_k_gqa()));
+    v.resize(nb * size_t(hp.n_embd_v_gqa()));
+    attn.resize(nb * size_t(int64_t(hp.n_head) * hp.head_dim_v));
+    gate.resize(nb * size_t(hp.n_ff));
+    up.resize(nb * size_t(hp.n_ff));
+    rope_cs.resize(nb * size_t(hp.rope.n_rot));
+    rope_cs_swa.resize(nb * size_t(hp.rope_swa.n_rot));
+    attn_tmp_stride = attn_scratch_layout(attn_rows_per_block(hp), hp.n_head / hp.n_head_kv, hp.head_dim_k,
+                                          hp.head_dim_v).total;
+    attn_tmp.resize(size_t(n_threads) * attn_tmp_stride);
+    if (hp.is_mla()) {
+        const MlaParams &mla = hp.mla;
+        mla_q_a.resize(nb * size_t(mla.q_lora_rank));
+        mla_q.resize(nb * size_t(hp.n_head) * size_t(mla.n_embd_head_k()));
+        mla_heads.resize(nb * size_t(hp.n_head) * size_t(std::max(mla.qk_nope_head_dim, mla.v_head_dim)));
+        mm_thread.resize(size_t(n_threads));
+    }
+}
 
-void CpuBackend::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+CpuBackend::CpuBackend(const BackendSetup &setup, int layer_begin, int layer_end)
+    : model_(setup.model), hp_(setup.model.hparams()), pool_(setup.model.pool()), taps_(setup.taps),
+      layer_begin_(layer_begin), s_(hp_, setup.n_batch, pool_.size()) {
+    if (layer_end < 0) layer_end = hp_.n_layer;
+    if (layer_begin < 0 || layer_begin > layer_end || layer_end > hp_.n_layer)
+        throw std::invalid_argument("CPU backend: layers [" + std::to_string(layer_begin) + ", " +
+                                    std::to_string(layer_end) + ") outside the model's " + std::to_string(hp_.n_layer));
+    for (int il = layer_begin; il < layer_end; ++il) kv_.push_back(make_kv_cache(hp_, setup.n_seq_max, setup.n_ctx));
+}
+
+CpuBackend::~CpuBackend() = default;
+
+std::vector<LayerMemory *> CpuBackend::memory() {
+    std::vector<LayerMemory *> out;
+    for (const auto &c : kv_) out.push_back(c.get());
+    return out;
+}
+
+void CpuBackend::begin_chunk(float *x, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    x_ = x;
     positions_ = positions;
     seq_ids_ = seq_ids;
     n_ = n;
+    // Per row the rotary angles [n][n_rot] (and those of the sliding-window layers, when they differ).
+    const float *ff = model_.weights().rope_freqs.empty() ? nullptr : model_.weights().rope_freqs.data();
+    for_each_row(pool_, n, kMinParallelRows, [&](int64_t i) {
+        rope_cos_sin(hp_.rope, ff, positions[i], s_.rope_cs.data() + i * hp_.rope.n_rot);
+        rope_cos_sin(hp_.rope_swa, ff, positions[i], s_.rope_cs_swa.data() + i * hp_.rope_swa.n_rot);
+    });
 }
 
 float *CpuBackend::buf(Act a) {
     switch (a) {
-        case Act::X: return s_.x.data();
+        case Act::X: return x_;
         case Act::XN: return s_.xn.data();
         case Act::Attn: return s_.attn.data();
         case Act::Tmp: return s_.tmp.data();
@@ -53,7 +104,7 @@ void CpuBackend::norm(const std::vector<float> &w, Act in, Act out) {
 
 void CpuBackend::residual_add(Act t) {
     const int64_t E = hp_.n_embd;
-    float *x = s_.x.data();
+    float *x = x_;
     const float *ti = buf(t);
     for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) {
         for (int64_t d = 0; d < E; ++d) x[i * E + d] += ti[i * E + d];
@@ -85,10 +136,19 @@ void CpuBackend::attention_in(const LayerWeights &w, int il) {
     });
 }
 
-void CpuBackend::attention(int il) { ctx_.attention(il, positions_, seq_ids_, n_); }
+void CpuBackend::linear(const Matrix &m, const float *x, float *y, const std::vector<float> *bias) {
+    matmul(&pool_, m.pw, x, n_, y, s_.mm);
+    if (bias && !bias->empty()) {
+        const int64_t rows = m.pw.rows;
+        const float *bv = bias->data();
+        for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) {
+            for (int64_t r = 0; r < rows; ++r) y[i * rows + r] += bv[r];
+        });
+    }
+}
 
 void CpuBackend::attention_out(const LayerWeights &w) {
-    ctx_.linear(w.wo, s_.attn.data(), n_, s_.tmp.data(), &w.bo);
+    linear(w.wo, s_.attn.data(), s_.tmp.data(), &w.bo);
     if (w.wo_scale != 1.0f) {
         const int64_t E = hp_.n_embd;
         for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) { scale(&s_.tmp[size_t(i * E)], E, w.wo_scale); });
@@ -134,22 +194,22 @@ void CpuBackend::glu_ffn(const LayerWeights &w, Glu act) {
             rms_norm(g, w.ffn_sub_norm.data(), g, ff, hp_.norm_eps);
         });
     }
-    ctx_.linear(w.ffn_down, s_.gate.data(), n_, s_.tmp.data());
+    linear(w.ffn_down, s_.gate.data(), s_.tmp.data());
     if (w.down_scale != 1.0f)
         for_each_row(pool_, n_, kMinParallelRows, [&](int64_t i) { scale(&s_.tmp[size_t(i * E)], E, w.down_scale); });
 }
 
 void CpuBackend::moe_ffn(const LayerWeights &w, int il) {
     const int64_t E = hp_.n_embd;
-    const float *x_last = &s_.x[size_t((n_ - 1) * E)];
-    moe_record_state(ctx_, il, 0, x_last);
-    ::ktd::moe_ffn(ctx_, w, il, s_.xn.data(), n_, s_.tmp.data());
-    if (s_.moe_states.empty()) return;
+    const float *x_last = x_ + (n_ - 1) * E;
+    moe_record_state(taps_, E, il, 0, x_last);
+    ::ktd::moe_ffn(MoeRun{model_, s_.moe, s_.mm, taps_}, w, il, s_.xn.data(), n_, s_.tmp.data());
+    if (taps_.moe_states.empty()) return;
     // The bench hook's residual after the FFN: what residual_add will make of the last row.
     moe_after_.resize(size_t(E));
     const float *t_last = &s_.tmp[size_t((n_ - 1) * E)];
     for (int64_t d = 0; d < E; ++d) moe_after_[size_t(d)] = x_last[d] + t_last[d];
-    moe_record_state(ctx_, il, 1, moe_after_.data());
+    moe_record_state(taps_, E, il, 1, moe_after_.data());
 }
 
 }  // namespace ktd

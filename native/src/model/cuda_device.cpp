@@ -71,8 +71,8 @@ constexpr uint64_t kAlign = 256;  // every allocation's bytes rounded up (as cud
 uint64_t aligned(uint64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
 // The layers a device with `layers` (0: all) holds: the first ones of the model.
-std::span<const LayerWeights> device_layers(const Context &ctx, int layers) {
-    const std::vector<LayerWeights> &all = ctx.model().weights().layers;
+std::span<const LayerWeights> device_layers(const Model &model, int layers) {
+    const std::vector<LayerWeights> &all = model.weights().layers;
     if (layers < 0 || size_t(layers) > all.size())
         throw std::invalid_argument("CUDA device: layers " + std::to_string(layers) + " outside [0, " +
                                     std::to_string(all.size()) + "] (0: all)");
@@ -80,10 +80,10 @@ std::span<const LayerWeights> device_layers(const Context &ctx, int layers) {
 }
 
 // Widest row any device matmul reads (the activation scratch) and the widest FFN.
-int64_t max_k(const Context &ctx) {
-    const HParams &hp = ctx.model().hparams();
+int64_t max_k(const Model &model) {
+    const HParams &hp = model.hparams();
     int64_t k = std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v);
-    for (const LayerWeights &w : ctx.model().weights().layers) {
+    for (const LayerWeights &w : model.weights().layers) {
         for_each_device_matrix(w, [&](const Matrix &m) { k = std::max<int64_t>(k, int64_t(m.info->ne[0])); });
         if (w.ffn_down_exps) k = std::max<int64_t>(k, int64_t(w.ffn_down_exps.info->ne[0]));  // held experts
         // A stack's batched GEMV quantizes every matrix's input at once: n_mat · k per row.
@@ -96,19 +96,19 @@ int64_t max_k(const Context &ctx) {
 
 // The held experts' grouping scratch (experts_async): a chunk's gathered rows [n_batch][n_embd],
 // and its (token, weight) pairs [n_batch · n_expert_used] of each.
-uint64_t held_pairs(const Context &ctx) {
-    return uint64_t(ctx.n_batch()) * uint64_t(std::max(1, ctx.model().hparams().moe.n_expert_used));
+uint64_t held_pairs(const Model &model, int64_t n_batch) {
+    return uint64_t(n_batch) * uint64_t(std::max(1, model.hparams().moe.n_expert_used));
 }
 bool any_held(const std::vector<std::vector<uint8_t>> &masks) {
     return std::any_of(masks.begin(), masks.end(), [](const auto &m) { return !m.empty(); });
 }
-uint64_t held_scratch_bytes(const Context &ctx) {
-    return aligned(uint64_t(ctx.n_batch()) * uint64_t(ctx.model().hparams().n_embd) * 4) + aligned(held_pairs(ctx) * 8);
+uint64_t held_scratch_bytes(const Model &model, int64_t n_batch) {
+    return aligned(uint64_t(n_batch) * uint64_t(model.hparams().n_embd) * 4) + aligned(held_pairs(model, n_batch) * 8);
 }
 
-int64_t max_ff(const Context &ctx) {
+int64_t max_ff(const Model &model) {
     int64_t ff = 1;
-    for (const LayerWeights &w : ctx.model().weights().layers) {
+    for (const LayerWeights &w : model.weights().layers) {
         for (const Matrix *m : {&w.ffn_gate, &w.ffn_gate_shexp})
             if (*m) ff = std::max<int64_t>(ff, int64_t(m->info->ne[1]));
         if (w.ffn_gate_exps) ff = std::max<int64_t>(ff, w.ffn_gate_exps.rows);  // held experts
@@ -135,8 +135,7 @@ void for_each_expert_stack(const LayerWeights &w, F &&f) {
 
 }  // namespace
 
-std::string CudaDevice::unsupported(const Context &ctx, int layers, const HeldExperts &experts) {
-    const Model &model = ctx.model();
+std::string CudaDevice::unsupported(const Model &model, int layers, const HeldExperts &experts) {
     const HParams &hp = model.hparams();
     static const char *const kArchs[] = {"llama",     "qwen2",  "qwen3", "qwen2moe", "qwen3moe",
                                          "deepseek2", "gemma3", "bitnet"};
@@ -157,7 +156,7 @@ std::string CudaDevice::unsupported(const Context &ctx, int layers, const HeldEx
         for (const RopeParams *rp : {&hp.rope, &hp.rope_swa})
             if (rp->n_rot > hp.head_dim_k || rp->n_rot > 512) return "rope n_rot larger than the head";
     }
-    const std::span<const LayerWeights> on_device = device_layers(ctx, layers);
+    const std::span<const LayerWeights> on_device = device_layers(model, layers);
     for (size_t il = 0; il < on_device.size(); ++il) {
         const LayerWeights &w = on_device[il];
         std::string bad;
@@ -175,11 +174,12 @@ std::string CudaDevice::unsupported(const Context &ctx, int layers, const HeldEx
     return "";
 }
 
-CudaDevicePlan CudaDevice::plan(const Context &ctx, int layers, const HeldExperts &experts) {
-    const HParams &hp = ctx.model().hparams();
-    const std::span<const LayerWeights> on_device = device_layers(ctx, layers);
+CudaDevicePlan CudaDevice::plan(const BackendSetup &setup, int layers, const HeldExperts &experts) {
+    const Model &model = setup.model;
+    const HParams &hp = model.hparams();
+    const std::span<const LayerWeights> on_device = device_layers(model, layers);
     CudaDevicePlan p;
-    const auto masks = held_expert_masks(ctx, experts, layers);
+    const auto masks = held_expert_masks(model, experts, layers);
     for (size_t il = 0; il < on_device.size(); ++il)
         for (size_t e = 0; e < masks[il].size(); ++e)
             if (masks[il][e])
@@ -191,12 +191,12 @@ CudaDevicePlan CudaDevice::plan(const Context &ctx, int layers, const HeldExpert
         for_each_device_stack(w, [&](const MatrixStack &st) { p.weights += aligned(st.info->nbytes); });
         for_each_device_vector(w, [&](const std::vector<float> &v) { p.weights += aligned(v.size() * 4); });
     }
-    if (!ctx.model().weights().rope_freqs.empty()) p.weights += aligned(ctx.model().weights().rope_freqs.size() * 4);
-    const uint64_t rows = uint64_t(ctx.n_seq_max()) * uint64_t(ctx.n_ctx());
+    if (!model.weights().rope_freqs.empty()) p.weights += aligned(model.weights().rope_freqs.size() * 4);
+    const uint64_t rows = uint64_t(setup.n_seq_max) * uint64_t(setup.n_ctx);
     p.kv_cache = uint64_t(on_device.size()) * (aligned(rows * uint64_t(hp.n_embd_k_cache()) * 2) +
                                          aligned(rows * uint64_t(hp.n_embd_v_cache()) * 2));
-    const uint64_t nb = uint64_t(ctx.n_batch()), E = uint64_t(hp.n_embd);
-    const uint64_t attn_w = uint64_t(hp.n_head) * uint64_t(hp.head_dim_v), ff = uint64_t(max_ff(ctx));
+    const uint64_t nb = uint64_t(setup.n_batch), E = uint64_t(hp.n_embd);
+    const uint64_t attn_w = uint64_t(hp.n_head) * uint64_t(hp.head_dim_v), ff = uint64_t(max_ff(model));
     // MLA: no q, k, v buffers of the GQA path; its own (mla_widths) instead.
     const bool mla = hp.is_mla();
     for (uint64_t width : {E, E, attn_w, std::max(E, attn_w), mla ? 0 : uint64_t(hp.n_embd_q()),
@@ -205,10 +205,10 @@ CudaDevicePlan CudaDevice::plan(const Context &ctx, int layers, const HeldExpert
         p.activations += aligned(nb * width * 4);  // x xn attn tmp q k v g u y gsh
     if (mla)
         for (const auto &[width, pad] : mla_widths(hp)) p.activations += aligned((nb * uint64_t(width) + uint64_t(pad)) * 4);
-    p.activations += aligned(nb * uint64_t(max_k(ctx)) / 32 * KTD_CUDA_ACT_BLOCK_BYTES);
+    p.activations += aligned(nb * uint64_t(max_k(model)) / 32 * KTD_CUDA_ACT_BLOCK_BYTES);
     p.activations += 2 * aligned(nb * 4) + 2 * aligned(nb * 8);  // pos, n_kv, kv rows, kv first
     if (hp.n_swa > 0) p.activations += aligned(nb * 4) + aligned(nb * 8);  // the window's n_kv, kv first
-    if (any_held(masks)) p.activations += held_scratch_bytes(ctx);
+    if (any_held(masks)) p.activations += held_scratch_bytes(model, setup.n_batch);
     return p;
 }
 
@@ -226,21 +226,22 @@ void *CudaDevice::dalloc(uint64_t bytes) {
     return p;
 }
 
-CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers,
+CudaDevice::CudaDevice(const BackendSetup &setup, const CudaApi &api, int device, uint64_t vram_budget, int layers,
                        const HeldExperts &experts)
-    : ctx_(ctx), api_(api), E_(ctx.model().hparams().n_embd), n_batch_(ctx.n_batch()) {
-    held_ = held_expert_masks(ctx, experts, layers);
-    if (const std::string why = unsupported(ctx, layers, experts); !why.empty())
+    : model_(setup.model), api_(api), n_ctx_(setup.n_ctx), E_(setup.model.hparams().n_embd),
+      n_batch_(setup.n_batch) {
+    held_ = held_expert_masks(model_, experts, layers);
+    if (const std::string why = unsupported(model_, layers, experts); !why.empty())
         throw DeviceError("CUDA device: " + why);
-    const CudaDevicePlan p = plan(ctx, layers, experts);
-    const std::string what = layers == 0 || layers == ctx.model().hparams().n_layer
+    const CudaDevicePlan p = plan(setup, layers, experts);
+    const std::string what = layers == 0 || layers == model_.hparams().n_layer
                                  ? std::string("the model")
                                  : "the first " + std::to_string(layers) + " layers";
     if (vram_budget && p.total() > vram_budget)
         throw DeviceMemoryError("CUDA device: " + what + " needs " + mib(p.total()) + " (" + std::to_string(p.total()) +
                                 " bytes: weights " + std::to_string(p.weights) + ", KV cache " +
-                                std::to_string(p.kv_cache) + " for n_ctx " + std::to_string(ctx.n_ctx()) + " x " +
-                                std::to_string(ctx.n_seq_max()) + " sequences, activations " +
+                                std::to_string(p.kv_cache) + " for n_ctx " + std::to_string(setup.n_ctx) + " x " +
+                                std::to_string(setup.n_seq_max) + " sequences, activations " +
                                 std::to_string(p.activations) + ") on the device, over the VRAM budget of " +
                                 mib(vram_budget) + " (" + std::to_string(vram_budget) + " bytes)");
     char msg[512] = {0};
@@ -256,9 +257,9 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
                                         mib(dfree) + " of " + mib(dtotal) + " are free");
         }
         check(api_.event_create(c_, &ev_), "event_create");
-        const HParams &hp = ctx.model().hparams();
+        const HParams &hp = model_.hparams();
         const int64_t nb = n_batch_, E = E_;
-        const int64_t attn_w = int64_t(hp.n_head) * hp.head_dim_v, ff = max_ff(ctx);
+        const int64_t attn_w = int64_t(hp.n_head) * hp.head_dim_v, ff = max_ff(model_);
         x_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
         xn_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
         attn_ = static_cast<float *>(dalloc(uint64_t(nb * attn_w) * 4));
@@ -277,7 +278,7 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         u_ = static_cast<float *>(dalloc(uint64_t(nb * ff) * 4));
         y_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
         gsh_ = static_cast<float *>(dalloc(uint64_t(nb) * 4));
-        act_ = dalloc(uint64_t(nb * max_k(ctx) / 32) * KTD_CUDA_ACT_BLOCK_BYTES);
+        act_ = dalloc(uint64_t(nb * max_k(model_) / 32) * KTD_CUDA_ACT_BLOCK_BYTES);
         pos_ = static_cast<int32_t *>(dalloc(uint64_t(nb) * 4));
         nkv_ = static_cast<int32_t *>(dalloc(uint64_t(nb) * 4));
         kv_rows_ = static_cast<int64_t *>(dalloc(uint64_t(nb) * 8));
@@ -288,7 +289,7 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         }
         if (any_held(held_)) {
             xg_ = static_cast<float *>(dalloc(uint64_t(nb * E) * 4));
-            sel_cap_ = int64_t(held_pairs(ctx));
+            sel_cap_ = int64_t(held_pairs(model_, nb));
             d_sel_ = static_cast<int32_t *>(dalloc(uint64_t(sel_cap_) * 8));
             void *hs = nullptr;
             check(api_.host_alloc(c_, &hs, uint64_t(sel_cap_) * 8), "host_alloc");
@@ -302,12 +303,13 @@ CudaDevice::CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vr
         h_pos_ = reinterpret_cast<int32_t *>(h_first_swa_ + nb);
         h_nkv_ = h_pos_ + nb;
         h_nkv_swa_ = h_nkv_ + nb;
-        const uint64_t rows = uint64_t(ctx.n_seq_max()) * uint64_t(ctx.n_ctx());
-        layers_.resize(device_layers(ctx, layers).size());
+        const uint64_t rows = uint64_t(setup.n_seq_max) * uint64_t(n_ctx_);
+        layers_.resize(device_layers(model_, layers).size());
         for (DLayer &l : layers_) {
             l.k_cache = static_cast<uint16_t *>(dalloc(rows * uint64_t(hp.n_embd_k_cache()) * 2));
             if (hp.n_embd_v_cache() > 0)  // none with MLA: the values are the latent K rows
                 l.v_cache = static_cast<uint16_t *>(dalloc(rows * uint64_t(hp.n_embd_v_cache()) * 2));
+            memory_.push_back(std::make_unique<KvMemory>(*this, l));
         }
         upload_weights();
         check(api_.sync(c_), "upload");
@@ -322,7 +324,7 @@ CudaDevice::~CudaDevice() {
 }
 
 void CudaDevice::upload_weights() {
-    const Model &model = ctx_.model();
+    const Model &model = model_;
     // A mapping of our own: the model's may be detached once its arenas hold the (repacked) weights.
     GGUFOpenOptions o;
     o.willneed = false;
@@ -422,10 +424,11 @@ void CudaDevice::gemv(const DMat &m, const float *x, int64_t n, float *y, float 
     if (scale != 1.0f) check(api_.scale(c_, y, n * m.rows, scale), "tensor scale");
 }
 
-void CudaDevice::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+void CudaDevice::begin_chunk(float *x, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
     if (n > n_batch_) throw std::logic_error("CudaDevice: chunk larger than n_batch");
     n_ = n;
-    const int64_t n_ctx = ctx_.n_ctx();
+    host_x_ = x;
+    const int64_t n_ctx = n_ctx_;
     for (int64_t i = 0; i < n; ++i) {
         h_pos_[i] = positions[i];
         h_first_[i] = int64_t(seq_ids[i]) * n_ctx;
@@ -433,7 +436,7 @@ void CudaDevice::begin_chunk(const int32_t *positions, const int32_t *seq_ids, i
         h_nkv_[i] = positions[i] + 1;  // causal: row i sees its sequence's positions [0, pos]
     }
     // Sliding-window layers: row i sees [max(0, pos - n_swa + 1), pos] (as plan_key_ranges).
-    if (const int64_t n_swa = ctx_.model().hparams().n_swa; n_swa > 0) {
+    if (const int64_t n_swa = model_.hparams().n_swa; n_swa > 0) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t lo = std::max<int64_t>(0, positions[i] - n_swa + 1);
             h_first_swa_[i] = h_first_[i] + lo;
@@ -446,24 +449,24 @@ void CudaDevice::begin_chunk(const int32_t *positions, const int32_t *seq_ids, i
     check(api_.copy(c_, nkv_, h_nkv_, uint64_t(n) * 4, KTD_CUDA_H2D), "copy positions");
     check(api_.copy(c_, kv_rows_, h_rows_, uint64_t(n) * 8, KTD_CUDA_H2D), "copy positions");
     check(api_.copy(c_, kv_first_, h_first_, uint64_t(n) * 8, KTD_CUDA_H2D), "copy positions");
-    // The embeddings (the context dequantized them into its scratch).
-    check(api_.copy(c_, x_, ctx_.scratch().x.data(), uint64_t(n * E_) * 4, KTD_CUDA_H2D), "copy embeddings");
+    // The embeddings (the context dequantized them into x).
+    check(api_.copy(c_, x_, x, uint64_t(n * E_) * 4, KTD_CUDA_H2D), "copy embeddings");
 }
 
 void CudaDevice::end_chunk() {
-    check(api_.copy(c_, ctx_.scratch().x.data(), x_, uint64_t(n_ * E_) * 4, KTD_CUDA_D2H), "copy residual");
+    check(api_.copy(c_, host_x_, x_, uint64_t(n_ * E_) * 4, KTD_CUDA_D2H), "copy residual");
     check(api_.sync(c_), "forward");  // also: the staging above may be rewritten by the next chunk
 }
 
 void CudaDevice::norm(const std::vector<float> &w, Act in, Act out) {
-    check(api_.rmsnorm(c_, buf(in), dvec(w), buf(out), n_, int64_t(w.size()), ctx_.model().hparams().norm_eps),
+    check(api_.rmsnorm(c_, buf(in), dvec(w), buf(out), n_, int64_t(w.size()), model_.hparams().norm_eps),
           "rmsnorm");
 }
 
 void CudaDevice::residual_add(Act t) { check(api_.add(c_, x_, buf(t), n_ * E_), "residual add"); }
 
 void CudaDevice::attention_in(const LayerWeights &w, int il) {
-    const HParams &hp = ctx_.model().hparams();
+    const HParams &hp = model_.hparams();
     const DLayer &l = layers_[size_t(il)];
     const int64_t hd = hp.head_dim_k;
     gemv(l.wq, xn_, n_, q_, w.wq_scale);
@@ -483,7 +486,7 @@ void CudaDevice::attention_in(const LayerWeights &w, int il) {
 }
 
 void CudaDevice::attention(int il) {
-    const HParams &hp = ctx_.model().hparams();
+    const HParams &hp = model_.hparams();
     const DLayer &l = layers_[size_t(il)];
     check(api_.kv_write(c_, k_, n_, hp.n_embd_k_gqa(), l.k_cache, kv_rows_), "kv write");
     check(api_.kv_write(c_, v_, n_, hp.n_embd_v_gqa(), l.v_cache, kv_rows_), "kv write");
@@ -494,7 +497,7 @@ void CudaDevice::attention(int il) {
 }
 
 void CudaDevice::attention_out(const LayerWeights &w) {
-    const DLayer &l = layers_[size_t(&w - ctx_.model().weights().layers.data())];
+    const DLayer &l = layers_[size_t(&w - model_.weights().layers.data())];
     gemv(l.wo, attn_, n_, tmp_, w.wo_scale);
     if (!w.bo.empty()) check(api_.add_rows(c_, tmp_, dvec(w.bo), n_, E_), "bias");
 }
@@ -517,7 +520,7 @@ void CudaDevice::per_head_gemv(const DStack &st, const float *x, int64_t x_head,
 // write, each head's q_nope taken into the latent space (wk_b), multi-query attention over the
 // cache rows, and each head's output decompressed (wv_b) into Attn [n][H·v_head_dim].
 void CudaDevice::mla_attention(const LayerWeights &w, int il) {
-    const HParams &hp = ctx_.model().hparams();
+    const HParams &hp = model_.hparams();
     const MlaParams &m = hp.mla;
     const DLayer &l = layers_[size_t(il)];
     const int64_t n = n_, H = hp.n_head, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, r = m.kv_lora_rank;
@@ -549,12 +552,12 @@ void CudaDevice::mla_attention(const LayerWeights &w, int il) {
 }
 
 void CudaDevice::glu_ffn(const LayerWeights &w, Glu act) {
-    const DLayer &l = layers_[size_t(&w - ctx_.model().weights().layers.data())];
+    const DLayer &l = layers_[size_t(&w - model_.weights().layers.data())];
     gemv(l.gate, xn_, n_, g_, w.gate_scale);
     gemv(l.up, xn_, n_, u_, w.up_scale);
     check(api_.glu(c_, glu_code(act), g_, u_, n_ * l.gate.rows), "glu");
     if (!w.ffn_sub_norm.empty())  // bitnet: an RMSNorm over the GLU's rows before the down projection
-        check(api_.rmsnorm(c_, g_, dvec(w.ffn_sub_norm), g_, n_, l.gate.rows, ctx_.model().hparams().norm_eps),
+        check(api_.rmsnorm(c_, g_, dvec(w.ffn_sub_norm), g_, n_, l.gate.rows, model_.hparams().norm_eps),
               "ffn sub-norm");
     gemv(l.down, g_, n_, tmp_, w.down_scale);
 }
@@ -564,7 +567,7 @@ void CudaDevice::moe_ffn(const LayerWeights &, int) {
 }
 
 void CudaDevice::shared_expert_async(const LayerWeights &w, Act in, Act out) {
-    const DLayer &l = layers_[size_t(&w - ctx_.model().weights().layers.data())];
+    const DLayer &l = layers_[size_t(&w - model_.weights().layers.data())];
     float *x = buf(in), *y = buf(out);
     if (!l.gate_sh) {
         check(api_.memset0(c_, y, uint64_t(n_ * E_) * 4), "memset");
@@ -645,28 +648,40 @@ void CudaDevice::add_from_host(Act a, const float *src) {
 
 void CudaDevice::sync() { check(api_.sync(c_), "sync"); }
 
-void CudaDevice::copy_kv(int src, int dst, int64_t n_tokens) {
-    if (src == dst || n_tokens <= 0) return;
-    const HParams &hp = ctx_.model().hparams();
-    const uint64_t n_ctx = uint64_t(ctx_.n_ctx());
-    for (DLayer &l : layers_)
-        for (auto [cache, dim] : {std::pair{l.k_cache, hp.n_embd_k_cache()}, std::pair{l.v_cache, hp.n_embd_v_cache()}}) {
-            if (!cache) continue;  // no V cache with MLA
-            check(api_.copy(c_, cache + uint64_t(dst) * n_ctx * uint64_t(dim), cache + uint64_t(src) * n_ctx * uint64_t(dim),
-                            uint64_t(n_tokens) * uint64_t(dim) * 2, KTD_CUDA_D2D),
-                  "copy_seq");
-        }
-    check(api_.sync(c_), "copy_seq");
+CudaDevice::KvMemory::KvMemory(CudaDevice &dev, const DLayer &l) : dev_(dev), k_(l.k_cache), v_(l.v_cache) {
+    const HParams &hp = dev.model_.hparams();
+    k_width_ = hp.n_embd_k_cache();
+    v_width_ = hp.n_embd_v_cache();
 }
 
-std::unique_ptr<DeviceBackend> make_cuda_device(Context &ctx, const std::string &name, int device,
+int64_t CudaDevice::KvMemory::bytes_per_token() const { return (k_width_ + v_width_) * int64_t(sizeof(uint16_t)); }
+
+void CudaDevice::KvMemory::copy_seq(int src, int dst, int64_t n_tokens) {
+    const uint64_t n_ctx = uint64_t(dev_.n_ctx_);
+    for (auto [cache, width] : {std::pair{k_, k_width_}, std::pair{v_, v_width_}}) {
+        if (!cache) continue;  // no V cache with MLA
+        dev_.check(dev_.api_.copy(dev_.c_, cache + uint64_t(dst) * n_ctx * uint64_t(width),
+                                  cache + uint64_t(src) * n_ctx * uint64_t(width),
+                                  uint64_t(n_tokens) * uint64_t(width) * 2, KTD_CUDA_D2D),
+                   "copy_seq");
+    }
+    dev_.check(dev_.api_.sync(dev_.c_), "copy_seq");
+}
+
+std::vector<LayerMemory *> CudaDevice::memory() {
+    std::vector<LayerMemory *> out;
+    for (const auto &m : memory_) out.push_back(m.get());
+    return out;
+}
+
+std::unique_ptr<DeviceBackend> make_cuda_device(const BackendSetup &setup, const std::string &name, int device,
                                                 uint64_t vram_budget, int layers, const HeldExperts &experts) {
     if (name == "cuda-emulated")
-        return std::make_unique<CudaDevice>(ctx, cuda_api_emulated(), device, vram_budget, layers, experts);
+        return std::make_unique<CudaDevice>(setup, cuda_api_emulated(), device, vram_budget, layers, experts);
     std::string reason;
     const CudaApi *api = cuda_api_library(&reason);
     if (!api) throw DeviceError("CUDA device: " + reason);
-    return std::make_unique<CudaDevice>(ctx, *api, device, vram_budget, layers, experts);
+    return std::make_unique<CudaDevice>(setup, *api, device, vram_budget, layers, experts);
 }
 
 }  // namespace ktd

@@ -5,7 +5,8 @@
 // On the device: every non-routed-expert weight of the layers (attention, dense FFN, shared
 // experts, norms, biases) as the GGUF blocks are stored in the file (read from a mapping of its
 // own: the CPU's repacked layouts are not used), the KV cache in F16 [n_seq][n_ctx][n_head_kv·hd]
-// per layer, the chunk's activations. The embeddings come up per chunk (n_embd floats a row) and
+// per layer (MLA: the latent cache, K rows only), each layer's behind LayerMemory
+// (sequence_memory.h), the chunk's activations. The embeddings come up per chunk (n_embd floats a row) and
 // the residual goes back down at the end of the chunk for the output head, which stays on the
 // CPU; per MoE layer XN goes down and the routed sum comes up through page-locked buffers.
 //
@@ -24,7 +25,9 @@
 #include <vector>
 
 #include "cuda/cuda_api.h"
+#include "model/backend_setup.h"
 #include "model/hybrid_backend.h"
+#include "model/sequence_memory.h"
 
 namespace ktd {
 
@@ -54,18 +57,18 @@ public:
     // layers: the first `layers` layers only (gpu.layers; 0: all), the others run on the CPU
     // (HybridBackend); std::invalid_argument outside [0, n_layer].
     // experts: the routed experts it holds per layer (gpu.experts), uploaded and computed here.
-    CudaDevice(Context &ctx, const CudaApi &api, int device, uint64_t vram_budget, int layers = 0,
+    CudaDevice(const BackendSetup &setup, const CudaApi &api, int device, uint64_t vram_budget, int layers = 0,
                const HeldExperts &experts = {});
     ~CudaDevice() override;
     CudaDevice(const CudaDevice &) = delete;
     CudaDevice &operator=(const CudaDevice &) = delete;
 
-    static CudaDevicePlan plan(const Context &ctx, int layers = 0, const HeldExperts &experts = {});
+    static CudaDevicePlan plan(const BackendSetup &setup, int layers = 0, const HeldExperts &experts = {});
     // Why this model's first `layers` (0: all) and those experts cannot run on the device ("" when
     // they can).
-    static std::string unsupported(const Context &ctx, int layers = 0, const HeldExperts &experts = {});
+    static std::string unsupported(const Model &model, int layers = 0, const HeldExperts &experts = {});
 
-    void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
+    void begin_chunk(float *x, const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
     void norm(const std::vector<float> &w, Act in, Act out) override;
     void residual_add(Act t) override;
     void attention_in(const LayerWeights &w, int il) override;
@@ -75,7 +78,7 @@ public:
     void glu_ffn(const LayerWeights &w, Glu act) override;
     void moe_ffn(const LayerWeights &w, int il) override;
     void end_chunk() override;
-    void copy_kv(int src, int dst, int64_t n_tokens) override;
+    std::vector<LayerMemory *> memory() override;
 
     void to_host(Act a, float *dst) override;
     void add_from_host(Act a, const float *src) override;
@@ -108,6 +111,20 @@ private:
         uint16_t *k_cache = nullptr, *v_cache = nullptr;
         std::vector<std::array<DMat, 3>> experts;  // [n_expert] gate, up, down of the held ones (else null)
     };
+    // A layer's KV (or latent) cache on the device as LayerMemory: copy_seq copies rows on the
+    // device and waits for them.
+    class KvMemory final : public LayerMemory {
+    public:
+        KvMemory(CudaDevice &dev, const DLayer &l);
+        int64_t bytes_per_token() const override;
+        void copy_seq(int src, int dst, int64_t n_tokens) override;
+        void free_seq(int) override {}
+
+    private:
+        CudaDevice &dev_;
+        uint16_t *k_, *v_;  // [n_seq][n_ctx][width] (v_ null: no V cache)
+        int64_t k_width_ = 0, v_width_ = 0;
+    };
 
     void check(int rc, const char *what) const;
     void *dalloc(uint64_t bytes);
@@ -123,11 +140,14 @@ private:
     void copy2d(float *dst, int64_t dpitch, const float *src, int64_t spitch, int64_t width, int64_t rows);
     void upload_weights();
 
-    Context &ctx_;
+    const Model &model_;
     const CudaApi &api_;
+    int64_t n_ctx_;
     KtdCudaCtx *c_ = nullptr;
     KtdCudaEvent *ev_ = nullptr;
     std::vector<DLayer> layers_;
+    std::vector<std::unique_ptr<KvMemory>> memory_;  // [layers_] their caches
+    float *host_x_ = nullptr;  // the chunk's x (begin_chunk)
     std::map<const float *, const float *> vecs_;  // host vector data → device copy
     const float *rope_ff_ = nullptr;
     float *x_ = nullptr, *xn_ = nullptr, *attn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
@@ -157,7 +177,7 @@ private:
 
 // The device backend selected by name: "cuda" (libktd_cuda.so) or "cuda-emulated" (the ABI's host
 // emulation; tests). DeviceError with the reason when the library cannot be used.
-std::unique_ptr<DeviceBackend> make_cuda_device(Context &ctx, const std::string &name, int device,
+std::unique_ptr<DeviceBackend> make_cuda_device(const BackendSetup &setup, const std::string &name, int device,
                                                 uint64_t vram_budget, int layers = 0,
                                                 const HeldExperts &experts = {});
 

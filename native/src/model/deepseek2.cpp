@@ -15,7 +15,7 @@ namespace ktd {
 
 namespace {
 
-void deepseek2_layer(Backend &b, const HParams &, const LayerWeights &w, int il) {
+void deepseek2_layer(Blocks &b, const HParams &, const LayerWeights &w, int il) {
     b.norm(w.attn_norm, Act::X, Act::XN);
     b.mla_attention(w, il);
     b.attention_out(w);

@@ -66,9 +66,15 @@ void Stream::loop() {
 
 // --- held experts -----------------------------------------------------------------------------
 
-std::vector<std::vector<uint8_t>> held_expert_masks(const Context &ctx, const HeldExperts &experts,
+int device_layer_count(int n_layer, int layers) {
+    if (layers < 0 || layers > n_layer)
+        throw std::invalid_argument("device layers " + std::to_string(layers) + " outside [0, " +
+                                    std::to_string(n_layer) + "] (0: all)");
+    return layers == 0 ? n_layer : layers;
+}
+
+std::vector<std::vector<uint8_t>> held_expert_masks(const Model &model, const HeldExperts &experts,
                                                    int device_layers) {
-    const Model &model = ctx.model();
     const int n_layer = model.hparams().n_layer, n_expert = model.hparams().moe.n_expert;
     const int on_device = device_layers == 0 ? n_layer : device_layers;
     std::vector<std::vector<uint8_t>> masks(static_cast<size_t>(n_layer));
@@ -96,17 +102,20 @@ void DeviceBackend::experts_async(const LayerWeights &, int, const std::vector<M
 
 // --- LoopbackDevice ---------------------------------------------------------------------------
 
-LoopbackDevice::LoopbackDevice(Context &ctx, const HeldExperts &experts, int device_layers)
-    : ctx_(ctx), cpu_(std::make_unique<CpuBackend>(ctx)), E_(ctx.model().hparams().n_embd) {
-    held_ = held_expert_masks(ctx, experts, device_layers);
+LoopbackDevice::LoopbackDevice(const BackendSetup &setup, const HeldExperts &experts, int device_layers)
+    : E_(setup.model.hparams().n_embd) {
+    held_ = held_expert_masks(setup.model, experts, device_layers);
+    cpu_ = std::make_unique<CpuBackend>(setup, 0, device_layer_count(setup.model.hparams().n_layer, device_layers));
 }
 
 LoopbackDevice::~LoopbackDevice() = default;
 
-void LoopbackDevice::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+void LoopbackDevice::begin_chunk(float *x, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
     n_ = n;
-    cpu_->begin_chunk(positions, seq_ids, n);
+    cpu_->begin_chunk(x, positions, seq_ids, n);
 }
+
+std::vector<LayerMemory *> LoopbackDevice::memory() { return cpu_->memory(); }
 void LoopbackDevice::norm(const std::vector<float> &w, Act in, Act out) { cpu_->norm(w, in, out); }
 void LoopbackDevice::residual_add(Act t) { cpu_->residual_add(t); }
 void LoopbackDevice::attention_in(const LayerWeights &w, int il) { cpu_->attention_in(w, il); }
@@ -119,7 +128,7 @@ void LoopbackDevice::moe_ffn(const LayerWeights &, int) {
     throw std::logic_error("LoopbackDevice::moe_ffn: routed experts run on the host (HybridBackend)");
 }
 
-float *LoopbackDevice::buf(Act a) { return cpu_->buf(a); }  // the same host scratch
+float *LoopbackDevice::buf(Act a) { return cpu_->buf(a); }  // the CPU backend's host activations
 
 void LoopbackDevice::to_host(Act a, float *dst) {
     std::memcpy(dst, buf(a), size_t(n_ * E_) * sizeof(float));
@@ -168,15 +177,12 @@ void LoopbackDevice::sync() { stream_.sync(); }
 
 // --- HybridBackend ----------------------------------------------------------------------------
 
-HybridBackend::HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device, int device_layers)
-    : ctx_(ctx), dev_(std::move(device)) {
-    const int n_layer = ctx.model().hparams().n_layer;
-    if (device_layers < 0 || device_layers > n_layer)
-        throw std::invalid_argument("device layers " + std::to_string(device_layers) + " outside [0, " +
-                                    std::to_string(n_layer) + "] (0: all)");
-    stats_.device_layers = device_layers == 0 ? n_layer : device_layers;
-    if (stats_.device_layers < n_layer) cpu_ = std::make_unique<CpuBackend>(ctx);
-    const size_t rows = size_t(ctx.n_batch()) * size_t(ctx.model().hparams().n_embd);
+HybridBackend::HybridBackend(const BackendSetup &setup, std::unique_ptr<DeviceBackend> device, int device_layers)
+    : model_(setup.model), taps_(setup.taps), dev_(std::move(device)) {
+    const int n_layer = model_.hparams().n_layer;
+    stats_.device_layers = device_layer_count(n_layer, device_layers);
+    if (stats_.device_layers < n_layer) cpu_ = std::make_unique<CpuBackend>(setup, stats_.device_layers, n_layer);
+    const size_t rows = size_t(setup.n_batch) * size_t(model_.hparams().n_embd);
     xn_ = dev_->host_buffer(0, rows);
     y_ = dev_->host_buffer(1, rows);
     if (!xn_) {
@@ -196,9 +202,16 @@ Backend &HybridBackend::at() {
     return *cpu_;
 }
 
-void HybridBackend::begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) {
-    positions_ = positions, seq_ids_ = seq_ids, n_ = n, il_ = 0;
-    dev_->begin_chunk(positions, seq_ids, n);
+void HybridBackend::begin_chunk(float *x, const int32_t *positions, const int32_t *seq_ids, int64_t n) {
+    x_ = x, positions_ = positions, seq_ids_ = seq_ids, n_ = n, il_ = 0;
+    dev_->begin_chunk(x, positions, seq_ids, n);
+}
+
+std::vector<LayerMemory *> HybridBackend::memory() {
+    std::vector<LayerMemory *> out = dev_->memory();
+    if (cpu_)
+        for (LayerMemory *m : cpu_->memory()) out.push_back(m);
+    return out;
 }
 
 void HybridBackend::begin_layer(int il) {
@@ -206,8 +219,8 @@ void HybridBackend::begin_layer(int il) {
     // stream), and the CPU backend takes the chunk from there.
     if (cpu_ && il == stats_.device_layers && il_ < il) {
         dev_->end_chunk();
-        cpu_->begin_chunk(positions_, seq_ids_, n_);
-        stats_.bytes_to_host += uint64_t(n_) * uint64_t(ctx_.model().hparams().n_embd) * sizeof(float);
+        cpu_->begin_chunk(x_, positions_, seq_ids_, n_);
+        stats_.bytes_to_host += uint64_t(n_) * uint64_t(model_.hparams().n_embd) * sizeof(float);
     }
     il_ = il;
 }
@@ -222,7 +235,8 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
         cpu_->moe_ffn(w, il);
         return;
     }
-    const int64_t n = dev_->rows(), E = ctx_.model().hparams().n_embd;
+    const int64_t n = dev_->rows(), E = model_.hparams().n_embd;
+    const MoeRun host{model_, moe_, mm_, taps_};
     const uint64_t bytes = uint64_t(n * E) * sizeof(float);
     using clock = std::chrono::steady_clock;
     const auto ns = [](clock::time_point a, clock::time_point b) {
@@ -253,7 +267,7 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
                     launch_error = std::current_exception();
                 }
             };
-            ::ktd::moe_ffn(ctx_, w, il, xn_, n, y_, MoePart::Routed, &split);
+            ::ktd::moe_ffn(host, w, il, xn_, n, y_, MoePart::Routed, &split);
             const bool early = launched;
             if (!launched) split.routed();  // (every path calls it; this keeps the pairs if one did not)
             if (launch_error) std::rethrow_exception(launch_error);
@@ -261,7 +275,7 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
             stats_.device_pairs += dev_sel_.size();
             stats_.bytes_to_device += dev_sel_.size() * sizeof(MoeSelection);  // the pairs go up
         } else {
-            ::ktd::moe_ffn(ctx_, w, il, xn_, n, y_, MoePart::Routed);
+            ::ktd::moe_ffn(host, w, il, xn_, n, y_, MoePart::Routed);
         }
     } catch (...) {
         dev_->sync();  // never leave the stream writing into buffers the caller may free
@@ -278,7 +292,7 @@ void HybridBackend::moe_ffn(const LayerWeights &w, int il) {
     stats_.from_host_ns += ns(t3, t4);
     stats_.bytes_to_device += bytes;
     stats_.moe_calls += 1;
-    stats_.routed_pairs += uint64_t(n) * uint64_t(ctx_.model().hparams().moe.n_expert_used);
+    stats_.routed_pairs += uint64_t(n) * uint64_t(model_.hparams().moe.n_expert_used);
 }
 
 }  // namespace ktd

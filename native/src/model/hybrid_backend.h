@@ -16,7 +16,8 @@
 //
 // A card too small for every layer's dense part (gpu.layers = N): layers [0, N) run as above and
 // layers [N, n_layer) wholly on the CPU backend (their routed and shared experts in the CPU's MoE,
-// their KV cache the context's). At layer N the residual comes down once (the device's end of
+// their KV cache in host memory). The per-sequence memory is the device's layers' and the CPU
+// layers', in layer order. At layer N the residual comes down once (the device's end of
 // chunk); the output head is on the host either way.
 //
 // Hot experts (gpu.experts): a device may hold some routed experts of its MoE layers (the most
@@ -35,13 +36,15 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "model/backend.h"
+#include "model/backend_setup.h"
 #include "model/moe.h"
 
 namespace ktd {
 
-class Context;
 class CpuBackend;
+class Model;
 
 // What crossed between host and device, in bytes, and how many MoE layers did it.
 struct HybridStats {
@@ -59,13 +62,14 @@ struct HybridStats {
     uint64_t early_launches = 0;
 };
 
-// The routed experts a device holds: experts[il] lists layer il's (missing or empty: none).
-using HeldExperts = std::vector<std::vector<int32_t>>;
 // experts as masks [n_layer][n_expert] (1: held; a layer with none is empty). std::invalid_argument
 // for an expert out of range, a layer that is not a MoE layer or not among the first
 // device_layers (0: all).
-std::vector<std::vector<uint8_t>> held_expert_masks(const Context &ctx, const HeldExperts &experts,
+std::vector<std::vector<uint8_t>> held_expert_masks(const Model &model, const HeldExperts &experts,
                                                    int device_layers);
+// The layers a device runs when asked for `layers` (0: all): std::invalid_argument outside
+// [0, n_layer].
+int device_layer_count(int n_layer, int layers);
 
 class DeviceBackend : public Backend {
 public:
@@ -118,10 +122,10 @@ private:
 
 class LoopbackDevice final : public DeviceBackend {
 public:
-    explicit LoopbackDevice(Context &ctx, const HeldExperts &experts = {}, int device_layers = 0);
+    explicit LoopbackDevice(const BackendSetup &setup, const HeldExperts &experts = {}, int device_layers = 0);
     ~LoopbackDevice() override;
 
-    void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
+    void begin_chunk(float *x, const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
     void norm(const std::vector<float> &w, Act in, Act out) override;
     void residual_add(Act t) override;
     void attention_in(const LayerWeights &w, int il) override;
@@ -139,11 +143,11 @@ public:
     int64_t rows() const override { return n_; }
     void experts_async(const LayerWeights &w, int il, const std::vector<MoeSelection> &sel, Act in,
                        Act out) override;
+    std::vector<LayerMemory *> memory() override;
 
 private:
     float *buf(Act a);
-    Context &ctx_;
-    std::unique_ptr<CpuBackend> cpu_;
+    std::unique_ptr<CpuBackend> cpu_;  // the device's layers, their KV caches in host memory
     Stream stream_;
     MoeSharedScratch shared_;
     std::vector<float> eg_, eu_, ey_;  // a held expert's gate/up rows and output (the stream's)
@@ -154,10 +158,10 @@ class HybridBackend final : public Backend {
 public:
     // device_layers: layers [0, device_layers) on the device, the others on the CPU backend
     // (0 or n_layer: every layer on the device); the device holds only its layers.
-    HybridBackend(Context &ctx, std::unique_ptr<DeviceBackend> device, int device_layers = 0);
+    HybridBackend(const BackendSetup &setup, std::unique_ptr<DeviceBackend> device, int device_layers = 0);
     ~HybridBackend() override;
 
-    void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
+    void begin_chunk(float *x, const int32_t *positions, const int32_t *seq_ids, int64_t n) override;
     void begin_layer(int il) override;
     void norm(const std::vector<float> &w, Act in, Act out) override { at().norm(w, in, out); }
     void residual_add(Act t) override { at().residual_add(t); }
@@ -170,7 +174,7 @@ public:
     // runs the shared expert; their sum back to the device and added. A CPU layer: the CPU's MoE.
     void moe_ffn(const LayerWeights &w, int il) override;
     void end_chunk() override;
-    void copy_kv(int src, int dst, int64_t n_tokens) override { dev_->copy_kv(src, dst, n_tokens); }
+    std::vector<LayerMemory *> memory() override;
 
     const HybridStats &stats() const { return stats_; }
 
@@ -178,9 +182,13 @@ private:
     bool on_device() const { return il_ < stats_.device_layers; }
     Backend &at();  // the backend of the current layer
 
-    Context &ctx_;
+    const Model &model_;
+    ForwardTaps &taps_;
     std::unique_ptr<DeviceBackend> dev_;
     std::unique_ptr<CpuBackend> cpu_;  // the layers past device_layers (null when the device has all)
+    MoeScratch moe_;                   // the routed experts' on the host
+    MatmulScratch mm_;
+    float *x_ = nullptr;
     const int32_t *positions_ = nullptr, *seq_ids_ = nullptr;
     int64_t n_ = 0;
     int il_ = 0;

@@ -16,7 +16,7 @@ namespace ktd {
 
 namespace {
 
-void llama_layer(Backend &b, const HParams &, const LayerWeights &w, int il) {
+void llama_layer(Blocks &b, const HParams &, const LayerWeights &w, int il) {
     b.norm(w.attn_norm, Act::X, Act::XN);
     b.attention_in(w, il);
     b.attention(il);

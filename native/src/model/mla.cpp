@@ -6,13 +6,14 @@
 //   cache row (F16): [c; k_pe], r + rope values per token and layer — never the decompressed K/V
 //   q_lat_h [r] = wk_b_h · q_nope_h          (absorption: q_nope_h · (W_kb_h^T c) = q_lat_h · c)
 //   o_h [r] = Σ_j softmax_j(kq_scale · (q_lat_h · c_j + q_pe_h · k_pe_j)) · c_j
-//             (Context::attention as multi-query attention: head_dim_k r + rope, values = the
+//             (CpuBackend::attention as multi-query attention: head_dim_k r + rope, values = the
 //             first r entries of each cached row)
 //   v_h [v_head_dim] = wv_b_h · o_h  → Attn [n][H·v_head_dim]
 #include <cstring>
 #include <optional>
 
 #include "kernels/kernels.h"
+#include "cpu/thread_pool.h"
 #include "model/blocks.h"
 #include "model/cpu_backend.h"
 #include "model/model.h"
@@ -48,7 +49,7 @@ void CpuBackend::mla_attention(const LayerWeights &w, int il) {
     float *q = s_.mla_q.data();      // [n][H][hq]
     float *kv = s_.k.data();         // [n][r + rope]: the cache rows
     // Each emplace ends the previous part's timer (no-ops unless profiling; profile.h).
-    ForwardProfile *prof = ctx_.active_profile();
+    ForwardProfile *prof = taps_.profile;
     std::optional<OpTimer> part(std::in_place, prof, ForwardOp::MlaProject);
     // The query's first projection and the latent read the same input: one pool region.
     const MatmulJob in[] = {{w.wq_a ? &w.wq_a.pw : &w.wq.pw, w.wq_a ? s_.mla_q_a.data() : q, nullptr},
@@ -58,7 +59,7 @@ void CpuBackend::mla_attention(const LayerWeights &w, int il) {
         float *qa = s_.mla_q_a.data();  // [n][q_lora_rank]
         for_each_row(pool_, n, kMinParallelRows,
                      [&](int64_t i) { rms_norm(qa + i * ql, w.attn_q_a_norm.data(), qa + i * ql, ql, hp.norm_eps); });
-        ctx_.linear(w.wq_b, qa, n, q);
+        linear(w.wq_b, qa, q);
     }
     part.emplace(prof, ForwardOp::MlaAbsorb);
     float *heads = s_.mla_heads.data();  // head-major scratch
@@ -83,7 +84,7 @@ void CpuBackend::mla_attention(const LayerWeights &w, int il) {
         }
     });
     part.emplace(prof, ForwardOp::MlaCache);
-    ctx_.attention(il, positions_, seq_ids_, n);  // s.attn [n][H][r]: latent outputs
+    attention(il);  // s.attn [n][H][r]: latent outputs
     part.emplace(prof, ForwardOp::MlaDecompress);
     // Decompress each head's output: head-major copy (into s.q, free now), v [H][n][dv], then the
     // token-major Attn [n][H·dv] that wo reads.

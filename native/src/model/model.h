@@ -1,21 +1,16 @@
-// A loaded model (weights checked against its architecture's tensor table and prepared for the
-// kernels) and a Context (KV cache with sequence slots + scratch) that runs batches through it.
+// A loaded model: the weights checked against its architecture's tensor table and prepared for
+// the kernels (a Context, model/context.h, runs batches through it).
 //
 // Shapes (GGML order in the file, row-major here): W [rows][k] is a GGUF tensor with ne[0] = k.
-// Activations: x [n][n_embd] F32, one row per batch token. KV cache: per layer, K [n_seq_max]
-// [n_head_kv][n_ctx][head_dim_k] and V [n_seq_max][n_head_kv][n_ctx][head_dim_v], F16: each KV
-// head's rows of a sequence are contiguous, so the attention over one head reads one stream.
 #pragma once
-#include <algorithm>
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -24,20 +19,10 @@
 #include "kernels/tile.h"
 #include "memory/arena.h"
 #include "model/arch.h"
-#include "model/attention.h"
 #include "model/hparams.h"
-#include "model/hybrid_backend.h"
-#include "model/moe.h"
-#include "model/profile.h"
 #include "model/weights_cache.h"
-#include "sampling/greedy.h"
 
 namespace ktd {
-
-// A position at or beyond the context limit. Python: ktd._native.ContextOverflow.
-struct ContextOverflowError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
 
 // A weight matrix prepared for matmul (null `info`: the optional tensor is absent).
 struct Matrix {
@@ -125,9 +110,6 @@ struct ModelWeights {
     std::vector<float> rope_freqs;               // [n_rot/2] frequency divisors (llama 3.1), optional
     std::vector<LayerWeights> layers;
 };
-
-class Backend;
-class Context;
 
 // How dense (non-expert) weights are placed when the pool spans several NUMA nodes: pages
 // interleaved over the nodes, or one copy per node (each worker reads its node's; n_node times
@@ -273,148 +255,6 @@ private:
     std::atomic<bool> cache_cancel_{false};
     std::thread cache_writer_;
     std::vector<int> tid_slice_;  // [n_threads]
-};
-
-// One batch row per token: (token, position, sequence id, wants logits).
-struct Batch {
-    const int32_t *tokens = nullptr, *positions = nullptr, *seq_ids = nullptr;
-    const uint8_t *want_logits = nullptr;
-    int64_t n = 0;
-};
-
-// Query rows per attention block (attention.cpp): sizes each worker's attention scratch.
-int attn_rows_per_block(const HParams &hp);
-
-// Scratch of one chunk of up to n_batch rows, shared by the layer functions.
-struct ForwardScratch {
-    std::vector<float> x, xn, q, k, v, attn, gate, up, tmp;  // [n_batch][...]
-    std::vector<float> rope_cs;                // [n_batch][n_rot] cos/sin pairs
-    std::vector<float> rope_cs_swa;            // same for sliding-window layers
-    std::vector<float> attn_tmp;               // [n_threads][attn_tmp_stride] attention kernel scratch
-    size_t attn_tmp_stride = 0;
-    AttnPlan attn_plan;                        // Context::attention's jobs (model/attention.h)
-    MatmulScratch mm;
-    MoeScratch moe;                            // routed experts (moe_ffn)
-    // Bench/test hook (Context._record_states): when non-empty, [n_layer][2][n_embd] residual of
-    // the last row of the latest batch before and after each MoE layer's FFN (moe_record_state).
-    std::vector<float> moe_states;
-    // deepseek2 (MLA) only: q LoRA [n_batch][q_lora_rank], decompressed q [n_batch][n_head·(nope+rope)],
-    // a head-major [n_head][n_batch][max(nope, v_head_dim)] buffer for the per-head matmuls, one
-    // matmul scratch per thread.
-    std::vector<float> mla_q_a, mla_q, mla_heads;
-    std::vector<MatmulScratch> mm_thread;
-    // Partial results of split key ranges (Context::attention): [n_part][AttnPlan::part_stride].
-    std::vector<float> attn_part;
-    // A greedy forward's logits [n_marked of a chunk][n_vocab] and its per-worker argmax views
-    // [n_threads][n_marked] (Context::forward with greedy ids).
-    std::vector<float> greedy_logits;
-    std::vector<sampling::GreedyBest> greedy_best;
-};
-
-// Elements before the first cached row of (sequence seq, KV head h) in a layer's KV cache of
-// n_head_kv heads of head dim hd and n_ctx positions per sequence ([n_seq][n_head_kv][n_ctx][hd]).
-inline size_t kv_head_offset(int64_t seq, int64_t h, int64_t n_head_kv, int64_t n_ctx, int64_t hd) {
-    return ((size_t(seq) * size_t(n_head_kv) + size_t(h)) * size_t(n_ctx)) * size_t(hd);
-}
-
-class Context {
-public:
-    // n_ctx: per-sequence limit; n_seq_max: KV slots; n_batch: rows computed at once (a longer
-    // batch is run in chunks of n_batch).
-    Context(const Model &model, int64_t n_ctx, int n_seq_max, int64_t n_batch = 512);
-    ~Context();
-
-    // Rows of one sequence must have consecutive positions in row order, starting at or before the
-    // sequence's current length (starting before it discards the tail). Writes logits of marked
-    // rows, in row order, to `logits` [n_marked][n_vocab]. ContextOverflowError if a position is
-    // >= n_ctx; std::invalid_argument for any other bad row (nothing is computed then).
-    // With `greedy` (then `logits` may be null): also the greedy token of every marked row, in row
-    // order, into greedy [n_marked] — the sampler's temperature-0 choice, or a sampling::kGreedy*
-    // code where the sampler would reject the logits (sampling/greedy.h) — taken by the output head
-    // as it writes each piece of the logits, so no second pass reads them back from memory.
-    void forward(const Batch &batch, float *logits, int32_t *greedy = nullptr);
-    // Perplexity (score.cpp): runs `batch` like forward (its want_logits is ignored) and, for every
-    // row i with targets[i] >= 0, writes -log softmax(logits of row i)[targets[i]] to nll[k], k the
-    // rank of row i among those rows. The logits stay here: rows are run in pieces of at most
-    // n_batch rows and kScoreRows scored rows, each piece's scored logits reduced to one number per
-    // row. std::invalid_argument for a target outside [-1, n_vocab) or a bad row, before any row runs.
-    static constexpr int64_t kScoreRows = 128;
-    void score(const Batch &batch, const int32_t *targets, double *nll);
-    void free_seq(int seq_id);
-    void copy_seq(int src, int dst, int64_t n_tokens);
-    int64_t seq_len(int seq_id) const;
-
-    const Model &model() const { return model_; }
-    int64_t n_ctx() const { return n_ctx_; }
-    int n_seq_max() const { return n_seq_max_; }
-    int64_t n_batch() const { return n_batch_; }
-    // Bytes of KV cache one token takes over all layers (MLA: the latent and the rope key only).
-    int64_t kv_bytes_per_token() const;
-
-    // Expert statistics: tokens routed to each expert, [n_layer][n_expert] row-major, counted by
-    // moe_ffn since creation or the last reset (dense layers stay 0; empty for a dense model).
-    const std::vector<uint64_t> &expert_counts() const { return expert_counts_; }
-    void reset_expert_counts() { std::fill(expert_counts_.begin(), expert_counts_.end(), uint64_t(0)); }
-    uint64_t *layer_expert_counts(int il) {
-        return expert_counts_.data() + size_t(il) * size_t(model_.hparams().moe.n_expert);
-    }
-
-    // The backend the layers run on: "cpu" (the default) or "loopback" (the hybrid data flow of
-    // model/hybrid_backend.h with the device played by the CPU). std::invalid_argument otherwise.
-    // layers (loopback): the first `layers` layers through the hybrid data flow, the others on the
-    // CPU backend (0: all).
-    // experts (loopback): the routed experts the device holds per layer (hybrid_backend.h).
-    void set_backend(const std::string &name, int layers = 0, const HeldExperts &experts = {});
-    // The hybrid forward on a CUDA device (model/cuda_device.h): "cuda" (libktd_cuda.so) or
-    // "cuda-emulated" (its ABI emulated on the host: tests), device index, VRAM budget in bytes
-    // (0: the device's). The device holds its own KV cache: sequences held so far are dropped.
-    // DeviceError / DeviceMemoryError (the context unchanged) when it cannot be used.
-    // layers: the first `layers` layers on the device, the others on the CPU (gpu.layers; 0: all).
-    // experts: the routed experts it holds and computes per layer (gpu.experts; hybrid_backend.h).
-    void set_device_backend(const std::string &name, int device, uint64_t vram_budget, int layers = 0,
-                            const HeldExperts &experts = {});
-    const std::string &backend_name() const { return backend_name_; }
-    // What crossed between device and host since the hybrid backend was set (zeros on "cpu").
-    HybridStats hybrid_stats() const;
-
-    // Per-block timing of every forward while on (model/profile.h); reset() clears the sums.
-    void set_profiling(bool on);
-    bool profiling() const { return profiling_ != nullptr; }
-    const ForwardProfile &profile() const { return profile_; }
-    // The profile while profiling is on, else null (for timers inside a block: moe_ffn's parts).
-    ForwardProfile *active_profile() { return profiling_ ? &profile_ : nullptr; }
-    void reset_profile() { profile_.reset(); }
-
-    // Used by the architecture files.
-    ForwardScratch &scratch() { return s_; }
-    // y [n][rows] = m · x [n][k] (+ bias [rows] on every row when given).
-    void linear(const Matrix &m, const float *x, int64_t n, float *y, const std::vector<float> *bias = nullptr);
-    // Writes rows' K/V [n][n_embd_k_cache]/[n][n_embd_v_cache] into layer il's cache and computes
-    // attn [n][n_head·hd_v] from q [n][n_embd_q] (already scaled, roped). Without a V cache (MLA)
-    // the values are the first hd_v entries of each cached K row (the latent).
-    void attention(int il, const int32_t *positions, const int32_t *seq_ids, int64_t n);
-
-private:
-    void forward_chunk(const Batch &b, int64_t r0, int64_t n, float *logits, int32_t *greedy);
-    void check_batch(const Batch &b);  // every row of a batch valid (forward's checks)
-    void check_seq(int seq_id, const char *what) const;
-
-    const Model &model_;
-    int64_t n_ctx_;
-    int n_seq_max_;
-    int64_t n_batch_;
-    std::vector<std::unique_ptr<uint16_t[]>> k_cache_, v_cache_;  // [n_layer] → [n_seq][n_head_kv][n_ctx][dim]
-    std::vector<int64_t> seq_len_;   // [n_seq_max] tokens held per slot
-    std::vector<int64_t> next_pos_;  // [n_seq_max] forward's validation scratch
-    std::vector<uint64_t> expert_counts_;  // [n_layer][n_expert]
-    ForwardScratch s_;
-    std::unique_ptr<Backend> backend_;  // the blocks the layers are composed of (CPU)
-    std::unique_ptr<Backend> profiling_;  // backend_ behind a ProfilingBackend while profiling is on
-    std::string backend_name_ = "cpu";
-    int backend_layers_ = 0;  // the hybrid backend's device layers as set (0: all)
-    HeldExperts backend_experts_;  // and the routed experts its device holds
-    const HybridBackend *hybrid_ = nullptr;  // backend_ when it is the hybrid one
-    ForwardProfile profile_;
 };
 
 }  // namespace ktd

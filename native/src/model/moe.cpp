@@ -14,6 +14,7 @@
 #include "cpu/thread_pool.h"
 #include "kernels/kernels.h"
 #include "kernels/tile.h"
+#include "model/backend_setup.h"
 #include "model/blocks.h"
 #include "model/model.h"
 #include "model/moe_parts.h"
@@ -125,10 +126,9 @@ void moe_route(const MoeParams &mp, float *logits, const float *exp_probs_b, int
     }
 }
 
-void moe_record_state(Context &ctx, int il, int after, const float *x_row) {
-    std::vector<float> &st = ctx.scratch().moe_states;
+void moe_record_state(ForwardTaps &taps, int64_t E, int il, int after, const float *x_row) {
+    std::vector<float> &st = taps.moe_states;
     if (st.empty()) return;
-    const int64_t E = ctx.model().hparams().n_embd;
     std::copy(x_row, x_row + E, st.data() + (size_t(il) * 2 + size_t(after)) * size_t(E));
 }
 
@@ -138,7 +138,7 @@ namespace {
 // gate/up, shared gate/up; shared when the quantizer is), and the scratch it runs in. Built before
 // the parallel region; only `gather` changes inside it (set by the plan, read after a barrier).
 struct MoeCall {
-    MoeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part,
+    MoeCall(const MoeRun &run, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part,
             const MoeDeviceExperts *dev);
     const Model &model;
     const LayerWeights &w;
@@ -159,9 +159,9 @@ struct MoeCall {
     bool on_device(int32_t e) const { return dev && dev->on_device[e]; }
 };
 
-MoeCall::MoeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, int64_t n_, float *y_, MoePart part,
-                 const MoeDeviceExperts *dev_)
-    : model(ctx.model()), w(w_), mp(model.hparams().moe), s(ctx.scratch().moe), xn(xn_), y(y_), n(n_),
+MoeCall::MoeCall(const MoeRun &run, const LayerWeights &w_, int il, const float *xn_, int64_t n_, float *y_,
+                 MoePart part, const MoeDeviceExperts *dev_)
+    : model(run.model), w(w_), mp(model.hparams().moe), s(run.s), xn(xn_), y(y_), n(n_),
       E(model.hparams().n_embd), ff(mp.n_ff_exp), P(n_ * mp.n_expert_used),
       ff_sh(w_.ffn_gate_shexp ? w_.ffn_gate_shexp.pw.rows : 0), ne(mp.n_expert), k(mp.n_expert_used),
       nth(model.pool().size()), n_slice(model.n_slices()),
@@ -172,7 +172,7 @@ MoeCall::MoeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_,
     f_sup = shared ? format_index(fmts, n_fmt, *w.ffn_up_shexp.pw.tk, E) : -1;
     hq_row = act_row_size(*w.ffn_down_exps.parts(0)->tk, ff);
     sq_row = shared ? act_row_size(*w.ffn_down_shexp.pw.tk, ff_sh) : 0;
-    counts = ctx.layer_expert_counts(il);
+    counts = run.taps.layer_expert_counts(il, mp.n_expert);
     probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
     sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
 }
@@ -412,17 +412,17 @@ void moe_region(MoeCall &c, int tid, int nt) {
 
 }  // namespace
 
-void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part,
+void moe_ffn(const MoeRun &run, const LayerWeights &w, int il, const float *xn, int64_t n, float *y, MoePart part,
              const MoeDeviceExperts *dev) {
     if (n <= 0) return;
     // Sharded experts (several NUMA nodes) take the general path, whose work items follow the
     // node slices; the decode path's job list assumes one matrix per expert.
-    if (n == 1 && !w.ffn_gate_exps.sharded()) return moe_ffn_decode(ctx, w, il, xn, y, part, dev);
-    MoeCall c(ctx, w, il, xn, n, y, part, dev);
+    if (n == 1 && !w.ffn_gate_exps.sharded()) return moe_ffn_decode(run, w, il, xn, y, part, dev);
+    MoeCall c(run, w, il, xn, n, y, part, dev);
     grow_scratch(c);
     // Router logits [n][n_expert] (a matmul of its own on all threads).
     ThreadPool &pool = c.model.pool();
-    matmul(&pool, w.ffn_gate_inp.pw, xn, n, c.s.logits.data(), ctx.scratch().mm);
+    matmul(&pool, w.ffn_gate_inp.pw, xn, n, c.s.logits.data(), run.mm);
     if (c.nth > 1)
         pool.run([&](int tid, int nt) { moe_region(c, tid, nt); });
     else

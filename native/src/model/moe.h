@@ -42,7 +42,8 @@
 
 namespace ktd {
 
-class Context;
+class Model;
+struct ForwardTaps;
 struct LayerWeights;
 struct PreparedWeights;
 
@@ -127,9 +128,18 @@ struct MoeScratch {
     RangeList dec_up_list, dec_down_list;  // the decode's gate/up and down items
 };
 
-// Bench/test hook: copies x_row [n_embd] into the context's recorded states (ForwardScratch::
-// moe_states) of layer il, slot `after` (0: residual before the FFN, 1: after), when recording is on.
-void moe_record_state(Context &ctx, int il, int after, const float *x_row);
+// Bench/test hook: copies x_row [n_embd] into the recorded states (ForwardTaps::moe_states) of
+// layer il, slot `after` (0: residual before the FFN, 1: after), when recording is on.
+void moe_record_state(ForwardTaps &taps, int64_t n_embd, int il, int after, const float *x_row);
+
+// What a moe_ffn call runs with: the model (sizes, weights, pool, NUMA slices), the scratch it
+// grows, and the taps it reports into (the expert statistics; the decode path's part times).
+struct MoeRun {
+    const Model &model;
+    MoeScratch &s;
+    MatmulScratch &mm;  // the router's matmul on the general path
+    ForwardTaps &taps;
+};
 
 // Which experts a call computes: all (routed + shared, the CPU forward), or the routed ones only
 // (the hybrid split: the shared expert runs beside them on the accelerator, moe_shared_ffn).
@@ -154,10 +164,10 @@ struct MoeDeviceExperts {
 };
 
 // xn [n][n_embd] (normed input) → y [n][n_embd] (overwritten). Counts the routing of layer il into
-// the context's expert statistics (the device experts' selections too). n <= the context's n_batch.
-// With `dev`, y leaves out the device experts (a token whose every selected expert is on the
-// device gets 0, + the shared expert with MoePart::All).
-void moe_ffn(Context &ctx, const LayerWeights &w, int il, const float *xn, int64_t n, float *y,
+// the taps' expert statistics (the device experts' selections too). With `dev`, y leaves out the
+// device experts (a token whose every selected expert is on the device gets 0, + the shared expert
+// with MoePart::All).
+void moe_ffn(const MoeRun &run, const LayerWeights &w, int il, const float *xn, int64_t n, float *y,
              MoePart part = MoePart::All, const MoeDeviceExperts *dev = nullptr);
 
 // The shared expert alone: y [n][n_embd] = gate · down(silu(gate_sh · xn) ⊙ up_sh · xn) (the

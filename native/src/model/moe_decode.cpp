@@ -6,9 +6,11 @@
 
 #include "cpu/thread_pool.h"
 #include "kernels/tile.h"
+#include "model/backend_setup.h"
 #include "model/blocks.h"
 #include "model/model.h"
 #include "model/moe_parts.h"
+#include "model/profile.h"
 
 namespace ktd::moe_parts {
 
@@ -58,7 +60,7 @@ int64_t block_rows(int64_t rows, int64_t n_items) {
 // all jobs, and the E down rows of every job, each cut into about kDecodeItemsPerThread · nth
 // blocks in all (one block per job on a single thread).
 struct DecodeCall {
-    DecodeCall(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part,
+    DecodeCall(const MoeRun &run, const LayerWeights &w, int il, const float *xn, float *y, MoePart part,
                const MoeDeviceExperts *dev);
     const LayerWeights &w;
     const MoeParams &mp;
@@ -81,10 +83,10 @@ struct DecodeCall {
     const MoeDeviceExperts *dev = nullptr;
 };
 
-DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float *xn_, float *y_, MoePart part,
+DecodeCall::DecodeCall(const MoeRun &run, const LayerWeights &w_, int il, const float *xn_, float *y_, MoePart part,
                        const MoeDeviceExperts *dev_)
-    : w(w_), mp(ctx.model().hparams().moe), pool(ctx.model().pool()), s(ctx.scratch().moe), xn(xn_), y(y_),
-      E(ctx.model().hparams().n_embd), ff(mp.n_ff_exp), ff_sh(w_.ffn_gate_shexp && part == MoePart::All ? w_.ffn_gate_shexp.pw.rows : 0),
+    : w(w_), mp(run.model.hparams().moe), pool(run.model.pool()), s(run.s), xn(xn_), y(y_),
+      E(run.model.hparams().n_embd), ff(mp.n_ff_exp), ff_sh(w_.ffn_gate_shexp && part == MoePart::All ? w_.ffn_gate_shexp.pw.rows : 0),
       ne(mp.n_expert), k(mp.n_expert_used), nth(pool.size()),
       n_jobs(k + (w_.ffn_gate_shexp && part == MoePart::All ? 1 : 0)),
       shared(bool(w_.ffn_gate_shexp) && part == MoePart::All) {
@@ -111,10 +113,10 @@ DecodeCall::DecodeCall(Context &ctx, const LayerWeights &w_, int il, const float
     // up are separate items.
     n_up_items = 2 * (int64_t(k) * ((ff + up_block - 1) / up_block) + (shared ? (ff_sh + up_block - 1) / up_block : 0));
     n_down_items = int64_t(n_jobs) * down_per_job;
-    counts = ctx.layer_expert_counts(il);
+    counts = run.taps.layer_expert_counts(il, mp.n_expert);
     probs_b = w.exp_probs_b.empty() ? nullptr : w.exp_probs_b.data();
     sh_gate_w = w.ffn_gate_inp_shexp.empty() ? nullptr : w.ffn_gate_inp_shexp.data();
-    prof = ctx.active_profile();
+    prof = run.taps.profile;
     dev = dev_;
 }
 
@@ -270,9 +272,9 @@ void decode_region(const DecodeCall &c, int tid, int nt) {
 
 }  // namespace
 
-void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part,
+void moe_ffn_decode(const MoeRun &run, const LayerWeights &w, int il, const float *xn, float *y, MoePart part,
                     const MoeDeviceExperts *dev) {
-    const DecodeCall c(ctx, w, il, xn, y, part, dev);
+    const DecodeCall c(run, w, il, xn, y, part, dev);
     decode_prepare(c);
     if (c.nth > 1)
         c.pool.run([&](int tid, int nt) { decode_region(c, tid, nt); });

@@ -40,7 +40,7 @@ inline float shexp_gate(const float *gate, const float *x, int64_t E) {
 }
 
 // One token, experts not sharded (moe_decode.cpp).
-void moe_ffn_decode(Context &ctx, const LayerWeights &w, int il, const float *xn, float *y, MoePart part,
+void moe_ffn_decode(const MoeRun &run, const LayerWeights &w, int il, const float *xn, float *y, MoePart part,
                     const MoeDeviceExperts *dev);
 
 }  // namespace ktd::moe_parts

@@ -1,7 +1,8 @@
-// Where a forward's time goes, block by block: a Backend that times each call of the backend it
-// wraps (the decorator Context::forward uses while profiling is on), plus the parts of the forward
-// outside the layers (embedding, output head) and the whole forward. Off by default: the layers
-// then call the CPU backend directly and nothing is timed.
+// Where a forward's time goes, block by block: the layer loop times each block call (Blocks in
+// backend.h, while profiling is on), the context times the parts of the forward outside the layers
+// (embedding, output head) and the whole forward. Off by default: nothing is timed then.
+// "embed" is the rows' embeddings and the chunk's hand-over to the backend (Backend::begin_chunk:
+// the rotary angles on the CPU, the copies up on a device).
 //
 // Times are wall-clock nanoseconds of the calling thread, which waits for the pool inside every
 // block, so a block's time includes its hand-over to the workers and the wait for the slowest one.
@@ -21,8 +22,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-
-#include "model/backend.h"
 
 namespace ktd {
 
@@ -64,54 +63,6 @@ private:
     ForwardProfile *p_;
     ForwardOp op_;
     std::chrono::steady_clock::time_point t0_{};
-};
-
-class ProfilingBackend final : public Backend {
-public:
-    ProfilingBackend(Backend &inner, ForwardProfile &p) : in_(inner), p_(p) {}
-
-    void begin_chunk(const int32_t *positions, const int32_t *seq_ids, int64_t n) override {
-        in_.begin_chunk(positions, seq_ids, n);
-    }
-    void norm(const std::vector<float> &w, Act in, Act out) override {
-        OpTimer t(&p_, ForwardOp::Norm);
-        in_.norm(w, in, out);
-    }
-    void residual_add(Act t) override {
-        OpTimer tm(&p_, ForwardOp::ResidualAdd);
-        in_.residual_add(t);
-    }
-    void attention_in(const LayerWeights &w, int il) override {
-        OpTimer t(&p_, ForwardOp::AttentionIn);
-        in_.attention_in(w, il);
-    }
-    void attention(int il) override {
-        OpTimer t(&p_, ForwardOp::Attention);
-        in_.attention(il);
-    }
-    void attention_out(const LayerWeights &w) override {
-        OpTimer t(&p_, ForwardOp::AttentionOut);
-        in_.attention_out(w);
-    }
-    void mla_attention(const LayerWeights &w, int il) override {
-        OpTimer t(&p_, ForwardOp::MlaAttention);
-        in_.mla_attention(w, il);
-    }
-    void glu_ffn(const LayerWeights &w, Glu act) override {
-        OpTimer t(&p_, ForwardOp::GluFfn);
-        in_.glu_ffn(w, act);
-    }
-    void moe_ffn(const LayerWeights &w, int il) override {
-        OpTimer t(&p_, ForwardOp::MoeFfn);
-        in_.moe_ffn(w, il);
-    }
-    void begin_layer(int il) override { in_.begin_layer(il); }
-    void end_chunk() override { in_.end_chunk(); }
-    void copy_kv(int src, int dst, int64_t n_tokens) override { in_.copy_kv(src, dst, n_tokens); }
-
-private:
-    Backend &in_;
-    ForwardProfile &p_;
 };
 
 }  // namespace ktd

@@ -12,6 +12,7 @@
 
 #include "kernels/sampling.h"
 #include "model/blocks.h"
+#include "model/context.h"
 #include "model/model.h"
 
 namespace ktd {
@@ -44,7 +45,7 @@ void Context::score(const Batch &b, const int32_t *targets, double *nll) {
             }
             ++n;
         }
-        forward_chunk(sb, r0, n, n_out ? logits.data() : nullptr, nullptr);
+        forward_chunk(sb, r0, n, n_out ? logits.data() : nullptr, nullptr, nullptr);
         // Per scored row: log Σ e^(x - max) - (x[t] - max), the sum in float64; e^ as the
         // sampler's vector pass (in place: the row's logits are not needed afterwards).
         double *out = nll + k;
