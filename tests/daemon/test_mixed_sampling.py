@@ -118,7 +118,6 @@ def _serve(path, sampling: list[SamplingParams], top_logprobs: list[int | None])
             assert c.wait(120)[0] == "done", c.payload
     finally:
         s.stop(timeout=30)
-        engine.close()
     return rec.outputs, calls
 
 
