@@ -64,6 +64,7 @@ class Job:
     constraint: Constraint | None = None  # the grammar (ktd.text.grammar), compiled at admission
     top_logprobs: int | None = None  # logprobs: alternatives per token (None: off)
     cache_prompt: bool = True        # reuse a cached prefix and keep this sequence's KV (prefix cache)
+    cache_owner: str | None = None   # whose cached prefixes it may reuse (None: a shared cache)
     rid: int = field(default=-1)     # assigned by submit
     t_arrival: float = field(default_factory=time.monotonic)
 
@@ -107,7 +108,7 @@ class _MaskWorker:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ktd-grammar")
         return self._pool.submit(_fill_masks, work)
 
-    def wait(self, handle: Any) -> dict[int, np.ndarray]:
+    def wait(self, handle: Any) -> dict[int, np.ndarray | KtdError]:
         if handle is None:
             return {}
         t0 = time.monotonic()
@@ -123,8 +124,15 @@ class _MaskWorker:
             self._pool.shutdown(wait=False)
 
 
-def _fill_masks(work: list[tuple[int, Constraint]]) -> dict[int, np.ndarray]:
-    return {row: c.mask() for row, c in work}
+def _fill_masks(work: list[tuple[int, Constraint]]) -> dict[int, np.ndarray | KtdError]:
+    """Each row's mask, or the error of a grammar that met a limit computing it (that row only)."""
+    out: dict[int, np.ndarray | KtdError] = {}
+    for row, c in work:
+        try:
+            out[row] = c.mask()
+        except KtdError as e:
+            out[row] = e
+    return out
 
 
 class Scheduler:
@@ -456,11 +464,19 @@ class Scheduler:
         for row, seq in enumerate(marked):
             if seq.job.rid not in self._running:
                 continue
+            mask = rows.get(row)
+            if isinstance(mask, KtdError):  # its grammar met a limit computing the mask
+                self._finish(seq, error=mask)
+                continue
             try:
                 if greedy:
                     token, text, finish = seq.gen.accept_token(int(logits[row]))
                 else:
-                    token, text, finish = seq.gen.accept(logits[row], rows.get(row))
+                    token, text, finish = seq.gen.accept(logits[row], mask)
+            except KtdError as e:  # the request's own grammar refused the token (a limit on its path)
+                log.info("%s: %s", seq.job.label, e.message)
+                self._finish(seq, error=e)
+                continue
             except Exception as e:
                 log.exception("sampling failed for %s", seq.job.label)
                 self._finish(seq, error=Internal(f"sampling failure: {e}"))
@@ -551,7 +567,7 @@ class Scheduler:
             if not seq.job.cache_prompt:
                 continue
             try:
-                r = self.prefix.take(seq.job.prompt, seq.slot)
+                r = self.prefix.take(seq.job.prompt, seq.slot, seq.job.cache_owner)
             except Exception:  # a failed copy: compute the whole prompt instead
                 log.exception("prefix cache: reuse failed for %s", seq.job.label)
                 self.engine.free_seq(seq.slot)
@@ -570,7 +586,7 @@ class Scheduler:
         try:
             if (seq.job.cache_prompt and seq.attached and (error is None or isinstance(error, Cancelled))
                     and len(seq.kv) == seq.n_past):
-                slot = self.prefix.put(seq.kv, seq.slot)
+                slot = self.prefix.put(seq.kv, seq.slot, seq.job.cache_owner)
             self.engine.free_seq(slot)
         except Exception:
             log.exception("releasing KV slot %d failed", slot)
