@@ -97,122 +97,129 @@ def _unix_peer_uid(transport: Any) -> int | None:
         return None
 
 
+class _GatewayLimits:
+    """The limits, mixed into uvicorn's H11Protocol by ``protocol_class`` (which sets ``limits``
+    and ``stats``): overrides call the protocol's own methods through ``super()``."""
+
+    limits: ConnectionLimits
+    stats: ConnectionStats
+    _timer: asyncio.TimerHandle | None = None
+    _timed: Any = None            # the request cycle whose headers arrived (its body timed)
+    _refused = False
+    _counted = False
+    _partial = False              # bytes of a request not yet whole arrived
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._peer_uid = _unix_peer_uid(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse()
+            return
+        self._counted = True
+        self.stats.open += 1
+        self._arm(self.limits.header_timeout_s, self._header_timeout)
+
+    def connection_lost(self, exc) -> None:
+        self._cancel()
+        if self._counted:
+            self.stats.open -= 1
+            self._counted = False
+        if self._refused:
+            self.stats.lingering -= 1
+            self._refused = False
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped: the client gets the 503 before the close
+        if self._timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm(self.limits.header_timeout_s, self._header_timeout)  # the first byte after keep-alive
+        self._partial = True
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        c = self.cycle
+        if c is None or c is self._timed or c.response_complete:
+            return
+        # A request's headers arrived: its state gets the peer, its body the body timeout.
+        self._timed = c
+        self._partial = False
+        c.scope.setdefault("state", {})["peer_uid"] = self._peer_uid
+        self._cancel()
+        if c.more_body:
+            self._arm(self.limits.body_timeout_s, self._body_timeout)
+
+    def on_response_complete(self) -> None:
+        self._cancel()
+        super().on_response_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        self._cancel()
+        self.transport.write(_canned(400, "Bad Request", "invalid_http", msg))
+        self.transport.close()
+
+    # --- timers and refusal ---
+
+    def _arm(self, seconds: float, callback) -> None:
+        self._cancel()
+        if seconds > 0:
+            self._timer = self.loop.call_later(seconds, callback)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _header_timeout(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        self.stats.header_timeouts += 1
+        if self._partial:
+            self.transport.write(_canned(408, "Request Timeout", "request_timeout", "the request's headers did "
+                                         f"not arrive within {self.limits.header_timeout_s:g} s"))
+        self.transport.close()
+
+    def _body_timeout(self) -> None:
+        self._timer = None
+        c = self.cycle
+        if self.transport.is_closing() or c is None or not c.more_body:
+            return
+        self.stats.body_timeouts += 1
+        c.scope.setdefault("state", {})["timed_out"] = True
+        if not c.response_started:
+            self.transport.write(_canned(408, "Request Timeout", "request_timeout", "the request's body did "
+                                         f"not arrive within {self.limits.body_timeout_s:g} s"))
+        # the close reaches the handler as a disconnect (its own answer is dropped): it logs 408
+        self.transport.close()
+
+    def _refuse(self) -> None:
+        self.connections.discard(self)
+        self.stats.refused += 1
+        if self.stats.refused == 1 or self.stats.refused % 1000 == 0:
+            log.warning("connection limit (%d open, --max-connections): refusing new connections with 503 "
+                        "(%d refused so far)", self.limits.max_connections, self.stats.refused)
+        self.transport.write(_canned(503, "Service Unavailable", "too_many_connections",
+                                     f"the gateway serves at most {self.limits.max_connections} connections; "
+                                     "retry shortly", {"retry-after": "1"}))
+        if self.stats.lingering >= MAX_LINGERING or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self._refused = True
+        self.stats.lingering += 1
+        self.transport.write_eof()
+        self._timer = self.loop.call_later(LINGER_S, self.transport.close)
+
+    def eof_received(self) -> bool | None:
+        if self._refused:
+            self.transport.close()
+        return None
+
+
 def protocol_class(limits: ConnectionLimits, stats: ConnectionStats) -> type:
-    """uvicorn's ``http=`` protocol class with ``limits``, counting into ``stats``."""
+    """uvicorn's ``http=`` protocol class with ``limits``, counting into ``stats`` (uvicorn is
+    imported here, not with this module: ``ktd --help`` reads the defaults above)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class GatewayH11Protocol(H11Protocol):
-        _timer: asyncio.TimerHandle | None = None
-        _timed: Any = None            # the request cycle whose headers arrived (its body timed)
-        _refused = False
-        _counted = False
-        _partial = False              # bytes of a request not yet whole arrived
-
-        def connection_made(self, transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._peer_uid = _unix_peer_uid(transport)
-            if len(self.connections) > limits.max_connections:
-                self._refuse()
-                return
-            self._counted = True
-            stats.open += 1
-            self._arm(limits.header_timeout_s, self._header_timeout)
-
-        def connection_lost(self, exc) -> None:
-            self._cancel()
-            if self._counted:
-                stats.open -= 1
-                self._counted = False
-            if self._refused:
-                stats.lingering -= 1
-                self._refused = False
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self._refused:
-                return  # read and dropped: the client gets the 503 before the close
-            if self._timer is None and (self.cycle is None or self.cycle.response_complete):
-                self._arm(limits.header_timeout_s, self._header_timeout)  # the first byte after keep-alive
-            self._partial = True
-            super().data_received(data)
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            c = self.cycle
-            if c is None or c is self._timed or c.response_complete:
-                return
-            # A request's headers arrived: its state gets the peer, its body the body timeout.
-            self._timed = c
-            self._partial = False
-            c.scope.setdefault("state", {})["peer_uid"] = self._peer_uid
-            self._cancel()
-            if c.more_body:
-                self._arm(limits.body_timeout_s, self._body_timeout)
-
-        def on_response_complete(self) -> None:
-            self._cancel()
-            super().on_response_complete()
-
-        def send_400_response(self, msg: str) -> None:
-            self._cancel()
-            self.transport.write(_canned(400, "Bad Request", "invalid_http", msg))
-            self.transport.close()
-
-        # --- timers and refusal ---
-
-        def _arm(self, seconds: float, callback) -> None:
-            self._cancel()
-            if seconds > 0:
-                self._timer = self.loop.call_later(seconds, callback)
-
-        def _cancel(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _header_timeout(self) -> None:
-            self._timer = None
-            if self.transport.is_closing():
-                return
-            stats.header_timeouts += 1
-            if self._partial:
-                self.transport.write(_canned(408, "Request Timeout", "request_timeout",
-                                             f"the request's headers did not arrive within {limits.header_timeout_s:g} s"))
-            self.transport.close()
-
-        def _body_timeout(self) -> None:
-            self._timer = None
-            c = self.cycle
-            if self.transport.is_closing() or c is None or not c.more_body:
-                return
-            stats.body_timeouts += 1
-            c.scope.setdefault("state", {})["timed_out"] = True
-            if not c.response_started:
-                self.transport.write(_canned(408, "Request Timeout", "request_timeout",
-                                             f"the request's body did not arrive within {limits.body_timeout_s:g} s"))
-            # the close reaches the handler as a disconnect (its own answer is dropped): it logs 408
-            self.transport.close()
-
-        def _refuse(self) -> None:
-            self.connections.discard(self)
-            stats.refused += 1
-            if stats.refused == 1 or stats.refused % 1000 == 0:
-                log.warning("connection limit (%d open, --max-connections): refusing new connections with 503 "
-                            "(%d refused so far)", limits.max_connections, stats.refused)
-            self.transport.write(_canned(503, "Service Unavailable", "too_many_connections",
-                                         f"the gateway serves at most {limits.max_connections} connections; "
-                                         "retry shortly", {"retry-after": "1"}))
-            if stats.lingering >= MAX_LINGERING or not self.transport.can_write_eof():
-                self.transport.close()
-                return
-            self._refused = True
-            stats.lingering += 1
-            self.transport.write_eof()
-            self._timer = self.loop.call_later(LINGER_S, self.transport.close)
-
-        def eof_received(self) -> bool | None:
-            if self._refused:
-                self.transport.close()
-            return None
-
-    return GatewayH11Protocol
+    return type("GatewayH11Protocol", (_GatewayLimits, H11Protocol), {"limits": limits, "stats": stats})
