@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -435,6 +436,16 @@ def build_app(gw: Gateway) -> Starlette:
     # /health and /metrics answer however busy the gateway is
     app = Starlette(routes=[Route(path, handler(gw, path, action, render, auth=auth,
                                                 capped=path not in ("/health", "/metrics")), methods=methods)
-                            for path, methods, action, render, auth in routes])
+                            for path, methods, action, render, auth in routes],
+                    exception_handlers={HTTPException: _router_error})
     app.state.gateway = gw
     return app
+
+
+async def _router_error(request: Request, exc: HTTPException) -> Response:
+    """The router's own answers (an unknown path: 404, a method the route has not: 405) as JSON
+    in the dialect of the path, like every other error."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    f = HTTPFailure(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code,
+                    headers=dict(exc.headers or {}))
+    return _error_response(ollama.error_body if request.url.path.startswith("/api/") else openai.error_body, f)
