@@ -332,6 +332,64 @@ def test_the_prefix_cache_is_not_shared_between_api_keys(tmp_path, keyed, share)
             assert g.stop() == 0, g.log()
 
 
+def _post_as(uid: int, unix_path: str, body: bytes) -> int:
+    """POST /v1/completions over the gateway's Unix socket as ``uid`` (a forked child; needs
+    root); the status code."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: only os/socket calls, then _exit
+        status = b"0"
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(30)
+            s.connect(unix_path)
+            s.sendall(_request("POST", "/v1/completions", body))
+            status = _response(s)[0]
+            status = str(status).encode()
+        finally:
+            os.write(w, status)
+            os._exit(0)
+    os.close(w)
+    out = os.read(r, 16)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return int(out or b"0")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another uid needs root")
+def test_unix_peers_of_the_gateway_do_not_share_cached_prompts(tmp_path):
+    """Without API keys, the gateway names a Unix-socket caller by its uid (SO_PEERCRED): one
+    local user's cached prompt is not reused for another's request."""
+    from daemon_helpers import DaemonProcess
+
+    body = json.dumps({"model": "fake", "prompt": "Quarterly figures, confidential: " + "y" * 80,
+                       "max_tokens": 2}).encode()
+    with DaemonProcess(model={"n_ctx": 256, "n_seq_max": 2}) as d:
+        g = start_gateway(d.socket, d.dir, unix=True, args=["--unix-mode", "0666"])
+        try:
+            assert _post_as(0, g.unix_path, body) == 200
+            before = _prefix_stats(d.socket)["cached_tokens"]
+            assert _post_as(65534, g.unix_path, body) == 200
+            assert _prefix_stats(d.socket)["cached_tokens"] == before
+            assert _post_as(0, g.unix_path, body) == 200
+            assert _prefix_stats(d.socket)["cached_tokens"] > before + 50
+        finally:
+            assert g.stop() == 0, g.log()
+
+
+def test_unknown_routes_and_methods_answer_json(gateway):
+    for method, path, status in (("GET", "/nope", 404), ("GET", "/v1/chat/completions", 405),
+                                 ("PUT", "/api/chat", 405), ("GET", "/api/nope", 404)):
+        r = httpx.request(method, f"{gateway.root}{path}", timeout=10)
+        assert r.status_code == status and r.headers["content-type"].startswith("application/json")
+        err = r.json()["error"]
+        assert (err if path.startswith("/api/") else err["message"]).startswith(f"{method} {path}")
+
+
 # --- finding 8: the API-key file ---------------------------------------------------------------------
 
 def _start_with_keys(daemon_sock: str, keys) -> tuple[int, str]:
