@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from daemon_helpers import daemon_fixture, wait_for
+from daemon_helpers import daemon_fixture, run_as_uid, wait_for
 from http_helpers import daemon_status, start_gateway
 
 daemon = daemon_fixture(model={"n_ctx": 256, "n_seq_max": 4}, server={"max_queue": 8}, fake={"eos_bias": -8.0})
@@ -333,31 +333,15 @@ def test_the_prefix_cache_is_not_shared_between_api_keys(tmp_path, keyed, share)
 
 
 def _post_as(uid: int, unix_path: str, body: bytes) -> int:
-    """POST /v1/completions over the gateway's Unix socket as ``uid`` (a forked child; needs
-    root); the status code."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: only os/socket calls, then _exit
-        status = b"0"
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(30)
-            s.connect(unix_path)
-            s.sendall(_request("POST", "/v1/completions", body))
-            status = _response(s)[0]
-            status = str(status).encode()
-        finally:
-            os.write(w, status)
-            os._exit(0)
-    os.close(w)
-    out = os.read(r, 16)
-    os.close(r)
-    os.waitpid(pid, 0)
-    return int(out or b"0")
+    """POST /v1/completions over the gateway's Unix socket as ``uid`` (needs root); the status."""
+    def post() -> bytes:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(30)
+        s.connect(unix_path)
+        s.sendall(_request("POST", "/v1/completions", body))
+        return str(_response(s)[0]).encode()
+
+    return int(run_as_uid(uid, post) or b"0")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another uid needs root")
