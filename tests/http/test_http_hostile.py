@@ -125,19 +125,18 @@ def test_silent_and_trickling_connections_are_closed(gateway):
 def test_connections_over_the_cap_get_503_and_the_cap_frees(daemon, tmp_path):
     g = start_gateway(daemon.socket, str(tmp_path), unix=False,
                       args=["--max-connections", "16", "--header-timeout-s", "30"])
-    held = []
     try:
         held = [_connect(g) for _ in range(16)]  # accepted in order: the next one is the 17th
-        over = _connect(g)
-        data, took = _read_until_closed(over, limit_s=10.0)
-        over.close()
-        assert took != float("inf") and data.startswith(b"HTTP/1.1 503"), data[:200]
-        body = json.loads(data.partition(b"\r\n\r\n")[2])
-        assert body["error"]["code"] == "too_many_connections" and b"retry-after: 1" in data.lower()
-    finally:
-        for s in held:
-            s.close()
-    try:
+        try:
+            over = _connect(g)
+            data, took = _read_until_closed(over, limit_s=10.0)
+            over.close()
+            assert took != float("inf") and data.startswith(b"HTTP/1.1 503"), data[:200]
+            body = json.loads(data.partition(b"\r\n\r\n")[2])
+            assert body["error"]["code"] == "too_many_connections" and b"retry-after: 1" in data.lower()
+        finally:
+            for s in held:
+                s.close()
         # the held connections are gone: the gateway answers again (its count is back down)
         assert wait_for(lambda: _status_or_none(g) == 200, 10)
         assert wait_for(lambda: _gauge(g, "ktd_http_connections") <= 1, 10)
