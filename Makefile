@@ -184,11 +184,15 @@ clean:
 distclean: clean
 	rm -rf $(VENV)
 
-# The fuzz and fault campaign (tests/fuzz.py): >= 100k hostile frames against the daemon and
-# >= 10k mutated model files through the loader, fixed seeds; prints the table (crashes, hangs,
-# unanswered, untyped errors, RSS before/after) and fails on any finding. CI runs a slice of it
-# (tests/daemon/test_fuzz.py).
+# The fuzz and fault campaign (tests/fuzz.py): >= 100k hostile frames against the daemon,
+# >= 10k mutated model files through the loader, >= 50k hostile requests and >= 1k slow or
+# abandoned connections against the HTTP gateway, fixed seeds; prints the table (crashes, hangs,
+# unanswered, untyped errors, 5xx, RSS before/after) and fails on any finding. CI runs a slice of
+# it (tests/daemon/test_fuzz.py).
 FUZZ_FRAMES ?= 100000
 FUZZ_FILES ?= 10000
+FUZZ_HTTP_REQUESTS ?= 50000
+FUZZ_HTTP_SLOW ?= 1000
 fuzz: build
-	PYTHONPATH=tests $(PY) tests/fuzz.py --frames $(FUZZ_FRAMES) --files $(FUZZ_FILES)
+	PYTHONPATH=tests $(PY) tests/fuzz.py --frames $(FUZZ_FRAMES) --files $(FUZZ_FILES) \
+	  --http-requests $(FUZZ_HTTP_REQUESTS) --http-slow $(FUZZ_HTTP_SLOW)

@@ -127,30 +127,18 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
         time.sleep(interval)
 
 
-def reply_as_uid(uid: int, sock_path: str, request: bytes, *, until_close: bool = False) -> bytes:
-    """Send `request` on the daemon's socket as another uid (a forked child: setgroups/setgid/
-    setuid; needs root) and return the raw reply bytes: the first whole message, or with
-    until_close everything until the daemon closes (the child shuts down its writing side first)."""
+def run_as_uid(uid: int, fn) -> bytes:
+    """``fn()`` (bytes) in a forked child that first drops to ``uid`` (setgroups/setgid/setuid;
+    needs root); its bytes, or b"" when it failed. The child makes only os/socket calls."""
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: only os/socket calls, then _exit
+    if pid == 0:
         try:
             os.close(r)
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(10)
-            s.connect(sock_path)
-            s.sendall(request)
-            if until_close:
-                s.shutdown(socket.SHUT_WR)
-            unpacker = msgpack.Unpacker(raw=False)
-            while chunk := s.recv(65536):
-                os.write(w, chunk)
-                unpacker.feed(chunk)
-                if not until_close and list(unpacker):
-                    break
+            os.write(w, fn())
         finally:
             os._exit(0)
     os.close(w)
@@ -160,6 +148,29 @@ def reply_as_uid(uid: int, sock_path: str, request: bytes, *, until_close: bool 
     os.close(r)
     os.waitpid(pid, 0)
     return data
+
+
+def reply_as_uid(uid: int, sock_path: str, request: bytes, *, until_close: bool = False) -> bytes:
+    """Send `request` on the daemon's socket as another uid (``run_as_uid``) and return the raw
+    reply bytes: the first whole message, or with until_close everything until the daemon closes
+    (the child shuts down its writing side first)."""
+    def exchange() -> bytes:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(sock_path)
+        s.sendall(request)
+        if until_close:
+            s.shutdown(socket.SHUT_WR)
+        unpacker = msgpack.Unpacker(raw=False)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+            unpacker.feed(chunk)
+            if not until_close and list(unpacker):
+                break
+        return data
+
+    return run_as_uid(uid, exchange)
 
 
 def daemon_fixture(*, check_exit: bool = False, **config):

@@ -67,6 +67,17 @@ def _unpacker() -> msgpack.Unpacker:
     return msgpack.Unpacker(raw=False, max_buffer_size=64 << 20)
 
 
+def _encode(msgid: int, method: str, params: list[Any]) -> bytes:
+    """A request on the wire, or BadRequest for a value msgpack cannot carry (an integer past
+    64 bits, a string with a lone UTF-16 surrogate, an object of another type): raised before
+    anything is registered or sent, so a refused request leaves nothing behind."""
+    try:
+        return protocol.pack([protocol.REQUEST, msgid, method, params])
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as e:
+        raise BadRequest(f"{method}: the request cannot be encoded for the daemon: "
+                         f"{str(e).encode('ascii', 'backslashreplace').decode()[:300]}") from None
+
+
 class Client:
     """Blocking client; one connection. Not thread-safe; concurrent streams on one client work
     (messages for other requests are buffered), but use one client per thread."""
@@ -99,8 +110,9 @@ class Client:
 
     def send_request(self, method: str, params: list[Any]) -> int:
         msgid = next(self._ids)
+        data = _encode(msgid, method, params)
         try:
-            self._sock.sendall(protocol.pack([protocol.REQUEST, msgid, method, params]))
+            self._sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
             # The daemon closed first: a refused connection (too many, not allowed) gets its error
             # notification and is closed without waiting for a request. Raise what it said.
@@ -282,13 +294,14 @@ class AsyncClient:
         if self._closed_error is not None:
             raise self._closed_error
         msgid = next(self._ids)
+        data = _encode(msgid, method, params)
         fut = asyncio.get_running_loop().create_future()
         self._waiters[msgid] = fut
-        await self._write(msgid, [protocol.REQUEST, msgid, method, params])
+        await self._write(msgid, data)
         return msgid, fut
 
-    async def _write(self, msgid: int, message: list) -> None:
-        self._writer.write(protocol.pack(message))
+    async def _write(self, msgid: int, data: bytes) -> None:
+        self._writer.write(data)
         # A send that failed at once (EPIPE) closes the transport: the daemon closed first, as it
         # does a refused connection (too many, not allowed) right after its error notification,
         # without waiting for a request. The transport has stopped reading and closes the socket
@@ -361,13 +374,13 @@ class AsyncClient:
     async def stream(self, prompt: str | None = None, **params: Any) -> AsyncStream:
         if self._closed_error is not None:
             raise self._closed_error
-        q: asyncio.Queue = asyncio.Queue()
         msgid = next(self._ids)
+        data = _encode(msgid, "generate", _params({"prompt": prompt, "stream": True, **params}))
+        q: asyncio.Queue = asyncio.Queue()
         self._streams[msgid] = q
         fut = asyncio.get_running_loop().create_future()
         self._waiters[msgid] = fut
-        await self._write(msgid, [protocol.REQUEST, msgid, "generate",
-                                  _params({"prompt": prompt, "stream": True, **params})])
+        await self._write(msgid, data)
         return AsyncStream(self, msgid, q, fut)
 
 

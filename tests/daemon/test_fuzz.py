@@ -1,5 +1,6 @@
 """The CI slice of the fuzz campaigns (tests/fuzz.py; `make fuzz` runs the full one): 10k hostile
-frames against the daemon and 1k mutated model files through the loader, with fixed seeds, plus
+frames against the daemon, 1k mutated model files through the loader, and 3k hostile requests
+plus a round of slow and abandoned connections against the HTTP gateway, with fixed seeds, plus
 hypothesis properties of the frame decoder and the request validator."""
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ def _check(rep: fuzz.Report) -> None:
 def test_protocol_fuzz_slice():
     rep = fuzz.protocol_campaign(10_000, seed=1)
     assert rep.inputs >= 10_000
+    _check(rep)
+
+
+def test_gateway_fuzz_slice():
+    rep = fuzz.gateway_campaign(3_000, fuzz.SLOW_ROUND, seed=1)
+    assert rep.inputs >= 3_000 and rep.slow >= fuzz.SLOW_ROUND
+    assert rep.server_errors == 0, rep.notes
     _check(rep)
 
 

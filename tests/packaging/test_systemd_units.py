@@ -33,6 +33,16 @@ def test_gateway_units():
     assert listens == ["ListenStream=127.0.0.1:11435"]  # loopback only by default
 
 
+def test_gateway_descriptor_limit_fits_its_connection_cap():
+    """LimitNOFILE must hold the default --max-connections plus what the gateway keeps besides
+    (ktd.http.limits.fd_budget's reserve): else silent clients make accept() fail with EMFILE."""
+    from ktd.http import limits
+
+    service = open(os.path.join(UNITS, "ktd-http.service")).read()
+    (nofile,) = [int(line.split("=", 1)[1]) for line in service.splitlines() if line.startswith("LimitNOFILE=")]
+    assert nofile >= limits.MAX_CONNECTIONS + limits.MAX_LINGERING + limits.FD_RESERVE
+
+
 def test_systemd_analyze_verify_prints_nothing(tmp_path):
     tool = shutil.which("systemd-analyze")
     if tool is None:

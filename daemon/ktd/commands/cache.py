@@ -39,6 +39,25 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
+def _say_whose(d: str) -> None:
+    """A note when this user would not use the directory: entries are judged as this user's load
+    would judge them (the daemon's user may trust what root may not, and the other way round)."""
+    import os
+    import pwd
+
+    from ktd.ops import file_trust
+
+    why = file_trust.directory_problem(d)
+    if why:
+        owner = os.stat(d).st_uid
+        try:
+            name = pwd.getpwuid(owner).pw_name
+        except KeyError:
+            name = str(owner)
+        print(f"note: {why}: ktd running as uid {os.geteuid()} would not use it "
+              f"(as its owner: sudo -u {name} ktd cache ...)")
+
+
 def run(args) -> int:
     import os
 
@@ -51,6 +70,7 @@ def run(args) -> int:
             print(f"{d}: no cache directory (nothing cached yet)")
             return 0
         raise UserError(f"{d}: no such directory")
+    _say_whose(d)
     if args.cache_command == "list":
         es = weights_cache.entries(d)
         for e in es:

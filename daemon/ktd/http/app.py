@@ -15,6 +15,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import stat
 import time
 from collections import Counter
@@ -23,17 +24,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ktd.http import ollama, openai
+from ktd.ops import file_trust
 from ktd.http.backend import Backend, HTTPFailure, from_daemon
 from ktd.http.generation import GenerationResponse
+from ktd.http.limits import MAX_IN_FLIGHT, ConnectionStats
 
 log = logging.getLogger("ktd.http")
 
 MAX_BODY_BYTES = 4 << 20   # a request body above this is 413 (the daemon's frame limit is 1 MiB)
+BUSY_RETRY_AFTER_S = 1
 
 
 # --- API keys --------------------------------------------------------------------------------------
@@ -48,11 +53,20 @@ class ApiKeys:
 
     @classmethod
     def load(cls, path: str) -> ApiKeys:
-        """``ID:SECRET`` per line (``#`` comments, blank lines ignored); the file must not be
-        readable or writable by others (root:<gateway group> 0640 under the .deb)."""
+        """``ID:SECRET`` per line (``#`` comments, blank lines ignored). The file and its
+        directory must belong to root or the gateway's user and not be writable by their group
+        or others (ktd.ops.file_trust: whoever could write it could add a key), the file must
+        not be readable by others, and it is not reached through a symbolic link
+        (root:<gateway group> 0640 in /etc/ktd under the .deb)."""
         try:
-            st = os.stat(path)
-            with open(path, encoding="utf-8") as f:
+            fd = file_trust.open_trusted(path)
+        except file_trust.UntrustedFile as e:
+            raise KeyFileError(f"refusing the API-key file: {e}") from None
+        except OSError as e:
+            raise KeyFileError(f"{path}: cannot read the API-key file: {e.strerror or e}") from None
+        try:
+            with open(fd, encoding="utf-8") as f:
+                st = os.fstat(f.fileno())
                 lines = f.read().splitlines()
         except (OSError, UnicodeDecodeError) as e:
             raise KeyFileError(f"{path}: cannot read the API-key file: {e}") from None
@@ -101,6 +115,7 @@ class HTTPMetrics:
     """Request counters by route and status, latency histograms by route (Prometheus text)."""
 
     def __init__(self) -> None:
+        self.connections = ConnectionStats()   # counted by ktd.http.limits
         self.requests: Counter[tuple[str, int]] = Counter()
         self.buckets: dict[str, list[int]] = {}
         self.sums: Counter[str] = Counter()
@@ -126,8 +141,17 @@ class HTTPMetrics:
                 out.append(f'ktd_http_request_duration_seconds_bucket{{route="{route}",le="{le}"}} {total}')
             out.append(f'ktd_http_request_duration_seconds_sum{{route="{route}"}} {self.sums[route]:.6f}')
             out.append(f'ktd_http_request_duration_seconds_count{{route="{route}"}} {total}')
+        c = self.connections
         out += ["# HELP ktd_http_in_flight HTTP requests being answered.", "# TYPE ktd_http_in_flight gauge",
-                f"ktd_http_in_flight {self.in_flight}"]
+                f"ktd_http_in_flight {self.in_flight}",
+                "# HELP ktd_http_connections HTTP connections open (refused ones not counted).",
+                "# TYPE ktd_http_connections gauge", f"ktd_http_connections {c.open}",
+                "# HELP ktd_http_connections_refused_total Connections answered 503 over --max-connections.",
+                "# TYPE ktd_http_connections_refused_total counter", f"ktd_http_connections_refused_total {c.refused}",
+                "# HELP ktd_http_timeouts_total Connections closed for sending their headers or body too slowly.",
+                "# TYPE ktd_http_timeouts_total counter",
+                f'ktd_http_timeouts_total{{kind="header"}} {c.header_timeouts}',
+                f'ktd_http_timeouts_total{{kind="body"}} {c.body_timeouts}']
         return "\n".join(out) + "\n"
 
 
@@ -139,12 +163,54 @@ class Gateway:
     keys: ApiKeys | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     metrics: HTTPMetrics | None = None
+    max_in_flight: int = MAX_IN_FLIGHT
 
     def __post_init__(self) -> None:
         self.metrics = self.metrics or HTTPMetrics()
 
 
+# What the daemon's msgpack carries, and how deep a body may nest (OpenAI and Ollama bodies
+# nest a few levels; a JSON Schema in response_format a dozen or two).
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+MAX_JSON_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unfit(value: Any, depth: int = 1) -> tuple[list[str | int], str] | None:
+    """Why a parsed body value cannot go on to the daemon: (path to it, what is wrong) or None.
+    Lone UTF-16 surrogates (JSON's \\ud800 escapes) cannot be encoded as UTF-8; integers past
+    64 bits cannot be packed; nesting is bounded. Recursion stops at ``MAX_JSON_DEPTH``."""
+    if isinstance(value, str):
+        if value.isascii() or not _SURROGATE.search(value):
+            return None
+        return [], "holds a lone UTF-16 surrogate (not encodable as UTF-8)"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if _INT_MIN <= value <= _INT_MAX else ([], "is an integer outside [-2**63, 2**64)")
+    if not isinstance(value, (dict, list)):
+        return None
+    if depth > MAX_JSON_DEPTH:
+        return [], f"is nested more than {MAX_JSON_DEPTH} levels deep"
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for k, v in items:
+        if isinstance(k, str) and _unfit(k) is not None:
+            return [], "has a key holding a lone UTF-16 surrogate (not encodable as UTF-8)"
+        bad = _unfit(v, depth + 1)
+        if bad is not None:
+            return [k, *bad[0]], bad[1]
+    return None
+
+
+def _json_path(path: list[str | int]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "the body"
+
+
 async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object, or a 4xx: 413 above ``limit`` bytes, 400 for anything
+    that is not a JSON object the daemon can be sent (any failure of the parser included: too
+    deep for it, an integer longer than Python converts)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPFailure(413, f"request body of {declared} bytes is above the limit of {limit} bytes",
@@ -158,10 +224,17 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
     raw = b"".join(chunks)
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError:
+        raise HTTPFailure(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                          code="invalid_json") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, the int-string digits limit
         raise HTTPFailure(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise HTTPFailure(400, "the request body must be a JSON object", code="invalid_json")
+    bad = _unfit(body)
+    if bad is not None:
+        raise HTTPFailure(400, f"the request body cannot be used: {_json_path(bad[0])} {bad[1]}",
+                          code="invalid_json", param=_json_path(bad[0]) if bad[0] else None)
     return body
 
 
@@ -169,49 +242,93 @@ Render = Callable[[HTTPFailure], dict[str, Any]]
 Action = Callable[[Gateway, Request], Awaitable[Any]]
 
 
-def handler(gw: Gateway, route: str, action: Action, render: Render, *, auth: bool = True):
-    """A Starlette endpoint: auth, the action, errors in the dialect's shape, log and metrics."""
+def _error_response(render: Render, f: HTTPFailure) -> Response:
+    """The dialect's error body as ASCII JSON (whatever the message quotes: a lone surrogate is
+    escaped, not an encoding error); a body that cannot be rendered at all becomes a fixed one."""
+    try:
+        body = json.dumps(render(f), ensure_ascii=True, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+        log.error("cannot render an error answer (%s): %s", type(e).__name__, ascii(f.message)[:200])
+        body = b'{"error":{"message":"internal error","type":"server_error","param":null,"code":"internal"}}'
+    return Response(body, status_code=f.status, headers=f.headers, media_type="application/json")
+
+
+def _caller(gw: Gateway, request: Request) -> tuple[str, str | None]:
+    """(key id for the log, the caller's identity for the prefix cache or None): the API key's
+    id; without keys, the peer's uid on a Unix listener (ktd.http.limits puts it in the request
+    state); a TCP caller without a key is the gateway's own (loopback only: see docs/HTTP.md).
+    HTTPFailure 401 when keys are required and none is valid."""
+    if gw.keys is not None:
+        kid = gw.keys.identify(request.headers.get("authorization"))
+        if kid is None:
+            raise HTTPFailure(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                              type="authentication_error", code="invalid_api_key",
+                              headers={"WWW-Authenticate": 'Bearer realm="ktd"'})
+        return kid, f"key:{kid}"
+    uid = getattr(request.state, "peer_uid", None)
+    return "-", (f"uid:{uid}" if uid is not None else None)
+
+
+async def _answer(gw: Gateway, request: Request, action: Action, render: Render, auth: bool, capped: bool,
+                  who: list[str], done: Callable[[int], None]) -> Response:
+    """The response of one request, never an exception (but cancellation): every failure is the
+    dialect's JSON error. ``who[0]`` is set to the key id for the log."""
+    try:
+        owner = None
+        if auth:
+            who[0], owner = _caller(gw, request)
+        if capped and gw.metrics.in_flight > gw.max_in_flight:
+            raise HTTPFailure(429, f"the gateway is answering {gw.max_in_flight} requests (--max-in-flight); "
+                              "retry shortly", type="rate_limit_error", code="too_many_requests",
+                              headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
+        result = await action(gw, request, done)
+    except HTTPFailure as f:
+        return _error_response(render, f)
+    except ClientDisconnect:
+        # the client left while sending its body, or ktd.http.limits ended a body that trickled
+        return Response(status_code=408 if getattr(request.state, "timed_out", False) else 499)
+    except Exception as e:  # noqa: BLE001 - a daemon error or a lost connection: typed answer
+        f = from_daemon(e)
+        if f.status >= 500:
+            log.warning("%s %s: %s", request.method, request.url.path, ascii(str(e))[:500])
+        return _error_response(render, f)
+    if isinstance(result, GenerationResponse):
+        if owner is not None:
+            result.params["cache_owner"] = owner
+        return result  # it calls done() with the status it sends, when it ends
+    return result if isinstance(result, Response) else JSONResponse(result)
+
+
+def handler(gw: Gateway, route: str, action: Action, render: Render, *, auth: bool = True, capped: bool = True):
+    """A Starlette endpoint: auth, the in-flight cap (``capped``), the action, errors in the
+    dialect's shape, log and metrics. The in-flight gauge goes down exactly once per request."""
 
     async def endpoint(request: Request) -> Response:
         t0 = time.monotonic()
-        key_id = "-"
+        who = ["-"]
         gw.metrics.in_flight += 1
+        ended = False
 
         def done(status: int) -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
             gw.metrics.in_flight -= 1
             seconds = time.monotonic() - t0
             gw.metrics.observe(route, status, seconds)
             client = request.client
             peer = f"{client.host}:{client.port}" if client else "unix"
             log.info("%s %s %s %d %.3fs key=%s", peer, request.method, request.url.path, status,
-                     seconds, key_id)
+                     seconds, who[0])
 
         try:
-            if auth and gw.keys is not None:
-                kid = gw.keys.identify(request.headers.get("authorization"))
-                if kid is None:
-                    raise HTTPFailure(401, "missing or invalid API key (Authorization: Bearer <key>)",
-                                      type="authentication_error", code="invalid_api_key",
-                                      headers={"WWW-Authenticate": 'Bearer realm="ktd"'})
-                key_id = kid
-            result = await action(gw, request, done)
-        except HTTPFailure as f:
-            response: Response = JSONResponse(render(f), status_code=f.status, headers=f.headers)
-        except ClientDisconnect:
-            response = Response(status_code=499)
-        except Exception as e:  # noqa: BLE001 - a daemon error or a lost connection: typed answer
-            f = from_daemon(e)
-            if f.status >= 500:
-                log.warning("%s %s: %s", request.method, request.url.path, e)
-            response = JSONResponse(render(f), status_code=f.status, headers=f.headers)
+            response = await _answer(gw, request, action, render, auth, capped, who, done)
         except BaseException:
             done(499)
             raise
-        else:
-            if isinstance(result, GenerationResponse):
-                return result  # it calls done() with the status it sends, when it ends
-            response = result if isinstance(result, Response) else JSONResponse(result)
-        done(response.status_code)
+        if not isinstance(response, GenerationResponse):
+            done(response.status_code)
         return response
 
     return endpoint
@@ -316,7 +433,19 @@ def build_app(gw: Gateway) -> Starlette:
         ("/health", ["GET"], _health, oa, False),
         ("/metrics", ["GET"], _metrics, oa, True),
     ]
-    app = Starlette(routes=[Route(path, handler(gw, path, action, render, auth=auth), methods=methods)
-                            for path, methods, action, render, auth in routes])
+    # /health and /metrics answer however busy the gateway is
+    app = Starlette(routes=[Route(path, handler(gw, path, action, render, auth=auth,
+                                                capped=path not in ("/health", "/metrics")), methods=methods)
+                            for path, methods, action, render, auth in routes],
+                    exception_handlers={HTTPException: _router_error})
     app.state.gateway = gw
     return app
+
+
+async def _router_error(request: Request, exc: HTTPException) -> Response:
+    """The router's own answers (an unknown path: 404, a method the route has not: 405) as JSON
+    in the dialect of the path, like every other error."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    f = HTTPFailure(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code,
+                    headers=dict(exc.headers or {}))
+    return _error_response(ollama.error_body if request.url.path.startswith("/api/") else openai.error_body, f)

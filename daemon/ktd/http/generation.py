@@ -107,7 +107,8 @@ class GenerationResponse:
 
     async def _send_error(self, send, failure: HTTPFailure) -> None:
         self.status = failure.status
-        body = json_bytes(self.dialect.error_body(failure))
+        # ASCII: whatever the message quotes, the answer encodes
+        body = json.dumps(self.dialect.error_body(failure), ensure_ascii=True, separators=(",", ":")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         headers += [(k.lower().encode(), v.encode()) for k, v in failure.headers.items()]
         await send({"type": "http.response.start", "status": failure.status, "headers": headers})

@@ -24,7 +24,7 @@ from ktd import __version__
 
 from ktd.ops import systemd
 from ktd.client import default_socket
-from ktd.http import DEFAULT_PORT
+from ktd.http import DEFAULT_PORT, limits
 
 log = logging.getLogger("ktd.http")
 
@@ -52,6 +52,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, how long running answers may take to finish (default 10)")
     p.add_argument("--keep-alive-s", type=float, default=30.0, metavar="S",
                    help="idle keep-alive HTTP connections are closed after this long (default 30)")
+    p.add_argument("--header-timeout-s", type=float, default=limits.HEADER_TIMEOUT_S, metavar="S",
+                   help="a request's line and headers must arrive within this long of the connection (or of "
+                        f"its first byte after a keep-alive wait); else closed (default {limits.HEADER_TIMEOUT_S:g})")
+    p.add_argument("--body-timeout-s", type=float, default=limits.BODY_TIMEOUT_S, metavar="S",
+                   help="a request's body must arrive within this long of its headers; else 408 "
+                        f"(default {limits.BODY_TIMEOUT_S:g})")
+    p.add_argument("--max-connections", type=int, default=limits.MAX_CONNECTIONS, metavar="N",
+                   help="open HTTP connections; one more is answered 503 and closed (default "
+                        f"{limits.MAX_CONNECTIONS}; bounded by RLIMIT_NOFILE)")
+    p.add_argument("--max-in-flight", type=int, default=limits.MAX_IN_FLIGHT, metavar="N",
+                   help=f"requests answered at once; beyond: 429 with Retry-After (default {limits.MAX_IN_FLIGHT})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -171,6 +182,12 @@ def run(args: argparse.Namespace) -> int:
         keys = ApiKeys.load(args.api_keys) if args.api_keys else None
     except KeyFileError as e:
         raise StartupError(str(e)) from None
+    for name in ("max_connections", "max_in_flight"):
+        if getattr(args, name) < 1:
+            raise StartupError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("header_timeout_s", "body_timeout_s"):
+        if not getattr(args, name) > 0:
+            raise StartupError(f"--{name.replace('_', '-')} must be a positive number of seconds")
     try:
         unix_mode = int(args.unix_mode, 8)
     except ValueError:
@@ -186,10 +203,13 @@ def run(args: argparse.Namespace) -> int:
         raise StartupError(f"refusing to listen on {', '.join(exposed)} (not loopback) without "
                            "--api-keys: anyone on the network could use the model")
     backend = Backend(args.socket or default_socket(), model_name=args.model_name)
-    gw = Gateway(backend, keys)
+    gw = Gateway(backend, keys, max_in_flight=args.max_in_flight)
     if args.max_body_bytes:
         gw.max_body_bytes = args.max_body_bytes
-    config = uvicorn.Config(build_app(gw), http="h11", loop="asyncio", lifespan="off", access_log=False,
+    conn_limits = limits.ConnectionLimits(max_connections=limits.fd_budget(args.max_connections),
+                                          header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s)
+    http = limits.protocol_class(conn_limits, gw.metrics.connections)
+    config = uvicorn.Config(build_app(gw), http=http, loop="asyncio", lifespan="off", access_log=False,
                             log_config=None, log_level=args.log_level, server_header=False,
                             timeout_graceful_shutdown=args.graceful_s, backlog=2048,
                             timeout_keep_alive=args.keep_alive_s)

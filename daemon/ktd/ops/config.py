@@ -167,6 +167,11 @@ class PrefixCacheConfig:
     max_bytes: int = _key(2 << 30, "KV bytes the kept sequences may hold in all (tokens x the model's "
                           "KV bytes per token); beyond: least recently used evicted; 0 = bounded by "
                           "the slots only", kind="int", unit="bytes", min=0, max=1 << 50)
+    share: bool = _key(False, "reuse a kept sequence for any client; false = only for its owner (the "
+                       "peer's uid on the socket, the API key or Unix peer behind the gateway). Shared, the "
+                       "cache tells one user whether another sent a prompt (usage.cached_tokens, the time "
+                       "to the first token): share only where every client may see every prompt",
+                       kind="bool", live=True)
 
 
 @dataclass(frozen=True)

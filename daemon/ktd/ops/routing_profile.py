@@ -9,9 +9,12 @@ One file per model, ``<dir>/routing/<key>.npy`` (a numpy array uint64 [n_layer, 
 where the key is the SHA-256 of the file's size and its GGUF header (metadata and tensor table):
 it names the model, its shapes and its quantization without reading the weights (hashing a
 400 GB file at each start would take minutes). A file whose shape does not match, that cannot be
-parsed or read, is logged and ignored (the profile starts from zero); a write that fails (disk
-full, read-only state directory, quota) is logged once per kind of error and the daemon goes on
-serving. Writes are atomic: a temporary file in the same directory, fsync, rename.
+parsed or read, is logged and ignored (the profile starts from zero); so is a file others
+control (ktd.ops.file_trust: it and its directory must be this user's or root's and writable by
+no one else; no symbolic link is followed), since the counts decide which experts get the GPU.
+A write that fails (disk full, read-only state directory, quota) is logged once per kind of error
+and the daemon goes on serving. Writes are atomic: a temporary file in the same directory
+(created 0750), fsync, rename.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ktd.ops import file_trust
 
 log = logging.getLogger("ktd.ops.routing_profile")
 
@@ -98,8 +103,12 @@ class RoutingProfile:
     def _read(self) -> None:
         assert self.path is not None
         try:
-            data = np.load(self.path, allow_pickle=False)
+            with os.fdopen(file_trust.open_trusted(self.path), "rb") as fh:
+                data = np.load(fh, allow_pickle=False)
         except FileNotFoundError:
+            return
+        except file_trust.UntrustedFile as e:
+            log.warning("routing profile ignored, starting from zero: %s", e)
             return
         except (OSError, ValueError, EOFError) as e:
             log.warning("routing profile %s cannot be read (%s); starting from zero", self.path, e)
@@ -129,7 +138,7 @@ class RoutingProfile:
         counts = self.counts()
         tmp = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".routing-", suffix=".npy.tmp", dir=self.path.parent)
             with os.fdopen(fd, "wb") as fh:
                 np.save(fh, counts, allow_pickle=False)

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ktd.ops import file_trust
+
 log = logging.getLogger("ktd.server.engine")
 
 SUFFIX = ".ktdw"
@@ -41,7 +43,11 @@ def configured_dir(value: str) -> str | None:
 
 def prepare_dir(value: str) -> tuple[str, str]:
     """(directory to pass to the loader or "" for none, why none). Creates an ``auto`` directory
-    (0750); a missing or unusable configured one is reported, not created elsewhere."""
+    (0750); a missing or unusable configured one is reported, not created elsewhere. A directory
+    others control (ktd.ops.file_trust: not this user's or root's, or writable by group or
+    others) is not used at all: whoever may write it could plant an entry with valid checksums.
+    One this process may not write is still read (root's entries; the loader says why none is
+    written)."""
     d = configured_dir(value)
     if d is None:
         return "", "model.weights_cache is off"
@@ -52,9 +58,9 @@ def prepare_dir(value: str) -> tuple[str, str]:
             return "", f"{d} is not a directory"
     except OSError as e:
         return "", f"cannot create {d}: {e.strerror}"
-    if not os.access(d, os.W_OK | os.X_OK):
-        # Still read: an entry another user wrote may be used; the loader says why none is written.
-        return d, ""
+    why = file_trust.directory_problem(d)
+    if why:
+        return "", f"not used: {why}"
     return d, ""
 
 
@@ -115,17 +121,21 @@ def entries(directory: str) -> list[dict[str, Any]]:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
         return []
+    dir_problem = file_trust.directory_problem(directory)
     for name in names:
         path = os.path.join(directory, name)
         if name.endswith(SUFFIX):
             h = _native.weights_cache_header(path)
-            e = {"path": path, "bytes": os.path.getsize(path), **h, "stale": ""}
+            st = os.lstat(path)
+            e = {"path": path, "bytes": st.st_size, **h, "stale": "",
+                 "untrusted": dir_problem or ("a symbolic link" if os.path.islink(path) else "")
+                 or file_trust.problem(st, "the entry")}
             if h["ok"]:
                 e["stale"] = _staleness(h["key"], build_id)
             out.append(e)
         elif TMP_MARK in name:
             st = os.stat(path)
-            out.append({"path": path, "bytes": st.st_size, "ok": False, "key": {}, "stale": "",
+            out.append({"path": path, "bytes": st.st_size, "ok": False, "key": {}, "stale": "", "untrusted": "",
                         "problem": "temporary file (a write in progress, or left by a crash)",
                         "tmp_age_s": time.time() - st.st_mtime})
     return out
@@ -154,10 +164,12 @@ def for_model(directory: str | None, model: str) -> list[dict[str, Any]]:
 
 def prune(directory: str, everything: bool = False) -> list[tuple[str, int, str]]:
     """Removes unusable entries (unreadable, stale, temporary files older than an hour), or all
-    with ``everything``. Returns (path, bytes, why) of each removed."""
+    with ``everything``. Returns (path, bytes, why) of each removed. An entry unusable only
+    because this user may not trust it (another user's, as root sees the daemon's) is left to
+    its owner: its load replaces it, ``--all`` removes it."""
     removed = []
     for e in entries(directory):
-        why = "all requested" if everything else (e["problem"] or e["stale"])
+        why = "all requested" if everything else ("" if e["untrusted"] else (e["problem"] or e["stale"]))
         if not why or ("tmp_age_s" in e and not everything and e["tmp_age_s"] < TMP_STALE_S):
             continue
         try:

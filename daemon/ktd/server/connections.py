@@ -85,6 +85,7 @@ class Policy:
     request_deadline_s: float | None
     allowed_uids: frozenset[int]     # the daemon's own uid included
     allowed_gids: frozenset[int]
+    prefix_cache_share: bool = False  # prefix_cache.share: cached prompts reused across owners
 
     @classmethod
     def from_config(cls, c: config_mod.Config) -> Policy:
@@ -98,7 +99,16 @@ class Policy:
                    max_unsent_bytes=c.server.max_unsent_bytes, idle_timeout_s=c.server.idle_timeout_s or None,
                    request_deadline_s=c.server.request_deadline_s or None,
                    allowed_uids=resolve_ids(c.server.allowed_uids, "user") | {os.getuid()},
-                   allowed_gids=resolve_ids(c.server.allowed_gids, "group"))
+                   allowed_gids=resolve_ids(c.server.allowed_gids, "group"),
+                   prefix_cache_share=c.prefix_cache.share)
+
+    def cache_owner(self, uid: int, caller: str | None) -> str | None:
+        """Whose cached prompt prefixes a request may reuse: its peer's uid, narrowed by the caller
+        the peer names (the gateway: its API key id), so that no peer reaches another uid's
+        entries; None (everyone's) when the cache is shared."""
+        if self.prefix_cache_share:
+            return None
+        return f"uid:{uid}" if caller is None else f"uid:{uid}/{caller}"
 
     def authorized(self, uid: int, gid: int, groups: frozenset[int]) -> bool:
         return uid in self.allowed_uids or bool(({gid} | groups) & self.allowed_gids)
@@ -573,7 +583,7 @@ class Connections:
             job = Job(client=conn.cid, prompt=prompt, sampling=g.sampling, max_tokens=max_tokens,
                       stop=g.stop, ignore_eos=g.ignore_eos, sink=stream, deadline=deadline, label=label,
                       constraint=constraint, top_logprobs=g.top_logprobs,
-                      cache_prompt=g.cache_prompt)
+                      cache_prompt=g.cache_prompt, cache_owner=policy.cache_owner(conn.uid, g.cache_owner))
             rid = conn.active[req.msgid] = self.scheduler.submit(job)
         except BaseException:
             conn.active.pop(req.msgid, None)

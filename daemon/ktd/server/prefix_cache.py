@@ -15,6 +15,12 @@ starts from it:
 - otherwise (a shared system prompt, a regenerated last turn): ``engine.copy_seq`` copies the
   common prefix into the request's slot and the entry stays.
 
+Entries are owned: a lookup sees only the entries of its own owner (the scheduler's job says
+who: the peer's uid on the socket, narrowed by the caller the gateway names; None when the
+operator shares the cache, ``prefix_cache.share``). Shared, the cache is a membership oracle:
+whether a prompt's prefix is cached shows in ``usage.cached_tokens`` and in the time to the
+first token, so one user could test whether another sent a given document.
+
 At least the last prompt token is always recomputed, so the first sampled token comes from
 fresh logits. An entry whose tokens are a prefix of a newer entry's is dropped (the newer one
 serves every lookup it would). The pool is bounded by its slots and by ``max_bytes`` of KV held
@@ -37,6 +43,7 @@ class _Entry:
     slot: int
     tokens: np.ndarray               # int32: the tokens whose KV the slot holds, in order
     used: int = 0                    # LRU clock
+    owner: str | None = None         # who may reuse it (None: everyone, a shared cache)
 
 
 @dataclass
@@ -91,20 +98,22 @@ class PrefixCache:
         diff = np.flatnonzero(a[:n] != b[:n])
         return int(diff[0]) if diff.size else n
 
-    def longest(self, prompt: Sequence[int]) -> tuple[_Entry | None, int]:
-        """The entry sharing the longest prefix with ``prompt`` and that length (0: none)."""
+    def longest(self, prompt: Sequence[int], owner: str | None = None) -> tuple[_Entry | None, int]:
+        """The entry of ``owner`` sharing the longest prefix with ``prompt`` and that length (0: none)."""
         p = np.asarray(prompt, dtype=np.int32)
         best, n_best = None, 0
         for e in self.entries:
+            if e.owner != owner:
+                continue
             n = self._common(e.tokens, p)
             if n > n_best or (n == n_best and n and best is not None and e.used > best.used):
                 best, n_best = e, n
         return best, n_best
 
-    def take(self, prompt: Sequence[int], slot: int) -> Reuse:
-        """Start a request with ``prompt`` in ``slot`` (a scheduler slot, free): reuse the longest
-        cached prefix, leaving at least the last prompt token to compute."""
-        entry, n = self.longest(prompt)
+    def take(self, prompt: Sequence[int], slot: int, owner: str | None = None) -> Reuse:
+        """Start a request of ``owner`` with ``prompt`` in ``slot`` (a scheduler slot, free): reuse
+        the longest prefix cached for that owner, leaving at least the last prompt token to compute."""
+        entry, n = self.longest(prompt, owner)
         n = min(n, len(prompt) - 1)
         if entry is None or n <= 0:
             self.misses += 1
@@ -123,21 +132,22 @@ class PrefixCache:
 
     # --- insertion and eviction ---------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int], slot: int) -> int:
-        """A finished sequence whose KV (of ``tokens``) is in ``slot``: keep it and return the
-        slot the scheduler gets back in exchange (``slot`` itself when it is not kept)."""
+    def put(self, tokens: Sequence[int], slot: int, owner: str | None = None) -> int:
+        """A finished sequence of ``owner`` whose KV (of ``tokens``) is in ``slot``: keep it and
+        return the slot the scheduler gets back in exchange (``slot`` itself when it is not kept)."""
         t = np.asarray(tokens, dtype=np.int32)
         if not self.enabled or len(t) < 2 or (self.max_bytes and len(t) * self.bytes_per_token > self.max_bytes):
             return slot
-        # Entries the new one contains serve no lookup it would not serve better.
-        for e in [e for e in self.entries if len(e.tokens) <= len(t) and self._common(e.tokens, t) == len(e.tokens)]:
+        # The owner's entries the new one contains serve no lookup it would not serve better.
+        for e in [e for e in self.entries if e.owner == owner and len(e.tokens) <= len(t)
+                  and self._common(e.tokens, t) == len(e.tokens)]:
             self._drop(e)
         # Room: one empty slot, and max_bytes with the new entry in.
         while not self._empty or (self.max_bytes and (self.tokens_held + len(t)) * self.bytes_per_token
                                   > self.max_bytes):
             self._drop(min(self.entries, key=lambda e: e.used), evicted=True)
         out = self._empty.pop()
-        self.entries.append(_Entry(slot=slot, tokens=t, used=next(self._clock)))
+        self.entries.append(_Entry(slot=slot, tokens=t, used=next(self._clock), owner=owner))
         return out
 
     def _drop(self, e: _Entry, *, evicted: bool = False) -> None:

@@ -272,13 +272,15 @@ class GenerateRequest:
     top_logprobs: int | None = None      # logprobs: alternatives per token (None: no logprobs)
     cache_prompt: bool = True            # prefix cache: reuse a cached prefix, keep this KV
     suffix: str | None = None            # fill-in-the-middle: the text after the gap (prompt: before it)
+    cache_owner: str | None = None       # prefix cache: the caller within the peer's uid (the gateway's key id)
 
 
 _GENERATE_KEYS = ("prompt", "messages", "tokens", "max_tokens", "stop", "stream", "ignore_eos",
                   "add_special", "parse_special", "deadline_s", "temperature", "top_k", "top_p",
                   "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
                   "penalty_last_n", "seed", "grammar", "logprobs", "top_logprobs", "tools", "tool_choice",
-                  "cache_prompt", "suffix")
+                  "cache_prompt", "suffix", "cache_owner")
+MAX_CACHE_OWNER = 128                    # characters of generate's cache_owner
 
 
 def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
@@ -357,7 +359,15 @@ def parse_generate(params: dict[str, Any], limits: Limits) -> GenerateRequest:
                            add_special=p.bool("add_special", True),
                            parse_special=p.bool("parse_special", False), deadline_s=deadline,
                            grammar=grammar, top_logprobs=top_logprobs, tools=tools,
-                           cache_prompt=p.bool("cache_prompt", True), suffix=suffix)
+                           cache_prompt=p.bool("cache_prompt", True), suffix=suffix,
+                           cache_owner=_cache_owner(p))
+
+
+def _cache_owner(p: _Params) -> str | None:
+    owner = p.str("cache_owner", None)
+    if owner is not None and not 0 < len(owner) <= MAX_CACHE_OWNER:
+        raise BadRequest(f"generate: cache_owner must be a string of 1 to {MAX_CACHE_OWNER} characters")
+    return owner
 
 
 def check_message(i: int, m: Any) -> None:

@@ -64,6 +64,7 @@ class Job:
     constraint: Constraint | None = None  # the grammar (ktd.text.grammar), compiled at admission
     top_logprobs: int | None = None  # logprobs: alternatives per token (None: off)
     cache_prompt: bool = True        # reuse a cached prefix and keep this sequence's KV (prefix cache)
+    cache_owner: str | None = None   # whose cached prefixes it may reuse (None: a shared cache)
     rid: int = field(default=-1)     # assigned by submit
     t_arrival: float = field(default_factory=time.monotonic)
 
@@ -146,7 +147,7 @@ class _MaskWorker:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ktd-grammar")
         return self._pool.submit(_fill_masks, work)
 
-    def wait(self, handle: Any) -> dict[int, np.ndarray]:
+    def wait(self, handle: Any) -> dict[int, np.ndarray | KtdError]:
         if handle is None:
             return {}
         t0 = time.monotonic()
@@ -162,8 +163,15 @@ class _MaskWorker:
             self._pool.shutdown(wait=False)
 
 
-def _fill_masks(work: list[tuple[int, Constraint]]) -> dict[int, np.ndarray]:
-    return {row: c.mask() for row, c in work}
+def _fill_masks(work: list[tuple[int, Constraint]]) -> dict[int, np.ndarray | KtdError]:
+    """Each row's mask, or the error of a grammar that met a limit computing it (that row only)."""
+    out: dict[int, np.ndarray | KtdError] = {}
+    for row, c in work:
+        try:
+            out[row] = c.mask()
+        except KtdError as e:
+            out[row] = e
+    return out
 
 
 class Scheduler:
@@ -500,7 +508,7 @@ class Scheduler:
             return None
         return out
 
-    def _wait_masks(self, marked: list[_Seq], masks: Any) -> dict[int, np.ndarray]:
+    def _wait_masks(self, marked: list[_Seq], masks: Any) -> dict[int, np.ndarray | KtdError]:
         """The grammars' masks by marked row; on a grammar engine failure those sequences fail, the
         others go on."""
         try:
@@ -512,7 +520,7 @@ class Scheduler:
                     self._finish(seq, error=Internal(f"grammar failure: {e}"))
             return {}
 
-    def _accept(self, marked: list[_Seq], out: _StepOut, masks: dict[int, np.ndarray], t1: float) -> int:
+    def _accept(self, marked: list[_Seq], out: _StepOut, masks: dict[int, np.ndarray | KtdError], t1: float) -> int:
         """Each marked sequence takes its next token (the engine's greedy one, or sampled from its
         logits row) and streams its text; returns the tokens generated."""
         n_generated = 0
@@ -523,11 +531,19 @@ class Scheduler:
                 logits, k = out.logits[k], k + 1
             if seq.job.rid not in self._running:
                 continue
+            mask = masks.get(row)
+            if isinstance(mask, KtdError):  # its grammar met a limit computing the mask
+                self._finish(seq, error=mask)
+                continue
             try:
                 if logits is None:
                     token, text, finish = seq.gen.accept_token(int(out.ids[row]))
                 else:
-                    token, text, finish = seq.gen.accept(logits, masks.get(row))
+                    token, text, finish = seq.gen.accept(logits, mask)
+            except KtdError as e:  # the request's own grammar refused the token (a limit on its path)
+                log.info("%s: %s", seq.job.label, e.message)
+                self._finish(seq, error=e)
+                continue
             except Exception as e:
                 log.exception("sampling failed for %s", seq.job.label)
                 self._finish(seq, error=Internal(f"sampling failure: {e}"))
@@ -610,7 +626,7 @@ class Scheduler:
             if not seq.job.cache_prompt:
                 continue
             try:
-                r = self.prefix.take(seq.job.prompt, seq.slot)
+                r = self.prefix.take(seq.job.prompt, seq.slot, seq.job.cache_owner)
             except Exception:  # a failed copy: compute the whole prompt instead
                 log.exception("prefix cache: reuse failed for %s", seq.job.label)
                 self.engine.free_seq(seq.slot)
@@ -629,7 +645,7 @@ class Scheduler:
         try:
             if (seq.job.cache_prompt and seq.attached and (error is None or isinstance(error, Cancelled))
                     and len(seq.kv) == seq.n_past):
-                slot = self.prefix.put(seq.kv, seq.slot)
+                slot = self.prefix.put(seq.kv, seq.slot, seq.job.cache_owner)
             self.engine.free_seq(slot)
         except Exception:
             log.exception("releasing KV slot %d failed", slot)

@@ -50,6 +50,23 @@ class GrammarSpec:
     source: Any     # json_schema: a map (the schema); json_object: True; others: the grammar text
 
 
+# Arrays and maps a JSON Schema may nest (a schema nests two per level of properties): deeper ones
+# would only meet a recursion limit later, in json.dumps or in llguidance's schema compiler.
+MAX_SPEC_NESTING = 64
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value``'s arrays and maps nest more than ``limit`` levels (iterative: any depth)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def parse_spec(value: Any) -> GrammarSpec:
     """The ``grammar`` parameter's shape (not its content: ``compile_grammar`` checks that)."""
     if not isinstance(value, dict) or len(value) != 1:
@@ -58,19 +75,52 @@ def parse_spec(value: Any) -> GrammarSpec:
     if kind not in KINDS:
         raise BadRequest(f"generate: grammar kind {kind!r} is not one of " + ", ".join(KINDS))
     if kind == "json_schema":
+        too_deep = BadRequest(f"generate: grammar json_schema is nested more than {MAX_SPEC_NESTING} levels "
+                              "(arrays and maps)")
         if isinstance(source, str):
             try:
                 source = json.loads(source)
+            except RecursionError:
+                raise too_deep from None
             except ValueError as e:
                 raise BadRequest(f"generate: grammar json_schema is not valid JSON: {e}") from None
         if not isinstance(source, (dict, bool)):
             raise BadRequest("generate: grammar json_schema must be a map (a JSON Schema)")
+        if _nested_deeper_than(source, MAX_SPEC_NESTING):
+            raise too_deep
     elif kind == "json_object":
         if source is not True:
             raise BadRequest("generate: grammar json_object must be true")
     elif not isinstance(source, str) or not source.strip():
         raise BadRequest(f"generate: grammar {kind} must be a non-empty string")
     return GrammarSpec(kind, source)
+
+
+# The grammar engine's limits, stated (llguidance's defaults): admission checks a grammar against
+# them, and a limit met later is named in the request's bad_request. Verbose errors off: a message
+# carries no parser state or grammar text to the client or the log.
+LIMITS = {"max_items_in_row": 2000, "step_max_items": 50_000, "step_lexer_fuel": 200_000,
+          "initial_lexer_fuel": 1_000_000, "max_lexer_states": 250_000, "max_grammar_size": 500_000}
+# What llguidance's messages say when a limit is met, and which limit that is.
+_LIMIT_MESSAGES = (("Current row has", "max_items_in_row"), ("Too many items", "step_max_items"),
+                   ("lex fuel", "step_lexer_fuel"), ("initial_lexer_fuel", "initial_lexer_fuel"),
+                   ("relevance", "initial_lexer_fuel"), ("initial lexer configuration", "max_lexer_states"),
+                   ("grammar size", "max_grammar_size"))
+
+
+def _parser_limits() -> Any:
+    import llguidance
+    return llguidance.LLParserLimits(**LIMITS, verbose_errors=False)
+
+
+def grammar_failure(spec: GrammarSpec, message: str, where: str = "") -> BadRequest:
+    """The bad_request of a grammar the engine cannot run, naming the limit it met when it is one."""
+    text = _one_line(message)
+    for pattern, name in _LIMIT_MESSAGES:
+        if pattern in message:
+            return BadRequest(f"generate: grammar {spec.kind} exceeds the grammar engine's limit {name} "
+                              f"({LIMITS[name]}){where}: {text}")
+    return BadRequest(f"generate: grammar {spec.kind}{where}: {text}")
 
 
 def _to_llguidance(spec: GrammarSpec) -> str:
@@ -155,9 +205,12 @@ class Constraint:
 
     def fill(self, words: np.ndarray) -> None:
         """The bitmask of the tokens allowed next into ``words`` (int32 or uint32 [n_words],
-        contiguous); the GIL is released while llguidance computes it."""
+        contiguous); the GIL is released while llguidance computes it. BadRequest when the
+        grammar meets one of the engine's limits here (the request ends, not the batch)."""
         assert words.shape == (self.n_words,) and words.flags["C_CONTIGUOUS"] and words.itemsize == 4
         self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        if self.matcher.is_error():
+            raise grammar_failure(self.spec, self.matcher.get_error(), " while generating")
 
     def mask(self) -> np.ndarray:
         if self._first is not None:
@@ -168,10 +221,11 @@ class Constraint:
         return words
 
     def advance(self, token: int) -> None:
-        """Move on past ``token`` (one the mask allowed). RuntimeError when the matcher refuses it."""
+        """Move on past ``token`` (one the mask allowed). A refusal is the grammar's (a limit met
+        on this path: the mask allowed the token): BadRequest naming the limit."""
         self._first = None
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"grammar: token {token} refused: {_one_line(self.matcher.get_error())}")
+            raise grammar_failure(self.spec, self.matcher.get_error(), f" after token {token}")
 
     @property
     def done(self) -> bool:
@@ -191,23 +245,59 @@ def compile_grammar(spec: GrammarSpec, tok: Any) -> Constraint:
     try:
         grammar = _to_llguidance(spec)
     except ValueError as e:
-        raise BadRequest(f"generate: grammar {spec.kind}: {_one_line(e)}") from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, llt)
+        raise grammar_failure(spec, str(e)) from None
+    except RecursionError:  # the GBNF converter on deeply nested input
+        raise BadRequest(f"generate: grammar {spec.kind} is nested too deeply") from None
+    limits = _parser_limits()
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, llt, limits=limits)
     if is_error:
-        raise BadRequest(f"generate: grammar {spec.kind}: {_one_line(messages[0] if messages else 'invalid')}")
-    matcher = llguidance.LLMatcher(llt, grammar, log_level=0)
+        raise grammar_failure(spec, messages[0] if messages else "invalid")
+    matcher = llguidance.LLMatcher(llt, grammar, log_level=0, limits=limits)
     if matcher.is_error():
-        raise BadRequest(f"generate: grammar {spec.kind}: {_one_line(matcher.get_error())}")
+        raise grammar_failure(spec, matcher.get_error())
     c = Constraint(matcher, tok.n_vocab, spec)
     t0 = time.monotonic()
     first = c.mask()
     took = time.monotonic() - t0
-    if matcher.is_error():
-        raise BadRequest(f"generate: grammar {spec.kind}: {_one_line(matcher.get_error())}")
     if took > MAX_FIRST_MASK_S:
         raise BadRequest(f"generate: grammar {spec.kind} is too complex: its first token mask took {took:.1f} s "
                          f"(the limit is {MAX_FIRST_MASK_S:g} s)")
     if not first.any():
         raise BadRequest(f"generate: grammar {spec.kind} allows no token of this model's vocabulary")
+    _probe(c, first, tok.n_vocab)
     c._first = first
     return c
+
+
+# Admission walks a few seeded random paths of the grammar, PROBE_STEPS tokens each, on copies of
+# the matcher: a limit met a few tokens in (a row of more than max_items_in_row Earley items once
+# a shared prefix is read) is refused before the request takes a KV slot. A limit hidden deeper,
+# on a path the walks do not take, is met while generating and ends that request as bad_request.
+# Cost: one token mask per step, 1-2 ms each on a 152k-token vocabulary (measured on two busy
+# cores: 8-25 ms per request for Qwen2.5's vocabulary, where compiling a JSON Schema takes 1 ms).
+PROBE_WALKS = 2
+PROBE_STEPS = 6
+PROBE_BUDGET_S = 0.5   # the walks stop (nothing refused) once they have taken this long
+
+
+def _allowed(words: np.ndarray, n_vocab: int) -> np.ndarray:
+    return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:n_vocab])
+
+
+def _probe(c: Constraint, first: np.ndarray, n_vocab: int) -> None:
+    rng = np.random.default_rng(0)
+    t0 = time.monotonic()
+    for _ in range(PROBE_WALKS):
+        m = c.matcher.deep_copy()
+        allowed = _allowed(first, n_vocab)
+        for _ in range(PROBE_STEPS):
+            if not len(allowed) or time.monotonic() - t0 > PROBE_BUDGET_S:
+                break
+            token = int(rng.choice(allowed))
+            if not m.consume_token(token) or m.is_error():
+                raise grammar_failure(c.spec, m.get_error())
+            if m.is_stopped():
+                break
+            allowed = _allowed(np.frombuffer(m.compute_bitmask(), np.uint32), n_vocab)
+            if m.is_error():
+                raise grammar_failure(c.spec, m.get_error())

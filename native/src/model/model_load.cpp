@@ -766,7 +766,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
             if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
         } else {
             cs.state = "not written";
-            cs.reason = (cs.reason.empty() ? "" : cs.reason + "; ") + err;
+            cs.reason = cs.reason.empty() || cs.reason == err ? err : cs.reason + "; " + err;
         }
     } else if (cache_on && cached.empty()) {
         // A new entry, now or (cache_write_background) from a thread of its own while the model
@@ -785,7 +785,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
                 if (::stat(entry.c_str(), &cst) == 0) c.bytes = uint64_t(cst.st_size);
             } else {
                 c.state = "not written";
-                c.reason = (c.reason.empty() ? "" : c.reason + "; ") + err;
+                c.reason = c.reason.empty() || c.reason == err ? err : c.reason + "; " + err;
             }
         };
         if (opts.cache_write_background) {

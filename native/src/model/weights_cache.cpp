@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -36,6 +37,69 @@ struct Fd {
 };
 
 std::string errno_text(const std::string &what, int e) { return what + ": " + std::strerror(e); }
+
+// Who may have written a file (ktd.ops.file_trust has the same rule for the daemon's other files):
+// CRC-32C proves an entry intact, not who wrote it. An entry is trusted only when it and its
+// directory belong to this process's user or root and neither is writable by group or others.
+std::string untrusted(const struct stat &st, const std::string &what) {
+    const uid_t me = ::geteuid();
+    if (st.st_uid != me && st.st_uid != 0)
+        return what + " is owned by uid " + std::to_string(st.st_uid) + ", not by this process's user (uid " +
+               std::to_string(me) + ") or root";
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+        return what + " is writable by its group or others (mode " + mode + "); chmod go-w it";
+    }
+    return "";
+}
+
+// The entry's directory, opened (a symbolic link to it is followed) and checked on the
+// descriptor: -1 with `reason` set when it cannot be opened or is not trusted.
+int open_cache_dir(const std::string &path, std::string &reason) {
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        reason = errno_text("open " + dir, errno);
+        return -1;
+    }
+    struct stat st {};
+    if (::fstat(dfd, &st) != 0) reason = errno_text("fstat " + dir, errno);
+    else reason = untrusted(st, "the cache directory " + dir);
+    if (!reason.empty()) {
+        ::close(dfd);
+        return -1;
+    }
+    return dfd;
+}
+
+// The entry at `path` for reading: opened inside its checked directory without following a
+// symbolic link (O_NOFOLLOW), then checked on the descriptor, so nothing is swapped in between.
+// -1 with `reason` set ("" and errno ENOENT when there is no entry); `st` filled on success.
+int open_entry(const std::string &path, struct stat &st, std::string &reason) {
+    reason.clear();
+    Fd dir;
+    dir.fd = open_cache_dir(path, reason);
+    if (dir.fd < 0) return -1;
+    const std::string name = path.substr(path.rfind('/') + 1);
+    const int fd = ::openat(dir.fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        const int e = errno;
+        if (e == ELOOP) reason = path + " is a symbolic link (not followed)";
+        else if (e != ENOENT) reason = errno_text("open", e);
+        errno = e;
+        return -1;
+    }
+    if (::fstat(fd, &st) != 0) reason = errno_text("fstat", errno);
+    else if (!S_ISREG(st.st_mode)) reason = path + " is not a regular file";
+    else reason = untrusted(st, "the entry");
+    if (!reason.empty()) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
 
 // Full pread/pwrite (short transfers continued); false with errno set on failure, EIO for an
 // unexpected end of file.
@@ -220,16 +284,9 @@ std::vector<uint64_t> read_weights_cache(const std::string &path, const std::str
     reason.clear();
     if (mapped) *mapped = 0;
     Fd f;
-    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f.fd < 0) {
-        if (errno != ENOENT) reason = errno_text("open", errno);
-        return {};
-    }
     struct stat st {};
-    if (::fstat(f.fd, &st) != 0) {
-        reason = errno_text("fstat", errno);
-        return {};
-    }
+    f.fd = open_entry(path, st, reason);
+    if (f.fd < 0) return {};
     Parsed h;
     if (std::string p = parse_header(f.fd, uint64_t(st.st_size), h); !p.empty()) {
         reason = p;
@@ -328,7 +385,9 @@ std::string write_weights_cache(const std::string &path, const std::string &key,
         put<uint64_t>(b, sections_at + 16 * s + 8, arenas[s]->used());
     }
 
-    // A temporary file next to the entry, renamed over it when complete.
+    // A temporary file next to the entry, renamed over it when complete; never in a directory
+    // others may write (they could replace the entry after us).
+    if (std::string why; Fd{open_cache_dir(path, why)}.fd < 0) return why;
     static std::atomic<unsigned> counter{0};
     const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
     Fd f;
@@ -420,6 +479,7 @@ std::string WeightsCacheWriter::begin(const std::string &path, const std::string
         end = offset_[s] + arenas[s]->requested();
     }
     file_bytes_ = align_up(end, kAlign);
+    if (std::string why; Fd{open_cache_dir(path, why)}.fd < 0) return why;  // as write_weights_cache
     static std::atomic<unsigned> counter{0};
     tmp_ = path + ".tmp-" + std::to_string(::getpid()) + "-d" + std::to_string(counter++);
     fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -498,10 +558,10 @@ std::string WeightsCacheWriter::commit(ThreadPool &pool, LoadProgress *progress)
 WeightsCacheHeader read_weights_cache_header(const std::string &path) {
     WeightsCacheHeader out;
     Fd f;
-    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     struct stat st {};
-    if (f.fd < 0 || ::fstat(f.fd, &st) != 0) {
-        out.problem = errno_text("open", errno);
+    f.fd = open_entry(path, st, out.problem);
+    if (f.fd < 0) {
+        if (out.problem.empty()) out.problem = errno_text("open", errno);
         return out;
     }
     Parsed h;
@@ -515,9 +575,10 @@ WeightsCacheHeader read_weights_cache_header(const std::string &path) {
 
 std::string verify_weights_cache(const std::string &path) {
     Fd f;
-    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     struct stat st {};
-    if (f.fd < 0 || ::fstat(f.fd, &st) != 0) return errno_text("open", errno);
+    std::string why;
+    f.fd = open_entry(path, st, why);
+    if (f.fd < 0) return why.empty() ? errno_text("open", errno) : why;
     Parsed h;
     if (std::string p = parse_header(f.fd, uint64_t(st.st_size), h); !p.empty()) return p;
     std::vector<uint8_t> buf(kChunk);

@@ -34,6 +34,11 @@
 // Written to a temporary file in the same directory and renamed over the entry (atomic: a reader
 // sees the old entry or the new one, two processes writing at once each rename a complete file).
 // Not fsync'ed: after a crash a partly written entry fails its checksums and is rebuilt.
+// Trust: the checksums prove an entry intact, not who wrote it. An entry is read only when it and
+// its directory belong to this process's user or root and neither is writable by group or others,
+// and it is opened without following a symbolic link (O_NOFOLLOW, checked on the descriptor);
+// otherwise the reason says which rule failed (and the entry is rebuilt, or in a directory others
+// may write, nothing is read or written). Nothing is written into a directory others may write.
 #pragma once
 #include <atomic>
 #include <cstdint>
