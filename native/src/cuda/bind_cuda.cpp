@@ -18,7 +18,7 @@
 #include "cuda/cuda_api.h"
 #include "cuda/ktd_cuda.h"
 #include "cuda/ops_math.h"
-#include "model/blocks.h"
+#include "kernels/rope.h"
 
 namespace py = pybind11;
 
@@ -145,7 +145,7 @@ void bind_cuda_ops(py::module_ &cm) {
         },
         py::arg("params"), py::arg("pos"), py::arg("freq_factors") = py::none(), py::arg("cpu_forward") = false,
         "[cos θ0, sin θ0, ...] at pos as the GPU computes them (cuda/ops_math.h, compiled for the CPU), or with "
-        "cpu_forward=True as the CPU forward does (model/blocks.cpp); params: n_rot, neox, yarn, n_ctx_orig, "
+        "cpu_forward=True as the CPU forward does (kernels/rope.cpp); params: n_rot, neox, yarn, n_ctx_orig, "
         "freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow");
     cm.def(
         "gpu_rmsnorm",
