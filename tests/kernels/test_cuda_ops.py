@@ -3,7 +3,7 @@ linear and YaRN scaling, SwiGLU/GeGLU, residual add, decode attention over an F1
 
 Without a GPU: their arithmetic (cuda/ops_math.h, the __host__ __device__ code the kernels run,
 compiled here for the CPU) against numpy's transcription of llama.cpp's rope/YaRN formulas, and
-bit for bit against the CPU forward's rope_cos_sin (model/blocks.cpp). With a GPU (`gpu` marker;
+bit for bit against the CPU forward's rope_cos_sin (kernels/rope.cpp). With a GPU (`gpu` marker;
 they skip with cuda_status()'s reason otherwise): every kernel against numpy in float64.
 Tolerances: the device's cosf/sinf/expf/tanhf differ from glibc's by a few ulp; the rotation is
 checked against the CPU forward's float32 angles (at position 4000 float32 angles differ from

@@ -48,6 +48,12 @@ def test_crc32c_matches_the_definition():
         assert _native.crc32c_x4(data) == tuple(_crc32c_reference(p) for p in parts), n
 
 
+def test_crc32c_uses_the_instruction_exactly_where_cpuid_has_it():
+    # common/crc32c.cpp asks the compiler's CPUID query (the bottom layer includes nothing from
+    # cpu/): it must agree with the CPU features ktd reports.
+    assert _native.crc32c_hardware() == _native.cpu_features().sse4_2
+
+
 def _logits(e: Engine) -> np.ndarray:
     ids = np.array([1, 5, 9, 3, 7, 2], np.int32)
     out = e.forward(ids, np.arange(len(ids), dtype=np.int32), np.zeros(len(ids), np.int32), np.ones(len(ids), bool))

@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-#include "cpu/features.h"
-
 namespace ktd {
 
 namespace {
@@ -61,17 +59,24 @@ __attribute__((target("sse4.2"))) void hw_update4(uint32_t *crc, const uint8_t *
     crc[3] = uint32_t(c3);
 }
 #else
-// No SSE4.2 off x86-64 (cpu_features().sse42 is false there, so these are never called): the
-// table-driven code, so the file builds for aarch64.
+// No SSE4.2 off x86-64 (use_hw() is false there, so these are never called): the table-driven
+// code, so the file builds for aarch64.
 uint32_t hw_update(uint32_t c, const uint8_t *p, size_t n) { return sw_update(c, p, n); }
 void hw_update4(uint32_t *crc, const uint8_t *p, size_t len) {
     for (size_t i = 0; i < 4; ++i) crc[i] = sw_update(crc[i], p + i * len, len);
 }
 #endif
 
+// The CPUID bit through the compiler's own query (libgcc), not cpu/features.h: common/ is the
+// bottom layer and depends on no other. The same bit as cpu_features().sse42 (a test holds them
+// equal).
 bool use_hw() {
-    static const bool hw = cpu_features().sse42;
+#if defined(__x86_64__)
+    static const bool hw = __builtin_cpu_supports("sse4.2");
     return hw;
+#else
+    return false;
+#endif
 }
 
 }  // namespace

@@ -73,9 +73,8 @@ py::dict handoff_latency(ThreadPool &pool, int iterations) {
     return d;
 }
 
-}  // namespace
-
-void bind_cpu(py::module_ &m) {
+// CpuFeatures: what CPUID says this CPU and OS can run.
+void bind_cpu_features(py::module_ &m) {
     py::class_<CpuFeatures> f(m, "CpuFeatures", "CPUID features usable on this CPU and OS");
     for (const auto &[name, value] : cpu_features().flags()) {
         const std::string key = name;
@@ -96,7 +95,10 @@ void bind_cpu(py::module_ &m) {
             return d;
         }, "name -> bool for every flag (names as in /proc/cpuinfo)");
     m.def("cpu_features", &cpu_features, py::return_value_policy::reference);
+}
 
+// The topology (NUMA nodes, cores, allowed CPUs) and the CPUs a pool would choose.
+void bind_topology(py::module_ &m) {
     m.def("parse_cpulist", &parse_cpulist, py::arg("text"));
     m.def("process_affinity", &process_affinity);
 
@@ -124,7 +126,10 @@ void bind_cpu(py::module_ &m) {
           },
           py::arg("topology"), py::arg("n_threads") = 0, py::arg("nodes") = std::vector<int>{},
           py::arg("smt") = false, "(cpu, node) per worker a pool with these options would use");
+}
 
+// ThreadPool: the persistent pinned workers and their regions, barriers and claims.
+void bind_thread_pool(py::module_ &m) {
     py::class_<ThreadPool>(m, "ThreadPool")
         .def(py::init([](int n_threads, std::vector<int> nodes, bool smt, bool pin,
                          const std::string &sysfs_root, int spin_us, std::vector<int> affinity) {
@@ -200,7 +205,10 @@ void bind_cpu(py::module_ &m) {
         .def("reset_stats", &ThreadPool::reset_stats)
         .def_property("spin_us", &ThreadPool::spin_us, &ThreadPool::set_spin_us,
                       "the bounded spin of every wait, microseconds (0 and unchangeable when oversubscribed)");
+}
 
+// The work lists threads claim items from inside a region (WorkList, RangeList).
+void bind_work_lists(py::module_ &m) {
     // For tests of the in-region use (claims between barriers of one run).
     py::class_<WorkList>(m, "WorkList")
         .def(py::init<>())
@@ -262,6 +270,15 @@ void bind_cpu(py::module_ &m) {
             return py::make_tuple(counts, by);
         },
         py::arg("pool"), py::arg("n"), py::arg("slow_tid") = -1, py::arg("rounds") = 1);
+}
+
+}  // namespace
+
+void bind_cpu(py::module_ &m) {
+    bind_cpu_features(m);
+    bind_topology(m);
+    bind_thread_pool(m);
+    bind_work_lists(m);
 }
 
 }  // namespace ktd

@@ -18,7 +18,7 @@
 #include "cuda/cuda_api.h"
 #include "cuda/ktd_cuda.h"
 #include "cuda/ops_math.h"
-#include "model/blocks.h"
+#include "kernels/rope.h"
 
 namespace py = pybind11;
 
@@ -115,9 +115,25 @@ void check_rc(int rc, const char *msg) {
     if (rc != 0) throw std::runtime_error(msg);
 }
 
-// The non-matrix kernels: their arithmetic compiled for the CPU (rope_cos_sin, and the CPU
-// forward's own rope_cos_sin to compare with), and the GPU entry points.
-void bind_cuda_ops(py::module_ &cm) {
+// The CPU forward's RopeParams (kernels/rope.h) of the GPU's KtdRope.
+RopeParams cpu_rope_params(const KtdRope &r) {
+    RopeParams rp;
+    rp.type = r.neox ? RopeType::Neox : RopeType::Norm;
+    rp.n_rot = r.n_rot;
+    rp.freq_base = r.freq_base;
+    rp.freq_scale = r.freq_scale;
+    rp.scaling = r.yarn ? RopeScaling::Yarn : RopeScaling::None;
+    rp.n_ctx_orig = r.n_ctx_orig;
+    rp.ext_factor = r.ext_factor;
+    rp.attn_factor = r.attn_factor;
+    rp.beta_fast = r.beta_fast;
+    rp.beta_slow = r.beta_slow;
+    return rp;
+}
+
+// The rotary angles: their arithmetic compiled for the CPU (rope_cos_sin, and the CPU forward's
+// own rope_cos_sin to compare with), and the GPU's rotation.
+void bind_cuda_rope(py::module_ &cm) {
     cm.def(
         "rope_cos_sin",
         [](const py::dict &p, int64_t pos, const py::object &ff, bool cpu_forward) {
@@ -125,47 +141,16 @@ void bind_cuda_ops(py::module_ &cm) {
             py::object keep = ff.is_none() ? ff : py::object(ff.cast<f32arr>());
             const float *f = freq_factors(keep, r);
             py::array_t<float> cs(r.n_rot);
-            if (cpu_forward) {
-                RopeParams rp;
-                rp.type = r.neox ? RopeType::Neox : RopeType::Norm;
-                rp.n_rot = r.n_rot;
-                rp.freq_base = r.freq_base;
-                rp.freq_scale = r.freq_scale;
-                rp.scaling = r.yarn ? RopeScaling::Yarn : RopeScaling::None;
-                rp.n_ctx_orig = r.n_ctx_orig;
-                rp.ext_factor = r.ext_factor;
-                rp.attn_factor = r.attn_factor;
-                rp.beta_fast = r.beta_fast;
-                rp.beta_slow = r.beta_slow;
-                rope_cos_sin(rp, f, pos, cs.mutable_data());
-            } else {
+            if (cpu_forward)
+                rope_cos_sin(cpu_rope_params(r), f, pos, cs.mutable_data());
+            else
                 om::rope_cos_sin(r, f, pos, cs.mutable_data());
-            }
             return cs;
         },
         py::arg("params"), py::arg("pos"), py::arg("freq_factors") = py::none(), py::arg("cpu_forward") = false,
         "[cos θ0, sin θ0, ...] at pos as the GPU computes them (cuda/ops_math.h, compiled for the CPU), or with "
-        "cpu_forward=True as the CPU forward does (model/blocks.cpp); params: n_rot, neox, yarn, n_ctx_orig, "
+        "cpu_forward=True as the CPU forward does (kernels/rope.cpp); params: n_rot, neox, yarn, n_ctx_orig, "
         "freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow");
-    cm.def(
-        "gpu_rmsnorm",
-        [](f32arr x, const py::object &w, float eps) {
-            if (x.ndim() != 2) throw std::invalid_argument("gpu_rmsnorm: x must be [rows, n]");
-            const int64_t rows = x.shape(0), n = x.shape(1);
-            py::object keep = w.is_none() ? w : py::object(w.cast<f32arr>());
-            const float *wp = nullptr;
-            if (!keep.is_none()) {
-                auto wa = keep.cast<f32arr>();
-                if (wa.size() != n) throw std::invalid_argument("gpu_rmsnorm: w must have n entries");
-                wp = wa.data();
-            }
-            const CudaLib &lib = usable_lib();
-            py::array_t<float> y({rows, n});
-            char msg[512] = {0};
-            check_rc(lib.api->rmsnorm_host(x.data(), wp, y.mutable_data(), rows, n, eps, msg, sizeof msg), msg);
-            return y;
-        },
-        py::arg("x"), py::arg("w") = py::none(), py::arg("eps") = 1e-6f, "RMSNorm of each row on CUDA device 0");
     cm.def(
         "gpu_rope",
         [](const py::dict &p, py::array_t<int32_t, py::array::c_style | py::array::forcecast> pos, f32arr x,
@@ -186,6 +171,29 @@ void bind_cuda_ops(py::module_ &cm) {
         },
         py::arg("params"), py::arg("pos"), py::arg("x"), py::arg("freq_factors") = py::none(),
         "x rotated on CUDA device 0 (a copy)");
+}
+
+// The other non-matrix kernels' GPU entry points.
+void bind_cuda_ops(py::module_ &cm) {
+    cm.def(
+        "gpu_rmsnorm",
+        [](f32arr x, const py::object &w, float eps) {
+            if (x.ndim() != 2) throw std::invalid_argument("gpu_rmsnorm: x must be [rows, n]");
+            const int64_t rows = x.shape(0), n = x.shape(1);
+            py::object keep = w.is_none() ? w : py::object(w.cast<f32arr>());
+            const float *wp = nullptr;
+            if (!keep.is_none()) {
+                auto wa = keep.cast<f32arr>();
+                if (wa.size() != n) throw std::invalid_argument("gpu_rmsnorm: w must have n entries");
+                wp = wa.data();
+            }
+            const CudaLib &lib = usable_lib();
+            py::array_t<float> y({rows, n});
+            char msg[512] = {0};
+            check_rc(lib.api->rmsnorm_host(x.data(), wp, y.mutable_data(), rows, n, eps, msg, sizeof msg), msg);
+            return y;
+        },
+        py::arg("x"), py::arg("w") = py::none(), py::arg("eps") = 1e-6f, "RMSNorm of each row on CUDA device 0");
     cm.def(
         "gpu_glu",
         [](const std::string &act, f32arr a, f32arr b) {
@@ -233,49 +241,44 @@ void bind_cuda_ops(py::module_ &cm) {
         "decode attention of one token over an F16 cache on CUDA device 0 (GQA: head h reads kv head h / group)");
 }
 
-}  // namespace
-
-void bind_cuda(py::module_ &m) {
-    m.def(
-        "cuda_status",
-        [] {
-            const CudaLib &lib = cuda_lib();
-            py::dict out;
-            out["library"] = lib.path;
-            if (!lib.api) {
-                out["available"] = false;
-                out["devices"] = 0;
-                out["reason"] = lib.reason;
-                return out;
+// cuda_status(): whether the library loads, the devices it sees and each one's memory.
+py::dict cuda_status() {
+    const CudaLib &lib = cuda_lib();
+    py::dict out;
+    out["library"] = lib.path;
+    if (!lib.api) {
+        out["available"] = false;
+        out["devices"] = 0;
+        out["reason"] = lib.reason;
+        return out;
+    }
+    int n = 0;
+    char msg[512] = {0};
+    const int rc = lib.api->probe(&n, msg, sizeof msg);
+    out["available"] = rc == 0 && n > 0;
+    out["devices"] = n;
+    out["reason"] = rc == 0 && n == 0 ? std::string("no CUDA device is visible") : std::string(msg);
+    if (rc == 0 && n > 0) {
+        // Each device's total memory (what gpu.vram_budget: auto plans against; 0 where a
+        // context could not be made), through a short-lived ABI v3 context.
+        py::list mem;
+        for (int d = 0; d < n; ++d) {
+            KtdCudaCtx *c = nullptr;
+            char why[256] = {0};
+            uint64_t total = 0;
+            if (lib.api->ctx_create(d, 0, &c, why, sizeof why) == 0 && c) {
+                if (lib.api->mem_info(c, nullptr, nullptr, nullptr, &total) != 0) total = 0;
+                lib.api->ctx_destroy(c);
             }
-            int n = 0;
-            char msg[512] = {0};
-            const int rc = lib.api->probe(&n, msg, sizeof msg);
-            out["available"] = rc == 0 && n > 0;
-            out["devices"] = n;
-            out["reason"] = rc == 0 && n == 0 ? std::string("no CUDA device is visible") : std::string(msg);
-            if (rc == 0 && n > 0) {
-                // Each device's total memory (what gpu.vram_budget: auto plans against; 0 where a
-                // context could not be made), through a short-lived ABI v3 context.
-                py::list mem;
-                for (int d = 0; d < n; ++d) {
-                    KtdCudaCtx *c = nullptr;
-                    char why[256] = {0};
-                    uint64_t total = 0;
-                    if (lib.api->ctx_create(d, 0, &c, why, sizeof why) == 0 && c) {
-                        if (lib.api->mem_info(c, nullptr, nullptr, nullptr, &total) != 0) total = 0;
-                        lib.api->ctx_destroy(c);
-                    }
-                    mem.append(total);
-                }
-                out["device_memory"] = mem;
-            }
-            return out;
-        },
-        "{available, devices, reason, library[, device_memory]}: whether the optional CUDA backend "
-        "(libktd_cuda.so) can run here, and why not; device_memory: each device's total bytes");
+            mem.append(total);
+        }
+        out["device_memory"] = mem;
+    }
+    return out;
+}
 
-    auto cm = m.def_submodule("cuda_math", "the CUDA kernels' block arithmetic (cuda/block_math.h) compiled for the CPU");
+// The block formats as the GPU kernels read them (compiled for the CPU), and the GPU's matmul.
+void bind_cuda_block_math(py::module_ &cm) {
     cm.def(
         "dequantize",
         [](const std::string &type, py::array_t<uint8_t, py::array::c_style> data, int64_t k) {
@@ -347,6 +350,17 @@ void bind_cuda(py::module_ &m) {
         },
         py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"),
         "y [n, rows] = W · x on CUDA device 0 (copies included; RuntimeError with the reason without a device)");
+}
+
+}  // namespace
+
+void bind_cuda(py::module_ &m) {
+    m.def("cuda_status", &cuda_status,
+          "{available, devices, reason, library[, device_memory]}: whether the optional CUDA backend "
+          "(libktd_cuda.so) can run here, and why not; device_memory: each device's total bytes");
+    auto cm = m.def_submodule("cuda_math", "the CUDA kernels' block arithmetic (cuda/block_math.h) compiled for the CPU");
+    bind_cuda_block_math(cm);
+    bind_cuda_rope(cm);
     bind_cuda_ops(cm);
 }
 

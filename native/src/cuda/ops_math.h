@@ -1,8 +1,8 @@
 // The per-element arithmetic of the CUDA backend's non-matrix kernels (RMSNorm, rotary angles with
 // linear/YaRN scaling, the GLU activations), written once as `__host__ __device__` functions: the
 // CPU build compiles this very code (ktd._native.cuda_math) and tests it against numpy's
-// transcription of llama.cpp's formulas and against the CPU forward's own blocks (model/blocks.cpp)
-// on every CI run; the kernels in ktd_cuda.cu call it on the device.
+// transcription of llama.cpp's formulas and against the CPU forward's own blocks (model/blocks.cpp,
+// kernels/rope.cpp) on every CI run; the kernels in ktd_cuda.cu call it on the device.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -20,7 +20,7 @@ namespace ktd::om {
 KTD_OPS_HD float fmin_(float a, float b) { return a < b ? a : b; }
 KTD_OPS_HD float fmax_(float a, float b) { return a > b ? a : b; }
 
-// llama.cpp's YaRN correction dimension and ramp (as model/blocks.cpp computes them).
+// llama.cpp's YaRN correction dimension and ramp (as kernels/rope.cpp computes them).
 KTD_OPS_HD float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
     return float(n_dims) * logf(float(n_ctx_orig) / (n_rot * 2.0f * 3.14159265358979323846f)) / (2.0f * logf(base));
 }
@@ -31,7 +31,7 @@ KTD_OPS_HD float yarn_ramp(float low, float high, int64_t i0) {
 }
 
 // cs[2i] = cos θ_i, cs[2i+1] = sin θ_i for i < n_rot/2 at position pos (freq_factors: [n_rot/2]
-// divisors or null): the operations and their order of model/blocks.cpp's rope_cos_sin, so the
+// divisors or null): the operations and their order of kernels/rope.cpp's rope_cos_sin, so the
 // host build gives the CPU forward's angles bit for bit.
 KTD_OPS_HD void rope_cos_sin(const KtdRope &rp, const float *freq_factors, int64_t pos, float *cs) {
     const int half = rp.n_rot / 2;

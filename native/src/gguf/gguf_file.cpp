@@ -335,23 +335,28 @@ void GGUFFile::release() noexcept {
     base_ = nullptr;
 }
 
-void GGUFFile::parse() {
-    Cursor cur(path_, base_, size_);
+namespace {
 
-    // Header.
-    if (size_ == 0) cur.fail(0, "empty file, not a GGUF file");
-    if (size_ < 4) cur.fail(0, "not a GGUF file: only " + std::to_string(size_) + " bytes");
+struct GGUFCounts {
+    uint64_t n_tensors, n_kv;
+};
+
+// The header: magic, version (v2 or v3, into `version`), the tensor and key/value counts, checked
+// to fit in the bytes after it.
+GGUFCounts read_header(Cursor &cur, const uint8_t *base, uint64_t size, uint32_t &version) {
+    if (size == 0) cur.fail(0, "empty file, not a GGUF file");
+    if (size < 4) cur.fail(0, "not a GGUF file: only " + std::to_string(size) + " bytes");
     uint32_t magic = cur.read<uint32_t>("magic");
     if (magic != kGGUFMagic) cur.fail(0, "not a GGUF file: magic is " +
-                                             quote({reinterpret_cast<const char *>(base_), 4}) +
+                                             quote({reinterpret_cast<const char *>(base), 4}) +
                                              ", expected 'GGUF'");
-    version_ = cur.read<uint32_t>("version");
-    if (version_ != 2 && version_ != 3) {
-        if ((version_ & 0xFFFF) == 0 && (__builtin_bswap32(version_) == 2 || __builtin_bswap32(version_) == 3))
+    version = cur.read<uint32_t>("version");
+    if (version != 2 && version != 3) {
+        if ((version & 0xFFFF) == 0 && (__builtin_bswap32(version) == 2 || __builtin_bswap32(version) == 3))
             cur.fail(4, "big-endian GGUF files are not supported");
-        if (version_ == 1)
+        if (version == 1)
             cur.fail(4, "GGUF version 1 is not supported (v2 and v3 are; re-convert the model)");
-        cur.fail(4, "unsupported GGUF version " + std::to_string(version_) + " (v2 and v3 are supported)");
+        cur.fail(4, "unsupported GGUF version " + std::to_string(version) + " (v2 and v3 are supported)");
     }
     uint64_t n_tensors = cur.read<uint64_t>("tensor count");
     uint64_t n_kv = cur.read<uint64_t>("metadata key/value count");
@@ -364,16 +369,23 @@ void GGUFFile::parse() {
         cur.fail(8, std::to_string(n_tensors) + " tensors and " + std::to_string(n_kv) +
                         " metadata keys cannot fit in the " + std::to_string(cur.remaining()) +
                         " bytes after the header (corrupt counts or truncated file)");
+    return {n_tensors, n_kv};
+}
 
-    // Metadata.
-    kv_.reserve(std::min(n_kv, kReserveCap));
+using NameIndex = std::unordered_map<std::string_view, size_t>;
+
+// The n_kv metadata key/values into kv and index (keys valid UTF-8 and unique), and
+// general.alignment (a UINT32 power of two) into `alignment`.
+void read_metadata(Cursor &cur, uint64_t n_kv, std::vector<GGUFKeyValue> &kv, NameIndex &index,
+                   uint32_t &alignment) {
+    kv.reserve(std::min(n_kv, kReserveCap));
     for (uint64_t i = 0; i < n_kv; i++) {
         uint64_t at = cur.pos();
         cur.set_context("metadata key #" + std::to_string(i));
         std::string_view key = cur.read_string("key");
         if (!valid_utf8(key)) cur.fail(at, "key " + quote(key) + " is not valid UTF-8");
         cur.set_context("key " + quote(key));
-        if (kv_index_.count(key)) cur.fail(at, "duplicate key");
+        if (index.count(key)) cur.fail(at, "duplicate key");
         uint64_t type_at = cur.pos();
         uint32_t type_id = cur.read<uint32_t>("value type");
         if (!valid_value_type(type_id)) cur.fail(type_at, "unknown value type " + std::to_string(type_id));
@@ -385,63 +397,126 @@ void GGUFFile::parse() {
                                       std::string(gguf_value_type_name(GGUFValueType(type_id))));
             if (*a == 0 || (*a & (*a - 1)) != 0)
                 cur.fail(type_at + 4, "alignment " + std::to_string(*a) + " is not a power of two");
-            alignment_ = *a;
+            alignment = *a;
         }
-        kv_index_.emplace(key, kv_.size());
-        kv_.push_back({key, std::move(value), at});
+        index.emplace(key, kv.size());
+        kv.push_back({key, std::move(value), at});
     }
+}
+
+// A tensor's n_dims (1..4) and dimensions (each >= 1; ne[d] = 1 beyond n_dims) with the element
+// count, which must fit in int64.
+void read_dims(Cursor &cur, GGUFTensorInfo &t) {
+    uint64_t dims_at = cur.pos();
+    t.n_dims = cur.read<uint32_t>("n_dims");
+    if (t.n_dims < 1 || t.n_dims > 4)
+        cur.fail(dims_at, "n_dims = " + std::to_string(t.n_dims) + " (must be 1..4)");
+    t.n_elements = 1;
+    for (uint32_t d = 0; d < 4; d++) {
+        t.ne[d] = 1;
+        if (d >= t.n_dims) continue;
+        uint64_t dim_at = cur.pos();
+        t.ne[d] = cur.read<uint64_t>("dimension");
+        if (t.ne[d] == 0)
+            cur.fail(dim_at, "dimension " + std::to_string(d) + " = 0 (dims must be >= 1)");
+        if (__builtin_mul_overflow(t.n_elements, t.ne[d], &t.n_elements) ||
+            t.n_elements > uint64_t(std::numeric_limits<int64_t>::max()))
+            cur.fail(dim_at, "element count overflows int64 at dimension " + std::to_string(d) +
+                                 " = " + std::to_string(t.ne[d]));
+    }
+}
+
+// Tensor info #i: its name (valid UTF-8, not yet in index), dims, type (rows a whole number of
+// its blocks), byte size and data offset (relative to the data section, a multiple of
+// alignment; off_at: where that field is, for the errors found once the section is placed).
+GGUFTensorInfo read_tensor_info(Cursor &cur, uint64_t i, const NameIndex &index, uint32_t alignment,
+                                uint64_t &off_at) {
+    uint64_t at = cur.pos();
+    cur.set_context("tensor #" + std::to_string(i));
+    GGUFTensorInfo t{};
+    t.name = cur.read_string("tensor name");
+    if (!valid_utf8(t.name)) cur.fail(at, "tensor name " + quote(t.name) + " is not valid UTF-8");
+    cur.set_context("tensor " + quote(t.name));
+    if (index.count(t.name)) cur.fail(at, "duplicate tensor name");
+
+    uint64_t dims_at = cur.pos();
+    read_dims(cur, t);
+    uint64_t type_at = cur.pos();
+    uint32_t type_id = cur.read<uint32_t>("tensor type");
+    auto info = ggml_type_info(type_id);
+    if (!info) cur.fail(type_at, "unknown GGML type id " + std::to_string(type_id));
+    t.type = info->type;
+    auto row = ggml_row_size(t.type, t.ne[0]);
+    if (!row)
+        cur.fail(dims_at + 4, "row length ne[0] = " + std::to_string(t.ne[0]) +
+                                  " is not a multiple of the block size " +
+                                  std::to_string(info->blck_size) + " of " + std::string(info->name));
+    t.nbytes = *row;
+    // n_elements fits in int64, and nbytes <= n_elements * type_size / blck_size, but check anyway.
+    if (__builtin_mul_overflow(t.nbytes, t.ne[1], &t.nbytes) ||
+        __builtin_mul_overflow(t.nbytes, t.ne[2], &t.nbytes) ||
+        __builtin_mul_overflow(t.nbytes, t.ne[3], &t.nbytes))
+        cur.fail(dims_at, "byte size overflows 64 bits");
+    off_at = cur.pos();
+    t.offset = cur.read<uint64_t>("data offset");
+    if (t.offset % alignment != 0)
+        cur.fail(off_at, "data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+                             std::to_string(alignment));
+    return t;
+}
+
+// Each tensor's offset made absolute (the data section starts at data_offset), its data checked
+// to end inside the file of `size` bytes.
+void place_tensors(Cursor &cur, std::vector<GGUFTensorInfo> &tensors, const std::vector<uint64_t> &offset_field_at,
+                   uint64_t data_offset, uint64_t size) {
+    for (size_t i = 0; i < tensors.size(); i++) {
+        auto &t = tensors[i];
+        cur.set_context("tensor " + quote(t.name));
+        uint64_t begin = 0, end = 0;
+        if (__builtin_add_overflow(data_offset, t.offset, &begin) ||
+            __builtin_add_overflow(begin, t.nbytes, &end) || end > size)
+            cur.fail(offset_field_at[i],
+                     "data (offset " + std::to_string(t.offset) + " + " + std::to_string(t.nbytes) +
+                         " bytes after the data section at " + std::to_string(data_offset) +
+                         ") extends past the end of the file (" + std::to_string(size) + " bytes)");
+        t.offset = begin;
+    }
+}
+
+// Tensors must not share bytes (llama.cpp even requires them back to back): an overlap means
+// corrupt offsets.
+void check_no_overlap(Cursor &cur, const std::vector<GGUFTensorInfo> &tensors,
+                      const std::vector<uint64_t> &offset_field_at) {
+    std::vector<size_t> order(tensors.size());
+    for (size_t i = 0; i < order.size(); i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].offset < tensors[b].offset; });
+    for (size_t k = 1; k < order.size(); k++) {
+        const auto &prev = tensors[order[k - 1]], &t = tensors[order[k]];
+        if (t.offset < prev.offset + prev.nbytes) {
+            cur.set_context("tensor " + quote(t.name));
+            cur.fail(offset_field_at[order[k]],
+                     "data at file offset " + std::to_string(t.offset) + " overlaps tensor " + quote(prev.name) +
+                         " (bytes " + std::to_string(prev.offset) + ".." + std::to_string(prev.offset + prev.nbytes) +
+                         ")");
+        }
+    }
+}
+
+}  // namespace
+
+// The header, the metadata, the tensor infos, then the data section placed after them.
+void GGUFFile::parse() {
+    Cursor cur(path_, base_, size_);
+    const GGUFCounts counts = read_header(cur, base_, size_, version_);
+    read_metadata(cur, counts.n_kv, kv_, kv_index_, alignment_);
 
     // Tensor infos. Relative offsets are checked against the data section once its start is known.
     std::vector<uint64_t> offset_field_at;
-    tensors_.reserve(std::min(n_tensors, kReserveCap));
-    offset_field_at.reserve(std::min(n_tensors, kReserveCap));
-    for (uint64_t i = 0; i < n_tensors; i++) {
-        uint64_t at = cur.pos();
-        cur.set_context("tensor #" + std::to_string(i));
-        GGUFTensorInfo t{};
-        t.name = cur.read_string("tensor name");
-        if (!valid_utf8(t.name)) cur.fail(at, "tensor name " + quote(t.name) + " is not valid UTF-8");
-        cur.set_context("tensor " + quote(t.name));
-        if (tensor_index_.count(t.name)) cur.fail(at, "duplicate tensor name");
-
-        uint64_t dims_at = cur.pos();
-        t.n_dims = cur.read<uint32_t>("n_dims");
-        if (t.n_dims < 1 || t.n_dims > 4)
-            cur.fail(dims_at, "n_dims = " + std::to_string(t.n_dims) + " (must be 1..4)");
-        t.n_elements = 1;
-        for (uint32_t d = 0; d < 4; d++) {
-            t.ne[d] = 1;
-            if (d >= t.n_dims) continue;
-            uint64_t dim_at = cur.pos();
-            t.ne[d] = cur.read<uint64_t>("dimension");
-            if (t.ne[d] == 0)
-                cur.fail(dim_at, "dimension " + std::to_string(d) + " = 0 (dims must be >= 1)");
-            if (__builtin_mul_overflow(t.n_elements, t.ne[d], &t.n_elements) ||
-                t.n_elements > uint64_t(std::numeric_limits<int64_t>::max()))
-                cur.fail(dim_at, "element count overflows int64 at dimension " + std::to_string(d) +
-                                     " = " + std::to_string(t.ne[d]));
-        }
-        uint64_t type_at = cur.pos();
-        uint32_t type_id = cur.read<uint32_t>("tensor type");
-        auto info = ggml_type_info(type_id);
-        if (!info) cur.fail(type_at, "unknown GGML type id " + std::to_string(type_id));
-        t.type = info->type;
-        auto row = ggml_row_size(t.type, t.ne[0]);
-        if (!row)
-            cur.fail(dims_at + 4, "row length ne[0] = " + std::to_string(t.ne[0]) +
-                                      " is not a multiple of the block size " +
-                                      std::to_string(info->blck_size) + " of " + std::string(info->name));
-        t.nbytes = *row;
-        // n_elements fits in int64, and nbytes <= n_elements * type_size / blck_size, but check anyway.
-        if (__builtin_mul_overflow(t.nbytes, t.ne[1], &t.nbytes) ||
-            __builtin_mul_overflow(t.nbytes, t.ne[2], &t.nbytes) ||
-            __builtin_mul_overflow(t.nbytes, t.ne[3], &t.nbytes))
-            cur.fail(dims_at, "byte size overflows 64 bits");
-        uint64_t off_at = cur.pos();
-        t.offset = cur.read<uint64_t>("data offset");
-        if (t.offset % alignment_ != 0)
-            cur.fail(off_at, "data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-                                 std::to_string(alignment_));
+    tensors_.reserve(std::min(counts.n_tensors, kReserveCap));
+    offset_field_at.reserve(std::min(counts.n_tensors, kReserveCap));
+    for (uint64_t i = 0; i < counts.n_tensors; i++) {
+        uint64_t off_at = 0;
+        const GGUFTensorInfo t = read_tensor_info(cur, i, tensor_index_, alignment_, off_at);
         tensor_index_.emplace(t.name, tensors_.size());
         tensors_.push_back(t);
         offset_field_at.push_back(off_at);
@@ -451,33 +526,8 @@ void GGUFFile::parse() {
     uint64_t pad = (alignment_ - cur.pos() % alignment_) % alignment_;
     if (__builtin_add_overflow(cur.pos(), pad, &data_offset_))
         cur.fail(cur.pos(), "data section offset overflows");
-    for (size_t i = 0; i < tensors_.size(); i++) {
-        auto &t = tensors_[i];
-        cur.set_context("tensor " + quote(t.name));
-        uint64_t begin = 0, end = 0;
-        if (__builtin_add_overflow(data_offset_, t.offset, &begin) ||
-            __builtin_add_overflow(begin, t.nbytes, &end) || end > size_)
-            cur.fail(offset_field_at[i],
-                     "data (offset " + std::to_string(t.offset) + " + " + std::to_string(t.nbytes) +
-                         " bytes after the data section at " + std::to_string(data_offset_) +
-                         ") extends past the end of the file (" + std::to_string(size_) + " bytes)");
-        t.offset = begin;
-    }
-    // Tensors must not share bytes (llama.cpp even requires them back to back): an overlap
-    // means corrupt offsets.
-    std::vector<size_t> order(tensors_.size());
-    for (size_t i = 0; i < order.size(); i++) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
-    for (size_t k = 1; k < order.size(); k++) {
-        const auto &prev = tensors_[order[k - 1]], &t = tensors_[order[k]];
-        if (t.offset < prev.offset + prev.nbytes) {
-            cur.set_context("tensor " + quote(t.name));
-            cur.fail(offset_field_at[order[k]],
-                     "data at file offset " + std::to_string(t.offset) + " overlaps tensor " + quote(prev.name) +
-                         " (bytes " + std::to_string(prev.offset) + ".." + std::to_string(prev.offset + prev.nbytes) +
-                         ")");
-        }
-    }
+    place_tensors(cur, tensors_, offset_field_at, data_offset_, size_);
+    check_no_overlap(cur, tensors_, offset_field_at);
 }
 
 const GGUFKeyValue *GGUFFile::find_key(std::string_view key) const {

@@ -55,9 +55,77 @@ void attend_split(AttnKernel fn, const AttnBlock &b, int64_t split_keys, float *
     }
 }
 
-}  // namespace
+using F32In = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using F16Bits = py::array_t<uint16_t, py::array::c_style>;
+using I64In = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
-void bind_float_kernels(py::module_ &m) {
+// attend's arguments against each other (shapes in attend's docstring); returns head_dim_v.
+int64_t check_attend_args(const F32In &q, const F16Bits &k, const std::optional<F16Bits> &v_opt, const I64In &lo,
+                          const I64In &hi, int head_kv, int64_t latent_v, int64_t split_keys) {
+    if (q.ndim() != 3 || k.ndim() != 3 || (v_opt && v_opt->ndim() != 3))
+        throw std::invalid_argument("q, k and v must be 3-D: [n_rows, n_group, head_dim_k], "
+                                    "[n_keys, n_head_kv, head_dim_k], [n_keys, n_head_kv, head_dim_v]");
+    const int64_t n_rows = q.shape(0), n_group = q.shape(1), hdk = q.shape(2);
+    const int64_t n_keys = k.shape(0), n_kv = k.shape(1);
+    if (v_opt.has_value() == (latent_v > 0))
+        throw std::invalid_argument("attend: pass either v or latent_v (values = the leading entries of the keys)");
+    if (latent_v > hdk) throw std::invalid_argument("attend: latent_v must be <= head_dim_k");
+    const int64_t hdv = v_opt ? v_opt->shape(2) : latent_v;
+    if (n_rows < 1 || n_group < 1 || hdk < 1 || hdv < 1 || n_keys < 1)
+        throw std::invalid_argument("attend: empty q, k or v");
+    if (k.shape(2) != hdk || (v_opt && (v_opt->shape(0) != n_keys || v_opt->shape(1) != n_kv)))
+        throw std::invalid_argument("attend: k must be [n_keys, n_head_kv, head_dim_k] and v [n_keys, n_head_kv, "
+                                    "head_dim_v] with q's head_dim_k");
+    if (head_kv < 0 || head_kv >= n_kv) throw std::invalid_argument("attend: head_kv out of range");
+    if (lo.ndim() != 1 || hi.ndim() != 1 || lo.shape(0) != n_rows || hi.shape(0) != n_rows)
+        throw std::invalid_argument("attend: lo and hi must be 1-D with one entry per query row");
+    for (int64_t r = 0; r < n_rows; ++r)
+        if (lo.data()[r] < 0 || lo.data()[r] >= hi.data()[r] || hi.data()[r] > n_keys)
+            throw std::invalid_argument("attend: row " + std::to_string(r) + " needs 0 <= lo < hi <= n_keys");
+    if (split_keys < 0) throw std::invalid_argument("attend: split_keys must be >= 0");
+    return hdv;
+}
+
+// ktd._native.attention.attend: one block of query rows of one GQA group through the kernel of
+// `isa` (the active one when None), whole or split as the forward's long decode rows are.
+py::array_t<float> attend(F32In q, F16Bits k, std::optional<F16Bits> v_opt, I64In lo, I64In hi, int head_kv,
+                          std::optional<std::string> isa, int64_t latent_v, int64_t split_keys) {
+    const int64_t hdv = check_attend_args(q, k, v_opt, lo, hi, head_kv, latent_v, split_keys);
+    const int64_t n_rows = q.shape(0), n_group = q.shape(1), hdk = q.shape(2), n_kv = k.shape(1);
+    AttnKernel fn = attention_kernel();
+    if (isa) {
+        fn = find_attention_kernel(supported_isa(*isa));
+        if (!fn) throw std::invalid_argument("no " + *isa + " attention kernel in this build");
+    }
+    py::array_t<float> out({n_rows, n_group, hdv});
+    AttnBlock b;
+    b.q = q.data();
+    b.q_row_stride = size_t(n_group * hdk);
+    b.n_rows = int(n_rows);
+    b.n_group = int(n_group);
+    b.lo = lo.data();
+    b.hi = hi.data();
+    b.k = k.data() + head_kv * hdk;
+    b.k_stride = size_t(n_kv * hdk);
+    b.v = v_opt ? v_opt->data() + head_kv * hdv : b.k;
+    b.v_stride = v_opt ? size_t(n_kv * hdv) : b.k_stride;
+    b.head_dim_k = hdk;
+    b.head_dim_v = hdv;
+    b.out = out.mutable_data();
+    b.out_row_stride = size_t(n_group * hdv);
+    std::vector<float> scratch(attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv).total);
+    {
+        py::gil_scoped_release release;
+        if (split_keys == 0)
+            fn(b, scratch.data());
+        else
+            attend_split(fn, b, split_keys, scratch.data());
+    }
+    return out;
+}
+
+// ktd._native.attention: the online-softmax kernels over an F16 KV cache.
+void bind_attention(py::module_ &m) {
     auto att = m.def_submodule("attention", "attention kernels (online softmax over an F16 KV cache) per ISA");
     att.def("tile", [] { return kAttnTile; }, "keys per online-softmax tile");
     att.def("kernel_isas", [] {
@@ -66,74 +134,17 @@ void bind_float_kernels(py::module_ &m) {
             if (find_attention_kernel(i)) out.emplace_back(isa_name(i));
         return out;
     }, "ISAs with their own attention kernel (others fall back as the matrix kernels do)");
-    att.def(
-        "attend",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
-           py::array_t<uint16_t, py::array::c_style> k, std::optional<py::array_t<uint16_t, py::array::c_style>> v_opt,
-           py::array_t<int64_t, py::array::c_style | py::array::forcecast> lo,
-           py::array_t<int64_t, py::array::c_style | py::array::forcecast> hi, int head_kv,
-           std::optional<std::string> isa, int64_t latent_v, int64_t split_keys) {
-            if (q.ndim() != 3 || k.ndim() != 3 || (v_opt && v_opt->ndim() != 3))
-                throw std::invalid_argument("q, k and v must be 3-D: [n_rows, n_group, head_dim_k], "
-                                            "[n_keys, n_head_kv, head_dim_k], [n_keys, n_head_kv, head_dim_v]");
-            const int64_t n_rows = q.shape(0), n_group = q.shape(1), hdk = q.shape(2);
-            const int64_t n_keys = k.shape(0), n_kv = k.shape(1);
-            if (v_opt.has_value() == (latent_v > 0))
-                throw std::invalid_argument("attend: pass either v or latent_v (values = the leading entries of the keys)");
-            if (latent_v > hdk) throw std::invalid_argument("attend: latent_v must be <= head_dim_k");
-            const int64_t hdv = v_opt ? v_opt->shape(2) : latent_v;
-            if (n_rows < 1 || n_group < 1 || hdk < 1 || hdv < 1 || n_keys < 1)
-                throw std::invalid_argument("attend: empty q, k or v");
-            if (k.shape(2) != hdk || (v_opt && (v_opt->shape(0) != n_keys || v_opt->shape(1) != n_kv)))
-                throw std::invalid_argument("attend: k must be [n_keys, n_head_kv, head_dim_k] and v [n_keys, n_head_kv, "
-                                            "head_dim_v] with q's head_dim_k");
-            if (head_kv < 0 || head_kv >= n_kv) throw std::invalid_argument("attend: head_kv out of range");
-            if (lo.ndim() != 1 || hi.ndim() != 1 || lo.shape(0) != n_rows || hi.shape(0) != n_rows)
-                throw std::invalid_argument("attend: lo and hi must be 1-D with one entry per query row");
-            for (int64_t r = 0; r < n_rows; ++r)
-                if (lo.data()[r] < 0 || lo.data()[r] >= hi.data()[r] || hi.data()[r] > n_keys)
-                    throw std::invalid_argument("attend: row " + std::to_string(r) +
-                                                " needs 0 <= lo < hi <= n_keys");
-            if (split_keys < 0) throw std::invalid_argument("attend: split_keys must be >= 0");
-            AttnKernel fn = attention_kernel();
-            if (isa) {
-                fn = find_attention_kernel(supported_isa(*isa));
-                if (!fn) throw std::invalid_argument("no " + *isa + " attention kernel in this build");
-            }
-            py::array_t<float> out({n_rows, n_group, hdv});
-            AttnBlock b;
-            b.q = q.data();
-            b.q_row_stride = size_t(n_group * hdk);
-            b.n_rows = int(n_rows);
-            b.n_group = int(n_group);
-            b.lo = lo.data();
-            b.hi = hi.data();
-            b.k = k.data() + head_kv * hdk;
-            b.k_stride = size_t(n_kv * hdk);
-            b.v = v_opt ? v_opt->data() + head_kv * hdv : b.k;
-            b.v_stride = v_opt ? size_t(n_kv * hdv) : b.k_stride;
-            b.head_dim_k = hdk;
-            b.head_dim_v = hdv;
-            b.out = out.mutable_data();
-            b.out_row_stride = size_t(n_group * hdv);
-            std::vector<float> scratch(attn_scratch_layout(b.n_rows, b.n_group, hdk, hdv).total);
-        {
-            py::gil_scoped_release release;
-            if (split_keys == 0)
-                fn(b, scratch.data());
-            else
-                attend_split(fn, b, split_keys, scratch.data());
-        }
-            return out;
-        },
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lo"), py::arg("hi"), py::arg("head_kv") = 0,
-        py::arg("isa") = py::none(), py::arg("latent_v") = 0, py::arg("split_keys") = 0,
-        "One block: q F32 [n_rows, n_group, head_dim_k] (already scaled), k/v F16 bits (uint16) "
-        "[n_keys, n_head_kv, head_dim], row r attends keys [lo[r], hi[r]) of KV head head_kv; "
-        "returns F32 [n_rows, n_group, head_dim_v]. v=None, latent_v=d: the values are the first d "
-        "entries of each key row (MLA's latent). split_keys > 0: each row's keys in ranges at multiples "
-        "of split_keys, computed apart and merged (the forward's decode over long contexts).");
+    att.def("attend", &attend, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lo"), py::arg("hi"),
+            py::arg("head_kv") = 0, py::arg("isa") = py::none(), py::arg("latent_v") = 0, py::arg("split_keys") = 0,
+            "One block: q F32 [n_rows, n_group, head_dim_k] (already scaled), k/v F16 bits (uint16) "
+            "[n_keys, n_head_kv, head_dim], row r attends keys [lo[r], hi[r]) of KV head head_kv; "
+            "returns F32 [n_rows, n_group, head_dim_v]. v=None, latent_v=d: the values are the first d "
+            "entries of each key row (MLA's latent). split_keys > 0: each row's keys in ranges at multiples "
+            "of split_keys, computed apart and merged (the forward's decode over long contexts).");
+}
 
+// ktd._native.elementwise: the gated activations, one function per Glu.
+void bind_elementwise(py::module_ &m) {
     auto ew = m.def_submodule("elementwise", "element-wise gated activation kernels per ISA");
     ew.def("kernel_isas", [] {
         std::vector<std::string> out;
@@ -167,6 +178,13 @@ void bind_float_kernels(py::module_ &m) {
             },
             py::arg("a"), py::arg("b"), py::arg("isa") = py::none(), doc);
     }
+}
+
+}  // namespace
+
+void bind_float_kernels(py::module_ &m) {
+    bind_attention(m);
+    bind_elementwise(m);
 }
 
 }  // namespace ktd

@@ -76,13 +76,35 @@ int64_t check_x(const f32array &x, int64_t k) {
     if (x.ndim() != 2 || x.shape(1) != k) throw py::value_error("x must be [n, k]");
     return x.shape(0);
 }
-}  // namespace
 
-void bind_kernels(py::module_ &m) {
-    auto k = m.def_submodule("kernels", "matrix kernels per GGUF block type and ISA");
+// The ISAs: which one runs, which ones this CPU and this build have, what each runs per type.
+void bind_isa(py::module_ &k) {
     k.def("active_isa", [] { return std::string(isa_name(active_isa())); },
           "ISA used by default (CPUID, or KTD_ISA)");
     k.def("set_active_isa", [](const std::string &name) { set_active_isa(parse_isa(name)); });
+    k.def("isa_supported", [](const std::string &name) { return isa_supported_by_cpu(parse_isa(name)); });
+    k.def("isa_compiled", [](const std::string &name) { return isa_compiled(parse_isa(name)); });
+    k.def("supported_types", [](const std::string &name) {
+        std::vector<std::string> out;
+        for (GGMLType t : supported_types(parse_isa(name))) out.emplace_back(ggml_type_name(t));
+        return out;
+    });
+    k.def("kernels_isa", [](const std::string &type) -> py::object {
+        const TypeKernels *tk = kernels_for(parse_type(type));
+        if (!tk) return py::none();
+        for (Isa i : kAllIsas)
+            if (find_type_kernels(tk->type, i) == tk) return py::str(std::string(isa_name(i)));
+        return py::none();
+    }, py::arg("type"),
+       "the ISA whose kernels a model's matrices of this type run by default (kernels_for: the active ISA, its "
+       "fallbacks, or AVX-512 for the types measured faster there), None if no kernels");
+    k.def("act_type", [](const std::string &type, std::optional<std::string> isa) {
+        return std::string(ggml_type_name(lookup(type, isa).act_type));
+    }, py::arg("type"), py::arg("isa") = py::none());
+}
+
+// The repacked decode GEMV's software prefetch mode and its tuning.
+void bind_decode_prefetch(py::module_ &k) {
     k.def("decode_prefetch", [] { return k_decode_prefetch(); },
           "the repacked x86 decode GEMV's software prefetch mode: 0 off, 1 l1 (prefetcht0 a few KiB ahead), 2 l2 "
           "(prefetcht1 9 KiB ahead, paced) (the CPU default, tuned, or KTD_DECODE_PREFETCH)");
@@ -116,26 +138,10 @@ void bind_kernels(py::module_ &m) {
     k.def("set_decode_prefetch", [](int mode) { set_k_decode_prefetch(mode); }, py::arg("mode"),
           "0 (off), 1 (l1) or 2 (l2) to force the decode prefetch mode, -1 for the CPU default (and the tuning "
           "starts over)");
-    k.def("isa_supported", [](const std::string &name) { return isa_supported_by_cpu(parse_isa(name)); });
-    k.def("isa_compiled", [](const std::string &name) { return isa_compiled(parse_isa(name)); });
-    k.def("supported_types", [](const std::string &name) {
-        std::vector<std::string> out;
-        for (GGMLType t : supported_types(parse_isa(name))) out.emplace_back(ggml_type_name(t));
-        return out;
-    });
-    k.def("kernels_isa", [](const std::string &type) -> py::object {
-        const TypeKernels *tk = kernels_for(parse_type(type));
-        if (!tk) return py::none();
-        for (Isa i : kAllIsas)
-            if (find_type_kernels(tk->type, i) == tk) return py::str(std::string(isa_name(i)));
-        return py::none();
-    }, py::arg("type"),
-       "the ISA whose kernels a model's matrices of this type run by default (kernels_for: the active ISA, its "
-       "fallbacks, or AVX-512 for the types measured faster there), None if no kernels");
-    k.def("act_type", [](const std::string &type, std::optional<std::string> isa) {
-        return std::string(ggml_type_name(lookup(type, isa).act_type));
-    }, py::arg("type"), py::arg("isa") = py::none());
+}
 
+// Block formats: dequantization, activation quantization, the repacked layouts and their sizes.
+void bind_block_formats(py::module_ &k) {
     k.def("dequantize", [](const std::string &type, u8array w, int64_t k_, std::optional<std::string> isa) {
         const TypeKernels &tk = lookup(type, isa);
         auto row = ggml_row_size(tk.type, uint64_t(k_));
@@ -151,7 +157,6 @@ void bind_kernels(py::module_ &m) {
         return y;
     }, py::arg("type"), py::arg("data"), py::arg("k"), py::arg("isa") = py::none(),
        "Dequantize rows of k elements: data (uint8, whole rows) -> float32 [rows, k]");
-
     k.def("quantize_act", [](const std::string &type, f32array x, std::optional<std::string> isa) {
         const TypeKernels &tk = lookup(type, isa);
         if (x.ndim() != 2) throw py::value_error("x must be [n, k]");
@@ -162,7 +167,44 @@ void bind_kernels(py::module_ &m) {
         return out;
     }, py::arg("type"), py::arg("x"), py::arg("isa") = py::none(),
        "Quantize activations x [n, k] to the type's activation format -> uint8 [n, row_bytes]");
+    k.def("repack_rows", [](const std::string &type, std::optional<std::string> isa) {
+        return lookup(type, isa).repack_rows;
+    }, py::arg("type"), py::arg("isa") = py::none(),
+       "Rows per interleaved group of the type's repacked layout (0: the type has none)");
+    k.def("gemv_plain", [](const std::string &type, std::optional<std::string> isa) {
+        return lookup(type, isa).gemv_plain;
+    }, py::arg("type"), py::arg("isa") = py::none(),
+       "Whether the type's plain rows stream faster than its repacked layout at n = 1 (a matrix only "
+       "ever multiplied by one row, the output head, then stays plain at load)");
+    k.def("repack_layout", [](const std::string &type, std::optional<std::string> isa) {
+        return lookup(type, isa).repack_layout;
+    }, py::arg("type"), py::arg("isa") = py::none(),
+       "Version of the type's repacked layout (0: the type has none); caches of repacked weights key on it");
+    k.def("repack", [](const std::string &type, u8array w, int64_t rows, int64_t k_,
+                       std::optional<std::string> isa, int threads) {
+        const TypeKernels &tk = lookup(type, isa);
+        const size_t row = checked_row_bytes(tk, w, rows, k_);
+        const size_t size = repacked_size(tk, rows, k_);
+        u8array out{py::ssize_t(size)};
+        uint8_t *dst = out.mutable_data();
+        ThreadPool *pool = pool_for(threads);
+        {
+            py::gil_scoped_release nogil;
+            repack_weights(pool, tk, w.data(), row, rows, k_, dst);
+        }
+        return out;
+    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("isa") = py::none(),
+       py::arg("threads") = 1, "W [rows, k] -> the type's row-interleaved layout (uint8)");
+    k.def("prepared_bytes", [](const std::string &type, int64_t rows, int64_t k_, std::optional<std::string> isa,
+                               bool allow_repack) {
+        if (rows < 0) throw py::value_error("rows must be >= 0");
+        return prepared_bytes(lookup(type, isa), rows, k_, allow_repack);
+    }, py::arg("type"), py::arg("rows"), py::arg("k"), py::arg("isa") = py::none(), py::arg("allow_repack") = true,
+       "Arena bytes prepare_weights takes for a [rows, k] matrix (0: not repacked)");
+}
 
+// One matmul on plain or repacked weights, and one tile kernel call.
+void bind_matmul(py::module_ &k) {
     k.def("matmul", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
                        std::optional<std::string> isa, int threads) {
         const TypeKernels &tk = lookup(type, isa);
@@ -182,7 +224,6 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"),
        py::arg("isa") = py::none(), py::arg("threads") = 1,
        "Y[n, rows] = W[rows, k] . X[n, k]^T with W in the given block type");
-
     k.def("matmul_into", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
                             py::array_t<float, py::array::c_style> out, int64_t offset,
                             std::optional<std::string> isa, int threads, bool repacked) {
@@ -205,7 +246,49 @@ void bind_kernels(py::module_ &m) {
        py::arg("offset"), py::arg("isa") = py::none(), py::arg("threads") = 1, py::arg("repacked") = false,
        "matmul writing Y[n, rows] into out[offset : offset + n*rows] (for guard-byte tests); "
        "repacked: w comes from repack()");
+    k.def("matmul_repacked", [](const std::string &type, u8array wp, int64_t rows, int64_t k_, f32array x,
+                                std::optional<std::string> isa, int threads) {
+        const TypeKernels &tk = lookup(type, isa);
+        if (rows < 0 || wp.size() != py::ssize_t(repacked_size(tk, rows, k_)))
+            throw py::value_error("wp has the wrong size for repacked [rows, k]");
+        const int64_t n = check_x(x, k_);
+        f32array y({n, rows});
+        float *dst = y.mutable_data();
+        ThreadPool *pool = pool_for(threads);
+        MatmulScratch scratch;
+        {
+            py::gil_scoped_release nogil;
+            matmul_repacked(pool, tk, wp.data(), rows, k_, x.data(), n, dst, scratch);
+        }
+        return y;
+    }, py::arg("type"), py::arg("wp"), py::arg("rows"), py::arg("k"), py::arg("x"),
+       py::arg("isa") = py::none(), py::arg("threads") = 1, "matmul on weights from repack()");
+    // One call of a type's tile kernel on caller-provided output (tests: ldy > nr, guard values
+    // around the tile, and the activation bytes exactly as given).
+    k.def("gemm_tile", [](const std::string &type, u8array w, int64_t k_, u8array xq, int nr, int nc,
+                          py::array_t<float, py::array::c_style> y, int64_t y_offset, int64_t ldy,
+                          std::optional<std::string> isa) {
+        const TypeKernels &tk = lookup(type, isa);
+        auto row = ggml_row_size(tk.type, uint64_t(k_));
+        if (!row) throw py::value_error("k is not a whole number of blocks");
+        if (nr < 1 || nc < 1) throw py::value_error("nr and nc must be >= 1");
+        const size_t arow = act_row_size(tk, k_);
+        if (w.size() != py::ssize_t(*row) * nr) throw py::value_error("w must be nr whole rows");
+        if (xq.size() != py::ssize_t(arow) * nc) throw py::value_error("xq must be nc activation rows");
+        if (ldy < nr || y_offset < 0 || y_offset + (nc - 1) * ldy + nr > y.size())
+            throw py::value_error("the tile does not fit in y");
+        float *dst = y.mutable_data() + y_offset;
+        {
+            py::gil_scoped_release nogil;
+            tk.gemm(k_, w.data(), *row, xq.data(), arow, dst, size_t(ldy), nr, nc);
+        }
+    }, py::arg("type"), py::arg("w"), py::arg("k"), py::arg("xq"), py::arg("nr"), py::arg("nc"), py::arg("y"),
+       py::arg("y_offset"), py::arg("ldy"), py::arg("isa") = py::none(),
+       "y[y_offset + c*ldy + r] = dot(W row r, activation row c) for r < nr, c < nc, in place");
+}
 
+// The forward's path: weights prepared (repacked where the type has a layout), then multiplied.
+void bind_prepared_matmul(py::module_ &k) {
     k.def("matmul_multi", [](py::list mats, int64_t k_, f32array x, int threads, bool repack) {
         // mats: (type, w uint8 [rows * row_bytes], rows, bias float32 [rows] or None) per matrix.
         const int64_t n = check_x(x, k_);
@@ -238,57 +321,6 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("mats"), py::arg("k"), py::arg("x"), py::arg("threads") = 1, py::arg("repack") = false,
        "matmul_multi over [(type, w, rows, bias or None), ...] on x [n, k] -> [Y_j [n, rows_j]] "
        "(repack: the weights are prepared in the active ISA's interleaved layout where it has one)");
-
-    k.def("repack_rows", [](const std::string &type, std::optional<std::string> isa) {
-        return lookup(type, isa).repack_rows;
-    }, py::arg("type"), py::arg("isa") = py::none(),
-       "Rows per interleaved group of the type's repacked layout (0: the type has none)");
-
-    k.def("gemv_plain", [](const std::string &type, std::optional<std::string> isa) {
-        return lookup(type, isa).gemv_plain;
-    }, py::arg("type"), py::arg("isa") = py::none(),
-       "Whether the type's plain rows stream faster than its repacked layout at n = 1 (a matrix only "
-       "ever multiplied by one row, the output head, then stays plain at load)");
-
-    k.def("repack_layout", [](const std::string &type, std::optional<std::string> isa) {
-        return lookup(type, isa).repack_layout;
-    }, py::arg("type"), py::arg("isa") = py::none(),
-       "Version of the type's repacked layout (0: the type has none); caches of repacked weights key on it");
-
-    k.def("repack", [](const std::string &type, u8array w, int64_t rows, int64_t k_,
-                       std::optional<std::string> isa, int threads) {
-        const TypeKernels &tk = lookup(type, isa);
-        const size_t row = checked_row_bytes(tk, w, rows, k_);
-        const size_t size = repacked_size(tk, rows, k_);
-        u8array out{py::ssize_t(size)};
-        uint8_t *dst = out.mutable_data();
-        ThreadPool *pool = pool_for(threads);
-        {
-            py::gil_scoped_release nogil;
-            repack_weights(pool, tk, w.data(), row, rows, k_, dst);
-        }
-        return out;
-    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("isa") = py::none(),
-       py::arg("threads") = 1, "W [rows, k] -> the type's row-interleaved layout (uint8)");
-
-    k.def("matmul_repacked", [](const std::string &type, u8array wp, int64_t rows, int64_t k_, f32array x,
-                                std::optional<std::string> isa, int threads) {
-        const TypeKernels &tk = lookup(type, isa);
-        if (rows < 0 || wp.size() != py::ssize_t(repacked_size(tk, rows, k_)))
-            throw py::value_error("wp has the wrong size for repacked [rows, k]");
-        const int64_t n = check_x(x, k_);
-        f32array y({n, rows});
-        float *dst = y.mutable_data();
-        ThreadPool *pool = pool_for(threads);
-        MatmulScratch scratch;
-        {
-            py::gil_scoped_release nogil;
-            matmul_repacked(pool, tk, wp.data(), rows, k_, x.data(), n, dst, scratch);
-        }
-        return y;
-    }, py::arg("type"), py::arg("wp"), py::arg("rows"), py::arg("k"), py::arg("x"),
-       py::arg("isa") = py::none(), py::arg("threads") = 1, "matmul on weights from repack()");
-
     k.def("matmul_prepared", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
                                 std::optional<std::string> isa, int threads, bool allow_repack) {
         const TypeKernels &tk = lookup(type, isa);
@@ -309,106 +341,6 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("isa") = py::none(),
        py::arg("threads") = 1, py::arg("allow_repack") = true,
        "prepare_weights + matmul (the forward's path) -> (Y[n, rows], whether the weights were repacked)");
-
-    k.def("matmul_hook_calls", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
-                                  std::optional<f32array> bias, std::optional<std::string> isa, int threads) {
-        // The MatmulRowHook contract (kernels.h): every row of Y once, all n columns, bias added,
-        // the values final when the hook sees them. The hook copies what it sees into seen and
-        // records each call (r0, r1, n, tid).
-        const TypeKernels &tk = lookup(type, isa);
-        const size_t row = checked_row_bytes(tk, w, rows, k_);
-        const int64_t n = check_x(x, k_);
-        if (bias && (bias->ndim() != 1 || bias->shape(0) != rows)) throw py::value_error("bias must be [rows]");
-        f32array y({n, rows}), seen({n, rows});
-        std::fill(seen.mutable_data(), seen.mutable_data() + n * rows, std::numeric_limits<float>::quiet_NaN());
-        struct Rec {
-            float *seen;
-            std::mutex mu;
-            std::vector<std::array<int64_t, 4>> calls;
-        } rec{seen.mutable_data(), {}, {}};
-        const MatmulRowHook hook{[](void *ctx, float *yv, int64_t rws, int64_t r0, int64_t r1, int64_t nn, int tid) {
-                                     auto &r = *static_cast<Rec *>(ctx);
-                                     for (int64_t c = 0; c < nn; ++c)
-                                         std::copy(yv + c * rws + r0, yv + c * rws + r1, r.seen + c * rws + r0);
-                                     std::lock_guard<std::mutex> lk(r.mu);
-                                     r.calls.push_back({r0, r1, nn, tid});
-                                 },
-                                 &rec};
-        ThreadPool *pool = pool_for(threads);
-        MatmulScratch scratch;
-        {
-            py::gil_scoped_release nogil;
-            PreparedWeights pw = prepare_weights(pool, tk, w.data(), row, rows, k_, true);
-            const MatmulJob job{&pw, y.mutable_data(), bias ? bias->data() : nullptr, &hook};
-            matmul_multi(pool, &job, 1, x.data(), n, scratch);
-        }
-        py::list calls;
-        for (const auto &c : rec.calls) calls.append(py::make_tuple(c[0], c[1], c[2], c[3]));
-        return py::make_tuple(y, seen, calls);
-    }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("x"), py::arg("bias") = py::none(),
-       py::arg("isa") = py::none(), py::arg("threads") = 1,
-       "tests: matmul_multi with a row hook -> (Y[n, rows], what the hook saw [n, rows], its calls (r0, r1, n, tid))");
-
-    k.def("matmul_pair_calls", [](py::tuple a, py::tuple b, int64_t k_, f32array x, int threads, bool repack) {
-        // The MatmulPairHook contract (kernels.h): a = (type, w, rows, bias or None), b the same with
-        // the same rows. The hook copies what it sees of both into seen_a/seen_b, records each call
-        // (r0, r1, n, tid), then writes ya = ya + 2·yb on its rows (so the returned ya shows that a
-        // hook's writes land where it was given them).
-        struct Mat {
-            const TypeKernels *tk;
-            u8array w;
-            int64_t rows;
-            f32array bias;
-        };
-        auto mat = [&](py::tuple t) {
-            if (t.size() != 4) throw py::value_error("each matrix is (type, w, rows, bias or None)");
-            Mat mt{&lookup(t[0].cast<std::string>(), std::nullopt), t[1].cast<u8array>(), t[2].cast<int64_t>(),
-                   t[3].is_none() ? f32array() : t[3].cast<f32array>()};
-            if (!t[3].is_none() && (mt.bias.ndim() != 1 || mt.bias.shape(0) != mt.rows))
-                throw py::value_error("bias must be float32 [rows]");
-            return mt;
-        };
-        Mat ma = mat(a), mb = mat(b);
-        const int64_t n = check_x(x, k_);
-        ThreadPool *pool = pool_for(threads);
-        const size_t row_a = checked_row_bytes(*ma.tk, ma.w, ma.rows, k_);
-        const size_t row_b = checked_row_bytes(*mb.tk, mb.w, mb.rows, k_);
-        f32array ya({n, ma.rows}), yb({n, mb.rows}), seen_a({n, ma.rows}), seen_b({n, mb.rows});
-        std::fill(seen_a.mutable_data(), seen_a.mutable_data() + n * ma.rows, std::numeric_limits<float>::quiet_NaN());
-        std::fill(seen_b.mutable_data(), seen_b.mutable_data() + n * mb.rows, std::numeric_limits<float>::quiet_NaN());
-        struct Rec {
-            float *seen_a, *seen_b;
-            std::mutex mu;
-            std::vector<std::array<int64_t, 4>> calls;
-        } rec{seen_a.mutable_data(), seen_b.mutable_data(), {}, {}};
-        const MatmulPairHook hook{[](void *ctx, float *pa, float *pb, int64_t rws, int64_t r0, int64_t r1, int64_t nn,
-                                     int tid) {
-                                      auto &r = *static_cast<Rec *>(ctx);
-                                      for (int64_t c = 0; c < nn; ++c)
-                                          for (int64_t i = c * rws + r0; i < c * rws + r1; ++i) {
-                                              r.seen_a[i] = pa[i];
-                                              r.seen_b[i] = pb[i];
-                                              pa[i] += 2.0f * pb[i];
-                                          }
-                                      std::lock_guard<std::mutex> lk(r.mu);
-                                      r.calls.push_back({r0, r1, nn, tid});
-                                  },
-                                  &rec};
-        MatmulScratch scratch;
-        {
-            py::gil_scoped_release nogil;
-            const PreparedWeights pa = prepare_weights(pool, *ma.tk, ma.w.data(), row_a, ma.rows, k_, repack);
-            const PreparedWeights pb = prepare_weights(pool, *mb.tk, mb.w.data(), row_b, mb.rows, k_, repack);
-            matmul_pair(pool, {&pa, ya.mutable_data(), bias_ptr(ma.bias)}, {&pb, yb.mutable_data(), bias_ptr(mb.bias)},
-                        hook, x.data(), n, scratch);
-        }
-        py::list calls;
-        for (const auto &c : rec.calls) calls.append(py::make_tuple(c[0], c[1], c[2], c[3]));
-        return py::make_tuple(ya, yb, seen_a, seen_b, calls);
-    }, py::arg("a"), py::arg("b"), py::arg("k"), py::arg("x"), py::arg("threads") = 1, py::arg("repack") = false,
-       "tests: matmul_pair with a hook -> (Y_a after the hook (Y_a + 2 Y_b), Y_b, what the hook saw of "
-       "each [n, rows], its calls (r0, r1, n, tid))");
-
     k.def("matmul_prepared_in_arena", [](const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
                                          const std::string &hugepages, std::optional<std::string> isa, int threads) {
         const TypeKernels &tk = lookup(type, isa);
@@ -444,14 +376,120 @@ void bind_kernels(py::module_ &m) {
        "prepare_weights into a fresh weights arena (sized by prepared_bytes) + matmul -> dict: y, repacked, "
        "prepared_bytes, repacked_bytes, data_offset (of the repacked bytes from the arena base), arena_capacity, "
        "arena_used, kind, smaps (of the arena, read after the repack)");
+}
 
-    k.def("prepared_bytes", [](const std::string &type, int64_t rows, int64_t k_, std::optional<std::string> isa,
-                               bool allow_repack) {
-        if (rows < 0) throw py::value_error("rows must be >= 0");
-        return prepared_bytes(lookup(type, isa), rows, k_, allow_repack);
-    }, py::arg("type"), py::arg("rows"), py::arg("k"), py::arg("isa") = py::none(), py::arg("allow_repack") = true,
-       "Arena bytes prepare_weights takes for a [rows, k] matrix (0: not repacked)");
+// A hook's calls (r0, r1, n, tid) as a list of tuples.
+py::list calls_list(const std::vector<std::array<int64_t, 4>> &calls) {
+    py::list out;
+    for (const auto &c : calls) out.append(py::make_tuple(c[0], c[1], c[2], c[3]));
+    return out;
+}
 
+// The MatmulRowHook contract (kernels.h): every row of Y once, all n columns, bias added, the
+// values final when the hook sees them. The hook copies what it sees into seen and records each
+// call (r0, r1, n, tid).
+auto matmul_hook_calls(const std::string &type, u8array w, int64_t rows, int64_t k_, f32array x,
+                       std::optional<f32array> bias, std::optional<std::string> isa, int threads) {
+    const TypeKernels &tk = lookup(type, isa);
+    const size_t row = checked_row_bytes(tk, w, rows, k_);
+    const int64_t n = check_x(x, k_);
+    if (bias && (bias->ndim() != 1 || bias->shape(0) != rows)) throw py::value_error("bias must be [rows]");
+    f32array y({n, rows}), seen({n, rows});
+    std::fill(seen.mutable_data(), seen.mutable_data() + n * rows, std::numeric_limits<float>::quiet_NaN());
+    struct Rec {
+        float *seen;
+        std::mutex mu;
+        std::vector<std::array<int64_t, 4>> calls;
+    } rec{seen.mutable_data(), {}, {}};
+    const MatmulRowHook hook{[](void *ctx, float *yv, int64_t rws, int64_t r0, int64_t r1, int64_t nn, int tid) {
+                                 auto &r = *static_cast<Rec *>(ctx);
+                                 for (int64_t c = 0; c < nn; ++c)
+                                     std::copy(yv + c * rws + r0, yv + c * rws + r1, r.seen + c * rws + r0);
+                                 std::lock_guard<std::mutex> lk(r.mu);
+                                 r.calls.push_back({r0, r1, nn, tid});
+                             },
+                             &rec};
+    ThreadPool *pool = pool_for(threads);
+    MatmulScratch scratch;
+    {
+        py::gil_scoped_release nogil;
+        PreparedWeights pw = prepare_weights(pool, tk, w.data(), row, rows, k_, true);
+        const MatmulJob job{&pw, y.mutable_data(), bias ? bias->data() : nullptr, &hook};
+        matmul_multi(pool, &job, 1, x.data(), n, scratch);
+    }
+    return py::make_tuple(y, seen, calls_list(rec.calls));
+}
+
+// The MatmulPairHook contract (kernels.h): a = (type, w, rows, bias or None), b the same with
+// the same rows. The hook copies what it sees of both into seen_a/seen_b, records each call
+// (r0, r1, n, tid), then writes ya = ya + 2·yb on its rows (so the returned ya shows that a
+// hook's writes land where it was given them).
+auto matmul_pair_calls(py::tuple a, py::tuple b, int64_t k_, f32array x, int threads, bool repack) {
+    struct Mat {
+        const TypeKernels *tk;
+        u8array w;
+        int64_t rows;
+        f32array bias;
+    };
+    auto mat = [&](py::tuple t) {
+        if (t.size() != 4) throw py::value_error("each matrix is (type, w, rows, bias or None)");
+        Mat mt{&lookup(t[0].cast<std::string>(), std::nullopt), t[1].cast<u8array>(), t[2].cast<int64_t>(),
+               t[3].is_none() ? f32array() : t[3].cast<f32array>()};
+        if (!t[3].is_none() && (mt.bias.ndim() != 1 || mt.bias.shape(0) != mt.rows))
+            throw py::value_error("bias must be float32 [rows]");
+        return mt;
+    };
+    Mat ma = mat(a), mb = mat(b);
+    const int64_t n = check_x(x, k_);
+    ThreadPool *pool = pool_for(threads);
+    const size_t row_a = checked_row_bytes(*ma.tk, ma.w, ma.rows, k_);
+    const size_t row_b = checked_row_bytes(*mb.tk, mb.w, mb.rows, k_);
+    f32array ya({n, ma.rows}), yb({n, mb.rows}), seen_a({n, ma.rows}), seen_b({n, mb.rows});
+    std::fill(seen_a.mutable_data(), seen_a.mutable_data() + n * ma.rows, std::numeric_limits<float>::quiet_NaN());
+    std::fill(seen_b.mutable_data(), seen_b.mutable_data() + n * mb.rows, std::numeric_limits<float>::quiet_NaN());
+    struct Rec {
+        float *seen_a, *seen_b;
+        std::mutex mu;
+        std::vector<std::array<int64_t, 4>> calls;
+    } rec{seen_a.mutable_data(), seen_b.mutable_data(), {}, {}};
+    const MatmulPairHook hook{[](void *ctx, float *pa, float *pb, int64_t rws, int64_t r0, int64_t r1, int64_t nn,
+                                 int tid) {
+                                  auto &r = *static_cast<Rec *>(ctx);
+                                  for (int64_t c = 0; c < nn; ++c)
+                                      for (int64_t i = c * rws + r0; i < c * rws + r1; ++i) {
+                                          r.seen_a[i] = pa[i];
+                                          r.seen_b[i] = pb[i];
+                                          pa[i] += 2.0f * pb[i];
+                                      }
+                                  std::lock_guard<std::mutex> lk(r.mu);
+                                  r.calls.push_back({r0, r1, nn, tid});
+                              },
+                              &rec};
+    MatmulScratch scratch;
+    {
+        py::gil_scoped_release nogil;
+        const PreparedWeights pa = prepare_weights(pool, *ma.tk, ma.w.data(), row_a, ma.rows, k_, repack);
+        const PreparedWeights pb = prepare_weights(pool, *mb.tk, mb.w.data(), row_b, mb.rows, k_, repack);
+        matmul_pair(pool, {&pa, ya.mutable_data(), bias_ptr(ma.bias)}, {&pb, yb.mutable_data(), bias_ptr(mb.bias)},
+                    hook, x.data(), n, scratch);
+    }
+    return py::make_tuple(ya, yb, seen_a, seen_b, calls_list(rec.calls));
+}
+
+// Tests of the hooks matmul_multi and matmul_pair call on each finished block of rows.
+void bind_matmul_hooks(py::module_ &k) {
+    k.def("matmul_hook_calls", &matmul_hook_calls, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"),
+          py::arg("x"), py::arg("bias") = py::none(), py::arg("isa") = py::none(), py::arg("threads") = 1,
+          "tests: matmul_multi with a row hook -> (Y[n, rows], what the hook saw [n, rows], its calls (r0, r1, n, "
+          "tid))");
+    k.def("matmul_pair_calls", &matmul_pair_calls, py::arg("a"), py::arg("b"), py::arg("k"), py::arg("x"),
+          py::arg("threads") = 1, py::arg("repack") = false,
+          "tests: matmul_pair with a hook -> (Y_a after the hook (Y_a + 2 Y_b), Y_b, what the hook saw of "
+          "each [n, rows], its calls (r0, r1, n, tid))");
+}
+
+// Benchmarks timed in C++: read bandwidth and one matmul.
+void bind_kernel_bench(py::module_ &k) {
     k.def("bench_read_bandwidth", [](size_t bytes, int threads, int reps, int64_t prefetch) {
         ThreadPool *pool = pool_for(threads);
         py::gil_scoped_release nogil;
@@ -489,7 +527,6 @@ void bind_kernels(py::module_ &m) {
         for (size_t i = 0; i < std::size(kReadBandwidthPrefetch); ++i) variants[i] = kReadBandwidthPrefetch[i];
         k.attr("READ_BANDWIDTH_PREFETCH") = variants;  // the loops' prefetch distances, bytes
     }
-
     k.def("bench_matmul", [](const std::string &type, u8array w, int64_t rows, int64_t k_, int64_t n, int threads,
                              int reps, std::optional<std::string> isa, bool repacked) {
         const TypeKernels &tk = lookup(type, isa);
@@ -506,29 +543,20 @@ void bind_kernels(py::module_ &m) {
     }, py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("k"), py::arg("n"), py::arg("threads"),
        py::arg("reps"), py::arg("isa") = py::none(), py::arg("repacked") = false,
        "Best-of-reps seconds of one matmul (timed in C++; synthetic activations)");
+}
 
-    // One call of a type's tile kernel on caller-provided output (tests: ldy > nr, guard values
-    // around the tile, and the activation bytes exactly as given).
-    k.def("gemm_tile", [](const std::string &type, u8array w, int64_t k_, u8array xq, int nr, int nc,
-                          py::array_t<float, py::array::c_style> y, int64_t y_offset, int64_t ldy,
-                          std::optional<std::string> isa) {
-        const TypeKernels &tk = lookup(type, isa);
-        auto row = ggml_row_size(tk.type, uint64_t(k_));
-        if (!row) throw py::value_error("k is not a whole number of blocks");
-        if (nr < 1 || nc < 1) throw py::value_error("nr and nc must be >= 1");
-        const size_t arow = act_row_size(tk, k_);
-        if (w.size() != py::ssize_t(*row) * nr) throw py::value_error("w must be nr whole rows");
-        if (xq.size() != py::ssize_t(arow) * nc) throw py::value_error("xq must be nc activation rows");
-        if (ldy < nr || y_offset < 0 || y_offset + (nc - 1) * ldy + nr > y.size())
-            throw py::value_error("the tile does not fit in y");
-        float *dst = y.mutable_data() + y_offset;
-        {
-            py::gil_scoped_release nogil;
-            tk.gemm(k_, w.data(), *row, xq.data(), arow, dst, size_t(ldy), nr, nc);
-        }
-    }, py::arg("type"), py::arg("w"), py::arg("k"), py::arg("xq"), py::arg("nr"), py::arg("nc"), py::arg("y"),
-       py::arg("y_offset"), py::arg("ldy"), py::arg("isa") = py::none(),
-       "y[y_offset + c*ldy + r] = dot(W row r, activation row c) for r < nr, c < nc, in place");
+}  // namespace
+
+void bind_kernels(py::module_ &m) {
+    auto k = m.def_submodule("kernels", "matrix kernels per GGUF block type and ISA");
+    bind_isa(k);
+    bind_decode_prefetch(k);
+    bind_block_formats(k);
+    bind_matmul(k);
+    bind_prepared_matmul(k);
+    bind_matmul_hooks(k);
+    bind_kernel_bench(k);
 }
 
 }  // namespace ktd
+

@@ -84,122 +84,176 @@ int64_t first_unit(size_t b, size_t first_byte, size_t span, int64_t units) {
     return std::min(units, int64_t((b - first_byte + span - 1) / span));
 }
 
-// matmul_multi and matmul_pair. pair: the two jobs' row groups interleaved in the work list (a
-// unit is a kRowBlock span of jobs[0] and the same rows of jobs[1]) and pair->fn after both.
-void run_matmul(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
-                MatmulScratch &scratch, const MatmulPairHook *pair) {
+// What one matmul_multi / matmul_pair call computes: its matrices in the combined work list
+// (weight bytes [0, total_bytes)) and the activation formats they read.
+struct MatmulPlan {
+    std::array<JobPlan, kMaxJobs> jobs;  // [n_jobs]
+    std::array<ActFormat, kMaxJobs> fmts;  // [n_fmts]
+    int n_jobs = 0, n_fmts = 0;
+    int64_t k = 0;           // the width every matrix shares
+    size_t total_bytes = 0;  // the work list
+    size_t act_bytes = 0;    // one copy of the activations: n rows of every format, 64-byte aligned each
+    size_t pair_span = 0;    // pair: one unit = both matrices' kRowBlock rows, so any byte range covers
+                             // whole units of both
+};
+
+// The checked plan of `jobs` on n activation rows (pair: jobs[0] and jobs[1], the same rows).
+MatmulPlan plan_matmul(const MatmulJob *jobs, int n_jobs, int64_t n, bool pair) {
     if (n_jobs < 1 || n_jobs > kMaxJobs)
         throw std::invalid_argument("matmul_multi: " + std::to_string(n_jobs) + " matrices, expected 1.." +
                                     std::to_string(kMaxJobs));
     if (n < 0) throw std::invalid_argument("matmul_multi: negative batch size");
-    const int64_t k = jobs[0].pw->k;
-    std::array<JobPlan, kMaxJobs> plan;
-    std::array<ActFormat, kMaxJobs> fmts;
-    int n_fmts = 0;
-    size_t total_bytes = 0, act_bytes = 0;
+    MatmulPlan p;
+    p.n_jobs = n_jobs;
+    p.k = jobs[0].pw->k;
     for (int j = 0; j < n_jobs; ++j) {
         const PreparedWeights &pw = *jobs[j].pw;
         const TypeKernels &tk = *pw.tk;
-        if (pw.k != k)
+        if (pw.k != p.k)
             throw std::invalid_argument("matmul_multi: matrices of different widths (" + std::to_string(pw.k) +
-                                        " and " + std::to_string(k) + ")");
-        const size_t arow = act_row_size(tk, k);  // validates k for this type
+                                        " and " + std::to_string(p.k) + ")");
+        const size_t arow = act_row_size(tk, p.k);  // validates k for this type
         int f = 0;
-        while (f < n_fmts && fmts[size_t(f)].quantize != tk.quantize_act_row) ++f;
-        if (f == n_fmts) {
-            fmts[size_t(f)] = {tk.quantize_act_row, arow, act_bytes};
-            act_bytes += align_up(arow * size_t(n), 64);
-            ++n_fmts;
+        while (f < p.n_fmts && p.fmts[size_t(f)].quantize != tk.quantize_act_row) ++f;
+        if (f == p.n_fmts) {
+            p.fmts[size_t(f)] = {tk.quantize_act_row, arow, p.act_bytes};
+            p.act_bytes += align_up(arow * size_t(n), 64);
+            ++p.n_fmts;
         }
-        const size_t span = pw.repacked ? tk.repacked_group_bytes(k) * size_t(kRowBlock / tk.repack_rows)
+        const size_t span = pw.repacked ? tk.repacked_group_bytes(p.k) * size_t(kRowBlock / tk.repack_rows)
                                         : pw.row_bytes * size_t(kRowBlock);
         const int64_t groups = (pw.rows + kRowBlock - 1) / kRowBlock;
-        plan[size_t(j)] = {&pw, jobs[j].y, jobs[j].bias, jobs[j].hook, span, groups, total_bytes, f};
-        total_bytes += span * size_t(groups);
+        p.jobs[size_t(j)] = {&pw, jobs[j].y, jobs[j].bias, jobs[j].hook, span, groups, p.total_bytes, f};
+        p.total_bytes += span * size_t(groups);
     }
     if (pair && jobs[0].pw->rows != jobs[1].pw->rows)
         throw std::invalid_argument("matmul_pair: the two matrices must have the same rows (" +
                                     std::to_string(jobs[0].pw->rows) + " and " + std::to_string(jobs[1].pw->rows) +
                                     ")");
-    // Pair: one unit = both matrices' kRowBlock rows, so any byte range covers whole units of both.
-    const size_t pair_span = pair ? plan[0].span_bytes + plan[1].span_bytes : 0;
-    const int nth = pool ? pool->size() : 1;
-    const bool private_act = nth > 1 && n <= kPrivateActRows;
+    p.pair_span = pair ? p.jobs[0].span_bytes + p.jobs[1].span_bytes : 0;
+    return p;
+}
+
+// The activation buffer of a call: one shared by all workers, or (private_act) one per worker of
+// nth, each starting on its own cache line.
+void reserve_act(MatmulScratch &scratch, size_t act_bytes, int nth, bool private_act) {
     if (private_act) {
         if (scratch.act_private.size() < act_bytes * size_t(nth) + 64)
             scratch.act_private.resize(act_bytes * size_t(nth) + 64);
     } else if (scratch.act.size() < act_bytes) {
         scratch.act.resize(act_bytes);
     }
-    // Byte ranges are claimed dynamically when all workers share one NUMA node (tids of a node are
-    // contiguous, so the first and last tell); across nodes each worker keeps its fixed share, the
-    // rows whose pages it first touched when the weights were repacked.
-    const bool dynamic = nth > 1 && pool->node_of(0) == pool->node_of(nth - 1);
+}
+
+// The workers of one call (the pool runs operator()): each quantizes the activations (all of
+// them into its own buffer, or its share of the shared one before a barrier), then computes the
+// row groups of a fixed share of the work list, or of ranges it claims.
+struct MatmulRun {
+    const MatmulPlan &plan;
+    const MatmulPairHook *pair;
+    const float *x;  // [n][k]
+    int64_t n;
+    MatmulScratch &scratch;
+    ThreadPool *pool;
+    bool private_act;
+    bool dynamic;  // ranges claimed from cursor (else each worker's fixed share)
     struct alignas(64) Cursor {
         std::atomic<size_t> next{0};
     } cursor;
-    auto body = [&](int tid, int nth_run) {
+
+    void operator()(int tid, int nth_run) {
+        const uint8_t *xq = quantize(tid, nth_run);
+        if (!dynamic) {
+            // This worker's fixed share of the work list.
+            run_bytes(xq, tid, plan.total_bytes * size_t(tid) / size_t(nth_run),
+                      plan.total_bytes * size_t(tid + 1) / size_t(nth_run));
+            return;
+        }
+        claim_and_run(xq, tid, nth_run);
+    }
+
+    // The quantized activations worker tid reads: every format's n rows.
+    const uint8_t *quantize(int tid, int nth_run) {
+        const int64_t k = plan.k;
         uint8_t *xq;
         if (private_act) {
             // Each worker's slice starts on its own cache line.
             const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.act_private.data());
-            xq = reinterpret_cast<uint8_t *>(align_up(base, 64)) + size_t(tid) * act_bytes;
-            for (int f = 0; f < n_fmts; ++f)
-                for (int64_t c = 0; c < n; ++c)
-                    fmts[size_t(f)].quantize(x + c * k, xq + fmts[size_t(f)].offset + size_t(c) * fmts[size_t(f)].row_bytes, k);
+            xq = reinterpret_cast<uint8_t *>(align_up(base, 64)) + size_t(tid) * plan.act_bytes;
+            for (int f = 0; f < plan.n_fmts; ++f) {
+                const ActFormat &fm = plan.fmts[size_t(f)];
+                for (int64_t c = 0; c < n; ++c) fm.quantize(x + c * k, xq + fm.offset + size_t(c) * fm.row_bytes, k);
+            }
         } else {
             // Rows split over the workers, then a barrier: every worker reads all of them.
             xq = scratch.act.data();
-            for (int f = 0; f < n_fmts; ++f)
+            for (int f = 0; f < plan.n_fmts; ++f) {
+                const ActFormat &fm = plan.fmts[size_t(f)];
                 for (int64_t c = tid; c < n; c += nth_run)
-                    fmts[size_t(f)].quantize(x + c * k, xq + fmts[size_t(f)].offset + size_t(c) * fmts[size_t(f)].row_bytes, k);
+                    fm.quantize(x + c * k, xq + fm.offset + size_t(c) * fm.row_bytes, k);
+            }
             if (nth_run > 1) pool->barrier(tid);
         }
-        // Runs the row groups of the work list that start in bytes [b0, b1): any partition of
-        // [0, total_bytes) into ranges computes every group exactly once.
-        auto run_bytes = [&](size_t b0, size_t b1) {
-            if (pair) {
-                const int64_t g0 = first_unit(b0, 0, pair_span, plan[0].groups);
-                const int64_t g1 = first_unit(b1, 0, pair_span, plan[0].groups);
-                if (g0 >= g1) return;
-                const int64_t r0 = g0 * kRowBlock, r1 = std::min(plan[0].pw->rows, g1 * kRowBlock);
-                for (int j = 0; j < 2; ++j) {
-                    const ActFormat &fm = fmts[size_t(plan[size_t(j)].fmt)];
-                    run_tile(plan[size_t(j)], r0, r1, xq + fm.offset, fm.row_bytes, n, tid);
-                }
-                pair->fn(pair->ctx, plan[0].y, plan[1].y, plan[0].pw->rows, r0, r1, n, tid);
-                return;
+        return xq;
+    }
+
+    // Runs the row groups of the work list that start in bytes [b0, b1): any partition of
+    // [0, total_bytes) into ranges computes every group exactly once.
+    void run_bytes(const uint8_t *xq, int tid, size_t b0, size_t b1) const {
+        if (pair) {
+            const int64_t g0 = first_unit(b0, 0, plan.pair_span, plan.jobs[0].groups);
+            const int64_t g1 = first_unit(b1, 0, plan.pair_span, plan.jobs[0].groups);
+            if (g0 >= g1) return;
+            const int64_t r0 = g0 * kRowBlock, r1 = std::min(plan.jobs[0].pw->rows, g1 * kRowBlock);
+            for (int j = 0; j < 2; ++j) {
+                const ActFormat &fm = plan.fmts[size_t(plan.jobs[size_t(j)].fmt)];
+                run_tile(plan.jobs[size_t(j)], r0, r1, xq + fm.offset, fm.row_bytes, n, tid);
             }
-            for (int j = 0; j < n_jobs; ++j) {
-                const JobPlan &p = plan[size_t(j)];
-                const int64_t g0 = first_unit(b0, p.first_byte, p.span_bytes, p.groups);
-                const int64_t g1 = first_unit(b1, p.first_byte, p.span_bytes, p.groups);
-                if (g0 >= g1) continue;
-                const ActFormat &fm = fmts[size_t(p.fmt)];
-                run_tile(p, g0 * kRowBlock, std::min(p.pw->rows, g1 * kRowBlock), xq + fm.offset, fm.row_bytes, n,
-                         tid);
-            }
-        };
-        if (!dynamic) {
-            // This worker's fixed share of the work list.
-            run_bytes(total_bytes * size_t(tid) / size_t(nth_run), total_bytes * size_t(tid + 1) / size_t(nth_run));
+            pair->fn(pair->ctx, plan.jobs[0].y, plan.jobs[1].y, plan.jobs[0].pw->rows, r0, r1, n, tid);
             return;
         }
-        // Guided self-scheduling: claim half of this worker's fair share of what is left (at least
-        // kMinChunkBytes), so the claims shrink towards the end and a worker that was slowed down
-        // (by the OS, or by a slower share of the memory bus) leaves a short tail.
+        for (int j = 0; j < plan.n_jobs; ++j) {
+            const JobPlan &p = plan.jobs[size_t(j)];
+            const int64_t g0 = first_unit(b0, p.first_byte, p.span_bytes, p.groups);
+            const int64_t g1 = first_unit(b1, p.first_byte, p.span_bytes, p.groups);
+            if (g0 >= g1) continue;
+            const ActFormat &fm = plan.fmts[size_t(p.fmt)];
+            run_tile(p, g0 * kRowBlock, std::min(p.pw->rows, g1 * kRowBlock), xq + fm.offset, fm.row_bytes, n, tid);
+        }
+    }
+
+    // Guided self-scheduling: claim half of this worker's fair share of what is left (at least
+    // kMinChunkBytes), so the claims shrink towards the end and a worker that was slowed down
+    // (by the OS, or by a slower share of the memory bus) leaves a short tail.
+    void claim_and_run(const uint8_t *xq, int tid, int nth_run) {
+        const size_t total_bytes = plan.total_bytes;
         size_t start = cursor.next.load(std::memory_order_relaxed);
         while (start < total_bytes) {
             const size_t size = std::max(kMinChunkBytes, (total_bytes - start) / (2 * size_t(nth_run)));
             const size_t end = std::min(total_bytes, start + size);
             if (cursor.next.compare_exchange_weak(start, end, std::memory_order_relaxed)) {
-                run_bytes(start, end);
+                run_bytes(xq, tid, start, end);
                 start = cursor.next.load(std::memory_order_relaxed);
             }
         }
-    };
+    }
+};
+
+// matmul_multi and matmul_pair. pair: the two jobs' row groups interleaved in the work list (a
+// unit is a kRowBlock span of jobs[0] and the same rows of jobs[1]) and pair->fn after both.
+void run_matmul(ThreadPool *pool, const MatmulJob *jobs, int n_jobs, const float *x, int64_t n,
+                MatmulScratch &scratch, const MatmulPairHook *pair) {
+    const MatmulPlan plan = plan_matmul(jobs, n_jobs, n, pair != nullptr);
+    const int nth = pool ? pool->size() : 1;
+    const bool private_act = nth > 1 && n <= kPrivateActRows;
+    reserve_act(scratch, plan.act_bytes, nth, private_act);
+    // Byte ranges are claimed dynamically when all workers share one NUMA node (tids of a node are
+    // contiguous, so the first and last tell); across nodes each worker keeps its fixed share, the
+    // rows whose pages it first touched when the weights were repacked.
+    const bool dynamic = nth > 1 && pool->node_of(0) == pool->node_of(nth - 1);
+    MatmulRun run{plan, pair, x, n, scratch, pool, private_act, dynamic, {}};
     // std::ref: the std::function wraps a reference, so no allocation per call.
-    run_on(pool, std::ref(body));
+    run_on(pool, std::ref(run));
 }
 
 }  // namespace

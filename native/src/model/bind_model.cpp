@@ -224,20 +224,45 @@ static void bind_weights_cache(py::module_ &m) {
     m.def("crc32c_hardware", &crc32c_hardware, "Whether CRC-32C runs on the SSE4.2 instruction");
 }
 
-static void bind_model_class(py::module_ &m) {
-    m.def(
-        "plain_alignment",
-        [](uint32_t type_id) {
-            const auto info = ggml_type_info(type_id);
-            if (!info) throw std::invalid_argument("unknown GGML type id " + std::to_string(type_id));
-            return plain_alignment(info->type);
-        },
-        py::arg("type_id"),
-        "Bytes a tensor's data must be aligned to for model.weights_map: gguf to serve it from the file's mapping "
-        "(the plain kernels' block alignment); less aligned, it is copied");
+namespace {
 
-    py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A loaded GGUF model (weights checked and prepared)")
-        .def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack, std::vector<int> nodes,
+// Model(numa_experts=...): whether routed experts are sharded over the NUMA nodes.
+bool parse_numa_experts(const std::string &s) {
+    if (s != "shard" && s != "off") throw std::invalid_argument("numa_experts must be 'shard' or 'off', got '" + s + "'");
+    return s == "shard";
+}
+
+NumaDense parse_numa_dense(const std::string &s) {
+    if (s != "interleave" && s != "replicate")
+        throw std::invalid_argument("numa_dense must be 'interleave' or 'replicate', got '" + s + "'");
+    return s == "replicate" ? NumaDense::Replicate : NumaDense::Interleave;
+}
+
+WeightsMap parse_weights_map(const std::string &s) {
+    if (s != "arena" && s != "gguf" && s != "auto")
+        throw std::invalid_argument("weights_map must be 'arena', 'gguf' or 'auto', got '" + s + "'");
+    return s == "gguf" ? WeightsMap::Gguf : s == "auto" ? WeightsMap::Auto : WeightsMap::Arena;
+}
+
+// Model.cache: what the load did with the prepared-weights cache.
+py::dict cache_dict(const Model &x) {
+    const WeightsCacheStatus c = x.cache();
+    py::dict d;
+    d["path"] = c.path;
+    d["state"] = c.state;
+    d["reason"] = c.reason;
+    d["bytes"] = c.bytes;
+    d["seconds"] = c.seconds;
+    d["mapped"] = c.mapped;
+    d["direct"] = c.direct;
+    return d;
+}
+
+using PyModel = py::class_<Model, std::shared_ptr<Model>>;
+
+// Model(path, ...): opening a model with its options, and what a file holds before it is opened.
+void bind_model_open(PyModel &model) {
+    model.def(py::init([](const std::string &path, int n_threads, bool pin, bool allow_repack, std::vector<int> nodes,
                          bool smt, const std::string &sysfs_root, std::vector<int> affinity,
                          const std::string &hugepages, size_t hugetlb_page_size, bool mlock,
                          const std::string &numa_experts, const std::string &numa_dense,
@@ -255,24 +280,14 @@ static void bind_model_class(py::module_ &m) {
                  o.hugepages = parse_hugepages(hugepages);
                  o.hugetlb_page_size = hugetlb_page_size;
                  o.mlock = mlock;
-                 if (numa_experts != "shard" && numa_experts != "off")
-                     throw std::invalid_argument("numa_experts must be 'shard' or 'off', got '" + numa_experts + "'");
-                 o.shard_experts = numa_experts == "shard";
-                 if (numa_dense != "interleave" && numa_dense != "replicate")
-                     throw std::invalid_argument("numa_dense must be 'interleave' or 'replicate', got '" + numa_dense +
-                                                 "'");
-                 o.numa_dense = numa_dense == "replicate" ? NumaDense::Replicate : NumaDense::Interleave;
+                 o.shard_experts = parse_numa_experts(numa_experts);
+                 o.numa_dense = parse_numa_dense(numa_dense);
                  o.cache_dir = cache_dir;
                  o.progress = std::move(progress);
                  o.cache_write_background = cache_write_background;
                  o.cache_map = cache_map;
                  o.cache_direct = cache_direct;
-                 if (weights_map != "arena" && weights_map != "gguf" && weights_map != "auto")
-                     throw std::invalid_argument("weights_map must be 'arena', 'gguf' or 'auto', got '" + weights_map +
-                                                 "'");
-                 o.weights_map = weights_map == "gguf"   ? WeightsMap::Gguf
-                                 : weights_map == "auto" ? WeightsMap::Auto
-                                                         : WeightsMap::Arena;
+                 o.weights_map = parse_weights_map(weights_map);
                  py::gil_scoped_release release;
                  return std::shared_ptr<Model>(Model::open(path, o));
              }),
@@ -293,8 +308,12 @@ static void bind_model_class(py::module_ &m) {
             },
             py::arg("path"),
             "{tensor name: placement class} for the tensors of a GGUF file that its architecture's table names "
-            "(embedding, output, dense, router, routed_expert, shared_expert); reads the header only")
-        .def_property_readonly("arch", [](const Model &x) { return x.hparams().arch; })
+            "(embedding, output, dense, router, routed_expert, shared_expert); reads the header only");
+}
+
+// What a loaded model is: its hyperparameters and tensor table, its sizes, its threads.
+void bind_model_hparams(PyModel &model) {
+    model.def_property_readonly("arch", [](const Model &x) { return x.hparams().arch; })
         .def_property_readonly("n_vocab", [](const Model &x) { return x.hparams().n_vocab; })
         .def_property_readonly("n_embd", [](const Model &x) { return x.hparams().n_embd; })
         .def_property_readonly("n_layer", [](const Model &x) { return x.hparams().n_layer; })
@@ -324,20 +343,16 @@ static void bind_model_class(py::module_ &m) {
             "pinned; OSError if the CPU cannot be taken.")
         .def_property_readonly("forward_cpu", [](const Model &x) { return x.pool().cpu_of(0); },
                                "CPU of the pool's tid 0 (-1 until pin_forward_thread)")
-        .def_property_readonly(
-            "cache",
-            [](const Model &x) {
-                const WeightsCacheStatus c = x.cache();
-                py::dict d;
-                d["path"] = c.path;
-                d["state"] = c.state;
-                d["reason"] = c.reason;
-                d["bytes"] = c.bytes;
-                d["seconds"] = c.seconds;
-                d["mapped"] = c.mapped;
-                d["direct"] = c.direct;
-                return d;
-            },
+        .def_property_readonly("isa", [](const Model &) { return std::string(isa_name(active_isa())); })
+        .def_property_readonly("tensor_table", &tensor_table,
+                               "The architecture's tensor table for this model: name (%d = layer), expected "
+                               "shape (GGML order), required, placement class, layer set");
+}
+
+// Where the weights went: the cache, the arenas and their pages, the expert slices.
+void bind_model_memory(PyModel &model) {
+    model.def_property_readonly(
+            "cache", &cache_dict,
             "What the load did with the prepared-weights cache: path (of the entry), state (off, hit, "
             "writing (in the background), written, not written, absent (weights_map: auto, a miss: served from the "
             "model file, the entry left to a background builder)), reason (why an existing entry was not used, or why none was written), "
@@ -361,12 +376,27 @@ static void bind_model_class(py::module_ &m) {
              "(weights_map: gguf)")
         .def("_expert_slice_ranges", &expert_slice_ranges,
              py::arg("layer"), py::arg("which"),
-             "Test hook: per expert the parts of a routed-expert stack as (address, bytes, first row, rows)")
-        .def_property_readonly("tensor_table", &tensor_table,
-                               "The architecture's tensor table for this model: name (%d = layer), expected "
-                               "shape (GGML order), required, placement class, layer set")
-        .def_property_readonly("isa", [](const Model &) { return std::string(isa_name(active_isa())); });
+             "Test hook: per expert the parts of a routed-expert stack as (address, bytes, first row, rows)");
+}
 
+}  // namespace
+
+static void bind_model_class(py::module_ &m) {
+    m.def(
+        "plain_alignment",
+        [](uint32_t type_id) {
+            const auto info = ggml_type_info(type_id);
+            if (!info) throw std::invalid_argument("unknown GGML type id " + std::to_string(type_id));
+            return plain_alignment(info->type);
+        },
+        py::arg("type_id"),
+        "Bytes a tensor's data must be aligned to for model.weights_map: gguf to serve it from the file's mapping "
+        "(the plain kernels' block alignment); less aligned, it is copied");
+
+    PyModel model(m, "Model", "A loaded GGUF model (weights checked and prepared)");
+    bind_model_open(model);
+    bind_model_hparams(model);
+    bind_model_memory(model);
 }
 
 void bind_model(py::module_ &m) {

@@ -1,12 +1,12 @@
-// Shared building blocks of the forward pass: norms, rotary embeddings, activations (attention:
-// kernels/attention.h).
+// Shared building blocks of the forward pass: norms, activations (rotary embeddings:
+// kernels/rope.h; attention: kernels/attention.h).
 // All activations are F32, row-major, one row per batch token: x [n][n_embd] etc.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 
-#include "model/hparams.h"
+#include "kernels/rope.h"  // the forward's blocks come with the rotary embedding
 
 namespace ktd {
 
@@ -19,13 +19,6 @@ void for_each_row(ThreadPool &pool, int64_t n, int64_t min_rows, const std::func
 
 // y[i] = x[i] / sqrt(mean(x²) + eps) · w[i] for one row of n (w null: no weight). y may alias x.
 void rms_norm(const float *x, const float *w, float *y, int64_t n, float eps);
-
-// Rotary angles for one position: cs[2i] = cos θ_i, cs[2i+1] = sin θ_i for i < n_rot/2
-// (θ_i = pos · freq_base^(-2i/n_rot) / freq_factors[i], with linear/YaRN scaling applied).
-// freq_factors: [n_rot/2] or null.
-void rope_cos_sin(const RopeParams &rp, const float *freq_factors, int64_t pos, float *cs);
-// Rotates the first n_rot dims of each of n_heads head vectors (head_dim apart) in place.
-void rope_apply(const RopeParams &rp, const float *cs, float *x, int n_heads, int64_t head_dim);
 
 // In place, the active ISA's kernels (definitions: kernels/elementwise.h):
 //   a[i] = silu(a[i]) · b[i]       (SwiGLU)

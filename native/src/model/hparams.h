@@ -6,26 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/rope.h"
+
 namespace ktd {
 
 class GGUFFile;
-
-enum class RopeType { Norm, Neox };            // pairs (2i, 2i+1) vs (i, i + n_rot/2)
-enum class RopeScaling { None, Linear, Yarn };
-
-// Rotary embedding parameters of one layer kind (gemma3's sliding layers have their own base).
-struct RopeParams {
-    RopeType type = RopeType::Neox;
-    int n_rot = 0;                  // rotated dims per head (<= head_dim)
-    float freq_base = 10000.0f;
-    float freq_scale = 1.0f;        // 1 / rope.scaling.factor for linear and YaRN
-    RopeScaling scaling = RopeScaling::None;
-    // YaRN (llama.cpp defaults: ext_factor 1, attn_factor 1, beta_fast 32, beta_slow 1).
-    int n_ctx_orig = 0;
-    float ext_factor = 0.0f;
-    float attn_factor = 1.0f;
-    float beta_fast = 32.0f, beta_slow = 1.0f;
-};
 
 // Routed experts (qwen2moe, qwen3moe, Mixtral, deepseek2). n_expert == 0: a dense model.
 enum class ExpertGating { Softmax, Sigmoid };  // deepseek2.expert_gating_func 1 / 2

@@ -1,7 +1,9 @@
 // Model::open: the file's architecture and hyperparameters → the pool and its NUMA slices → the
-// architecture's tensor table checked against the file → the memory plan → the weights arenas →
-// every tensor loaded (vectors dequantized, matrices prepared for the kernels: repacked into an
-// arena, one copy per node, or cut into per-node row slices for routed experts).
+// load plan (plan_load: arenas or the file's mapping, NUMA sharding and replication, the cache) →
+// the architecture's tensor table checked against the file → the memory plan (plan_memory: the
+// arenas' bytes) → the weights arenas → the prepared-weights cache's entry read into them, or every
+// tensor loaded (vectors dequantized, matrices prepared for the kernels: repacked into an arena,
+// one copy per node, or cut into per-node row slices for routed experts) → a new entry written.
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -217,8 +219,11 @@ struct MemoryPlan {
 namespace {
 size_t copied_bytes(uint64_t nbytes) { return (size_t(nbytes) + kPreparedAlign - 1) / kPreparedAlign * kPreparedAlign; }
 
-MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo &embd, const GGUFTensorInfo *tied,
-                       int n_slice, bool shard, bool allow_repack) {
+MemoryPlan plan_memory(const GGUFFile &f, const std::vector<TensorUse> &uses, int n_slice, bool shard,
+                       bool allow_repack) {
+    const GGUFTensorInfo *embd = f.find_tensor("token_embd.weight");  // required by every table
+    if (!embd) throw GGUFError("missing tensor token_embd.weight");
+    const GGUFTensorInfo *tied = f.find_tensor("output.weight") ? nullptr : embd;
     MemoryPlan p;
     p.slice_bytes.assign(size_t(n_slice), 0);
     auto add = [&](const GGUFTensorInfo &t, bool sharded, TensorClass cls) {
@@ -239,7 +244,7 @@ MemoryPlan plan_memory(const std::vector<TensorUse> &uses, const GGUFTensorInfo 
     for (const TensorUse &u : uses)
         if (is_matrix(*u.spec)) add(*u.t, shard && u.spec->cls == TensorClass::RoutedExpert, u.spec->cls);
     if (tied) add(*tied, false, TensorClass::Output);
-    p.embd_bytes = copied_bytes(embd.nbytes);
+    p.embd_bytes = copied_bytes(embd->nbytes);
     return p;
 }
 
@@ -299,6 +304,24 @@ Arenas open_arenas(const MemoryPlan &plan, const ModelOptions &opts, const std::
     return a;
 }
 
+// The arenas in the cache's section order: dense, each node's copy, each node's slices.
+std::vector<Arena *> arena_list(const Arenas &a) {
+    std::vector<Arena *> out;
+    if (a.dense) out.push_back(a.dense.get());
+    for (const auto &c : a.copies)
+        if (c) out.push_back(c.get());
+    for (const auto &sl : a.slices)
+        if (sl) out.push_back(sl.get());
+    return out;
+}
+
+// Tests only: KTD_TEST_LOAD_TENSOR_DELAY_MS makes the load sleep after each tensor, so that a
+// test can watch (or kill) a load in progress without depending on how fast the machine is.
+long test_load_delay_ms() {
+    const char *d = std::getenv("KTD_TEST_LOAD_TENSOR_DELAY_MS");
+    return d ? std::strtol(d, nullptr, 10) : 0;
+}
+
 const TypeKernels &matmul_kernels_or_throw(const GGUFTensorInfo &t, std::string_view what) {
     const TypeKernels &tk = kernels_or_throw(t);
     if (!tk.gemm)
@@ -319,6 +342,29 @@ public:
                  bool gguf = false)
         : m_(m), f_(m.file_), opts_(opts), a_(arenas), shard_(shard), replicate_(replicate), fill_(!attach),
           gguf_(gguf) {}
+
+    // Every checked tensor, then the output head (tie_output), into weights and counts reset first
+    // (and the arenas: a second pass, after a cache entry was rejected, allocates the same way).
+    // progress: the table's bytes as they are prepared (null: not reported).
+    void load_all(const std::vector<TensorUse> &uses, LoadProgress *progress) {
+        m_.w_ = ModelWeights{};
+        m_.n_params_ = m_.repacked_bytes_ = m_.copied_bytes_ = 0;
+        for (NumaNodeMemory &n : m_.mem_.nodes) n.expert_bytes = n.dense_copy_bytes = 0;
+        for (Arena *a : arena_list(a_)) a->reset();
+        m_.w_.layers.resize(size_t(m_.hp_.n_layer));
+        if (progress) {
+            uint64_t total = 0;  // the file's tensors the table names (token_embd among them)
+            for (const TensorUse &u : uses) total += u.t->nbytes;
+            progress->start(LoadProgress::Preparing, total);
+        }
+        const long delay_ms = test_load_delay_ms();
+        for (const TensorUse &u : uses) {
+            load(u);
+            if (progress) progress->add(u.t->nbytes);
+            if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        }
+        tie_output();
+    }
 
     void load(const TensorUse &u) {
         const GGUFTensorInfo &t = *u.t;
@@ -556,17 +602,6 @@ std::vector<std::pair<std::string, TensorClass>> Model::tensor_classes(const std
 
 namespace {
 
-// The arenas in the cache's section order: dense, each node's copy, each node's slices.
-std::vector<Arena *> arena_list(const Arenas &a) {
-    std::vector<Arena *> out;
-    if (a.dense) out.push_back(a.dense.get());
-    for (const auto &c : a.copies)
-        if (c) out.push_back(c.get());
-    for (const auto &sl : a.slices)
-        if (sl) out.push_back(sl.get());
-    return out;
-}
-
 // The cache key's two parts (weights_cache.h): the file's identity and what the layout depends on.
 std::string cache_identity(const GGUFFile &f, const std::string &realpath, const struct stat &st) {
     return "model=" + realpath + "\nsize=" + std::to_string(st.st_size) +
@@ -597,206 +632,265 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
-
-std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
-    const bool use_cache = !opts.cache_dir.empty();
+uint64_t file_bytes(const std::string &path) {
     struct stat st {};
-    std::string realpath_s = path;
-    if (use_cache) {
-        // The identity of the file about to be mapped (a rename between the two changes the
-        // header checksum or the size at worst into a miss).
-        if (::stat(path.c_str(), &st) != 0) throw SysError("stat " + path, errno);
-        if (char *rp = ::realpath(path.c_str(), nullptr)) {
-            realpath_s = rp;
-            std::free(rp);
-        }
-    }
-    GGUFOpenOptions gopts;
-    // A cache hit reads only the vectors from the file; gguf serves every weight from it.
-    gopts.willneed = !use_cache || opts.weights_map == WeightsMap::Gguf;  // auto: a miss advises then
-    std::unique_ptr<Model> m(new Model(GGUFFile::open(path, gopts)));
-    m->arch_ = &read_arch(m->file_, m->hp_, m->table_);
-    m->init_pool(opts);
+    return ::stat(path.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
+}
 
-    const int n_slice = m->n_slices();
-    const bool shard = n_slice > 1 && opts.shard_experts;
-    const bool replicate = n_slice > 1 && opts.numa_dense == NumaDense::Replicate;
-    m->mem_.experts_sharded = shard;
-    m->mem_.dense_policy = n_slice == 1 ? "local" : replicate ? "replicate" : "interleave";
+// What a load does, decided from the options and the pool's NUMA nodes before a byte is read:
+// where the weights go, and whether the prepared-weights cache is used. Model::open records it in
+// MemoryLayout (experts_sharded, dense_policy, weights_map_note), which the load log and status
+// print.
+struct LoadPlan {
+    bool shard = false;      // routed experts cut into per-node row slices
+    bool replicate = false;  // a copy of the dense weights on every node (else one, interleaved)
+    bool gguf = false;       // the matrices served from the file's mapping: no arenas, no cache
+    bool auto_map = false;   // weights_map auto on one node with a cache: a miss is served as gguf
+    bool cache_on = false;   // the arenas looked up in the cache (and a missing entry written)
+    std::string dense_policy;      // "local" (one node), "interleave", "replicate"
+    std::string weights_map_note;  // why the requested weights_map is not the one taken ("" when it is)
+};
 
+LoadPlan plan_load(const ModelOptions &opts, const std::vector<NumaNodeMemory> &nodes) {
+    const bool use_cache = !opts.cache_dir.empty();
+    const size_t n_slice = nodes.size();
+    LoadPlan p;
+    p.shard = n_slice > 1 && opts.shard_experts;
+    p.replicate = n_slice > 1 && opts.numa_dense == NumaDense::Replicate;
+    p.dense_policy = n_slice == 1 ? "local" : p.replicate ? "replicate" : "interleave";
     // weights_map: gguf needs one node: the file's page cache is wherever the kernel read it, so
     // neither sharded slices nor node-local copies exist. On several, the arenas as configured
     // (a restart must not fail over a speed preference), and the note says why.
-    bool gguf = opts.weights_map == WeightsMap::Gguf;
-    // auto: the cache decides below (a hit: arena; a miss: gguf); no cache or several nodes: arena.
-    bool auto_map = opts.weights_map == WeightsMap::Auto && use_cache && n_slice == 1;
-    if (opts.weights_map == WeightsMap::Auto && !auto_map)
-        m->mem_.weights_map_note = use_cache ? "model.weights_map: auto: the threads span several NUMA nodes: arenas"
-                                             : "model.weights_map: auto without a weights cache: arenas";
-    if (gguf && n_slice > 1) {
-        gguf = false;
+    p.gguf = opts.weights_map == WeightsMap::Gguf;
+    // auto: the cache decides (a hit: arena; a miss: gguf); no cache or several nodes: arena.
+    p.auto_map = opts.weights_map == WeightsMap::Auto && use_cache && n_slice == 1;
+    if (opts.weights_map == WeightsMap::Auto && !p.auto_map)
+        p.weights_map_note = use_cache ? "model.weights_map: auto: the threads span several NUMA nodes: arenas"
+                                       : "model.weights_map: auto without a weights cache: arenas";
+    if (p.gguf && n_slice > 1) {
+        p.gguf = false;
         std::string nodes_s;
-        for (const NumaNodeMemory &nm : m->mem_.nodes) nodes_s += (nodes_s.empty() ? "" : ",") + std::to_string(nm.node);
-        m->mem_.weights_map_note = "model.weights_map: gguf needs the threads on one NUMA node, they span " +
-                                   std::to_string(n_slice) + " (" + nodes_s +
-                                   "): the file's page cache cannot be node-local, so the weights were prepared "
-                                   "into per-node arenas (model.numa_nodes: [N] serves from the file)";
+        for (const NumaNodeMemory &nm : nodes) nodes_s += (nodes_s.empty() ? "" : ",") + std::to_string(nm.node);
+        p.weights_map_note = "model.weights_map: gguf needs the threads on one NUMA node, they span " +
+                             std::to_string(n_slice) + " (" + nodes_s +
+                             "): the file's page cache cannot be node-local, so the weights were prepared "
+                             "into per-node arenas (model.numa_nodes: [N] serves from the file)";
     }
-    m->mem_.weights_map = gguf ? "gguf" : "arena";
-    bool cache_on = use_cache && !gguf;  // gguf: nothing prepared, nothing to cache
+    p.cache_on = use_cache && !p.gguf;  // gguf: nothing prepared, nothing to cache
+    return p;
+}
 
-    const std::vector<TensorUse> uses = check_tensors(m->file_, m->table_, m->hp_);
-    const GGUFTensorInfo *tied = m->file_.find_tensor("output.weight") ? nullptr : m->file_.find_tensor("token_embd.weight");
-    const GGUFTensorInfo *embd = m->file_.find_tensor("token_embd.weight");  // required by every table
-    if (!embd) throw GGUFError("missing tensor token_embd.weight");
-    const MemoryPlan plan = plan_memory(uses, *embd, tied, n_slice, shard, opts.allow_repack);
-    Arenas arenas = gguf ? Arenas{} : open_arenas(plan, opts, m->pool_->nodes(), replicate, m->mem_);
-    std::vector<Arena *> list = arena_list(arenas);
+// The model file's identity in the cache key: its stat and real path, taken before it is mapped
+// (a rename in between changes the header checksum or the size, at worst into a miss). Without a
+// cache: the path as given, nothing read.
+struct FileIdentity {
+    struct stat st {};
+    std::string realpath;
+};
 
-    // The cache: read every arena's bytes from the entry when its key matches.
+FileIdentity identify_file(const std::string &path, bool use_cache) {
+    FileIdentity id;
+    id.realpath = path;
+    if (!use_cache) return id;
+    if (::stat(path.c_str(), &id.st) != 0) throw SysError("stat " + path, errno);
+    if (char *rp = ::realpath(path.c_str(), nullptr)) {
+        id.realpath = rp;
+        std::free(rp);
+    }
+    return id;
+}
+
+// A cache lookup: the entry's key and, on a hit, each arena's bytes as read (or mapped) from it.
+struct CacheEntry {
     std::string key;
-    std::vector<uint64_t> cached;
-    WeightsCacheStatus &cs = m->cache_;
+    std::vector<uint64_t> cached;  // [arena] in arena_list order; empty: a miss
+};
+
+// The entry of this file and layout read into the arenas when its key matches (cs: its path and
+// what happened; a miss advises the file's pages, which the load then reads).
+CacheEntry look_up_cache(const GGUFFile &f, const FileIdentity &id, const ModelOptions &opts, const LoadPlan &plan,
+                         ThreadPool &pool, const std::vector<Arena *> &arenas, WeightsCacheStatus &cs) {
+    CacheEntry e;
     cs.state = "off";
-    if (use_cache && gguf) cs.reason = "model.weights_map: gguf serves the weights from the model file: nothing to prepare";
-    if (cache_on) {
-        const std::string layout = cache_layout(opts, m->pool_->nodes(), shard, replicate, list);
-        key = cache_identity(m->file_, realpath_s, st) + layout;
-        cs.path = weights_cache_path(opts.cache_dir, realpath_s, layout);
-        const auto t0 = std::chrono::steady_clock::now();
-        size_t n_mapped = 0;
-        cached = read_weights_cache(cs.path, key, list, *m->pool_, cs.reason, opts.progress.get(), opts.cache_map,
-                                    &n_mapped);
-        if (!cached.empty()) {
-            cs.state = "hit";
-            cs.mapped = n_mapped > 0 && n_mapped == list.size();
-            cs.seconds = seconds_since(t0);
-        } else {
-            m->file_.advise_willneed();
-        }
-        if (auto_map && cached.empty()) {
-            // auto, a miss: served from the file at once; the entry is not prepared here (cs.path
-            // names it for whoever prepares it). The unused arenas go (nothing was touched).
-            gguf = true;
-            cache_on = false;
-            cs.state = "absent";
-            arenas = Arenas{};
-            list.clear();
-            m->mem_.page_kind.clear();
-            m->mem_.page_size = 0;
-            m->mem_.page_reason.clear();
-            m->mem_.dense_bytes = m->mem_.embd_bytes = 0;
-        }
+    if (!opts.cache_dir.empty() && plan.gguf)
+        cs.reason = "model.weights_map: gguf serves the weights from the model file: nothing to prepare";
+    if (!plan.cache_on) return e;
+    const std::string layout = cache_layout(opts, pool.nodes(), plan.shard, plan.replicate, arenas);
+    e.key = cache_identity(f, id.realpath, id.st) + layout;
+    cs.path = weights_cache_path(opts.cache_dir, id.realpath, layout);
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t n_mapped = 0;
+    e.cached = read_weights_cache(cs.path, e.key, arenas, pool, cs.reason, opts.progress.get(), opts.cache_map,
+                                  &n_mapped);
+    if (e.cached.empty()) {
+        f.advise_willneed();
+        return e;
     }
+    cs.state = "hit";
+    cs.mapped = n_mapped > 0 && n_mapped == arenas.size();
+    cs.seconds = seconds_since(t0);
+    return e;
+}
+
+// weights_map auto, a miss: the weights are served from the file at once and the entry is not
+// prepared here (cs.path names it for whoever prepares it). The arenas go unused (nothing was
+// touched), and so does what the layout said of them.
+void serve_from_file(Arenas &arenas, std::vector<Arena *> &list, MemoryLayout &mem, WeightsCacheStatus &cs) {
+    cs.state = "absent";
+    arenas = Arenas{};
+    list.clear();
+    mem.page_kind.clear();
+    mem.page_size = 0;
+    mem.page_reason.clear();
+    mem.dense_bytes = mem.embd_bytes = 0;
+}
+
+// A hit whose arenas the loader filled differently from the entry's sections (the key says they
+// match; a mismatch is a bug in the key): the entry is not used (cs says why) and its mappings
+// go. Returns whether it was rejected, for the load to prepare everything from the file.
+bool reject_mismatched_entry(CacheEntry &e, const std::vector<Arena *> &list, WeightsCacheStatus &cs) {
+    for (size_t i = 0; i < list.size(); ++i)
+        if (list[i]->used() != e.cached[i]) {
+            cs.state = "off";
+            cs.reason = "the entry's section " + std::to_string(i) + " has " + std::to_string(e.cached[i]) +
+                        " bytes, the layout " + std::to_string(list[i]->used()) + " (not used)";
+            e.cached.clear();
+            cs.mapped = false;
+            for (Arena *a : list) a->unmap_file();
+            return true;
+        }
+    return false;
+}
+
+// After the load. gguf: the forward reads the file's mapping from now on (the Model owns it, none
+// of its pages was released; mlock locks those page-cache pages as it locks an arena), and the
+// note names the tensors copied instead. Arenas: everything the forward reads is in them, so the
+// file's pages leave the process (the header, which names and metadata point into, stays as an
+// anonymous copy).
+void finish_file(GGUFFile &f, bool gguf, bool mlock, MemoryLayout &mem) {
+    if (!gguf) {
+        f.detach_data();
+        return;
+    }
+    if (mlock && f.file_size() && ::mlock(f.base(), size_t(f.file_size())) != 0)
+        throw SysError("mlock of the model file's mapping (" + std::to_string(f.file_size()) +
+                           " bytes; raise RLIMIT_MEMLOCK, systemd LimitMEMLOCK=)",
+                       errno);
+    if (!mem.file_copy_note.empty())
+        mem.file_copy_note = "copied, their data not aligned as the plain kernels read it (general.alignment " +
+                             std::to_string(f.alignment()) + "): " + mem.file_copy_note;
+}
+
+// A cache status's reason with err added (once: the same failure is often reported by two steps).
+void add_reason(std::string &reason, const std::string &err) {
+    reason = reason.empty() || reason == err ? err : reason + "; " + err;
+}
+
+// The entry prepared in place (WeightsCacheWriter) made final: its state in cs.
+void commit_direct(WeightsCacheWriter &direct, ThreadPool &pool, LoadProgress *progress, WeightsCacheStatus &cs) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string err = direct.commit(pool, progress);
+    if (!err.empty()) {
+        cs.state = "not written";
+        add_reason(cs.reason, err);
+        return;
+    }
+    cs.state = "written";
+    cs.direct = true;
+    cs.seconds = seconds_since(t0);
+    cs.bytes = file_bytes(cs.path);
+}
+
+// Where a new entry's outcome goes: the model's cache status, under its lock (a background write
+// updates it while the model serves), and the flag that cancels the write (the model's destructor).
+struct CacheStatusSink {
+    WeightsCacheStatus &status;
+    std::mutex &mu;
+    std::atomic<bool> &cancel;
+};
+
+// A new entry written from the arenas, which are only read from here on (`keep` holds them while a
+// background write runs).
+void write_entry(const std::string &path, const std::string &key, const Arenas &keep, ThreadPool *pool,
+                 LoadProgress *progress, CacheStatusSink out) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string err = write_weights_cache(path, key, arena_list(keep), pool, progress, &out.cancel);
+    const uint64_t bytes = err.empty() ? file_bytes(path) : 0;
+    std::lock_guard<std::mutex> l(out.mu);
+    WeightsCacheStatus &c = out.status;
+    if (err.empty()) {
+        c.state = "written";
+        c.seconds = seconds_since(t0);
+        c.bytes = bytes;
+    } else {
+        c.state = "not written";
+        add_reason(c.reason, err);
+    }
+}
+
+GGUFOpenOptions file_open_options(const ModelOptions &opts) {
+    GGUFOpenOptions o;
+    // A cache hit reads only the vectors from the file; gguf serves every weight from it (auto: a
+    // miss advises then).
+    o.willneed = opts.cache_dir.empty() || opts.weights_map == WeightsMap::Gguf;
+    return o;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opts) {
+    const FileIdentity id = identify_file(path, !opts.cache_dir.empty());
+    std::unique_ptr<Model> m(new Model(GGUFFile::open(path, file_open_options(opts))));
+    m->arch_ = &read_arch(m->file_, m->hp_, m->table_);
+    m->init_pool(opts);
+    const LoadPlan plan = plan_load(opts, m->mem_.nodes);
+    m->mem_.experts_sharded = plan.shard;
+    m->mem_.dense_policy = plan.dense_policy;
+    m->mem_.weights_map_note = plan.weights_map_note;
+
+    // What goes where, the arenas for it, and their bytes from the cache when it has them.
+    const std::vector<TensorUse> uses = check_tensors(m->file_, m->table_, m->hp_);
+    const MemoryPlan mem_plan = plan_memory(m->file_, uses, m->n_slices(), plan.shard, opts.allow_repack);
+    Arenas arenas = plan.gguf ? Arenas{} : open_arenas(mem_plan, opts, m->pool_->nodes(), plan.replicate, m->mem_);
+    std::vector<Arena *> list = arena_list(arenas);
+    WeightsCacheStatus &cs = m->cache_;
+    CacheEntry entry = look_up_cache(m->file_, id, opts, plan, *m->pool_, list, cs);
+    const bool gguf = plan.gguf || (plan.auto_map && entry.cached.empty());
+    if (gguf && !plan.gguf) serve_from_file(arenas, list, m->mem_, cs);
     m->mem_.weights_map = gguf ? "gguf" : "arena";
+    const bool cache_on = plan.cache_on && !gguf;
     // A miss that may map: the new entry is written while preparing (WeightsCacheWriter: the
     // arenas become shared mappings of its temporary file). Otherwise (it cannot be created, a
     // placement that cannot map) the arenas are anonymous and the entry is written after the load.
     WeightsCacheWriter direct;
-    std::string direct_why;
-    if (cache_on && cached.empty() && opts.cache_map && opts.cache_direct)
-        direct_why = direct.begin(cs.path, key, list);
+    if (cache_on && entry.cached.empty() && opts.cache_map && opts.cache_direct)
+        (void)direct.begin(cs.path, entry.key, list);
 
-    // Tests only: KTD_TEST_LOAD_TENSOR_DELAY_MS makes the load sleep after each tensor, so that a
-    // test can watch (or kill) a load in progress without depending on how fast the machine is.
-    long test_delay_ms = 0;
-    if (const char *d = std::getenv("KTD_TEST_LOAD_TENSOR_DELAY_MS")) test_delay_ms = std::strtol(d, nullptr, 10);
-    auto load_all = [&](bool attach) {
-        m->w_ = ModelWeights{};
-        m->n_params_ = m->repacked_bytes_ = m->copied_bytes_ = 0;
-        for (NumaNodeMemory &n : m->mem_.nodes) n.expert_bytes = n.dense_copy_bytes = 0;
-        for (Arena *a : list) a->reset();
-        WeightLoader loader(*m, opts, arenas, shard, replicate, attach, gguf);
-        m->w_.layers.resize(size_t(m->hp_.n_layer));
-        LoadProgress *progress = attach ? nullptr : opts.progress.get();
-        if (progress) {
-            uint64_t total = 0;  // the file's tensors the table names (token_embd among them)
-            for (const TensorUse &u : uses) total += u.t->nbytes;
-            progress->start(LoadProgress::Preparing, total);
-        }
-        for (const TensorUse &u : uses) {
-            loader.load(u);
-            if (progress) progress->add(u.t->nbytes);
-            if (test_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(test_delay_ms));
-        }
-        loader.tie_output();
+    auto load = [&](bool attach) {
+        WeightLoader(*m, opts, arenas, plan.shard, plan.replicate, attach, gguf)
+            .load_all(uses, attach ? nullptr : opts.progress.get());
     };
-    load_all(!cached.empty());
-    if (!cached.empty()) {
-        // The layout the loader allocated must be the entry's (the key says it is; a mismatch is
-        // a bug in the key: prepared again, never used).
-        for (size_t i = 0; i < list.size(); ++i)
-            if (list[i]->used() != cached[i]) {
-                cs.state = "off";
-                cs.reason = "the entry's section " + std::to_string(i) + " has " + std::to_string(cached[i]) +
-                            " bytes, the layout " + std::to_string(list[i]->used()) + " (not used)";
-                cached.clear();
-                cs.mapped = false;
-                for (Arena *a : list) a->unmap_file();
-                m->file_.advise_willneed();
-                load_all(false);
-                break;
-            }
+    load(!entry.cached.empty());
+    if (!entry.cached.empty() && reject_mismatched_entry(entry, list, cs)) {
+        m->file_.advise_willneed();
+        load(false);
     }
-    if (gguf) {
-        // The forward reads the file's mapping from now on: it stays (the Model owns it) and none
-        // of its pages was released. mlock locks those page-cache pages, as it locks an arena.
-        if (opts.mlock && m->file_.file_size() &&
-            ::mlock(m->file_.base(), size_t(m->file_.file_size())) != 0)
-            throw SysError("mlock of the model file's mapping (" + std::to_string(m->file_.file_size()) +
-                               " bytes; raise RLIMIT_MEMLOCK, systemd LimitMEMLOCK=)",
-                           errno);
-        if (!m->mem_.file_copy_note.empty())
-            m->mem_.file_copy_note = "copied, their data not aligned as the plain kernels read it (general.alignment " +
-                                     std::to_string(m->file_.alignment()) + "): " + m->mem_.file_copy_note;
-    } else {
-        // Everything the forward reads is in the arenas now: drop the file's pages from the process
-        // (the header, which names and metadata point into, stays as an anonymous copy).
-        m->file_.detach_data();
-    }
+    finish_file(m->file_, gguf, opts.mlock, m->mem_);
+
+    // The cache after the load: the entry prepared in place committed, or a new one written now or
+    // (cache_write_background) from a thread of its own while the model serves.
     if (direct.active()) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const std::string err = direct.commit(*m->pool_, opts.progress.get());
-        if (err.empty()) {
-            cs.state = "written";
-            cs.direct = true;
-            cs.seconds = seconds_since(t0);
-            struct stat cst {};
-            if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
-        } else {
-            cs.state = "not written";
-            cs.reason = cs.reason.empty() || cs.reason == err ? err : cs.reason + "; " + err;
-        }
-    } else if (cache_on && cached.empty()) {
-        // A new entry, now or (cache_write_background) from a thread of its own while the model
-        // serves: the arenas are only read from here on.
-        auto write = [](Model *model, std::string entry, std::string k, Arenas keep, ThreadPool *pool,
-                        LoadProgress *progress) {
-            const auto t0 = std::chrono::steady_clock::now();
-            const std::string err =
-                write_weights_cache(entry, k, arena_list(keep), pool, progress, &model->cache_cancel_);
-            struct stat cst {};
-            std::lock_guard<std::mutex> l(model->cache_mu_);
-            WeightsCacheStatus &c = model->cache_;
-            if (err.empty()) {
-                c.state = "written";
-                c.seconds = seconds_since(t0);
-                if (::stat(entry.c_str(), &cst) == 0) c.bytes = uint64_t(cst.st_size);
-            } else {
-                c.state = "not written";
-                c.reason = c.reason.empty() || c.reason == err ? err : c.reason + "; " + err;
-            }
-        };
+        commit_direct(direct, *m->pool_, opts.progress.get(), cs);
+    } else if (cache_on && entry.cached.empty()) {
+        const CacheStatusSink out{m->cache_, m->cache_mu_, m->cache_cancel_};
         if (opts.cache_write_background) {
             cs.state = "writing";
-            m->cache_writer_ = std::thread(write, m.get(), cs.path, key, arenas, nullptr, nullptr);
+            m->cache_writer_ = std::thread(write_entry, cs.path, entry.key, arenas, nullptr, nullptr, out);
         } else {
-            write(m.get(), cs.path, key, arenas, m->pool_.get(), opts.progress.get());
+            write_entry(cs.path, entry.key, arenas, m->pool_.get(), opts.progress.get(), out);
         }
-    } else if (!cached.empty()) {
-        struct stat cst {};
-        if (::stat(cs.path.c_str(), &cst) == 0) cs.bytes = uint64_t(cst.st_size);
+    } else if (!entry.cached.empty()) {
+        cs.bytes = file_bytes(cs.path);
     }
     if (arenas.dense) m->arenas_.push_back(arenas.dense);
     for (const auto *v : {&arenas.copies, &arenas.slices})

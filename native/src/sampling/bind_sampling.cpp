@@ -71,10 +71,8 @@ std::optional<Words> words_of(const py::object &mask) {
     return Words::ensure(mask);
 }
 
-}  // namespace
-
-void bind_sampling(py::module_ &m) {
-    auto s = m.def_submodule("sampling", "token sampling (penalties, temperature, top-k, top-p, min-p, draw)");
+// The greedy code of Context.forward(greedy=True): its error messages and its piecewise reduction.
+void bind_greedy(py::module_ &s) {
     s.def("greedy_error", [](int32_t code) -> py::object {
         const char *msg = sampling::greedy_error(code);
         return msg ? py::object(py::str(msg)) : py::object(py::none());
@@ -111,6 +109,10 @@ void bind_sampling(py::module_ &m) {
         return best.result();
     }, py::arg("logits"), py::arg("cuts"), py::arg("order"), py::arg("worker"),
        "tests: the greedy code of a row added piece by piece (see Context.forward(greedy=True))");
+}
+
+// The sampler: one token from a row of logits, and its parts (the candidates, the draw).
+void bind_sampler(py::module_ &s) {
     s.def("kernel_isas", [] {
         std::vector<std::string> out;
         for (Isa i : kAllIsas)
@@ -190,6 +192,14 @@ void bind_sampling(py::module_ &m) {
         },
         py::arg("w"), py::arg("u"), py::arg("isa") = py::none(),
         "Position drawn from weights w (>= 0) at u in [0, 1): the first whose cumulative weight exceeds u·Σw.");
+}
+
+}  // namespace
+
+void bind_sampling(py::module_ &m) {
+    auto s = m.def_submodule("sampling", "token sampling (penalties, temperature, top-k, top-p, min-p, draw)");
+    bind_greedy(s);
+    bind_sampler(s);
 }
 
 }  // namespace ktd
