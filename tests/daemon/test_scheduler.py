@@ -12,27 +12,9 @@ import fake_engine
 from ktd.errors import Cancelled, ContextOverflow, Internal
 from ktd.text.sampling import SamplingParams
 from ktd.server.scheduler import Job, Scheduler
+from scheduler_helpers import Collector
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-class Collector:
-    def __init__(self):
-        self.chunks: list[str] = []
-        self.end = threading.Event()
-        self.kind = None
-        self.payload = None
-
-    def __call__(self, kind, payload):
-        if kind == "chunk":
-            self.chunks.append(payload)
-        else:
-            self.kind, self.payload = kind, payload
-            self.end.set()
-
-    def wait(self, timeout=30):
-        assert self.end.wait(timeout), "job did not end"
-        return self.kind, self.payload
 
 
 def job(prompt: list[int], sink, *, client=1, max_tokens=16, ignore_eos=True, deadline=None):

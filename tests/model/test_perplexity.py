@@ -19,7 +19,7 @@ import pytest
 
 from ktd.model import perplexity as P
 from ktd.server.engine import Engine
-from models.tiny_dense import ARCHS, make_model, model_filename
+from models.tiny_dense import ARCHS
 from reference.numpy_forward import forward as numpy_forward
 from paths import ROOT
 
@@ -53,9 +53,11 @@ def reference_ppl(logits_of, tokens: list[int], n_ctx: int, bos: int | None, n_c
         orig = list(c)
         if bos is not None:
             c[0] = bos
-        lp = log_softmax(logits_of(c))
+        # only the scored rows first .. n_ctx - 2 (log-softmax is per row; float64 over a 150k+
+        # vocabulary is most of this function's time)
+        lp = log_softmax(logits_of(c)[first:n_ctx - 1])
         for j in range(first, n_ctx - 1):
-            nll.append(-lp[j, orig[j + 1]])
+            nll.append(-lp[j - first, orig[j + 1]])
     nll = np.array(nll)
     return math.exp(nll.mean()), nll
 
@@ -79,15 +81,9 @@ def test_chunks_and_targets_follow_llama_perplexity():
     assert ppl == pytest.approx(math.exp(2.0)) and err == pytest.approx(math.exp(2.0) * math.sqrt((14 / 3 - 4) / 2))
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ppl_models")
-    return lambda arch: make_model(arch, root / model_filename(arch, "F32", 0, None))
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tiny_model_perplexity_matches_the_numpy_reference(tiny, arch):
-    path = tiny(arch)
+def test_tiny_model_perplexity_matches_the_numpy_reference(tiny_model, arch):
+    path = tiny_model(arch)
     e = Engine.open(path, n_ctx=32, n_seq_max=1, threads=2, pin=False, n_batch=12)  # several pieces per chunk
     rng = np.random.default_rng(3)
     toks = [1] + rng.integers(3, e.n_vocab, 100).tolist()
@@ -100,10 +96,10 @@ def test_tiny_model_perplexity_matches_the_numpy_reference(tiny, arch):
     assert r.chunk_ppl[-1] == pytest.approx(r.ppl)
 
 
-def test_score_equals_log_softmax_of_forward_logits(tiny):
+def test_score_equals_log_softmax_of_forward_logits(tiny_model):
     """The native NLL against numpy's log-softmax of the same engine's logits, row by row; pieces
     of more than kScoreRows (128) scored rows."""
-    e = Engine.open(tiny("qwen2"), n_ctx=300, n_seq_max=1, threads=2, pin=False)
+    e = Engine.open(tiny_model("qwen2"), n_ctx=300, n_seq_max=1, threads=2, pin=False)
     rng = np.random.default_rng(4)
     toks = rng.integers(3, e.n_vocab, 300).astype(np.int32)
     tg = np.full(300, -1, np.int32)
@@ -123,8 +119,8 @@ def test_score_equals_log_softmax_of_forward_logits(tiny):
         e.score(toks[:4], pos[:4], seq[:4], np.array([-1], np.int32))
 
 
-def test_cli_errors_are_one_line(tmp_path, tiny):
-    path = tiny("llama")
+def test_cli_errors_are_one_line(tmp_path, tiny_model):
+    path = tiny_model("llama")
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "daemon")}
 
     def ktd(*args):
@@ -192,7 +188,7 @@ def test_perplexity_matches_llama_cpp_within_half_a_percent(real_model, name):
     assert abs(r.ppl / ref - 1) < PPL_REL_TOL
 
 
-def test_bench_perplexity_agrees_with_llama_cpp_on_a_tiny_model(tiny, tmp_path):
+def test_bench_perplexity_agrees_with_llama_cpp_on_a_tiny_model(tiny_model, tmp_path):
     """ktd.bench.perplexity's llama.cpp side (llama_decode with logits for the second half only)
     on a tiny F32 model: both engines near-exact, so the PPLs agree closely."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) is not installed; "
@@ -201,6 +197,6 @@ def test_bench_perplexity_agrees_with_llama_cpp_on_a_tiny_model(tiny, tmp_path):
 
     text = tmp_path / "t.txt"
     text.write_text(open(os.path.join(ROOT, "tests", "data", "perplexity.txt"), encoding="utf-8").read()[:2000])
-    r = B.compare("tiny-llama", str(tiny("llama")), str(text), n_ctx=64, threads=1, n_chunks=4)
+    r = B.compare("tiny-llama", str(tiny_model("llama")), str(text), n_ctx=64, threads=1, n_chunks=4)
     assert r["n_chunks"] == 4 and r["n_scored"] == 4 * 31
     assert abs(r["rel_diff"]) < 5e-3, r["ppl"]
