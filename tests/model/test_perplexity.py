@@ -8,6 +8,7 @@ computed in numpy from llama.cpp's logits (log-softmax in float64).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -44,7 +45,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def reference_ppl(logits_of, tokens: list[int], n_ctx: int, bos: int | None, n_chunks: int | None = None):
-    """llama-perplexity's method written out on plain logits: ``logits_of(chunk)`` -> [n_ctx, n_vocab]."""
+    """llama-perplexity's method written out on plain logits: ``logits_of(chunk, first)`` -> the
+    logits of the scored rows first .. n_ctx - 2 of the chunk, [n_ctx - 1 - first, n_vocab]."""
     n = len(tokens) // n_ctx if n_chunks is None else min(n_chunks, len(tokens) // n_ctx)
     first = n_ctx // 2
     nll = []
@@ -53,9 +55,7 @@ def reference_ppl(logits_of, tokens: list[int], n_ctx: int, bos: int | None, n_c
         orig = list(c)
         if bos is not None:
             c[0] = bos
-        # only the scored rows first .. n_ctx - 2 (log-softmax is per row; float64 over a 150k+
-        # vocabulary is most of this function's time)
-        lp = log_softmax(logits_of(c)[first:n_ctx - 1])
+        lp = log_softmax(logits_of(c, first))
         for j in range(first, n_ctx - 1):
             nll.append(-lp[j - first, orig[j + 1]])
     nll = np.array(nll)
@@ -88,7 +88,7 @@ def test_tiny_model_perplexity_matches_the_numpy_reference(tiny_model, arch):
     rng = np.random.default_rng(3)
     toks = [1] + rng.integers(3, e.n_vocab, 100).tolist()
     bos = e.tokenizer.bos_id if e.tokenizer.add_bos else None
-    ref, ref_nll = reference_ppl(lambda c: numpy_forward(path, c), toks, 32, bos)
+    ref, ref_nll = reference_ppl(lambda c, first: numpy_forward(path, c)[first:-1], toks, 32, bos)
     r = P.evaluate(e, toks, 32)
     assert (r.n_chunks, r.n_scored) == (3, 3 * 15)
     # F32 weights: F32 arithmetic and the F16 KV cache against float64 (test_forward's TOL_F32)
@@ -149,16 +149,29 @@ def test_cli_errors_are_one_line(tmp_path, tiny_model):
 # --- llama.cpp ----------------------------------------------------------------------------------
 
 def llama_ppl(path, tokens: list[int], n_ctx: int, bos: int | None, threads: int = 2):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) is not "
-                                    "installed; run tools/oracle.sh")
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, n_threads=threads,
-                          verbose=False)
+    """llama.cpp driven as llama-perplexity drives it (llama.cpp's C API): each chunk one
+    llama_decode from a cleared KV cache, logits requested for the second half of the chunk only."""
+    L = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) is not installed; "
+                            "run tools/oracle.sh")
+    llm = L.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=False, n_threads=threads,
+                  verbose=False)
+    ctx, n_vocab = llm._ctx.ctx, llm.n_vocab()
+    b = L.llama_batch_init(n_ctx, 0, 1)
 
-    def logits_of(c):
-        llm.reset()
-        llm.eval(c)
-        return np.array(llm.scores[:n_ctx], dtype=np.float32)
-    return llm, reference_ppl(logits_of, tokens, n_ctx, bos)
+    def logits_of(c, first):
+        for k in range(n_ctx):
+            b.token[k], b.pos[k], b.n_seq_id[k], b.logits[k] = c[k], k, 1, k >= first
+            b.seq_id[k][0] = 0
+        b.n_tokens = n_ctx
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        assert L.llama_decode(ctx, b) == 0
+        rows = np.ctypeslib.as_array(ctypes.cast(L.llama_get_logits(ctx), ctypes.POINTER(ctypes.c_float)),
+                                     shape=(n_ctx - first, n_vocab))
+        return rows[:-1]  # the last row scores no token
+    try:
+        return llm, reference_ppl(logits_of, tokens, n_ctx, bos)
+    finally:
+        L.llama_batch_free(b)
 
 
 def oracle_text() -> str:
