@@ -157,6 +157,7 @@ def test_watchdog_health_reflects_a_wedged_engine(make):
     s.submit(job([fake_engine.BOS], c, max_tokens=50))
     time.sleep(0.5)
     assert not s.healthy(max_stall_s=0.2)  # work pending, no progress
+    eng.unwedge()  # the scheduler can stop (the fixture's teardown)
 
 
 def test_each_step_hands_its_events_over_at_once_and_a_failing_sink_harms_nobody():
