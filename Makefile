@@ -42,8 +42,9 @@ $(BUILD_DIR)/.stamp: $(VENV)/.stamp $(NATIVE_SRCS)
 oracle: venv
 	tools/oracle.sh $(PY)
 
+# --durations=25: the slowest tests close the output, to see where the suite's time goes.
 test: build oracle
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 # Tests without the slow/real-model ones (quick inner loop).
 test-fast: build

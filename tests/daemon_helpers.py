@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import msgpack
@@ -127,6 +128,50 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
         time.sleep(interval)
 
 
+class NotifySocket:
+    """A fake systemd notify socket (NOTIFY_SOCKET) bound at path: collects the daemon's sd_notify
+    datagrams, a list of (time.monotonic(), {KEY: VALUE})."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, dict[str, str]]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop:
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+            self.messages.append((time.monotonic(), fields))
+
+    def keys(self) -> list[str]:
+        return [k for _, m in self.messages for k in m]
+
+    def index(self, key: str, value: str | None = None, start: int = 0) -> int:
+        for i, (_, m) in enumerate(self.messages[start:], start):
+            if key in m and (value is None or m[key] == value):
+                return i
+        return -1
+
+    def wait(self, key: str, value: str | None = None, start: int = 0, timeout: float = 20.0) -> int:
+        assert wait_for(lambda: self.index(key, value, start) >= 0, timeout), \
+            f"no {key}={value} after message {start}: {self.messages}"
+        return self.index(key, value, start)
+
+    def close(self):
+        self._stop = True
+        self.sock.close()
+
+
 def run_as_uid(uid: int, fn) -> bytes:
     """``fn()`` (bytes) in a forked child that first drops to ``uid`` (setgroups/setgid/setuid;
     needs root); its bytes, or b"" when it failed. The child makes only os/socket calls."""
@@ -173,35 +218,37 @@ def reply_as_uid(uid: int, sock_path: str, request: bytes, *, until_close: bool 
     return run_as_uid(uid, exchange)
 
 
-def daemon_fixture(*, check_exit: bool = False, **config):
-    """A module-scoped pytest fixture ``daemon``: a started DaemonProcess(**config), closed after
-    the module (``check_exit``: its stop() must return 0 first). In a test module:
-    ``daemon = daemon_fixture(model={...}, fake={...})``."""
-    import pytest
-
-    @pytest.fixture(scope="module", name="daemon")
-    def fixture():
-        d = DaemonProcess(**config)
-        d.start()
-        yield d
-        if check_exit:
-            assert d.stop() == 0, d.log()
-        d.close()
-
-    return fixture
-
-
 def spawn_real_serve(model, sock, env: dict[str, str] | None = None, *, preexec=None,
                      timeout: float = 60.0) -> subprocess.Popen:
     """``python -m ktd serve`` with the real engine on ``model`` (config from KTD_* variables:
     the model path, no socket group, and ``env``), its output piped; returns once it serves. A daemon that exits or takes longer than ``timeout`` fails the test with its output."""
-    import pytest
-
     full_env = dict(os.environ, KTD_MODEL__PATH=str(model), KTD_SERVER__SOCKET_GROUP="null", **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", str(sock)], env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
     wait_serving(proc, sock, timeout)
     return proc
+
+
+class RealServe:
+    """spawn_real_serve as a context: the daemon serves inside the with block (``.proc``); leaving
+    it sends SIGTERM, and the daemon must then exit 0 (its output in the failure). Its output is
+    ``.output`` afterwards."""
+
+    def __init__(self, model, sock, env: dict[str, str] | None = None, *, preexec=None, timeout: float = 60.0):
+        self.args = (model, sock, env)
+        self.preexec, self.timeout = preexec, timeout
+        self.proc: subprocess.Popen | None = None
+        self.output = ""
+
+    def __enter__(self) -> RealServe:
+        self.proc = spawn_real_serve(*self.args, preexec=self.preexec, timeout=self.timeout)
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.proc.terminate()
+        self.output = self.proc.communicate(timeout=60)[0]
+        if exc_type is None:
+            assert self.proc.returncode == 0, self.output
 
 
 def wait_serving(proc: subprocess.Popen, sock, timeout: float = 60.0) -> None:

@@ -209,6 +209,11 @@ class FakeEngine:
         self.copies: list[tuple[int, int, int]] = []
         self._wedge = threading.Event()
 
+    def unwedge(self) -> None:
+        """Let the wedged forward (wedge_after_steps) and every later one return: the end of a test,
+        so that its scheduler stops at once."""
+        self._wedge.set()
+
     def info(self) -> dict[str, Any]:
         return {"name": "fake", "path": "/dev/null", "architecture": "fake-bytes", "n_params": 0,
                 "quant": "F32", "isa": "none", "threads": 1, "n_vocab": N_VOCAB,
@@ -226,7 +231,7 @@ class FakeEngine:
         self.calls.append(ForwardCall(tokens.copy(), positions.copy(), seq_ids.copy(), want_logits.copy()))
         self.n_forward += 1
         if self.wedge_after_steps is not None and self.n_forward > self.wedge_after_steps:
-            self._wedge.wait()  # simulates a hung native forward (never set)
+            self._wedge.wait()  # simulates a hung native forward (until unwedge)
         if self.die_after_steps is not None and self.n_forward > self.die_after_steps:
             raise EngineDied("the fake engine's thread ends here")
         if self.step_delay_s:

@@ -10,7 +10,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 
 class GatewayProcess:
@@ -87,15 +86,6 @@ class GatewayProcess:
 
 def start_gateway(daemon_socket: str, workdir: str, **kw) -> GatewayProcess:
     return GatewayProcess(daemon_socket, workdir, **kw).wait_ready()
-
-
-@pytest.fixture(scope="module")
-def gateway(daemon):
-    """The gateway in front of the module's ``daemon`` fixture (daemon_helpers.daemon_fixture);
-    it must exit 0 when stopped. Import it into the test module to use it."""
-    g = start_gateway(daemon.socket, daemon.dir)
-    yield g
-    assert g.stop() == 0, g.log()
 
 
 # Two tools in the OpenAI format, shared by the tool-call tests of the daemon and the gateway.

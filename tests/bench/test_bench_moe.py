@@ -9,15 +9,13 @@ import pytest
 from gguf import GGUFReader
 
 from ktd.bench import moe as B
-from models import synthetic_moe as S
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench_moe")
-    out = {arch: S.make_model(arch, root / f"{arch}.gguf", wtype="Q8_0") for arch in ("qwen2moe", "qwen3moe")}
+def files(tiny_model):
+    out = {arch: tiny_model(arch, "Q8_0") for arch in ("qwen2moe", "qwen3moe")}
     # A leading dense layer, shared experts, MLA.
-    out["deepseek2"] = S.make_model("deepseek2", root / "deepseek2.gguf", wtype="Q8_0", variant="v2")
+    out["deepseek2"] = tiny_model("deepseek2", "Q8_0", variant="v2")
     return out
 
 

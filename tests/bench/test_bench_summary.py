@@ -11,11 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from daemon_helpers import daemon_fixture
-from http_helpers import gateway  # noqa: F401 (a fixture)
 from ktd.ops.load_report import load_summary, percentiles
 
-daemon = daemon_fixture(model={"n_ctx": 256, "n_seq_max": 4}, fake={"eos_bias": -8.0})
+DAEMON = dict(model={"n_ctx": 256, "n_seq_max": 4}, fake={"eos_bias": -8.0})  # the module's daemon (conftest)
 
 
 @pytest.mark.parametrize("n", [2, 3, 10, 101, 1000])

@@ -26,14 +26,8 @@ def expected_greedy(prompt: str, max_tokens: int) -> tuple[str, str]:
     return text, finish
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    d = DaemonProcess(fake={"step_delay_s": 0.002}, model={"n_ctx": 256, "n_seq_max": 8},
-                      server={"max_queue": 64})
-    d.start()
-    yield d
-    assert d.stop() == 0
-    d.close()
+# the module's daemon (conftest)
+DAEMON = dict(fake={"step_delay_s": 0.002}, model={"n_ctx": 256, "n_seq_max": 8}, server={"max_queue": 64})
 
 
 def test_32_concurrent_streaming_clients_get_their_own_greedy_text(daemon):

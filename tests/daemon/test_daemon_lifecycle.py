@@ -11,56 +11,12 @@ import signal
 import socket
 import stat
 import sys
-import threading
 import time
 
 import pytest
 
-from daemon_helpers import LAUNCHER, DaemonProcess, wait_for
+from daemon_helpers import LAUNCHER, DaemonProcess, NotifySocket, wait_for
 from ktd.client import Cancelled, Client, TooLarge
-
-
-class NotifySocket:
-    """Collects sd_notify datagrams: a list of (time.monotonic(), {KEY: VALUE})."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
-        self.sock.settimeout(0.2)
-        self.messages: list[tuple[float, dict[str, str]]] = []
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop:
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
-            self.messages.append((time.monotonic(), fields))
-
-    def keys(self) -> list[str]:
-        return [k for _, m in self.messages for k in m]
-
-    def index(self, key: str, value: str | None = None, start: int = 0) -> int:
-        for i, (_, m) in enumerate(self.messages[start:], start):
-            if key in m and (value is None or m[key] == value):
-                return i
-        return -1
-
-    def wait(self, key: str, value: str | None = None, start: int = 0, timeout: float = 20.0) -> int:
-        assert wait_for(lambda: self.index(key, value, start) >= 0, timeout), \
-            f"no {key}={value} after message {start}: {self.messages}"
-        return self.index(key, value, start)
-
-    def close(self):
-        self._stop = True
-        self.sock.close()
 
 
 def activated_command(d: DaemonProcess, fd: int) -> list[str]:

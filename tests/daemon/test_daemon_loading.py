@@ -17,9 +17,8 @@ import time
 import msgpack
 import pytest
 
-from daemon_helpers import DaemonProcess, wait_for
+from daemon_helpers import DaemonProcess, NotifySocket, wait_for
 from ktd.client import Client, Loading
-from test_daemon_lifecycle import NotifySocket
 
 
 def _open_gate(gate: str, i: int) -> None:

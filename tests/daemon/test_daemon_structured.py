@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import fake_engine
-from daemon_helpers import DaemonProcess
 from ktd.server import protocol
 from ktd.client import AsyncClient, BadRequest
 
@@ -23,13 +22,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 WIDE = dict(top_k=0, top_p=1.0, min_p=0.0)
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    d = DaemonProcess(fake={"step_delay_s": 0.001}, model={"n_ctx": 512, "n_seq_max": 4})
-    d.start()
-    yield d
-    assert d.stop() == 0
-    d.close()
+DAEMON = dict(fake={"step_delay_s": 0.001}, model={"n_ctx": 512, "n_seq_max": 4})  # the module's daemon (conftest)
 
 
 def test_schema_constrained_generate_streamed_and_whole(daemon):

@@ -13,10 +13,9 @@ import textwrap
 import msgpack
 import pytest
 
-from daemon_helpers import DaemonProcess, wait_for
+from daemon_helpers import DaemonProcess, NotifySocket, wait_for
 from ktd.server import protocol
 from ktd.client import Internal
-from test_daemon_lifecycle import NotifySocket
 from paths import TESTS
 
 

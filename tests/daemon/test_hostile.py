@@ -375,9 +375,8 @@ def _bad_model_cases():
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    from models.tiny_dense import make_model
-    return make_model("llama", tmp_path_factory.mktemp("hostile") / "llama.gguf")
+def tiny_llama(tiny_model):
+    return tiny_model("llama")
 
 
 @pytest.mark.parametrize("case", list(_bad_model_cases()))

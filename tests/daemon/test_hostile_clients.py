@@ -10,12 +10,13 @@ import os
 import msgpack
 import pytest
 
-from daemon_helpers import DaemonProcess, daemon_fixture, reply_as_uid
+from daemon_helpers import DaemonProcess, reply_as_uid
+from grammar_inputs import wide_rows
 from ktd.client import AsyncClient, BadRequest
 from ktd.server import protocol
 from ktd.server.prefix_cache import PrefixCache
 
-daemon = daemon_fixture(model={"n_ctx": 256, "n_seq_max": 2})
+DAEMON = dict(model={"n_ctx": 256, "n_seq_max": 2})  # the module's daemon (conftest)
 
 
 # --- the async client: a request it cannot encode -------------------------------------------------
@@ -44,8 +45,6 @@ def test_an_unencodable_request_is_bad_request_and_leaves_nothing_behind(daemon,
 # --- grammars that cannot run, over the socket ---------------------------------------------------------
 
 def test_a_grammar_over_the_engine_limits_is_refused_as_bad_request(daemon):
-    from test_grammar_limits import wide_rows
-
     with daemon.client(timeout=60) as c:
         with pytest.raises(BadRequest, match="max_items_in_row"):
             c.generate("x", grammar={"lark": wide_rows(2500)}, max_tokens=4)

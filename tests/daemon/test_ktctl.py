@@ -7,21 +7,11 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import fake_engine
-from daemon_helpers import DaemonProcess
 from paths import ROOT
 
 ROOT = str(ROOT)
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    d = DaemonProcess(fake={"step_delay_s": 0.002}, model={"n_seq_max": 4})
-    d.start()
-    yield d
-    d.close()
+DAEMON = dict(fake={"step_delay_s": 0.002}, model={"n_seq_max": 4})  # the module's daemon (conftest)
 
 
 def ktctl(daemon, *args, input=None):

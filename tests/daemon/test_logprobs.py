@@ -12,7 +12,7 @@ from ktd import _native
 from ktd.text import grammar
 from ktd.text.sampling import Sampler, SamplingParams
 from ktd.server.scheduler import Job, Scheduler
-from test_scheduler import Collector
+from scheduler_helpers import Collector
 
 EMPTY = np.zeros(0, np.int64)
 

@@ -20,8 +20,7 @@ from ktd.server.scheduler import Job, Scheduler
 from ktd.text.sampling import SamplingParams
 from models import synthetic_moe
 from models.tiny_dense import make_model, model_filename
-from test_prefix_cache import _Recording
-from test_scheduler import Collector
+from scheduler_helpers import Collector, RecordingTokenizer
 
 GREEDY = SamplingParams(temperature=0.0)
 MAX_TOKENS = 10
@@ -102,7 +101,7 @@ def _serve(path, sampling: list[SamplingParams], top_logprobs: list[int | None])
     """The prompts submitted at once (all admitted in the scheduler's first step); the generated
     ids of each request and the engine's forward calls."""
     engine = Engine.open(str(path), n_ctx=64, n_seq_max=len(sampling), threads=2, pin=False)
-    rec = _Recording(engine.tokenizer)
+    rec = RecordingTokenizer(engine.tokenizer)
     engine.tokenizer = rec
     calls = _Calls(engine)
     s = Scheduler(engine, prefill_tokens_per_step=64, max_queue=8)

@@ -12,60 +12,17 @@ ATOL_BATCHING). The models' greedy choices have margins far above that.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 from ktd.server.engine import Engine
-from ktd.text.sampling import SamplingParams
-from ktd.server.scheduler import Job, Scheduler
+from ktd.server.scheduler import Scheduler
 from models import synthetic_moe
-from models.tiny_dense import ARCHS as DENSE_ARCHS, make_model, model_filename
+from models.tiny_dense import ARCHS as DENSE_ARCHS
+from scheduler_helpers import RecordingTokenizer, run_greedy_job
 
-GREEDY = SamplingParams(temperature=0.0)
 MODELS = [("dense", a, None) for a in DENSE_ARCHS] + \
          [("moe", a, v) for a in synthetic_moe.ARCHS for v in synthetic_moe.VARIANTS[a]]
-
-
-class _Recording:
-    """A tokenizer proxy whose stream decoders record the token ids they are fed (the scheduler
-    feeds every sampled token to its sequence's decoder): the generated ids of each request."""
-
-    def __init__(self, tok):
-        self._tok = tok
-        self.outputs: list[list[int]] = []
-
-    def __getattr__(self, name):
-        return getattr(self._tok, name)
-
-    def decode_stream(self):
-        inner, ids = self._tok.decode_stream(), []
-        self.outputs.append(ids)
-
-        class D:
-            def feed(self, t):
-                ids.append(t)
-                return inner.feed(t)
-
-            def flush(self):
-                return inner.flush()
-        return D()
-
-
-def _run(s: Scheduler, rec: _Recording, prompt: list[int], max_tokens: int) -> tuple[list[int], dict]:
-    done = threading.Event()
-    box = {}
-
-    def sink(kind, payload):
-        if kind != "chunk":
-            box["kind"], box["payload"] = kind, payload
-            done.set()
-    s.submit(Job(client=1, prompt=list(prompt), sampling=GREEDY, max_tokens=max_tokens, stop=(),
-                 ignore_eos=True, sink=sink))
-    assert done.wait(300), "request did not end"
-    assert box["kind"] == "done", box["payload"]
-    return rec.outputs[-1], box["payload"]["usage"]
 
 
 def _chat(engine: Engine, slots: int, turns: list[list[int]], max_tokens: int, prefill: int = 16,
@@ -73,7 +30,7 @@ def _chat(engine: Engine, slots: int, turns: list[list[int]], max_tokens: int, p
     """Each turn's prompt = everything before + the previous greedy reply + the turn's new tokens;
     then ``branch`` appended to the last turn's prompt less its last 5 tokens (a regenerated
     turn: it shares part of a cached entry, which is copied)."""
-    rec = _Recording(engine.tokenizer)
+    rec = RecordingTokenizer(engine.tokenizer)
     engine.tokenizer = rec
     s = Scheduler(engine, prefill_tokens_per_step=prefill, max_queue=4)
     s.prefix.slots = list(range(engine.n_seq_max, engine.n_seq_max + slots))
@@ -83,11 +40,11 @@ def _chat(engine: Engine, slots: int, turns: list[list[int]], max_tokens: int, p
         prompt, outs, usages = [], [], []
         for new in turns:
             prompt = prompt + (outs[-1] if outs else []) + new
-            out, usage = _run(s, rec, prompt, max_tokens)
+            out, usage = run_greedy_job(s, rec, prompt, max_tokens)
             outs.append(out)
             usages.append(usage)
         if branch:
-            out, usage = _run(s, rec, prompt[:-5] + list(branch), max_tokens)
+            out, usage = run_greedy_job(s, rec, prompt[:-5] + list(branch), max_tokens)
             outs.append(out)
             usages.append(usage)
         return outs, usages, s.prefix.stats()
@@ -96,20 +53,9 @@ def _chat(engine: Engine, slots: int, turns: list[list[int]], max_tokens: int, p
         engine.tokenizer = rec._tok
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prefix_models")
-
-    def get(kind, arch, variant):
-        if kind == "dense":
-            return make_model(arch, root / model_filename(arch, "F32", 0, variant))
-        return synthetic_moe.make_model(arch, root / f"{arch}-{variant}.gguf", preset="tiny", variant=variant)
-    return get
-
-
 @pytest.mark.parametrize("kind,arch,variant", MODELS, ids=lambda v: str(v))
-def test_greedy_identical_with_and_without_the_cache(model_path, kind, arch, variant):
-    path = model_path(kind, arch, variant)
+def test_greedy_identical_with_and_without_the_cache(tiny_model, kind, arch, variant):
+    path = tiny_model(arch, variant=variant, moe=kind == "moe")
     # one engine with two spare slots serves both runs (the uncached run leaves them unused)
     e = Engine.open(path, n_ctx=160, n_seq_max=1, cache_slots=2, threads=2, pin=False)
     rng = np.random.default_rng(7)
@@ -127,8 +73,8 @@ def test_greedy_identical_with_and_without_the_cache(model_path, kind, arch, var
     assert st["hits"] == 4 and st["misses"] == 1
 
 
-def test_kv_bytes_and_slots_of_the_real_engine(model_path):
-    e = Engine.open(model_path("moe", "deepseek2", "v2"), n_ctx=64, n_seq_max=2, cache_slots=3,
+def test_kv_bytes_and_slots_of_the_real_engine(tiny_model):
+    e = Engine.open(tiny_model("deepseek2", variant="v2"), n_ctx=64, n_seq_max=2, cache_slots=3,
                     threads=1, pin=False)
     assert (e.n_seq_max, e.n_kv_slots) == (2, 5)
     hp = synthetic_moe.config("deepseek2", "tiny", "v2")
@@ -147,7 +93,7 @@ def test_real_model_chat_identical_with_and_without_the_cache(real_model):
                  "Add a docstring and type hints."]
     runs = []
     for slots in (0, 1):
-        rec = _Recording(e.tokenizer)
+        rec = RecordingTokenizer(e.tokenizer)
         e.tokenizer = rec
         s = Scheduler(e, prefill_tokens_per_step=64, max_queue=4)
         s.prefix.slots = list(range(1, 1 + slots))
@@ -158,7 +104,7 @@ def test_real_model_chat_identical_with_and_without_the_cache(real_model):
             for q in questions:
                 messages.append({"role": "user", "content": q})
                 prompt = rec.encode_chat(messages)
-                out, usage = _run(s, rec, prompt, 48)
+                out, usage = run_greedy_job(s, rec, prompt, 48)
                 outs.append((out, usage["cached_tokens"], len(prompt)))
                 messages.append({"role": "assistant", "content": rec.decode(out)})
         finally:

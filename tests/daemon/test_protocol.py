@@ -13,7 +13,6 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from daemon_helpers import DaemonProcess
 from ktd.server import protocol
 from ktd.errors import ERRORS, BadRequest, TooLarge
 
@@ -110,13 +109,7 @@ def test_parse_generate_suffix():
 
 # --- against the real daemon ----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def daemon():
-    d = DaemonProcess(server={"max_frame_bytes": 65536}, limits={"max_nesting": 16})
-    d.start()
-    yield d
-    assert d.stop() == 0
-    d.close()
+DAEMON = dict(server={"max_frame_bytes": 65536}, limits={"max_nesting": 16})  # the module's daemon (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -12,27 +12,9 @@ import fake_engine
 from ktd.errors import Cancelled, ContextOverflow, Internal
 from ktd.text.sampling import SamplingParams
 from ktd.server.scheduler import Job, Scheduler
+from scheduler_helpers import Collector
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-class Collector:
-    def __init__(self):
-        self.chunks: list[str] = []
-        self.end = threading.Event()
-        self.kind = None
-        self.payload = None
-
-    def __call__(self, kind, payload):
-        if kind == "chunk":
-            self.chunks.append(payload)
-        else:
-            self.kind, self.payload = kind, payload
-            self.end.set()
-
-    def wait(self, timeout=30):
-        assert self.end.wait(timeout), "job did not end"
-        return self.kind, self.payload
 
 
 def job(prompt: list[int], sink, *, client=1, max_tokens=16, ignore_eos=True, deadline=None):
@@ -176,6 +158,7 @@ def test_watchdog_health_reflects_a_wedged_engine(make):
     s.submit(job([fake_engine.BOS], c, max_tokens=50))
     time.sleep(0.5)
     assert not s.healthy(max_stall_s=0.2)  # work pending, no progress
+    eng.unwedge()  # the scheduler can stop (the fixture's teardown)
 
 
 def test_each_step_hands_its_events_over_at_once_and_a_failing_sink_harms_nobody():

@@ -19,8 +19,8 @@ import sys
 import httpx
 import pytest
 
-from daemon_helpers import DaemonProcess, daemon_fixture, wait_for
-from http_helpers import daemon_status, finished_cancelled, gateway, start_gateway  # noqa: F401 (gateway: a fixture)
+from daemon_helpers import DaemonProcess, wait_for
+from http_helpers import daemon_status, finished_cancelled, start_gateway
 from ktd.client import Client
 
 openai = pytest.importorskip("openai", reason="the openai package (requirements-dev.txt) is not installed")
@@ -33,7 +33,8 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 N = 24
 
 
-daemon = daemon_fixture(model={"n_ctx": 256, "n_seq_max": 4}, server={"max_queue": 8}, fake={"eos_bias": -8.0})
+# the module's daemon (conftest)
+DAEMON = dict(model={"n_ctx": 256, "n_seq_max": 4}, server={"max_queue": 8}, fake={"eos_bias": -8.0})
 
 
 def reference(daemon, **params) -> dict:

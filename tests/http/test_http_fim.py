@@ -13,8 +13,6 @@ import re
 import pytest
 
 import fake_engine
-from daemon_helpers import daemon_fixture
-from http_helpers import gateway  # noqa: F401 (a fixture)
 from ktd.client import Client
 
 openai = pytest.importorskip("openai", reason="the openai package (requirements-dev.txt) is not installed")
@@ -22,7 +20,7 @@ ollama = pytest.importorskip("ollama", reason="the ollama package (requirements-
 
 os.environ.setdefault("LANGSMITH_TRACING", "false")
 
-daemon = daemon_fixture(model={"n_ctx": 256, "n_seq_max": 2}, fake={"fim": True, "eos_bias": -8.0})
+DAEMON = dict(model={"n_ctx": 256, "n_seq_max": 2}, fake={"fim": True, "eos_bias": -8.0})  # the module's daemon (conftest)
 N = 16
 
 

@@ -15,10 +15,10 @@ import time
 import httpx
 import pytest
 
-from daemon_helpers import daemon_fixture, run_as_uid, wait_for
+from daemon_helpers import run_as_uid, wait_for
 from http_helpers import daemon_status, start_gateway
 
-daemon = daemon_fixture(model={"n_ctx": 256, "n_seq_max": 4}, server={"max_queue": 8}, fake={"eos_bias": -8.0})
+DAEMON = dict(model={"n_ctx": 256, "n_seq_max": 4}, server={"max_queue": 8}, fake={"eos_bias": -8.0})  # the module's daemon (conftest)
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 # Short limits, so that the tests wait seconds, not the defaults' tens of seconds.

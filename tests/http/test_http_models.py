@@ -9,16 +9,13 @@ construction of what the gateway builds from the token ids ``hello`` reports.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
+from daemon_helpers import RealServe
 from http_helpers import start_gateway
 from ktd.client import Client
-from models.tiny_dense import make_model
 
 openai = pytest.importorskip("openai", reason="the openai package (requirements-dev.txt) is not installed")
 ollama = pytest.importorskip("ollama", reason="the ollama package (requirements-dev.txt) is not installed")
@@ -26,51 +23,19 @@ ollama = pytest.importorskip("ollama", reason="the ollama package (requirements-
 os.environ.setdefault("LANGSMITH_TRACING", "false")
 
 
-def _serve(model_path, workdir) -> tuple[subprocess.Popen, str]:
-    sock = os.path.join(workdir, "ktd.sock")
-    env = dict(os.environ, KTD_MODEL__PATH=str(model_path), KTD_MODEL__N_CTX="512",
-               KTD_MODEL__N_SEQ_MAX="2", KTD_MODEL__THREADS="2", KTD_SERVER__SOCKET_GROUP="null")
-    proc = subprocess.Popen([sys.executable, "-m", "ktd", "serve", "--socket", sock], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with Client(sock, timeout=60) as c:
-                if c.health()["status"] == "ok":
-                    return proc, sock
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"daemon did not start:\n{proc.communicate()[0]}")
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
-def served(request, tmp_path_factory):
+def served(request, tiny_model, real_model, tmp_path_factory):
+    """The daemon with the real engine (daemon_helpers.RealServe) on the model request.param names
+    ("tiny-llama": the shared tiny Q8_0 llama; else a real model), the gateway in front of it:
+    (daemon socket, gateway, model name). Both must exit 0 when stopped."""
+    model = tiny_model("llama", "Q8_0") if request.param == "tiny-llama" else real_model(request.param)
     workdir = str(tmp_path_factory.mktemp("h"))
-    model = request.param(workdir)
-    proc, sock = _serve(model, workdir)
-    g = start_gateway(sock, workdir)
-    yield sock, g, os.path.basename(str(model))[: -len(".gguf")]
-    assert g.stop() == 0
-    proc.terminate()
-    out = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 0, out
-
-
-def _tiny(workdir):
-    return make_model("llama", os.path.join(workdir, "tiny-llama.gguf"), wtype="Q8_0")
-
-
-def _qwen(workdir):
-    from ktd.ops import models
-    if not models.is_cached("qwen2.5-coder-0.5b") and os.environ.get("KTD_NO_FETCH"):
-        pytest.skip("real model qwen2.5-coder-0.5b not in cache and KTD_NO_FETCH is set")
-    try:
-        return models.fetch("qwen2.5-coder-0.5b")
-    except models.FetchError as e:
-        pytest.skip(f"cannot fetch real model qwen2.5-coder-0.5b: {e}")
+    sock = os.path.join(workdir, "ktd.sock")
+    env = {"KTD_MODEL__N_CTX": "512", "KTD_MODEL__N_SEQ_MAX": "2", "KTD_MODEL__THREADS": "2"}
+    with RealServe(model, sock, env, timeout=120):
+        g = start_gateway(sock, workdir)
+        yield sock, g, os.path.basename(str(model))[: -len(".gguf")]
+        assert g.stop() == 0
 
 
 def reference(sock, **params) -> dict:
@@ -78,7 +43,7 @@ def reference(sock, **params) -> dict:
         return c.generate(**params)
 
 
-@pytest.mark.parametrize("served", [_tiny], indirect=True, ids=["tiny-llama"])
+@pytest.mark.parametrize("served", ["tiny-llama"], indirect=True)
 def test_tiny_model_completions(served):
     sock, g, model = served
     prompt = "hello world"
@@ -105,7 +70,7 @@ CHAT = [{"role": "user", "content": "Write a Python function that checks whether
 
 @pytest.mark.realmodel
 @pytest.mark.slow
-@pytest.mark.parametrize("served", [_qwen], indirect=True, ids=["qwen2.5-coder-0.5b"])
+@pytest.mark.parametrize("served", ["qwen2.5-coder-0.5b"], indirect=True)
 def test_qwen_chat_and_fim_through_the_gateway(served):
     sock, g, model = served
     want = reference(sock, messages=CHAT, temperature=0, max_tokens=48)
@@ -154,7 +119,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.mark.realmodel
 @pytest.mark.slow
-@pytest.mark.parametrize("served", [_qwen], indirect=True, ids=["qwen2.5-coder-0.5b"])
+@pytest.mark.parametrize("served", ["qwen2.5-coder-0.5b"], indirect=True)
 def test_qwen_structured_output_tools_and_logprobs_through_the_gateway(served):
     import json
 

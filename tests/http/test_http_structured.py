@@ -13,8 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from daemon_helpers import daemon_fixture
-from http_helpers import TIME, WEATHER, gateway  # noqa: F401 (gateway: a fixture)
+from http_helpers import TIME, WEATHER
 from ktd.client import Client
 
 openai = pytest.importorskip("openai", reason="the openai package (requirements-dev.txt) is not installed")
@@ -29,7 +28,7 @@ WIDE = dict(top_p=1.0)
 MSGS = [{"role": "user", "content": "time in Oslo?"}]
 
 
-daemon = daemon_fixture(fake={"step_delay_s": 0.001}, model={"n_ctx": 1024, "n_seq_max": 4})
+DAEMON = dict(fake={"step_delay_s": 0.001}, model={"n_ctx": 1024, "n_seq_max": 4})  # the module's daemon (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import ktd
+from host_memory import thp_mode
 from ktd import _native
 
 MiB = 1 << 20
 PAGE_2M = 2 * MiB
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def smaps_of(address: int, length: int) -> dict[str, int]:
@@ -43,13 +43,6 @@ def smaps_of(address: int, length: int) -> dict[str, int]:
 
 def meminfo() -> dict[str, int]:
     return {l.split(":")[0]: int(l.split()[1]) for l in Path("/proc/meminfo").read_text().splitlines()}
-
-
-def thp_mode() -> str:
-    if not THP_ENABLED.exists():
-        return ""
-    text = THP_ENABLED.read_text()
-    return text[text.index("[") + 1 : text.index("]")]
 
 
 @pytest.fixture

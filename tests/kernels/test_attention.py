@@ -15,7 +15,6 @@ import pytest
 
 from ktd import _native
 from ktd.server.engine import Engine
-from models.tiny_dense import make_model, model_filename
 
 A = _native.attention
 ISAS = [i for i in A.kernel_isas() if _native.kernels.isa_supported(i)]
@@ -253,11 +252,9 @@ def test_bad_shapes_are_rejected():
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
+def tiny_models(tiny_model):
     """llama "mistral" (8 query heads over 2 KV heads) and gemma3 (4 over 1, sliding-window layers)."""
-    root = tmp_path_factory.mktemp("attn_fwd")
-    return [make_model(arch, root / model_filename(arch, "F32", 0, variant), wtype="F32", seed=0, variant=variant)
-            for arch, variant in (("llama", "mistral"), ("gemma3", None))]
+    return [tiny_model(arch, variant=variant) for arch, variant in (("llama", "mistral"), ("gemma3", None))]
 
 
 def test_decode_over_long_context_splits_keys(tiny_models):

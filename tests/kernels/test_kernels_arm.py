@@ -3,14 +3,14 @@ gguf-py and the scalar reference.
 
 They run only in an aarch64 build (on ARM hardware, or cross-compiled and emulated by
 `make test-arm64`, tools/arm64/test-arm64.sh); on x86-64 the ISAs are not compiled in and only
-the dispatch rules are checked. The per-case checks are test_kernels_q32's (the same oracle and
-bounds), applied to every (type, ISA) pair that has an ARM kernel (the 256-element and i-quant
-types also run through every test of test_kernels_k / test_kernels_iq, whose ISA lists include
-the ARM ones). In addition the ARM kernels of every quantized type sum each block exactly and
-accumulate blocks in the reference's order, so they must equal the reference bit for bit; the
-float types (F32, F16, BF16) use FMA into several accumulators, as the AVX2 ones do, so they are
-held to test_kernels_q32's summation-order bound against the reference instead, and their
-dequantization is exact.
+the dispatch rules are checked. The per-case checks are test_kernels_q32's (kernel_checks.py's
+check_q32_*: the same oracle and bounds), applied to every (type, ISA) pair that has an ARM kernel
+(the 256-element and i-quant types also run through every test of test_kernels_k /
+test_kernels_iq, whose ISA lists include the ARM ones). In addition the ARM kernels of every
+quantized type sum each block exactly and accumulate blocks in the reference's order, so they must
+equal the reference bit for bit; the float types (F32, F16, BF16) use FMA into several
+accumulators, as the AVX2 ones do, so they are held to the summation-order bound (kernel_inputs'
+order_bound) against the reference instead, and their dequantization is exact.
 
 Every type has its own entry in both ARM ISAs (test_isas_compiled_for_the_target): the isa= tests
 run exactly that ISA's kernels, no fallback. Under `make test-arm64` the suite runs twice, with
@@ -27,15 +27,11 @@ import sys
 import numpy as np
 import pytest
 
-from ktd import _native
+from kernel_checks import check_q32_dequantize_bitwise, check_q32_matmul_vs_oracle, check_q32_prepared_path
+from kernel_checks import check_q32_threads_and_guards
+from kernel_inputs import K_FLOAT, K_Q32, ROWS_N, order_bound, q32_inputs as inputs, random_iq_weights, random_k_weights
 from kernel_oracle import dequantize_ref
-from test_kernels_iq import random_weights as iq_random_weights
-from test_kernels_k import random_weights
-from test_kernels_q32 import ROWS_N, K_FLOAT, K_Q32, inputs, order_bound
-from test_kernels_q32 import test_dequantize_bitwise_gguf as _dequantize_case
-from test_kernels_q32 import test_matmul_vs_gguf_oracle as _oracle_case
-from test_kernels_q32 import test_prepared_weights_path as _prepared_case
-from test_kernels_q32 import test_threads_bitwise_and_guards as _threads_case
+from ktd import _native
 from paths import TESTS
 
 K = _native.kernels
@@ -86,14 +82,14 @@ def test_default_isa_on_aarch64():
 @pytest.mark.parametrize("t,isa", PAIRS)
 @pytest.mark.parametrize("rows,k,n", [(r, k, n) for k in K_Q32 for r, n in ROWS_N])
 def test_matmul_vs_gguf_oracle(t, isa, rows, k, n):
-    _oracle_case(t, isa, rows, k, n)
+    check_q32_matmul_vs_oracle(t, isa, rows, k, n)
 
 
 @pytest.mark.skipif(not PAIRS, reason=NO_ARM)
 @pytest.mark.parametrize("t,isa", PAIRS)
 @pytest.mark.parametrize("random_bytes", [False, True])
 def test_dequantize_bitwise_gguf(t, isa, random_bytes):
-    _dequantize_case(t, isa, random_bytes)
+    check_q32_dequantize_bitwise(t, isa, random_bytes)
 
 
 @pytest.mark.skipif(not PAIRS, reason=NO_ARM)
@@ -108,13 +104,13 @@ def test_bitwise_equal_to_ref(t, isa, random_bytes, rows, k, n):
     np.testing.assert_array_equal(K.quantize_act(t, x, isa=isa), K.quantize_act(t, x, isa="ref"))
 
 
-# The 256-element types: the K-quants, IQ4_XS and the ternary types (test_kernels_k's random
-# weights) and the i-quants (test_kernels_iq's), each on its own shapes; one check for both.
+# The 256-element types: the K-quants, IQ4_XS and the ternary types (kernel_inputs' random_k_weights)
+# and the i-quants (random_iq_weights), each on its own shapes; one check for both.
 K_SHAPES = [(1, 256, 1), (7, 512, 3), (33, 2304, 5), (65, 1024, 17)]
 IQ_SHAPES = [(1, 256, 1), (7, 512, 3), (33, 1280, 5), (65, 1024, 17)]
 SUPERBLOCK_CASES = [pytest.param(t, isa, gen, rows, k, n, id=f"{t}-{isa}-{rows}-{k}-{n}")
-                    for pairs, gen, shapes in ((K_PAIRS, random_weights, K_SHAPES),
-                                               (IQ_PAIRS, iq_random_weights, IQ_SHAPES))
+                    for pairs, gen, shapes in ((K_PAIRS, random_k_weights, K_SHAPES),
+                                               (IQ_PAIRS, random_iq_weights, IQ_SHAPES))
                     for t, isa in pairs for rows, k, n in shapes]
 
 
@@ -138,7 +134,7 @@ def test_superblock_bitwise_equal_to_ref(t, isa, gen, rows, k, n):
 @pytest.mark.parametrize("t,isa", F_PAIRS)
 @pytest.mark.parametrize("rows,k,n", [(r, k, n) for k in K_FLOAT for r, n in ROWS_N])
 def test_float_matmul_vs_gguf_oracle(t, isa, rows, k, n):
-    _oracle_case(t, isa, rows, k, n)
+    check_q32_matmul_vs_oracle(t, isa, rows, k, n)
 
 
 @pytest.mark.skipif(not F_PAIRS, reason=NO_ARM)
@@ -166,7 +162,7 @@ def test_float_vs_ref_order_bound(t, isa, rows, k, n):
 @pytest.mark.skipif(not F_PAIRS, reason=NO_ARM)
 @pytest.mark.parametrize("t,isa", F_PAIRS)
 def test_float_dequantize_bitwise(t, isa):
-    _dequantize_case(t, isa, False)
+    check_q32_dequantize_bitwise(t, isa, False)
     # Odd lengths (the scalar tail) and the special values, kept as they are.
     vals = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 1e-7, np.inf, -np.inf, np.nan, 3.0, -1.0], dtype=np.float32)
     if t == "F16":
@@ -183,20 +179,20 @@ def test_float_dequantize_bitwise(t, isa):
 @pytest.mark.skipif(not F_PAIRS, reason=NO_ARM)
 @pytest.mark.parametrize("t,isa", F_PAIRS)
 def test_float_threads_and_prepared(t, isa):
-    _threads_case(t, isa)
-    _prepared_case(t, isa)
+    check_q32_threads_and_guards(t, isa)
+    check_q32_prepared_path(t, isa)
 
 
 @pytest.mark.skipif(not PAIRS, reason=NO_ARM)
 @pytest.mark.parametrize("t,isa", PAIRS)
 def test_threads_bitwise_and_guards(t, isa):
-    _threads_case(t, isa)
+    check_q32_threads_and_guards(t, isa)
 
 
 @pytest.mark.skipif(not PAIRS, reason=NO_ARM)
 @pytest.mark.parametrize("t,isa", PAIRS)
 def test_prepared_weights_path(t, isa):
-    _prepared_case(t, isa)
+    check_q32_prepared_path(t, isa)
 
 
 @pytest.mark.skipif(not ARM_ISAS, reason=NO_ARM)
@@ -209,9 +205,7 @@ def test_active_isa_runs_its_kernels(isa, how):
     code = (
         "import numpy as np, os, sys\n"
         "from ktd import _native\n"
-        "from test_kernels_q32 import inputs\n"
-        "from test_kernels_k import random_weights\n"
-        "from test_kernels_iq import random_weights as iq_random_weights\n"
+        "from kernel_inputs import q32_inputs as inputs, random_iq_weights, random_k_weights\n"
         "K = _native.kernels\n"
         "isa, how = sys.argv[1], sys.argv[2]\n"
         "if how == 'set_active_isa':\n"
@@ -225,7 +219,7 @@ def test_active_isa_runs_its_kernels(isa, how):
         "    if t in ('Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'IQ4_NL', 'F32', 'F16', 'BF16'):\n"
         "        w, x = inputs(t, 9, 256, 2, seed=1)\n"
         "    else:\n"
-        "        w = (iq_random_weights if t.startswith('IQ') and t != 'IQ4_XS' else random_weights)(t, 9, 256, rng)\n"
+        "        w = (random_iq_weights if t.startswith('IQ') and t != 'IQ4_XS' else random_k_weights)(t, 9, 256, rng)\n"
         "        x = rng.standard_normal((2, 256)).astype(np.float32)\n"
         "    y = K.matmul(t, w, 9, 256, x)\n"
         "    want = K.matmul(t, w, 9, 256, x, isa=want_isa)\n"

@@ -18,58 +18,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kernel_checks import ISAS, MATMUL_SHAPES, check_dequantize_bitwise, check_gemm_tile_guard, check_matmul
 from kernel_checks import check_random_matmul, check_threads_bitwise, kernels_or_skip
-from kernel_oracle import dequantize_ref, row_bytes
+from kernel_inputs import IQ_BLOCKS as BLOCKS, IQ_TYPES, set_iq_block_scale as set_block_scale
+from kernel_inputs import random_iq_weights as random_weights
+from kernel_oracle import dequantize_ref
 from ktd import _native
 from paths import ROOT
 
 K = _native.kernels
 QK_K = 256
-
-
-# Block size and the byte offset of the fp16 block scale d (None: IQ1_M, whose d is split over
-# the top nibbles of the 4 uint16 at bytes 48..55).
-BLOCKS = {
-    "IQ1_S": (50, 0),
-    "IQ1_M": (56, None),
-    "IQ2_XXS": (66, 0),
-    "IQ2_XS": (74, 0),
-    "IQ2_S": (82, 0),
-    "IQ3_XXS": (98, 0),
-    "IQ3_S": (110, 0),
-}
-TYPES = list(BLOCKS)
+TYPES = IQ_TYPES
 # The ISAs with kernels for these types here (the i-quants have reference and AVX2 kernels; under
 # KTD_ISA=avx512 the AVX2 ones run, as for every type without AVX-512 kernels).
 IQ_ISAS = [isa for isa in ISAS if set(TYPES) <= set(K.supported_types(isa))]
-
-
-def set_block_scale(qt: str, blocks: np.ndarray, h: np.ndarray) -> None:
-    """Write the fp16 values h [nb] as the block scale d of blocks [nb, size] (in place)."""
-    size, off = BLOCKS[qt]
-    bits = h.astype(np.float16).view(np.uint16).astype(np.uint16)
-    if off is not None:
-        blocks[:, off : off + 2] = bits.view(np.uint8).reshape(-1, 2)
-        return
-    sc = blocks[:, 48:56].copy().view(np.uint16).reshape(-1, 4)  # IQ1_M
-    for i in range(4):
-        nib = (bits >> (4 * i)) & 0xF
-        sc[:, i] = (sc[:, i] & 0x0FFF) | (nib << 12)
-    blocks[:, 48:56] = sc.view(np.uint8).reshape(-1, 8)
-
-
-def random_weights(qt: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    size, _ = BLOCKS[qt]
-    nb = rows * k // QK_K
-    blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
-    set_block_scale(qt, blocks, rng.uniform(0.5, 1.5, nb) / 64)
-    return blocks.reshape(rows, row_bytes(qt, k))
 
 
 def test_block_sizes_match_gguf_py():

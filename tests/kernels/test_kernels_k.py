@@ -15,40 +15,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-# (exact_and_bound and ISAS are also imported from this module by other tests)
-from kernel_checks import ISAS, MATMUL_SHAPES, check_dequantize_bitwise, check_gemm_tile_guard  # noqa: F401
-from kernel_checks import check_matmul, check_random_matmul, check_threads_bitwise, exact_and_bound, kernels_or_skip
-from kernel_oracle import dequantize_ref, row_bytes
+from kernel_checks import ISAS, MATMUL_SHAPES, check_dequantize_bitwise, check_gemm_tile_guard
+from kernel_checks import check_matmul, check_random_matmul, check_threads_bitwise, kernels_or_skip
+from kernel_inputs import K_FP16_FIELDS as FP16_FIELDS, K_TYPES as TYPES
+from kernel_inputs import random_k_weights as random_weights
+from kernel_oracle import dequantize_ref
 from ktd import _native
 from paths import TESTS
 
 K = _native.kernels
 QK_K = 256
-
-# Byte offsets of the fp16 fields in each block (ggml-common.h): scale d, and dmin where present.
-FP16_FIELDS = {
-    "Q2_K": (84, [80], [82]),
-    "Q3_K": (110, [108], []),
-    "Q4_K": (144, [0], [2]),
-    "Q5_K": (176, [0], [2]),
-    "Q6_K": (210, [208], []),
-    "IQ4_XS": (136, [0], []),
-    "TQ1_0": (54, [52], []),
-    "TQ2_0": (66, [64], []),
-}
-TYPES = list(FP16_FIELDS)
-
-
-def random_weights(qt: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Random blocks: random bytes for the packed values and scales; d and dmin set to finite
-    positive halves around 1/64 (random bytes there would give Inf/NaN/huge values)."""
-    size, d_off, dmin_off = FP16_FIELDS[qt]
-    nb = rows * k // QK_K
-    blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
-    for off in d_off + dmin_off:
-        h = (rng.uniform(0.5, 1.5, nb) / 64).astype(np.float16)
-        blocks[:, off : off + 2] = h.view(np.uint8).reshape(nb, 2)
-    return blocks.reshape(rows, row_bytes(qt, k))
 
 
 # --- Q8_K activation quantizer --------------------------------------------------------------
@@ -176,23 +152,21 @@ def test_model_shapes(qt, isa, rows, k):
     np.testing.assert_array_equal(y, K.matmul(qt, w, rows, k, x, isa=isa, threads=1))
 
 
-def real_tensor(path, qt: str, min_rows: int):
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+def real_tensor(reader, qt: str, min_rows: int, model: str):
     for t in reader.tensors:
         if t.tensor_type.name == qt and len(t.shape) == 2 and int(t.shape[1]) >= min_rows:
             k, rows = int(t.shape[0]), int(t.shape[1])
             return t.name, np.asarray(t.data, dtype=np.uint8).reshape(rows, -1), rows, k
-    pytest.skip(f"no 2-D {qt} tensor in {path}")
+    pytest.skip(f"no 2-D {qt} tensor in {model}")
 
 
 @pytest.mark.realmodel
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qt", ["Q4_K", "Q6_K"])
-def test_real_weights(real_model, qt, isa):
+def test_real_weights(real_model_reader, qt, isa):
     kernels_or_skip(qt, isa)
-    name, w, rows, k = real_tensor(real_model("qwen2.5-coder-1.5b"), qt, 64)
+    model = "qwen2.5-coder-1.5b"
+    name, w, rows, k = real_tensor(real_model_reader(model), qt, 64, model)
     sl = slice(rows // 3, rows // 3 + 64)
     ws = np.ascontiguousarray(w[sl])
     rng = np.random.default_rng(5)
@@ -223,10 +197,10 @@ def test_avx512_falls_back_to_avx2_kernels():
     # The default (isa=None) path uses kernels_for(); compare it bitwise with explicit ISAs.
     code = f"""
 import numpy as np, sys
-sys.path[:0] = [{str(TESTS)!r}, {os.path.dirname(__file__)!r}]
+sys.path[:0] = [{str(TESTS)!r}]
 from gguf.quants import quantize
+from kernel_inputs import K_TYPES as TYPES, random_k_weights as random_weights
 from kernel_oracle import qtype
-from test_kernels_k import random_weights, TYPES
 from ktd import _native
 K = _native.kernels
 assert K.active_isa() == "avx512"

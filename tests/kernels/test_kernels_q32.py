@@ -1,15 +1,11 @@
 """Kernels of the 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) and the float
 types (F32, F16, BF16), every ISA this machine runs, against gguf-py and against each other.
 
-Error bounds (stated per comparison below):
-- vs gguf-py + float64: the 32-element types dot against Q8_0 activations. Activation element a_j
-  of a block with scale d = amax/127 is off by at most d/2 (rounding) plus |q_j|·|d - fp16(d)| ≤
-  127·d·2^-11 (the stored scale is fp16), i.e. ≤ 0.5625·d. So |y - y64| ≤ Σ_b 0.5625·d_b·Σ_{j∈b}|w_j|
-  plus float32 accumulation (≤ 2·nb·2^-24·Σ|w·a|). Float types use F32 activations: only the float32
-  accumulation error, ≤ 2·k·2^-24·Σ|w·x|.
-- AVX2 (plain or row-interleaved "repacked" layout) vs ref: the activations are quantized bitwise identically (tested), so the only difference is
-  the float32 summation order of the per-block partial sums: ≤ 2·(nb + 8)·2^-24·S with S the sum of
-  the magnitudes of all partial products (for Q4_1/Q5_1 the d·q and m terms separately).
+Error bounds (derived in kernel_inputs.py's docstring, stated per comparison below):
+- vs gguf-py + float64: oracle_bound, the Q8_0 rounding of the activations (32-element types) plus
+  float32 accumulation.
+- AVX2 (plain or row-interleaved "repacked" layout) vs ref: the activations are quantized bitwise
+  identically (tested), so only the float32 summation order differs: order_bound.
 """
 
 from __future__ import annotations
@@ -18,96 +14,17 @@ import numpy as np
 import pytest
 from gguf.quants import quantize
 
+from kernel_checks import Q32_ISAS, check_q32_dequantize_bitwise, check_q32_matmul_vs_oracle, check_q32_prepared_path
+from kernel_checks import check_q32_repacked_threads_and_guards, check_q32_threads_and_guards
+from kernel_inputs import FLOAT_TYPES, K_FLOAT, K_Q32, Q32_TYPES, ROWS_N, oracle_bound, order_bound
+from kernel_inputs import q32_inputs as inputs
 from kernel_oracle import dequantize_ref, qtype, row_bytes
 from ktd import _native
 
 K = _native.kernels
 
-Q32_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
-FLOAT_TYPES = ["F32", "F16", "BF16"]
 TYPES = Q32_TYPES + FLOAT_TYPES
-ISAS = [i for i in ("ref", "avx2") if K.isa_compiled(i) and K.isa_supported(i)]
-EPS32 = 2.0**-24
-# Byte offset of the fp16 m (min) field in the blocks that have one.
-M_OFFSET = {"Q4_1": 2, "Q5_1": 2}
-
-
-def block_size(t: str) -> int:
-    return 1 if t in FLOAT_TYPES else 32
-
-
-def make_weights(t: str, rows: int, k: int, rng: np.random.Generator, random_bytes: bool = False) -> np.ndarray:
-    """[rows, row_bytes] uint8 weights: gguf-py's quantizer where it has one, else (or when asked)
-    random bytes with sane fp16 scale fields (every q bit pattern occurs)."""
-    if t == "F32":
-        return rng.standard_normal((rows, k)).astype(np.float32).view(np.uint8)
-    if t in ("F16", "BF16") or (t != "IQ4_NL" and not random_bytes):
-        w = rng.standard_normal((rows, k)).astype(np.float32)
-        return np.ascontiguousarray(quantize(w, qtype(t))).view(np.uint8).reshape(rows, -1)
-    nb = k // 32
-    bsize = row_bytes(t, 32)
-    w = rng.integers(0, 256, (rows, nb, bsize), dtype=np.uint8)
-    d = (rng.uniform(0.002, 0.05, (rows, nb)) * rng.choice([-1, 1], (rows, nb))).astype(np.float16)
-    w[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
-    if t in M_OFFSET:
-        m = rng.uniform(-0.5, 0.5, (rows, nb)).astype(np.float16)
-        w[:, :, 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
-    return w.reshape(rows, -1)
-
-
-def act_dequant(xq: np.ndarray, k: int) -> np.ndarray:
-    """Q8_0 activation rows (uint8 [n, row_bytes]) -> float64 [n, k] and the per-block scales."""
-    n = xq.shape[0]
-    blocks = xq.reshape(n, k // 32, 34)
-    d = blocks[:, :, :2].copy().view(np.float16).astype(np.float64)  # [n, nb, 1]
-    q = blocks[:, :, 2:].copy().view(np.int8).astype(np.float64)
-    return (d * q).reshape(n, k), d[:, :, 0]
-
-
-def m_fields(t: str, w: np.ndarray, k: int) -> np.ndarray:
-    """|m| of each block broadcast to elements, float64 [rows, k] (zeros for types without m)."""
-    rows = w.shape[0]
-    if t not in M_OFFSET:
-        return np.zeros((rows, k))
-    blocks = w.reshape(rows, k // 32, -1)
-    m = blocks[:, :, 2:4].copy().view(np.float16).astype(np.float64)
-    return np.repeat(np.abs(m[:, :, 0]), 32, axis=1)
-
-
-def oracle_bound(t: str, w_deq: np.ndarray, x: np.ndarray, xq: np.ndarray, k: int) -> np.ndarray:
-    """Per-element bound on |y - W·x (float64)| from the activation format (module docstring)."""
-    absw = np.abs(w_deq)
-    if t in FLOAT_TYPES:
-        return 2 * k * EPS32 * (np.abs(x.astype(np.float64)) @ absw.T) + 1e-30
-    a, d = act_dequant(xq, k)
-    nb = k // 32
-    wsum = absw.reshape(absw.shape[0], nb, 32).sum(axis=2)  # [rows, nb]
-    act_err = 0.5625 * d @ wsum.T  # [n, rows]
-    acc_err = 2 * (nb + 8) * EPS32 * (np.abs(a) @ absw.T)
-    return act_err * (1 + 1e-6) + acc_err + 1e-30
-
-
-def order_bound(t: str, w: np.ndarray, w_deq: np.ndarray, x: np.ndarray, xq: np.ndarray, k: int) -> np.ndarray:
-    """Bound on the difference of two summation orders of the same products (module docstring)."""
-    if t in FLOAT_TYPES:
-        return 2 * (k + 8) * EPS32 * (np.abs(x.astype(np.float64)) @ np.abs(w_deq).T) + 1e-30
-    a, _ = act_dequant(xq, k)
-    mag = np.abs(w_deq) + 2 * m_fields(t, w, k)
-    return 2 * (k // 32 + 8) * EPS32 * (np.abs(a) @ mag.T) + 1e-30
-
-
-def inputs(t: str, rows: int, k: int, n: int, seed: int, random_bytes: bool = False):
-    rng = np.random.default_rng(seed)
-    w = make_weights(t, rows, k, rng, random_bytes)
-    x = rng.standard_normal((n, k)).astype(np.float32)
-    return w, x
-
-
-# rows x n pairs covering the GEMV (n = 1) and GEMM paths, the column tile (4) edges and a
-# prefill size; rows cover partial row chunks (16) and partial thread ranges.
-ROWS_N = [(1, 1), (3, 2), (7, 3), (17, 4), (33, 5), (129, 6), (7, 7), (17, 8), (33, 9), (129, 64)]
-K_Q32 = [32, 160, 1024]
-K_FLOAT = [1, 7, 33, 100, 1024]
+ISAS = Q32_ISAS
 
 
 def shapes_for(t: str):
@@ -119,15 +36,7 @@ CASES = [(t, isa, r, k, n) for t in TYPES for isa in ISAS for r, k, n in shapes_
 
 @pytest.mark.parametrize("t,isa,rows,k,n", CASES)
 def test_matmul_vs_gguf_oracle(t, isa, rows, k, n):
-    w, x = inputs(t, rows, k, n, seed=rows * 7919 + k * 31 + n)
-    y = K.matmul(t, w, rows, k, x, isa=isa)
-    assert y.shape == (n, rows) and y.dtype == np.float32
-    assert np.isfinite(y).all()
-    w_deq = dequantize_ref(t, w, rows, k)
-    y64 = x.astype(np.float64) @ w_deq.T
-    xq = K.quantize_act(t, x, isa="ref")
-    bound = oracle_bound(t, w_deq, x, xq, k)
-    assert (np.abs(y - y64) <= bound).all(), float(np.max(np.abs(y - y64) / bound))
+    check_q32_matmul_vs_oracle(t, isa, rows, k, n)
 
 
 # random_bytes: block fields other than the scales random (float types have none to randomise).
@@ -137,12 +46,7 @@ WEIGHT_KINDS = [(t, False) for t in TYPES] + [(t, True) for t in Q32_TYPES]
 @pytest.mark.parametrize("t,random_bytes", WEIGHT_KINDS)
 @pytest.mark.parametrize("isa", ISAS)
 def test_dequantize_bitwise_gguf(t, isa, random_bytes):
-    k = 32 * 13 if t not in FLOAT_TYPES else 421
-    rows = 5
-    w, _ = inputs(t, rows, k, 1, seed=11, random_bytes=random_bytes)
-    got = K.dequantize(t, w, k, isa=isa)
-    want = dequantize_ref(t, w, rows, k).astype(np.float32)
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    check_q32_dequantize_bitwise(t, isa, random_bytes)
 
 
 def test_dequantize_bf16_nan_and_inf_kept():
@@ -208,20 +112,7 @@ def test_avx2_vs_ref(t, random_bytes, rows, k, n):
 @pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("isa", ISAS)
 def test_threads_bitwise_and_guards(t, isa):
-    rows, k, n = 77, 32 * 5, 6
-    w, x = inputs(t, rows, k, n, seed=5)
-    sentinel = np.float32(-1234.5)
-    results = []
-    for threads in (1, 2, 3):
-        offset, guard = 37, 53
-        out = np.full(offset + n * rows + guard, sentinel, dtype=np.float32)
-        K.matmul_into(t, w, rows, k, x, out, offset, isa=isa, threads=threads)
-        assert (out[:offset] == sentinel).all() and (out[offset + n * rows:] == sentinel).all()
-        y = out[offset:offset + n * rows].reshape(n, rows)
-        assert np.isfinite(y).all()
-        results.append(y.copy())
-    for y in results[1:]:
-        np.testing.assert_array_equal(y.view(np.uint32), results[0].view(np.uint32))
+    check_q32_threads_and_guards(t, isa)
 
 
 REPACK_TYPES = [(t, isa) for t in TYPES for isa in ISAS if K.repack_rows(t, isa=isa) > 0]
@@ -247,46 +138,16 @@ def test_repacked_vs_ref(t, isa, rows, k, n):
     assert (np.abs(y.astype(np.float64) - y_ref) <= bound).all()
 
 
-def check_repacked_threads_and_guards(t: str, isa: str) -> None:
-    """Repacking on 1, 2, 3 threads gives the same bytes; each output of the repacked matmul is
-    computed by one worker (any thread count, the same bits) and nothing outside it is written."""
-    rows, k, n = 77, 32 * 5, 6
-    w, x = inputs(t, rows, k, n, seed=8, random_bytes=True)
-    packs = [K.repack(t, w, rows, k, isa=isa, threads=th) for th in (1, 2, 3)]
-    for p in packs[1:]:
-        np.testing.assert_array_equal(p, packs[0])
-    sentinel = np.float32(-1234.5)
-    results = []
-    for threads in (1, 2, 3):
-        offset, guard = 37, 53
-        out = np.full(offset + n * rows + guard, sentinel, dtype=np.float32)
-        K.matmul_into(t, packs[0], rows, k, x, out, offset, isa=isa, threads=threads, repacked=True)
-        assert (out[:offset] == sentinel).all() and (out[offset + n * rows:] == sentinel).all()
-        results.append(out[offset:offset + n * rows].copy())
-    for y in results[1:]:
-        np.testing.assert_array_equal(y.view(np.uint32), results[0].view(np.uint32))
-
-
 @pytest.mark.parametrize("t,isa", REPACK_TYPES)
 def test_repacked_threads_bitwise_and_guards(t, isa):
-    check_repacked_threads_and_guards(t, isa)
+    check_q32_repacked_threads_and_guards(t, isa)
 
 
 @pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("isa", ISAS)
 def test_prepared_weights_path(t, isa):
-    """prepare_weights repacks exactly when the kernels have a layout, and gives the same result
-    as the direct call on that layout."""
-    rows, k, n = 41, 64, 3
-    w, x = inputs(t, rows, k, n, seed=9)
-    y, repacked = K.matmul_prepared(t, w, rows, k, x, isa=isa, threads=2)
-    assert repacked == (K.repack_rows(t, isa=isa) > 0)
-    want = (K.matmul_repacked(t, K.repack(t, w, rows, k, isa=isa), rows, k, x, isa=isa) if repacked
-            else K.matmul(t, w, rows, k, x, isa=isa))
-    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
-    y_plain, was = K.matmul_prepared(t, w, rows, k, x, isa=isa, allow_repack=False)
-    assert not was
-    np.testing.assert_array_equal(y_plain.view(np.uint32), K.matmul(t, w, rows, k, x, isa=isa).view(np.uint32))
+    """prepare_weights repacks exactly when the kernels have a layout (kernel_checks)."""
+    check_q32_prepared_path(t, isa)
 
 
 def test_repack_rejected_without_layout():

@@ -1,7 +1,7 @@
 """AVX-512 VNNI kernels of Q5_0 and Q8_0 (kernels/avx512/q5_0.cpp, q8_0.cpp, q32_vnni.h): plain
 and 16-row repacked layouts against the scalar reference and against gguf-py + float64.
 
-Bounds as in test_kernels_q32.py: the activations are quantized bitwise identically to the
+Bounds as in test_kernels_q32.py (kernel_inputs.py): the activations are quantized bitwise identically to the
 reference (tested), each block's integer dot is exact, so vs ref only the float32 summation order
 of the per-block partial sums differs (order_bound); vs gguf-py + float64 the activation format's
 error (oracle_bound). Dequantization is bitwise (both compute d·q in float32).
@@ -15,9 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernel_checks import check_q32_repacked_threads_and_guards
+from kernel_inputs import oracle_bound, order_bound
+from kernel_inputs import q32_inputs as inputs
 from kernel_oracle import dequantize_ref
 from ktd import _native
-from test_kernels_q32 import check_repacked_threads_and_guards, inputs, oracle_bound, order_bound
 
 K = _native.kernels
 TYPES = ["Q5_0", "Q8_0"]
@@ -91,7 +93,7 @@ def test_real_shapes_vs_gguf(t, rows, k):
 def test_threads_bitwise_and_output_guards(t):
     """Each output is computed by one worker: any thread count gives the same bits, and nothing
     outside the output is written."""
-    check_repacked_threads_and_guards(t, "avx512")
+    check_q32_repacked_threads_and_guards(t, "avx512")
 
 
 @pytest.mark.parametrize("t", TYPES)

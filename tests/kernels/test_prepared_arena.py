@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from host_memory import thp_mode
+from kernel_inputs import random_k_weights
 from kernel_oracle import row_bytes
 from ktd import _native
-from test_arena import thp_mode
-from test_kernels_k import random_weights
 
 K = _native.kernels
 MiB = 1 << 20
@@ -20,7 +20,7 @@ MiB = 1 << 20
 
 def weights(qt: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
     if qt in ("Q4_K", "Q6_K"):
-        return random_weights(qt, rows, k, rng)
+        return random_k_weights(qt, rows, k, rng)
     w = rng.integers(0, 256, size=(rows, row_bytes(qt, k)), dtype=np.uint8)
     w.reshape(-1, 34)[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # Q8_0 d
     return w

@@ -23,10 +23,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernel_inputs import q32_inputs as inputs, random_k_weights
 from kernel_oracle import dequantize_ref
 from ktd import _native
-from test_kernels_k import random_weights
-from test_kernels_q32 import inputs
 
 K = _native.kernels
 ARM_ISAS = [i for i in ("neon", "dotprod", "i8mm") if K.isa_compiled(i) and K.isa_supported(i)]
@@ -181,7 +180,7 @@ def k_rows_from_group(t: str, blk: np.ndarray) -> np.ndarray:
 
 
 def k_weights(t: str, rows: int, k: int, seed: int) -> np.ndarray:
-    return random_weights(t, rows, k, np.random.default_rng(seed))
+    return random_k_weights(t, rows, k, np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("t", K_TYPES)

@@ -19,9 +19,10 @@ import platform
 import numpy as np
 import pytest
 
+from kernel_checks import ISAS, exact_and_bound
+from kernel_inputs import random_k_weights as random_weights
 from kernel_oracle import dequantize_ref
 from ktd import _native
-from test_kernels_k import ISAS, exact_and_bound, random_weights
 
 K = _native.kernels
 QK_K = 256

@@ -10,7 +10,7 @@ tile on the x8 layouts) and the SIMD tiles held against it.
 - The SIMD tiles compute each block's integer dot exactly and then round d·da·Σ once per block, as
   the reference does: with one block per row (k = 32) the types without a min term (w = d·v) give
   the reference's bits. Otherwise they differ from it only in float32 summation order (and, for
-  Q4_1/Q5_1, in how the m·da·Σa term is rounded): order_bound of test_kernels_q32.py.
+  Q4_1/Q5_1, in how the m·da·Σa term is rounded): order_bound of kernel_inputs.py.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernel_checks import Q32_ISAS as ISAS
+from kernel_inputs import Q32_TYPES, order_bound
+from kernel_inputs import q32_inputs as inputs
 from kernel_oracle import dequantize_ref
 from ktd import _native
-from test_kernels_q32 import ISAS, Q32_TYPES, inputs, order_bound
 
 K = _native.kernels
 HAVE_AVX512 = K.isa_compiled("avx512") and K.isa_supported("avx512")

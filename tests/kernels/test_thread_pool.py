@@ -247,22 +247,9 @@ def test_for_each_item_exception_propagates_and_pool_survives():
     assert (hits == 1).all()
 
 
-@pytest.fixture(scope="module")
-def fake_machine(tmp_path_factory):
-    """(sysfs_root, affinity) of a fake machine with n nodes, one CPU each (cpu i on node i)."""
-    from test_topology import make_sysfs
-
-    def get(n_nodes: int):
-        root = tmp_path_factory.mktemp(f"sys{n_nodes}")
-        return make_sysfs(root, f"0-{n_nodes - 1}", {i: str(i) for i in range(n_nodes)}), list(range(n_nodes))
-
-    return get
-
-
 @pytest.mark.parametrize("n_nodes, n_threads", [(1, 3), (2, 2), (2, 5), (4, 8), (4, 6)])
-def test_for_each_item_node_keeps_items_on_their_node(fake_machine, n_nodes, n_threads):
-    sysfs, affinity = fake_machine(n_nodes)
-    pool = _native.ThreadPool(n_threads=n_threads, pin=False, sysfs_root=sysfs, affinity=affinity)
+def test_for_each_item_node_keeps_items_on_their_node(fake_numa_machine, n_nodes, n_threads):
+    pool = _native.ThreadPool(n_threads=n_threads, pin=False, **fake_numa_machine(n_nodes))
     assert pool.nodes() == list(range(n_nodes))
     for tid in range(pool.size):
         assert pool.nodes()[pool.node_index(tid)] == pool.node_of(tid)
@@ -290,11 +277,10 @@ def test_for_each_item_node_keeps_items_on_their_node(fake_machine, n_nodes, n_t
             pool.for_each_item_node([0, 5] + [2] * (n_nodes - 1), lambda item, tid: None)
 
 
-def test_work_lists_between_barriers_of_one_run(fake_machine):
+def test_work_lists_between_barriers_of_one_run(fake_numa_machine):
     # Two phases in one region: phase 2's list is reset by one worker before the barrier, and
     # every phase-1 item is done before any worker passes it.
-    sysfs, affinity = fake_machine(2)
-    pool = _native.ThreadPool(n_threads=5, pin=False, sysfs_root=sysfs, affinity=affinity)
+    pool = _native.ThreadPool(n_threads=5, pin=False, **fake_numa_machine(2))
     up, down = _native.WorkList(), _native.WorkList()
     n_up, first_down = 23, [0, 4, 31]
     hits_up = np.zeros(n_up, dtype=np.int64)
@@ -356,11 +342,10 @@ def test_range_list_owner_takes_its_front_then_steals_from_the_backs():
 
 
 @pytest.mark.parametrize("n", [0, 3, 1000])
-def test_range_list_every_item_once_across_workers(fake_machine, n):
+def test_range_list_every_item_once_across_workers(fake_numa_machine, n):
     # Real concurrency (the claims run without the GIL): worker 0's items sleep, so the others
     # finish their own ranges and race for its back while it takes its front.
-    sysfs, affinity = fake_machine(2)
-    pool = _native.ThreadPool(n_threads=4, pin=False, sysfs_root=sysfs, affinity=affinity)
+    pool = _native.ThreadPool(n_threads=4, pin=False, **fake_numa_machine(2))
     hits, by = run_with_timeout(lambda: _native.range_list_exercise(pool, n, slow_tid=0, rounds=20))
     assert hits == [20] * n
     assert all(0 <= t < pool.size for t in by)

@@ -34,7 +34,7 @@ import pytest
 from ktd import _native
 from ktd.server.engine import Engine
 from models import synthetic_moe, tiny_dense
-from reference.numpy_forward import forward as numpy_forward
+from reference.numpy_forward import Model as NumpyModel, forward as numpy_forward
 from paths import ROOT
 
 F32_TOL = 1e-4
@@ -553,7 +553,7 @@ def test_a_library_of_another_abi_version_is_refused(tmp_path):
 @pytest.mark.slow
 @pytest.mark.realmodel
 @pytest.mark.parametrize("model", ["qwen2.5-coder-0.5b", "gemma-3-270m"])
-def test_real_model_greedy_on_the_emulated_device(model, real_model, backend):
+def test_real_model_greedy_on_the_emulated_device(model, real_model, real_model_reader, backend):
     """The real models' shapes and types (Q4_K/Q6_K/Q5_0/Q8_0 weights; qwen: 14 heads over 2 KV
     heads of 64, QKV biases; gemma3: 18 layers of 4 heads over 1 KV head of 256, sliding-window and
     global layers, post-norms; the tied output head on the host): greedy continuation identical to
@@ -569,7 +569,7 @@ def test_real_model_greedy_on_the_emulated_device(model, real_model, backend):
     got, got_tokens = _run(dev, prompt=len(prompt), decode=4)
     assert got_tokens == want_tokens
     if model.startswith("gemma"):
-        ref = numpy_forward(path, prompt)
+        ref = NumpyModel(real_model_reader(model)).forward(prompt)
         err_cpu, err_dev = _rel(ref, want[0]), _rel(ref, got[0])
         assert err_dev <= 1.5 * err_cpu, (err_dev, err_cpu)
         return

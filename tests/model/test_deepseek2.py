@@ -42,20 +42,10 @@ def _cfg(variant: str, dense: bool, **over) -> S.MoeConfig:
     return dataclasses.replace(cfg, **over) if over else cfg
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("deepseek2")
-    cache: dict = {}
-
-    def get(variant: str = "v2", wtype: str = "F32", dense: bool = False, **over):
-        key = (variant, wtype, dense, tuple(sorted(over.items())))
-        if key not in cache:
-            name = f"ds2-{variant}-{wtype}-{'dense' if dense else 'moe'}-{len(cache)}.gguf"
-            cache[key] = S.make_model("deepseek2", root / name, wtype=wtype, variant=variant,
-                                      cfg=_cfg(variant, dense, **over))
-        return cache[key]
-
-    return get
+def _tiny(tiny_model, variant: str = "v2", wtype: str = "F32", dense: bool = False):
+    """The shared tiny deepseek2 file of this variant (tiny_model), "dense" as _cfg makes it."""
+    over = {"n_layer_dense_lead": S.config("deepseek2", "tiny", variant).n_layer} if dense else {}
+    return tiny_model("deepseek2", wtype, variant=variant, **over)
 
 
 def _tokens(n_vocab: int, n: int = N_TOKENS, seed: int = 1) -> list[int]:
@@ -82,8 +72,8 @@ def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_logits_match_numpy_reference_f32(tiny, variant, dense):
-    path = tiny(variant, dense=dense)
+def test_logits_match_numpy_reference_f32(tiny_model, variant, dense):
+    path = _tiny(tiny_model, variant, dense=dense)
     _, ctx = _ctx(path)
     toks = _tokens(320)
     ref = R.forward(path, toks)
@@ -95,8 +85,8 @@ def test_logits_match_numpy_reference_f32(tiny, variant, dense):
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
-def test_logits_match_numpy_reference_q8_0(tiny, dense):
-    path = tiny("v3", "Q8_0", dense=dense)
+def test_logits_match_numpy_reference_q8_0(tiny_model, dense):
+    path = _tiny(tiny_model, "v3", "Q8_0", dense=dense)
     _, ctx = _ctx(path)
     toks = _tokens(320)
     err = _rel_err(_run(ctx, toks), R.forward(path, toks))
@@ -118,19 +108,19 @@ def test_deepseek_v2_attention_dims_match_numpy_reference(tmp_path):
     assert err < TOL_F32, f"rel err {err:.2e}"
 
 
-def test_long_context_spans_many_attention_tiles(tiny):
+def test_long_context_spans_many_attention_tiles(tiny_model):
     """150 positions = several 64-key tiles of the online softmax, in chunks of 37 rows."""
-    path = tiny("v2-lite", dense=True)
+    path = _tiny(tiny_model, "v2-lite", dense=True)
     _, ctx = _ctx(path, n_ctx=160, n_batch=37)
     toks = _tokens(320, n=150, seed=11)
     err = _rel_err(_run(ctx, toks), R.forward(path, toks))
     assert err < TOL_F32, f"rel err {err:.2e}"
 
 
-def test_decode_over_long_context_merges_key_ranges(tiny):
+def test_decode_over_long_context_merges_key_ranges(tiny_model):
     """One-row decode steps at positions 530-549 with 3 threads: too few rows to keep the workers
     busy, so each row's keys are split into 256-key ranges whose softmax states are merged."""
-    path = tiny("v2", dense=True)
+    path = _tiny(tiny_model, "v2", dense=True)
     _, ctx = _ctx(path, threads=3, n_ctx=560)
     toks = _tokens(320, n=550, seed=3)
     _run(ctx, toks[:530])
@@ -171,8 +161,8 @@ LLAMA_BOUNDS = {"F32": dict(max_abs=2e-2, median_abs=2e-3, top1=1.0),
 @pytest.mark.parametrize("wtype", ["F32", "Q8_0"])
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_logits_match_llama_cpp(tiny, variant, dense, wtype):
-    path = tiny(variant, wtype, dense=dense)
+def test_logits_match_llama_cpp(tiny_model, variant, dense, wtype):
+    path = _tiny(tiny_model, variant, wtype, dense=dense)
     toks = _tokens(320)
     ref = _llama_logits(path, toks)
     _, ctx = _ctx(path)
@@ -185,11 +175,11 @@ def test_logits_match_llama_cpp(tiny, variant, dense, wtype):
 
 
 @pytest.mark.parametrize("value", [None, 0], ids=["absent", "none"])
-def test_absent_gating_func_is_softmax_as_in_llama_cpp(tiny, tmp_path, value):
+def test_absent_gating_func_is_softmax_as_in_llama_cpp(tiny_model, tmp_path, value):
     """A deepseek2 file without expert_gating_func (or with llama.cpp's 0, "none"; GLM-4.7-Flash
     style) on a V3-style router (selection bias, expert groups): llama.cpp routes it by softmax,
     so must ktd. Control: the same file routed by sigmoid is far from llama.cpp."""
-    src = tiny("v3")
+    src = _tiny(tiny_model, "v3")
     key = "deepseek2.expert_gating_func"
     edit = dict(drop_kv=(key,)) if value is None else dict(set_kv={key: (value, GGUFValueType.UINT32)})
     path = _rewrite(src, tmp_path / "gating.gguf", **edit)
@@ -215,17 +205,17 @@ def _with_yarn(src, dst, *, factor: float, log_mul: float | None, n_ctx_orig: in
 
 
 @pytest.mark.parametrize("log_mul", [0.0707, 0.1, None], ids=["mscale-0.707", "mscale-1", "no-log-mul"])
-def test_yarn_matches_llama_cpp(tiny, tmp_path, log_mul):
+def test_yarn_matches_llama_cpp(tiny_model, tmp_path, log_mul):
     """YaRN as llama.cpp applies it to deepseek2: the rope's attn_factor and kq_scale = mscale² /
     sqrt(qk head) from yarn_log_multiplier (DeepSeek-V2's 0.0707, 0.1, and absent). Measured max
     |Δ| 0.006-0.009; without the scaling the logits are 5-10 away."""
-    path = _with_yarn(tiny("v2", dense=True), tmp_path / "yarn.gguf", factor=40.0, log_mul=log_mul)
+    path = _with_yarn(_tiny(tiny_model, "v2", dense=True), tmp_path / "yarn.gguf", factor=40.0, log_mul=log_mul)
     toks = _tokens(320)
     ref = _llama_logits(path, toks)
     _, ctx = _ctx(path)
     got = _run(ctx, toks)
     # Without the scaling (the plain file) the logits differ far beyond the bound: the test can fail.
-    _, plain = _ctx(tiny("v2", dense=True))
+    _, plain = _ctx(_tiny(tiny_model, "v2", dense=True))
     assert np.abs(_run(plain, toks) - ref).max() > 0.2
     err = np.abs(got - ref)
     assert err.max() <= LLAMA_BOUNDS["F32"]["max_abs"], f"max_abs {err.max():.3g}"
@@ -235,8 +225,8 @@ def test_yarn_matches_llama_cpp(tiny, tmp_path, log_mul):
 # ---- (c) consistency ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
-def v2(request, tiny):
-    return tiny("v2", dense=request.param == "dense")
+def v2(request, tiny_model):
+    return _tiny(tiny_model, "v2", dense=request.param == "dense")
 
 
 def test_prefill_equals_token_by_token_and_batched(v2):
@@ -260,8 +250,8 @@ def test_prefill_equals_token_by_token_and_batched(v2):
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
-def test_thread_count_does_not_change_logits(tiny, dense):
-    path = tiny("v3", "Q8_0", dense=dense)
+def test_thread_count_does_not_change_logits(tiny_model, dense):
+    path = _tiny(tiny_model, "v3", "Q8_0", dense=dense)
     toks = _tokens(320, n=20)
     outs = [_run(_ctx(path, threads=t)[1], toks) for t in (1, 2, 3)]
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -269,9 +259,9 @@ def test_thread_count_does_not_change_logits(tiny, dense):
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
-def test_more_threads_than_heads(tiny, dense):
+def test_more_threads_than_heads(tiny_model, dense):
     """n_head 4 < 6 threads: the per-head matmuls run one pooled matmul per head instead."""
-    path = tiny("v2", dense=dense)
+    path = _tiny(tiny_model, "v2", dense=dense)
     toks = _tokens(320, n=12)
     np.testing.assert_allclose(_run(_ctx(path, threads=6)[1], toks), _run(_ctx(path, threads=1)[1], toks),
                                atol=ATOL_BATCHING, rtol=0)
@@ -311,34 +301,31 @@ def test_context_overflow(v2):
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_kv_cache_holds_only_the_latent(tiny, variant, dense):
+def test_kv_cache_holds_only_the_latent(tiny_model, variant, dense):
     cfg = _cfg(variant, dense=dense)
-    _, ctx = _ctx(tiny(variant, dense=dense))
+    _, ctx = _ctx(_tiny(tiny_model, variant, dense=dense))
     assert ctx.kv_bytes_per_token == cfg.n_layer * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
     # what decompressed K/V would take: n_head × (k head + v head) per layer
     assert ctx.kv_bytes_per_token < cfg.n_layer * cfg.n_head * (
         cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * 2
 
 
-def test_inspect_memory_plan_matches_the_context(tiny):
+def test_inspect_memory_plan_matches_the_context(tiny_model):
     """`ktd inspect` plans the KV cache from the metadata alone (daemon/ktd/model/inspect.py); the native
     Context allocates what it plans."""
     from ktd.model.inspect import inspect_model
 
-    path = tiny("v3")
+    path = _tiny(tiny_model, "v3")
     _, ctx = _ctx(path, n_ctx=100, n_seq_max=2)
     plan = inspect_model(str(path), n_ctx=100, n_seq=2)["memory_plan"]
     assert plan["kv_bytes_per_token"] == ctx.kv_bytes_per_token
     assert plan["kv_cache"] == ctx.kv_bytes_per_token * 100 * 2
 
 
-def test_kv_bytes_per_token_of_a_dense_model(tmp_path):
+def test_kv_bytes_per_token_of_a_dense_model(tiny_model):
     """Control: a GQA model (llama tiny: head size n_embd / n_head) caches n_head_kv·(k + v head)
     per token and layer."""
-    from models.tiny_dense import make_model, model_filename
-
-    path = make_model("llama", tmp_path / model_filename("llama", "F32", 0, None), wtype="F32")
-    m, ctx = _ctx(path)
+    m, ctx = _ctx(tiny_model("llama"))
     hd = m.n_embd // m.n_head
     assert ctx.kv_bytes_per_token == m.n_layer * m.n_head_kv * (hd + hd) * 2
 
@@ -352,22 +339,23 @@ def _load(path):
     return _native.Model(str(path), n_threads=1, pin=False)
 
 
-def test_rewrite_without_edits_loads(tiny, tmp_path):
+def test_rewrite_without_edits_loads(tiny_model, tmp_path):
     """Control for the edit tests."""
-    src = tiny("v2", dense=True)
+    src = _tiny(tiny_model, "v2", dense=True)
     toks = _tokens(320, n=5)
     np.testing.assert_array_equal(_run(_ctx(_rewrite(src, tmp_path / "same.gguf"))[1], toks), _run(_ctx(src)[1], toks))
 
 
-def test_missing_kv_a_mqa_is_named(tiny, tmp_path):
-    p = _rewrite(tiny("v2", dense=True), tmp_path / "x.gguf", drop={"blk.1.attn_kv_a_mqa.weight"})
+def test_missing_kv_a_mqa_is_named(tiny_model, tmp_path):
+    p = _rewrite(_tiny(tiny_model, "v2", dense=True), tmp_path / "x.gguf", drop={"blk.1.attn_kv_a_mqa.weight"})
     with pytest.raises(_native.GGUFError, match=r"missing tensor blk\.1\.attn_kv_a_mqa\.weight"):
         _load(p)
 
 
-def test_misshaped_k_b_is_named(tiny, tmp_path):
+def test_misshaped_k_b_is_named(tiny_model, tmp_path):
     # numpy (n_head, kv_lora_rank, qk_nope) = (4, 64, 32); one head short
-    p = _rewrite(tiny("v2", dense=True), tmp_path / "x.gguf", reshape=("blk.0.attn_k_b.weight", (3, 64, 32)))
+    p = _rewrite(_tiny(tiny_model, "v2", dense=True), tmp_path / "x.gguf",
+                 reshape=("blk.0.attn_k_b.weight", (3, 64, 32)))
     with pytest.raises(_native.GGUFError, match=r"blk\.0\.attn_k_b\.weight has shape \[32, 64, 3\], expected \[32, 64, 4\]"):
         _load(p)
 
@@ -376,42 +364,42 @@ def test_misshaped_k_b_is_named(tiny, tmp_path):
     (0, r"deepseek2\.attention\.kv_lora_rank = 0 is out of range"),
     (32, r"key_length/value_length \(80/64\) do not match deepseek2\.attention\.kv_lora_rank = 32"),
 ])
-def test_bad_kv_lora_rank_is_named(tiny, tmp_path, value, match):
-    p = _rewrite(tiny("v2", dense=True), tmp_path / "x.gguf",
+def test_bad_kv_lora_rank_is_named(tiny_model, tmp_path, value, match):
+    p = _rewrite(_tiny(tiny_model, "v2", dense=True), tmp_path / "x.gguf",
                  set_kv={"deepseek2.attention.kv_lora_rank": (value, GGUFValueType.UINT32)})
     with pytest.raises(_native.GGUFError, match=match):
         _load(p)
 
 
-def test_missing_kv_lora_rank_is_named(tiny, tmp_path):
-    src = tiny("v2", dense=True)
+def test_missing_kv_lora_rank_is_named(tiny_model, tmp_path):
+    src = _tiny(tiny_model, "v2", dense=True)
     assert "deepseek2.attention.kv_lora_rank" in GGUFReader(str(src)).fields
     p = _rewrite(src, tmp_path / "x.gguf", drop_kv={"deepseek2.attention.kv_lora_rank"})
     with pytest.raises(_native.GGUFError, match=r"missing metadata key deepseek2\.attention\.kv_lora_rank"):
         _load(p)
 
 
-def test_q_lora_rank_contradicting_tensors_is_named(tiny, tmp_path):
+def test_q_lora_rank_contradicting_tensors_is_named(tiny_model, tmp_path):
     """v2 has the q LoRA; claiming q_lora_rank 0 makes attn_q_a unexpected (and attn_q missing)."""
-    p = _rewrite(tiny("v2", dense=True), tmp_path / "x.gguf",
+    p = _rewrite(_tiny(tiny_model, "v2", dense=True), tmp_path / "x.gguf",
                  set_kv={"deepseek2.attention.q_lora_rank": (0, GGUFValueType.UINT32)})
     with pytest.raises(_native.GGUFError, match=r"unexpected tensor blk\.0\.attn_q_a\.weight"):
         _load(p)
-    p = _rewrite(tiny("v2-lite", dense=True), tmp_path / "y.gguf",
+    p = _rewrite(_tiny(tiny_model, "v2-lite", dense=True), tmp_path / "y.gguf",
                  set_kv={"deepseek2.attention.q_lora_rank": (64, GGUFValueType.UINT32)})
     with pytest.raises(_native.GGUFError, match=r"missing tensor blk\.0\.attn_q_a\.weight"):
         _load(p)
 
 
-def test_attention_temperature_tuning_is_refused(tiny, tmp_path):
-    p = _rewrite(tiny("v2", dense=True), tmp_path / "x.gguf",
+def test_attention_temperature_tuning_is_refused(tiny_model, tmp_path):
+    p = _rewrite(_tiny(tiny_model, "v2", dense=True), tmp_path / "x.gguf",
                  set_kv={"deepseek2.attention.temperature_scale": (0.1, GGUFValueType.FLOAT32)})
     with pytest.raises(_native.GGUFError, match=r"deepseek2\.attention\.temperature_scale"):
         _load(p)
 
 
-def test_legacy_unsplit_kv_b_is_refused(tiny, tmp_path):
-    src = tiny("v2", dense=True)
+def test_legacy_unsplit_kv_b_is_refused(tiny_model, tmp_path):
+    src = _tiny(tiny_model, "v2", dense=True)
     p = _rewrite(src, tmp_path / "legacy.gguf", add={"blk.0.attn_kv_b.weight": np.zeros((4 * 64, 64), np.float32)})
     with pytest.raises(_native.GGUFError, match=r"attn_kv_b\.weight: unsplit MLA weights"):
         _load(p)

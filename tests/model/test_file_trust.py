@@ -17,10 +17,10 @@ import sys
 import numpy as np
 import pytest
 
+from engine_probes import engine_logits, open_cached
 from ktd import _native
 from ktd.ops import routing_profile as rp
 from models.tiny_dense import make_model
-from test_weights_cache import _logits, _open
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 OTHER = 65534  # nobody
@@ -33,9 +33,9 @@ def built(tmp_path):
     cache.mkdir()
     os.chmod(cache, 0o755)
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    first = _open(path, cache)
+    first = open_cached(path, cache)
     assert first.model.cache["state"] == "written"
-    return path, _logits(first), cache, first.model.cache["path"]
+    return path, engine_logits(first), cache, first.model.cache["path"]
 
 
 def _ktd_cache(cache, *args) -> subprocess.CompletedProcess:
@@ -56,13 +56,13 @@ def test_an_entry_others_wrote_or_may_write_is_not_used(built, plant, why):
     out = _ktd_cache(cache, "verify")
     assert out.returncode == 1 and f"{entry}: " in out.stdout and why in out.stdout, out.stdout
     assert why in _ktd_cache(cache, "list").stdout
-    e = _open(path, cache)
+    e = open_cached(path, cache)
     c = e.model.cache
     assert c["state"] == "written" and why in c["reason"], c  # replaced by one of its own
-    assert np.array_equal(_logits(e), reference)
+    assert np.array_equal(engine_logits(e), reference)
     st = os.stat(entry)
     assert st.st_uid == os.geteuid() and not st.st_mode & 0o022
-    assert _open(path, cache).model.cache["state"] == "hit"
+    assert open_cached(path, cache).model.cache["state"] == "hit"
 
 
 @needs_root
@@ -78,10 +78,10 @@ def test_an_entry_planted_in_a_world_writable_directory_is_not_loaded(built, tmp
     os.chmod(shared, 0o1777)
     assert _native.weights_cache_verify(str(planted)) != ""  # refused before a checksum is read
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
-        e = _open(path, shared)
+        e = open_cached(path, shared)
     assert e.model.cache["state"] != "hit"
     assert "writable by its group or others" in caplog.text and "off" in caplog.text, caplog.text
-    assert np.array_equal(_logits(e), reference)
+    assert np.array_equal(engine_logits(e), reference)
     assert sorted(os.listdir(shared)) == [planted.name]  # nothing written there either
     out = _ktd_cache(shared, "verify")
     assert out.returncode == 1 and "writable by its group or others" in out.stdout, out.stdout
@@ -101,9 +101,9 @@ def test_a_cache_directory_others_control_is_not_used(built, mode, owner, why):
     assert why in _native.weights_cache_header(entry)["problem"]
     out = _ktd_cache(cache, "list")
     assert why in out.stdout, out.stdout
-    e = _open(path, cache)
+    e = open_cached(path, cache)
     assert e.model.cache["state"] == "off"
-    assert np.array_equal(_logits(e), reference)
+    assert np.array_equal(engine_logits(e), reference)
 
 
 def test_an_entry_that_is_a_symbolic_link_is_not_followed(built, tmp_path):
@@ -113,7 +113,7 @@ def test_an_entry_that_is_a_symbolic_link_is_not_followed(built, tmp_path):
     os.symlink(elsewhere, entry)
     assert "symbolic link" in _native.weights_cache_header(entry)["problem"]
     assert "symbolic link" in _ktd_cache(cache, "verify").stdout
-    c = _open(path, cache).model.cache
+    c = open_cached(path, cache).model.cache
     assert c["state"] == "written" and "symbolic link" in c["reason"], c
     assert not os.path.islink(entry)  # the link was replaced by an entry of its own
 

@@ -16,7 +16,7 @@ from gguf_samples import rewrite_gguf
 from ktd import _native
 from ktd.server.engine import Engine
 from ktd.errors import ContextOverflow
-from models.tiny_dense import VARIANTS, make_model, model_filename
+from models.tiny_dense import VARIANTS
 from reference.numpy_forward import forward as numpy_forward
 
 SUPPORTED = ["llama", "qwen2", "qwen3", "gemma3", "bitnet"]
@@ -29,21 +29,6 @@ TOL_Q = 6e-2
 # Same model, same tokens, different batch shapes: the kernels' GEMV (1 row) and GEMM tiles sum in a
 # different order, so F32 rounding differs slightly (measured max 3e-4 on logits of magnitude ~3).
 ATOL_BATCHING = 1e-3
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_fwd")
-    cache: dict = {}
-
-    def get(arch: str, wtype: str = "F32", variant: str | None = None, seed: int = 0):
-        key = (arch, wtype, variant, seed)
-        if key not in cache:
-            cache[key] = make_model(arch, root / model_filename(arch, wtype, seed, variant),
-                                    wtype=wtype, seed=seed, variant=variant)
-        return cache[key]
-
-    return get
 
 
 def _tokens(n_vocab: int, n: int = N_TOKENS, seed: int = 1) -> list[int]:
@@ -67,8 +52,8 @@ def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
 
 @pytest.mark.parametrize("arch,variant", [(a, v) for a in SUPPORTED for v in VARIANTS[a]],
                          ids=lambda v: "default" if v is None else str(v))
-def test_logits_match_numpy_reference_f32(tiny, arch, variant):
-    path = tiny(arch, variant=variant)
+def test_logits_match_numpy_reference_f32(tiny_model, arch, variant):
+    path = tiny_model(arch, variant=variant)
     e = _open(path)
     toks = _tokens(e.n_vocab)
     ref = numpy_forward(path, toks)
@@ -82,8 +67,8 @@ def test_logits_match_numpy_reference_f32(tiny, arch, variant):
 
 @pytest.mark.parametrize("arch,wtype", [(a, t) for a in SUPPORTED for t in ("F16", "Q8_0", "Q4_0")]
                          + [("bitnet", "TQ2_0"), ("bitnet", "TQ1_0")])
-def test_logits_match_numpy_reference_quantized(tiny, arch, wtype):
-    path = tiny(arch, wtype)
+def test_logits_match_numpy_reference_quantized(tiny_model, arch, wtype):
+    path = tiny_model(arch, wtype)
     e = _open(path)
     toks = _tokens(e.n_vocab)
     ref = numpy_forward(path, toks)
@@ -91,8 +76,8 @@ def test_logits_match_numpy_reference_quantized(tiny, arch, wtype):
     assert err < (TOL_F32 if wtype == "F16" else TOL_Q), f"{arch}/{wtype}: rel err {err:.2e}"
 
 
-def test_prefill_equals_token_by_token_and_mixed_batch(tiny):
-    path = tiny("qwen2")
+def test_prefill_equals_token_by_token_and_mixed_batch(tiny_model):
+    path = tiny_model("qwen2")
     toks = _tokens(320)
     all_at_once = _prefill(_open(path), toks)
 
@@ -115,16 +100,16 @@ def test_prefill_equals_token_by_token_and_mixed_batch(tiny):
     np.testing.assert_allclose(out[(seq[want] == 1)], all_at_once, rtol=0, atol=ATOL_BATCHING)
 
 
-def test_chunked_prefill_equals_one_chunk(tiny):
-    path = tiny("llama")
+def test_chunked_prefill_equals_one_chunk(tiny_model):
+    path = tiny_model("llama")
     toks = _tokens(320, n=40)
     whole = _prefill(_open(path), toks)
     chunked = _prefill(_open(path, n_batch=7), toks)
     np.testing.assert_allclose(chunked, whole, rtol=0, atol=ATOL_BATCHING)
 
 
-def test_freed_slot_leaks_nothing(tiny):
-    path = tiny("qwen3")
+def test_freed_slot_leaks_nothing(tiny_model):
+    path = tiny_model("qwen3")
     a, b = _tokens(320, seed=3), _tokens(320, n=10, seed=4)
     fresh = _prefill(_open(path), b)
     e = _open(path)
@@ -134,8 +119,8 @@ def test_freed_slot_leaks_nothing(tiny):
     np.testing.assert_array_equal(_prefill(e, b), fresh)
 
 
-def test_rewinding_a_sequence_discards_its_tail(tiny):
-    path = tiny("qwen2")
+def test_rewinding_a_sequence_discards_its_tail(tiny_model):
+    path = tiny_model("qwen2")
     a = _tokens(320, seed=5)
     e = _open(path)
     full = _prefill(e, a)
@@ -143,8 +128,8 @@ def test_rewinding_a_sequence_discards_its_tail(tiny):
     np.testing.assert_allclose(again, full[10:], rtol=0, atol=ATOL_BATCHING)
 
 
-def test_copy_seq_shares_a_prefix(tiny):
-    path = tiny("qwen2")
+def test_copy_seq_shares_a_prefix(tiny_model):
+    path = tiny_model("qwen2")
     a = _tokens(320, seed=6)
     ref = _prefill(_open(path), a)
     e = _open(path, n_seq_max=2)
@@ -155,8 +140,8 @@ def test_copy_seq_shares_a_prefix(tiny):
         e.copy_seq(0, 1, 13)
 
 
-def test_context_overflow_is_typed(tiny):
-    e = _open(tiny("llama"), n_ctx=16)
+def test_context_overflow_is_typed(tiny_model):
+    e = _open(tiny_model("llama"), n_ctx=16)
     _prefill(e, _tokens(320, n=16))
     with pytest.raises(ContextOverflow, match="n_ctx = 16"):
         _prefill(e, [5], start=16)
@@ -169,8 +154,8 @@ def test_context_overflow_is_typed(tiny):
     (([1, 2], [0, 2], [0, 0], [True, True]), "consecutive"),
     (([1], [5], [0], [True]), "at most 0"),
 ])
-def test_bad_rows_are_rejected(tiny, rows, match):
-    e = _open(tiny("llama"), n_seq_max=2)
+def test_bad_rows_are_rejected(tiny_model, rows, match):
+    e = _open(tiny_model("llama"), n_seq_max=2)
     with pytest.raises(ValueError, match=match):
         e.forward(*(np.array(r) for r in rows))
 
@@ -180,63 +165,63 @@ def test_bad_rows_are_rejected(tiny, rows, match):
 _rewrite = rewrite_gguf
 
 
-def test_unknown_architecture_lists_supported(tiny, tmp_path):
-    p = _rewrite(tiny("llama"), tmp_path / "x.gguf", arch="falcon")
+def test_unknown_architecture_lists_supported(tiny_model, tmp_path):
+    p = _rewrite(tiny_model("llama"), tmp_path / "x.gguf", arch="falcon")
     listed = _native.Model.supported_archs()
     assert set(SUPPORTED) <= set(listed.split(", "))
     with pytest.raises(_native.GGUFError, match=rf"unsupported architecture 'falcon' \(supported: {re.escape(listed)}\)"):
         _native.Model(str(p), n_threads=1, pin=False)
 
 
-def test_copy_without_edits_loads(tiny, tmp_path):
+def test_copy_without_edits_loads(tiny_model, tmp_path):
     """Control for the edit tests: the rewrite itself keeps a loadable, equal model."""
-    src = tiny("qwen2")
+    src = tiny_model("qwen2")
     p = _rewrite(src, tmp_path / "same.gguf")
     toks = _tokens(320, n=5)
     np.testing.assert_array_equal(_prefill(_open(p), toks), _prefill(_open(src), toks))
 
 
-def test_missing_tensor_is_named(tiny, tmp_path):
-    p = _rewrite(tiny("qwen2"), tmp_path / "x.gguf", drop={"blk.1.attn_k.bias"})
+def test_missing_tensor_is_named(tiny_model, tmp_path):
+    p = _rewrite(tiny_model("qwen2"), tmp_path / "x.gguf", drop={"blk.1.attn_k.bias"})
     with pytest.raises(_native.GGUFError, match=r"missing tensor blk\.1\.attn_k\.bias"):
         _native.Model(str(p), n_threads=1, pin=False)
 
 
-def test_misshaped_tensor_is_named(tiny, tmp_path):
-    p = _rewrite(tiny("llama"), tmp_path / "x.gguf", reshape=("blk.0.ffn_up.weight", (95, 64)))
+def test_misshaped_tensor_is_named(tiny_model, tmp_path):
+    p = _rewrite(tiny_model("llama"), tmp_path / "x.gguf", reshape=("blk.0.ffn_up.weight", (95, 64)))
     with pytest.raises(_native.GGUFError, match=r"blk\.0\.ffn_up\.weight has shape \[64, 95\], expected \[64, 96\]"):
         _native.Model(str(p), n_threads=1, pin=False)
 
 
-def test_type_without_kernels_is_named(tiny, tmp_path):
-    p = _rewrite(tiny("llama"), tmp_path / "x.gguf", retype="blk.1.attn_q.weight")
+def test_type_without_kernels_is_named(tiny_model, tmp_path):
+    p = _rewrite(tiny_model("llama"), tmp_path / "x.gguf", retype="blk.1.attn_q.weight")
     with pytest.raises(_native.GGUFError, match=r"blk\.1\.attn_q\.weight has type Q8_1"):
         _native.Model(str(p), n_threads=1, pin=False)
 
 
-def test_long_context_spans_many_attention_tiles(tiny):
+def test_long_context_spans_many_attention_tiles(tiny_model):
     """150 positions = several 64-key tiles of the online softmax; gemma3's window (8) inside."""
     for arch in ("qwen2", "gemma3"):
-        path = tiny(arch)
+        path = tiny_model(arch)
         e = _open(path, n_ctx=160, n_batch=37)
         toks = _tokens(e.n_vocab, n=150, seed=11)
         err = _rel_err(_prefill(e, toks), numpy_forward(path, toks))
         assert err < TOL_F32, f"{arch}: rel err {err:.2e}"
 
 
-def test_thread_count_does_not_change_logits(tiny):
-    path = tiny("llama", "Q8_0")
+def test_thread_count_does_not_change_logits(tiny_model):
+    path = tiny_model("llama", "Q8_0")
     toks = _tokens(320, n=20)
     one = _prefill(Engine.open(path, n_ctx=32, threads=1, pin=False), toks)
     three = _prefill(Engine.open(path, n_ctx=32, threads=3, pin=False), toks)
     np.testing.assert_array_equal(one, three)
 
 
-def test_daemon_factory_loads_from_config(tiny):
+def test_daemon_factory_loads_from_config(tiny_model):
     from ktd.ops import config
     from ktd.server.engine import load
 
-    path = tiny("qwen3")
+    path = tiny_model("qwen3")
     cfg = config.load(text=f"model:\n  path: {path}\n  n_ctx: 128\n  n_seq_max: 3\n  threads: 1\n")
     seen = []
     e = load(cfg, lambda what, frac: seen.append(what))

@@ -160,12 +160,12 @@ MIN_TOP1_F32 = 0.99
 MAX_ABS_F32 = 0.2
 
 
-def _write_dequantized(src, dst):
-    """A copy of the GGUF file src with every tensor dequantized to F32 by gguf-py."""
+def _write_dequantized(reader, dst):
+    """A copy of the GGUF file gguf-py's reader has open with every tensor dequantized to F32 by
+    gguf-py."""
     import gguf
     from gguf.quants import dequantize
 
-    reader = gguf.GGUFReader(str(src))
     w = gguf.GGUFWriter(str(dst), arch=str(reader.fields["general.architecture"].contents()))
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
@@ -185,10 +185,10 @@ def _write_dequantized(src, dst):
     w.close()
 
 
-def test_dequantized_gemma_logits_match_llama_cpp(real_model, tmp_path):
+def test_dequantized_gemma_logits_match_llama_cpp(real_model_reader, tmp_path):
     llama_cpp = _oracle()
     path = tmp_path / "gemma-3-270m-f32.gguf"
-    _write_dequantized(real_model("gemma-3-270m"), path)
+    _write_dequantized(real_model_reader("gemma-3-270m"), path)
     eng = Engine.open(path, n_ctx=512, threads=2, pin=False)
     toks = eng.tokenizer.encode(TEXT)
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, logits_all=True, n_threads=2, verbose=False)

@@ -20,13 +20,13 @@ import pytest
 from gguf import GGUFReader
 
 from daemon_helpers import wait_serving
+from engine_probes import greedy_ids
 from ktd import _native
 from ktd.ops import config as config_mod
 from ktd.model import gpu
 from ktd.client import Client
 from ktd.server.engine import Engine
 from ktd.ops.routing_profile import RoutingProfile, model_key
-from models import synthetic_moe
 
 GiB = 1 << 30
 
@@ -71,10 +71,8 @@ def test_gpu_keys_errors(text, fragment):
 # --- the decision ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def moe(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "qwen3moe.gguf"
-    synthetic_moe.make_model("qwen3moe", path)
-    return str(path)
+def moe(tiny_model):
+    return str(tiny_model("qwen3moe"))
 
 
 def _split(path):
@@ -254,23 +252,7 @@ def _stop(proc: subprocess.Popen) -> str:
 
 
 def _greedy_in_process(path: str, prompt: str, n: int) -> list[int]:
-    return _greedy_in_process_on(Engine.open(path, n_ctx=64, n_seq_max=1, threads=1), prompt, n)
-
-
-def _greedy_in_process_on(eng: Engine, prompt: str, n: int) -> list[int]:
-    ids = eng.tokenizer.encode(prompt, add_special=True)
-    out, pos, batch = [], 0, ids
-    for _ in range(n):
-        k = len(batch)
-        logits = eng.forward(np.array(batch, np.int32), np.arange(pos, pos + k, dtype=np.int32),
-                             np.zeros(k, np.int32), np.eye(1, k, k - 1, dtype=bool)[0])
-        pos += k
-        nxt = int(np.argmax(logits[-1]))
-        if nxt in eng.tokenizer.eos_ids:
-            break
-        out.append(nxt)
-        batch = [nxt]
-    return out
+    return greedy_ids(Engine.open(path, n_ctx=64, n_seq_max=1, threads=1), prompt, n)
 
 
 def test_daemon_on_the_loopback_backend(moe, tmp_path):

@@ -20,12 +20,12 @@ from ktd.model.inspect import inspect_model, render
 REAL_MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m"]
 
 
-def expected_from_reader(path: Path) -> dict:
+def expected_from_reader(path: Path, r: gguf.GGUFReader | None = None) -> dict:
     """The inspect figures, computed from gguf-py's reader with the rule stated in the issue:
     every tensor once per token, routed experts (``*_exps*``) scaled by n_expert_used/n_expert,
     lookup tables (token/position/type embeddings) not at all — except that the token embedding
-    is the output head when there is no output.weight."""
-    r = gguf.GGUFReader(path)
+    is the output head when there is no output.weight. r: gguf-py's reader of path, if at hand."""
+    r = r or gguf.GGUFReader(path)
 
     def value(key):
         f = r.fields.get(key)
@@ -205,9 +205,9 @@ def test_cli_bad_files_give_one_clean_line(tmp_path):
 @pytest.mark.slow  # gguf-py's reader takes tens of seconds on a 150k-token vocabulary
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name", REAL_MODELS)
-def test_real_model_figures_agree_with_gguf_py(real_model, name):
+def test_real_model_figures_agree_with_gguf_py(real_model, real_model_reader, name):
     path = real_model(name)
-    expected = expected_from_reader(path)
+    expected = expected_from_reader(path, real_model_reader(name))
     r = run_ktd("inspect", "--json", str(path))
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)

@@ -21,7 +21,6 @@ f32-b 0.11 (top-1 1.0 / 0.97). The bounds are those of the K-quant MoE files
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections import Counter
 
@@ -39,7 +38,7 @@ N_GREEDY = 8
 GREEDY_TIE_MARGIN = 1.0
 
 FILES = {
-    "dyn": dict(base_wtype="Q4_K_M", expert_types=None),
+    "dyn": dict(base_wtype="Q4_K_M", expert_types=S.DYNAMIC_EXPERT_TYPES),
     "f32-a": dict(base_wtype="F32", expert_types={"ffn_gate_exps": "IQ2_XS", "ffn_up_exps": "IQ3_S",
                                                   "ffn_down_exps": "IQ1_M"}),
     "f32-b": dict(base_wtype="F32", expert_types={"ffn_gate_exps": "IQ2_S", "ffn_up_exps": "IQ3_XXS",
@@ -47,21 +46,18 @@ FILES = {
 }
 
 
-def _cfg():
-    # the tiny DeepSeek-V3 preset widened so expert rows are whole 256-blocks
-    return dataclasses.replace(S.config("deepseek2", variant="v3"), n_embd=256, n_ff=256, n_ff_exp=256)
+# the tiny DeepSeek-V3 preset widened so expert rows are whole 256-blocks
+WIDE = dict(n_embd=256, n_ff=256, n_ff_exp=256)
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tiny_model):
+    """name -> the shared tiny file of FILES[name]."""
     pytest.importorskip("llama_cpp", reason="the Q4_K_M base needs llama.cpp's quantizer (tools/oracle.sh installs it)")
-    root = tmp_path_factory.mktemp("iq_fwd")
-    cache: dict = {}
 
     def get(name: str):
-        if name not in cache:
-            cache[name] = S.make_dynamic_iq("deepseek2", root / f"{name}.gguf", cfg=_cfg(), **FILES[name])
-        return cache[name]
+        spec = FILES[name]
+        return tiny_model("deepseek2", spec["base_wtype"], variant="v3", expert_types=spec["expert_types"], **WIDE)
 
     return get
 

@@ -13,7 +13,6 @@ Bounds (measured on these files, seed 0, 2 threads; margins stated next to each)
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import numpy as np
@@ -24,6 +23,7 @@ from gguf_samples import rewrite_gguf
 from ktd import _native
 from ktd.server.engine import Engine
 from models import synthetic_moe as S
+from tiny_models import k_quant_widths
 from reference import numpy_moe as R
 
 ARCHS = ["qwen2moe", "qwen3moe", "llama"]
@@ -39,39 +39,6 @@ Q8_TOP1 = 0.85
 # element of xn and of the hidden rows (measured 1.0-1.6e-2).
 TOL_OP_F32 = 1e-5
 TOL_OP_Q8 = 3e-2
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moe_fwd")
-    cache: dict = {}
-
-    def get(arch: str, wtype: str = "F32"):
-        if (arch, wtype) not in cache:
-            cache[arch, wtype] = S.make_model(arch, root / f"{arch}-{wtype}.gguf", wtype=wtype)
-        return cache[arch, wtype]
-
-    return get
-
-
-@pytest.fixture(scope="module")
-def tiny_k(tmp_path_factory):
-    """Tiny models widened to 256 (one K-quant block per row) and quantized to Q4_K_M by llama.cpp,
-    which mixes Q4_K, Q5_K, Q6_K, Q8_0 and F16 tensors: the experts' gate/up and down (and the
-    shared expert) then use different activation formats."""
-    pytest.importorskip("llama_cpp", reason="Q4_K_M needs llama.cpp's quantizer (tools/oracle.sh installs it)")
-    root = tmp_path_factory.mktemp("moe_k")
-    cache: dict = {}
-
-    def get(arch: str):
-        if arch not in cache:
-            cfg = dataclasses.replace(S.config(arch), n_embd=256, n_head=4, n_embd_head=64, n_ff=256,
-                                      n_ff_exp=256 if arch != "llama" else 0,
-                                      n_ff_shexp=256 if arch == "qwen2moe" else 0)
-            cache[arch] = S.make_model(arch, root / f"{arch}-q4_k_m.gguf", wtype="Q4_K_M", cfg=cfg)
-        return cache[arch]
-
-    return get
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +74,8 @@ def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
 # ---- against the numpy reference ----------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_logits_match_numpy_reference_f32(tiny, reference, arch):
-    path = tiny(arch)
+def test_logits_match_numpy_reference_f32(tiny_model, reference, arch):
+    path = tiny_model(arch, moe=True)
     e = _open(path)
     assert e.model.arch == arch and e.model.n_expert == 8
     toks = _tokens(e.n_vocab)
@@ -117,8 +84,8 @@ def test_logits_match_numpy_reference_f32(tiny, reference, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_logits_match_numpy_reference_q8_0(tiny, reference, arch):
-    path = tiny(arch, "Q8_0")
+def test_logits_match_numpy_reference_q8_0(tiny_model, reference, arch):
+    path = tiny_model(arch, "Q8_0", moe=True)
     e = _open(path)
     toks = _tokens(e.n_vocab, n=48)
     got = _prefill(e, toks)
@@ -146,8 +113,8 @@ LLAMA_F32_MAX_ABS = 0.01
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("wtype", ["F32", "Q8_0"])
-def test_logits_match_llama_cpp(tiny, arch, wtype):
-    path = tiny(arch, wtype)
+def test_logits_match_llama_cpp(tiny_model, arch, wtype):
+    path = tiny_model(arch, wtype, moe=True)
     toks = _tokens(S.config(arch).n_vocab, n=48, seed=11)
     llm = _llama(path, 64)
     llm.eval(toks)
@@ -162,11 +129,11 @@ def test_logits_match_llama_cpp(tiny, arch, wtype):
         assert np.median(err) <= Q8_MEDIAN_ABS and top1 >= Q8_TOP1, stats
 
 
-def test_routing_keys_as_llama_cpp_reads_them(tiny, tmp_path):
+def test_routing_keys_as_llama_cpp_reads_them(tiny_model, tmp_path):
     """On qwen3moe llama.cpp applies expert_group_count/expert_group_used_count but ignores
     expert_weights_scale, expert_gating_func and expert_weights_norm (hard-coded softmax,
     renormalised): ktd and the numpy reference must do the same."""
-    src = tiny("qwen3moe")
+    src = tiny_model("qwen3moe")
     p = _rewrite(src, tmp_path / "keys.gguf", set_kv={
         "qwen3moe.expert_group_count": (4, U32), "qwen3moe.expert_group_used_count": (2, U32),
         "qwen3moe.expert_weights_scale": (3.0, GGUFValueType.FLOAT32), "qwen3moe.expert_gating_func": (2, U32),
@@ -191,8 +158,8 @@ ATOL_BATCHING = 4e-3
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_prefill_equals_token_by_token_and_mixed_batch(tiny, arch):
-    path = tiny(arch)
+def test_prefill_equals_token_by_token_and_mixed_batch(tiny_model, arch):
+    path = tiny_model(arch, moe=True)
     toks = _tokens(320, n=16)
     other = _tokens(320, n=16, seed=5)
     e = _open(path, n_seq_max=2)
@@ -214,9 +181,9 @@ def test_prefill_equals_token_by_token_and_mixed_batch(tiny, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_thread_count_does_not_change_logits(tiny, arch):
+def test_thread_count_does_not_change_logits(tiny_model, arch):
     """Every output element of the MoE is computed by one work item and summed in a fixed order."""
-    path = tiny(arch, "Q8_0")
+    path = tiny_model(arch, "Q8_0", moe=True)
     toks = _tokens(320, n=20)
     one = _prefill(_open(path, threads=1, n_ctx=32), toks)
     for threads in (2, 3):
@@ -230,19 +197,19 @@ def _decode(e: Engine, toks) -> np.ndarray:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_thread_count_does_not_change_decode(tiny, tiny_k, arch):
+def test_thread_count_does_not_change_decode(tiny_model, arch):
     """The decode path cuts the experts' rows into blocks by thread count; each output element is
     still computed by one item and summed in selection order, so 1, 2 and 3 threads agree bitwise,
     with one activation format (Q8_0) and with Q4_K_M's mix of formats."""
-    for path in (tiny(arch, "Q8_0"), tiny_k(arch)):
+    for path in (tiny_model(arch, "Q8_0", moe=True), tiny_model(arch, "Q4_K_M", moe=True, **k_quant_widths(arch))):
         toks = _tokens(320, n=12, seed=3)
         one = _decode(_open(path, threads=1, n_ctx=32), toks)
         for threads in (2, 3):
             np.testing.assert_array_equal(_decode(_open(path, threads=threads, n_ctx=32), toks), one)
 
 
-def test_chunked_prefill_equals_one_chunk(tiny):
-    path = tiny("qwen2moe")
+def test_chunked_prefill_equals_one_chunk(tiny_model):
+    path = tiny_model("qwen2moe")
     toks = _tokens(320, n=30)
     whole = _prefill(_open(path), toks)
     chunked = _prefill(_open(path, n_batch=7), toks)
@@ -286,8 +253,8 @@ def _inputs(m: R.Model, n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("wtype", ["F32", "Q8_0"])
 @pytest.mark.parametrize("n", [1, 64])
-def test_moe_operator_matches_loop_over_experts(tiny, reference, arch, wtype, n):
-    path = tiny(arch, wtype)
+def test_moe_operator_matches_loop_over_experts(tiny_model, reference, arch, wtype, n):
+    path = tiny_model(arch, wtype, moe=True)
     m = reference(path)
     e = _open(path, threads=3)
     x = _inputs(m, n, seed=n)
@@ -305,9 +272,9 @@ def test_moe_operator_matches_loop_over_experts(tiny, reference, arch, wtype, n)
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("n", [1, 64])
-def test_moe_operator_k_quants(tiny_k, reference, arch, n):
+def test_moe_operator_k_quants(tiny_model, reference, arch, n):
     """Q8_K activations (measured rel err 1.3-2.1e-2)."""
-    path = tiny_k(arch)
+    path = tiny_model(arch, "Q4_K_M", moe=True, **k_quant_widths(arch))
     m = reference(path)
     x = _inputs(m, n, seed=n)
     want, ids = _layer_moe(m, 1, x)
@@ -317,9 +284,9 @@ def test_moe_operator_k_quants(tiny_k, reference, arch, n):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_logits_k_quants_match_llama_cpp(tiny_k, arch):
+def test_logits_k_quants_match_llama_cpp(tiny_model, arch):
     """Measured on 32 tokens: median max|Δlogit| 0.17-0.18, top-1 >= 0.94."""
-    path = tiny_k(arch)
+    path = tiny_model(arch, "Q4_K_M", moe=True, **k_quant_widths(arch))
     toks = _tokens(320, n=32, seed=11)
     llm = _llama(path, 64)
     llm.eval(toks)
@@ -331,8 +298,8 @@ def test_logits_k_quants_match_llama_cpp(tiny_k, arch):
     assert np.median(err) <= Q8_MEDIAN_ABS and top1 >= Q8_TOP1, stats
 
 
-def test_moe_operator_rejects_bad_calls(tiny):
-    e = _open(tiny("qwen3moe"), n_batch=8)
+def test_moe_operator_rejects_bad_calls(tiny_model):
+    e = _open(tiny_model("qwen3moe"), n_batch=8)
     with pytest.raises(ValueError, match="no routed experts"):
         e.context._moe_ffn(2, np.zeros((1, 64), np.float32))
     with pytest.raises(ValueError, match="n_batch"):
@@ -427,8 +394,8 @@ def _reference_routing(m: R.Model, tokens) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_expert_counts_match_reference_routing(tiny, reference, arch):
-    path = tiny(arch)
+def test_expert_counts_match_reference_routing(tiny_model, reference, arch):
+    path = tiny_model(arch, moe=True)
     m = reference(path)
     e = _open(path)
     toks = _tokens(e.n_vocab, n=20, seed=11)  # no near-tie in any layer (gaps >= 1.4e-3)
@@ -448,10 +415,10 @@ def test_expert_counts_match_reference_routing(tiny, reference, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_recorded_states_match_reference(tiny, reference, arch):
+def test_recorded_states_match_reference(tiny_model, reference, arch):
     """Context._record_states (the next-layer prediction bench's hook): the last row's residual
     before and after each MoE layer's FFN, against the numpy reference forward."""
-    path = tiny(arch)
+    path = tiny_model(arch, moe=True)
     m = reference(path)
     e = _open(path)
     toks = _tokens(e.n_vocab, n=6, seed=2)
@@ -476,8 +443,8 @@ def test_recorded_states_match_reference(tiny, reference, arch):
         e.context._states()
 
 
-def test_engine_status_summarises_expert_counts(tiny):
-    e = _open(tiny("qwen3moe"))
+def test_engine_status_summarises_expert_counts(tiny_model):
+    e = _open(tiny_model("qwen3moe"))
     assert e.info()["experts"] == {"n_expert": 8, "n_expert_used": 3, "layers": []}
     _prefill(e, _tokens(320, n=10))
     counts = e.expert_counts()
@@ -511,9 +478,9 @@ def _load(path):
     return _native.Model(str(path), n_threads=1, pin=False)
 
 
-def test_copy_without_edits_loads(tiny, tmp_path):
+def test_copy_without_edits_loads(tiny_model, tmp_path):
     """Control for the edit tests: the rewrite itself keeps a loadable, equal model."""
-    src = tiny("qwen2moe")
+    src = tiny_model("qwen2moe")
     p = _rewrite(src, tmp_path / "same.gguf")
     toks = _tokens(320, n=5)
     np.testing.assert_array_equal(_prefill(_open(p), toks), _prefill(_open(src), toks))
@@ -523,56 +490,57 @@ U32 = GGUFValueType.UINT32
 
 
 @pytest.mark.parametrize("used", [0, 9])
-def test_bad_expert_used_count_is_named(tiny, tmp_path, used):
-    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_used_count": (used, U32)})
+def test_bad_expert_used_count_is_named(tiny_model, tmp_path, used):
+    p = _rewrite(tiny_model("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_used_count": (used, U32)})
     with pytest.raises(_native.GGUFError, match=rf"qwen3moe\.expert_used_count = {used} is out of range \[1, 8\]"):
         _load(p)
 
 
-def test_unsupported_gating_function_is_named(tiny, tmp_path):
-    p = _rewrite(tiny("qwen2moe"), tmp_path / "x.gguf", set_kv={"qwen2moe.expert_gating_func": (3, U32)})
+def test_unsupported_gating_function_is_named(tiny_model, tmp_path):
+    p = _rewrite(tiny_model("qwen2moe"), tmp_path / "x.gguf", set_kv={"qwen2moe.expert_gating_func": (3, U32)})
     with pytest.raises(_native.GGUFError, match=r"unsupported qwen2moe\.expert_gating_func 3"):
         _load(p)
 
 
-def test_bad_expert_groups_are_named(tiny, tmp_path):
-    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_group_count": (3, U32),
+def test_bad_expert_groups_are_named(tiny_model, tmp_path):
+    p = _rewrite(tiny_model("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_group_count": (3, U32),
                                                                "qwen3moe.expert_group_used_count": (1, U32)})
     with pytest.raises(_native.GGUFError, match=r"qwen3moe\.expert_group_count = 3 must divide expert_count 8"):
         _load(p)
 
 
-def test_moe_arch_without_experts_is_named(tiny, tmp_path):
-    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_count": (0, U32)})
+def test_moe_arch_without_experts_is_named(tiny_model, tmp_path):
+    p = _rewrite(tiny_model("qwen3moe"), tmp_path / "x.gguf", set_kv={"qwen3moe.expert_count": (0, U32)})
     with pytest.raises(_native.GGUFError, match=r"qwen3moe requires metadata key qwen3moe\.expert_count > 0"):
         _load(p)
 
 
 @pytest.mark.parametrize("arch,name", [("qwen2moe", "blk.1.ffn_up_exps.weight"), ("llama", "blk.0.ffn_gate_inp.weight"),
                                        ("qwen2moe", "blk.0.ffn_down_shexp.weight")])
-def test_missing_expert_tensor_is_named(tiny, tmp_path, arch, name):
-    p = _rewrite(tiny(arch), tmp_path / "x.gguf", drop={name})
+def test_missing_expert_tensor_is_named(tiny_model, tmp_path, arch, name):
+    p = _rewrite(tiny_model(arch, moe=True), tmp_path / "x.gguf", drop={name})
     with pytest.raises(_native.GGUFError, match=rf"missing tensor {name}"):
         _load(p)
 
 
-def test_misshaped_expert_stack_is_named(tiny, tmp_path):
+def test_misshaped_expert_stack_is_named(tiny_model, tmp_path):
     # numpy order (n_expert, n_embd, n_ff_exp): one expert short
-    p = _rewrite(tiny("qwen3moe"), tmp_path / "x.gguf", reshape=("blk.0.ffn_down_exps.weight", (7, 64, 32)))
+    p = _rewrite(tiny_model("qwen3moe"), tmp_path / "x.gguf", reshape=("blk.0.ffn_down_exps.weight", (7, 64, 32)))
     with pytest.raises(_native.GGUFError,
                        match=r"blk\.0\.ffn_down_exps\.weight has shape \[32, 64, 7\], expected \[32, 64, 8\]"):
         _load(p)
 
 
-def test_dense_ffn_in_a_moe_layer_is_rejected(tiny, tmp_path):
-    extra = _rewrite(tiny("llama"), tmp_path / "x.gguf", add={"blk.1.ffn_up.weight": np.zeros((48, 64), np.float32)})
+def test_dense_ffn_in_a_moe_layer_is_rejected(tiny_model, tmp_path):
+    extra = _rewrite(tiny_model("llama", moe=True), tmp_path / "x.gguf",
+                     add={"blk.1.ffn_up.weight": np.zeros((48, 64), np.float32)})
     with pytest.raises(_native.GGUFError, match=r"unexpected tensor blk\.1\.ffn_up\.weight"):
         _load(extra)
 
 
-def test_mixtral_expert_width_is_feed_forward_length(tiny):
+def test_mixtral_expert_width_is_feed_forward_length(tiny_model):
     """Mixtral files give no expert_feed_forward_length: the stacks are [n_embd, n_ff, n_expert]."""
-    m = _load(tiny("llama"))
+    m = _load(tiny_model("llama", moe=True))
     assert (m.arch, m.n_expert, m.n_expert_used, m.n_ff) == ("llama", 8, 2, 48)
 
 

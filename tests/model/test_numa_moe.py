@@ -27,9 +27,8 @@ from gguf import GGUFReader
 
 from ktd import _native
 from ktd.server.engine import Engine
-from models import synthetic_moe as S
-from test_moe_forward import tiny_k  # noqa: F401  (fixture: tiny Q4_K_M MoE files)
-from test_topology import make_sysfs
+from host_memory import thp_mode
+from tiny_models import k_quant_widths
 
 N_TOKENS = 20
 ROW_ALIGN = 16  # kNumaRowAlign: a multiple of every repacked row group
@@ -40,37 +39,6 @@ def _real_nodes() -> set[int]:
     """Memory nodes the kernel has (mbind accepts only these)."""
     online = Path("/sys/devices/system/node/online")
     return set(_native.parse_cpulist(online.read_text())) if online.exists() else {0}
-
-
-@pytest.fixture(scope="module")
-def fake_machine(tmp_path_factory):
-    """sysfs_root of a fake machine with n nodes, one CPU each (cpu i on node i)."""
-    cache: dict[int, str] = {}
-
-    def get(n_nodes: int) -> str:
-        if n_nodes not in cache:
-            root = tmp_path_factory.mktemp(f"sys{n_nodes}")
-            cache[n_nodes] = make_sysfs(root, f"0-{n_nodes - 1}", {i: str(i) for i in range(n_nodes)})
-        return cache[n_nodes]
-
-    return get
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("numa_moe")
-    cache: dict = {}
-
-    def get(arch: str, wtype: str = "F32"):
-        if (arch, wtype) not in cache:
-            cache[arch, wtype] = str(S.make_model(arch, root / f"{arch}-{wtype}.gguf", wtype=wtype))
-        return cache[arch, wtype]
-
-    return get
-
-
-def _placement(sysfs: str, n_nodes: int) -> dict:
-    return {"sysfs_root": sysfs, "affinity": list(range(n_nodes))}
 
 
 def _logits(path, threads: int, **placement) -> np.ndarray:
@@ -89,10 +57,10 @@ def _logits(path, threads: int, **placement) -> np.ndarray:
 @pytest.mark.parametrize("n_nodes", [2, 4])
 @pytest.mark.parametrize("wtype", ["F32", "Q8_0"])
 @pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe", "llama", "deepseek2"])
-def test_logits_identical_to_one_node(tiny, fake_machine, arch, wtype, n_nodes, dense):
-    path = tiny(arch, wtype)
+def test_logits_identical_to_one_node(tiny_model, fake_numa_machine, arch, wtype, n_nodes, dense):
+    path = str(tiny_model(arch, wtype, moe=True))
     one = _logits(path, threads=n_nodes)
-    sharded = _logits(path, threads=n_nodes, numa_dense=dense, **_placement(fake_machine(n_nodes), n_nodes))
+    sharded = _logits(path, threads=n_nodes, numa_dense=dense, **fake_numa_machine(n_nodes))
     assert sharded.shape == one.shape
     np.testing.assert_array_equal(sharded, one)
 
@@ -114,9 +82,9 @@ def _dense_matrix_bytes(path) -> int:
 
 
 @pytest.mark.parametrize("arch, wtype", [("qwen2moe", "F32"), ("deepseek2", "Q8_0")])
-def test_replicate_gives_every_node_a_full_copy(tiny, fake_machine, arch, wtype):
-    path = tiny(arch, wtype)
-    m = _native.Model(path, n_threads=2, pin=False, numa_dense="replicate", **_placement(fake_machine(2), 2))
+def test_replicate_gives_every_node_a_full_copy(tiny_model, fake_numa_machine, arch, wtype):
+    path = str(tiny_model(arch, wtype, moe=True))
+    m = _native.Model(path, n_threads=2, pin=False, numa_dense="replicate", **fake_numa_machine(2))
     mem = m.memory
     assert mem["dense_policy"] == "replicate"
     # Q8_0 repacks to the same bytes per row and F32 is copied: each copy is exactly the dense matrices.
@@ -124,30 +92,30 @@ def test_replicate_gives_every_node_a_full_copy(tiny, fake_machine, arch, wtype)
     if 1 not in _real_nodes():
         assert "copy on node 1: NUMA placement not applied" in mem["dense_note"]
     # Interleave keeps one copy.
-    m1 = _native.Model(path, n_threads=2, pin=False, **_placement(fake_machine(2), 2))
+    m1 = _native.Model(path, n_threads=2, pin=False, **fake_numa_machine(2))
     assert all(n["dense_copy_bytes"] == 0 for n in m1.memory["nodes"])
 
 
 @pytest.mark.parametrize("n_nodes", [2, 4])
 @pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe", "llama"])
-def test_k_quant_logits_identical_to_one_node(tiny_k, fake_machine, arch, n_nodes):
-    path = str(tiny_k(arch))
+def test_k_quant_logits_identical_to_one_node(tiny_model, fake_numa_machine, arch, n_nodes):
+    path = str(tiny_model(arch, "Q4_K_M", moe=True, **k_quant_widths(arch)))
     one = _logits(path, threads=n_nodes)
-    sharded = _logits(path, threads=n_nodes, **_placement(fake_machine(n_nodes), n_nodes))
+    sharded = _logits(path, threads=n_nodes, **fake_numa_machine(n_nodes))
     np.testing.assert_array_equal(sharded, one)
-    m = _native.Model(path, n_threads=n_nodes, pin=False, **_placement(fake_machine(n_nodes), n_nodes))
+    m = _native.Model(path, n_threads=n_nodes, pin=False, **fake_numa_machine(n_nodes))
     # 256 rows = 16 blocks of 16: every node holds an equal, non-empty share of every expert.
     nodes = m.memory["nodes"]
     assert len({n["expert_bytes"] for n in nodes}) == 1 and nodes[0]["expert_bytes"] > 0
 
 
-def test_experts_off_is_identical_too(tiny, fake_machine):
-    path = tiny("qwen2moe", "Q8_0")
+def test_experts_off_is_identical_too(tiny_model, fake_numa_machine):
+    path = str(tiny_model("qwen2moe", "Q8_0"))
     one = _logits(path, threads=2)
-    m = _native.Model(path, n_threads=2, pin=False, numa_experts="off", **_placement(fake_machine(2), 2))
+    m = _native.Model(path, n_threads=2, pin=False, numa_experts="off", **fake_numa_machine(2))
     assert not m.memory["experts_sharded"]
     assert all(n["expert_bytes"] == 0 for n in m.memory["nodes"])
-    off = _logits(path, threads=2, numa_experts="off", **_placement(fake_machine(2), 2))
+    off = _logits(path, threads=2, numa_experts="off", **fake_numa_machine(2))
     np.testing.assert_array_equal(off, one)
 
 
@@ -157,9 +125,9 @@ def _expert_tensor_bytes(path) -> int:
 
 @pytest.mark.parametrize("n_nodes", [2, 4])
 @pytest.mark.parametrize("arch, wtype", [("qwen3moe", "F32"), ("deepseek2", "F32"), ("qwen2moe", "Q8_0")])
-def test_slices_are_contiguous_aligned_balanced_and_placed(tiny, fake_machine, arch, wtype, n_nodes):
-    path = tiny(arch, wtype)
-    m = _native.Model(path, n_threads=n_nodes, pin=False, **_placement(fake_machine(n_nodes), n_nodes))
+def test_slices_are_contiguous_aligned_balanced_and_placed(tiny_model, fake_numa_machine, arch, wtype, n_nodes):
+    path = str(tiny_model(arch, wtype, moe=True))
+    m = _native.Model(path, n_threads=n_nodes, pin=False, **fake_numa_machine(n_nodes))
     mem = m.memory
     assert [n["node"] for n in mem["nodes"]] == list(range(n_nodes))
     assert [n["threads"] for n in mem["nodes"]] == [1] * n_nodes
@@ -220,8 +188,8 @@ def _gguf_tensor(path, name):
     return GGUFFile(str(path), willneed=False).tensors[name]
 
 
-def test_one_node_keeps_one_arena_and_no_slices(tiny):
-    path = tiny("qwen3moe", "Q8_0")
+def test_one_node_keeps_one_arena_and_no_slices(tiny_model):
+    path = str(tiny_model("qwen3moe", "Q8_0"))
     m = _native.Model(path, n_threads=2, pin=False)
     mem = m.memory
     assert len(mem["nodes"]) == 1 and not mem["experts_sharded"]
@@ -237,10 +205,10 @@ def test_one_node_keeps_one_arena_and_no_slices(tiny):
     assert m.repacked_bytes <= mem["dense_bytes"] < m.repacked_bytes + 64 * 3 * m.n_layer * (m.n_expert + 8)
 
 
-def test_status_and_log_show_the_layout(tiny, fake_machine, caplog):
-    path = tiny("qwen2moe", "Q8_0")
+def test_status_and_log_show_the_layout(tiny_model, fake_numa_machine, caplog):
+    path = str(tiny_model("qwen2moe", "Q8_0"))
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
-        e = Engine.open(path, n_ctx=32, threads=2, pin=False, **_placement(fake_machine(2), 2))
+        e = Engine.open(path, n_ctx=32, threads=2, pin=False, **fake_numa_machine(2))
     info = e.info()["numa"]
     assert info["experts"] == "shard" and info["dense"] == "interleave"
     assert [n["node"] for n in info["nodes"]] == [0, 1]
@@ -252,21 +220,21 @@ def test_status_and_log_show_the_layout(tiny, fake_machine, caplog):
         assert "NUMA node 1 expert slice: NUMA placement not applied" in text
 
 
-def test_bad_placement_options_are_named(tiny, fake_machine):
-    path = tiny("qwen3moe")
+def test_bad_placement_options_are_named(tiny_model, fake_numa_machine):
+    path = str(tiny_model("qwen3moe"))
     with pytest.raises(ValueError, match="numa_experts must be 'shard' or 'off'"):
         _native.Model(path, n_threads=1, pin=False, numa_experts="mirror")
     with pytest.raises(ValueError, match="numa_dense must be 'interleave' or 'replicate'"):
         _native.Model(path, n_threads=1, pin=False, numa_dense="scatter")
     with pytest.raises(ValueError, match="node 5"):
-        _native.Model(path, n_threads=2, pin=False, nodes=[5], **_placement(fake_machine(2), 2))
+        _native.Model(path, n_threads=2, pin=False, nodes=[5], **fake_numa_machine(2))
     with pytest.raises(ValueError, match="hugepages must be one of"):
         _native.Model(path, n_threads=1, pin=False, hugepages="huge")
 
 
-def test_node_selection_restricts_the_slices(tiny, fake_machine):
-    path = tiny("qwen3moe", "Q8_0")
-    m = _native.Model(path, n_threads=2, pin=False, nodes=[1, 3], **_placement(fake_machine(4), 4))
+def test_node_selection_restricts_the_slices(tiny_model, fake_numa_machine):
+    path = str(tiny_model("qwen3moe", "Q8_0"))
+    m = _native.Model(path, n_threads=2, pin=False, nodes=[1, 3], **fake_numa_machine(4))
     assert [n["node"] for n in m.memory["nodes"]] == [1, 3]
     assert all(n["expert_bytes"] > 0 for n in m.memory["nodes"])
 
@@ -280,15 +248,8 @@ def _meminfo(key: str) -> int:
     return 0
 
 
-def _thp_mode() -> str | None:
-    p = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if not p.exists():
-        return None
-    return p.read_text().split("[")[1].split("]")[0]
-
-
-def test_hugepages_off_gives_small_pages_and_says_so(tiny, caplog):
-    path = tiny("qwen3moe", "Q8_0")
+def test_hugepages_off_gives_small_pages_and_says_so(tiny_model, caplog):
+    path = str(tiny_model("qwen3moe", "Q8_0"))
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
         e = Engine.open(path, n_ctx=32, threads=1, pin=False, hugepages="off")
     mem = e.model.memory
@@ -297,33 +258,33 @@ def test_hugepages_off_gives_small_pages_and_says_so(tiny, caplog):
     assert e.info()["memory"]["hugepages"]["kind"] == "normal"
 
 
-def test_hugepages_auto_logs_the_fallback_reason(tiny, caplog):
+def test_hugepages_auto_logs_the_fallback_reason(tiny_model, caplog):
     if _meminfo("HugePages_Free") > 0:
         pytest.skip("this machine has reserved huge pages: auto takes them, there is no fallback to log")
-    path = tiny("qwen3moe", "Q8_0")
+    path = str(tiny_model("qwen3moe", "Q8_0"))
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
         e = Engine.open(path, n_ctx=32, threads=1, pin=False, hugepages="auto")
     mem = e.model.memory
-    expected = "thp" if _thp_mode() in ("madvise", "always") else "normal"
+    expected = "thp" if thp_mode() in ("madvise", "always") else "normal"
     assert mem["page_kind"] == expected
     assert "the pool has 0 available" in mem["page_reason"]
     assert "not better because: hugetlb 2 MiB pages" in caplog.text
 
 
-def test_hugepages_hugetlb_demanded_without_a_pool_fails_with_the_fix(tiny):
+def test_hugepages_hugetlb_demanded_without_a_pool_fails_with_the_fix(tiny_model):
     if _meminfo("HugePages_Free") > 0:
         pytest.skip("this machine has reserved huge pages: hugetlb succeeds")
     with pytest.raises(_native.ResourceError, match="Reserve at least"):
-        _native.Model(tiny("qwen3moe", "Q8_0"), n_threads=1, pin=False, hugepages="hugetlb")
+        _native.Model(str(tiny_model("qwen3moe", "Q8_0")), n_threads=1, pin=False, hugepages="hugetlb")
 
 
-def test_the_arenas_pages_are_read_back_and_a_small_huge_share_warned(tiny, caplog, monkeypatch):
+def test_the_arenas_pages_are_read_back_and_a_small_huge_share_warned(tiny_model, caplog, monkeypatch):
     """info()'s hugepages carry what the kernel gave the arenas (smaps, not the request): every
     prepared byte resident, huge pages none with hugepages off; the load warns when under 90% of the
     resident bytes are on huge pages (a fragmented machine refuses THP at fault time), and not
     when they all are; weights_map: gguf has no arenas."""
     from ktd.server import engine as engine_mod
-    path = tiny("qwen3moe", "Q8_0")
+    path = str(tiny_model("qwen3moe", "Q8_0"))
     e = Engine.open(path, n_ctx=32, threads=1, pin=False, hugepages="off")
     hp = e.info()["memory"]["hugepages"]
     # Independently of smaps: the load's own count of the bytes it wrote into the arenas.
@@ -347,11 +308,11 @@ def test_the_arenas_pages_are_read_back_and_a_small_huge_share_warned(tiny, capl
 
 # ---- ktd inspect: the plan for this machine's nodes ----------------------------------------------
 
-def test_inspect_numa_plan_splits_expert_bytes_by_row_slices(tiny):
+def test_inspect_numa_plan_splits_expert_bytes_by_row_slices(tiny_model):
     from ktd.model.gguf import GGUFFile
     from ktd.model.inspect import numa_plan, render, inspect_model
 
-    path = tiny("deepseek2", "Q8_0")
+    path = str(tiny_model("deepseek2", "Q8_0"))
     f = GGUFFile(path, willneed=False)
     plan = numa_plan(f, [0, 1, 2])
     assert plan["experts_sharded"] and plan["dense"] == "interleave"
@@ -375,13 +336,13 @@ def test_inspect_numa_plan_splits_expert_bytes_by_row_slices(tiny):
 
 # ---- ktd run --config: the same keys, the same path -----------------------------------------------
 
-def test_run_takes_placement_from_a_config_file(tiny, tmp_path, capsys, monkeypatch):
+def test_run_takes_placement_from_a_config_file(tiny_model, tmp_path, capsys, monkeypatch):
     from ktd import cli
 
     for k in [k for k in os.environ if k.startswith("KTD_")]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # model.weights_cache auto: not ~/.cache
-    path = tiny("qwen3moe", "Q8_0")
+    path = str(tiny_model("qwen3moe", "Q8_0"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("numa:\n  experts: mirror\n")
     assert cli.main(["run", path, "--prompt", "a", "--max-tokens", "1", "--threads", "1", "--config", str(bad)]) == 1
@@ -401,13 +362,13 @@ def test_run_takes_placement_from_a_config_file(tiny, tmp_path, capsys, monkeypa
 
 
 @pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe", "deepseek2"])
-def test_hot_experts_identical_on_both_moe_paths(tiny, fake_machine, arch):
+def test_hot_experts_identical_on_both_moe_paths(tiny_model, fake_numa_machine, arch):
     """Held experts (the hybrid's gpu.experts, over the loopback device): on a 2-node machine the
     experts are sharded and a decode step takes moe_ffn's general path, on one node its decode
     path; both leave the held experts to the device and sum the rest in the same order, and the
     loopback device computes a held expert from its NUMA parts as from the whole matrix: the same
     bits."""
-    path = tiny(arch, "F32")
+    path = str(tiny_model(arch, "F32", moe=True))
     f = GGUFReader(path)
     moe = sorted({int(t.name.split(".")[1]) for t in f.tensors if t.name.endswith("ffn_gate_exps.weight")})
     held = {il: [0, 3] for il in moe}
@@ -422,4 +383,4 @@ def test_hot_experts_identical_on_both_moe_paths(tiny, fake_machine, arch):
         assert e.context.hybrid_stats()["device_pairs"] > 0
         return np.concatenate(out)
 
-    np.testing.assert_array_equal(run(**_placement(fake_machine(2), 2)), run())
+    np.testing.assert_array_equal(run(**fake_numa_machine(2)), run())

@@ -8,6 +8,7 @@ computed in numpy from llama.cpp's logits (log-softmax in float64).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -19,7 +20,7 @@ import pytest
 
 from ktd.model import perplexity as P
 from ktd.server.engine import Engine
-from models.tiny_dense import ARCHS, make_model, model_filename
+from models.tiny_dense import ARCHS
 from reference.numpy_forward import forward as numpy_forward
 from paths import ROOT
 
@@ -44,7 +45,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def reference_ppl(logits_of, tokens: list[int], n_ctx: int, bos: int | None, n_chunks: int | None = None):
-    """llama-perplexity's method written out on plain logits: ``logits_of(chunk)`` -> [n_ctx, n_vocab]."""
+    """llama-perplexity's method written out on plain logits: ``logits_of(chunk, first)`` -> the
+    logits of the scored rows first .. n_ctx - 2 of the chunk, [n_ctx - 1 - first, n_vocab]."""
     n = len(tokens) // n_ctx if n_chunks is None else min(n_chunks, len(tokens) // n_ctx)
     first = n_ctx // 2
     nll = []
@@ -53,9 +55,9 @@ def reference_ppl(logits_of, tokens: list[int], n_ctx: int, bos: int | None, n_c
         orig = list(c)
         if bos is not None:
             c[0] = bos
-        lp = log_softmax(logits_of(c))
+        lp = log_softmax(logits_of(c, first))
         for j in range(first, n_ctx - 1):
-            nll.append(-lp[j, orig[j + 1]])
+            nll.append(-lp[j - first, orig[j + 1]])
     nll = np.array(nll)
     return math.exp(nll.mean()), nll
 
@@ -79,20 +81,14 @@ def test_chunks_and_targets_follow_llama_perplexity():
     assert ppl == pytest.approx(math.exp(2.0)) and err == pytest.approx(math.exp(2.0) * math.sqrt((14 / 3 - 4) / 2))
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ppl_models")
-    return lambda arch: make_model(arch, root / model_filename(arch, "F32", 0, None))
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tiny_model_perplexity_matches_the_numpy_reference(tiny, arch):
-    path = tiny(arch)
+def test_tiny_model_perplexity_matches_the_numpy_reference(tiny_model, arch):
+    path = tiny_model(arch)
     e = Engine.open(path, n_ctx=32, n_seq_max=1, threads=2, pin=False, n_batch=12)  # several pieces per chunk
     rng = np.random.default_rng(3)
     toks = [1] + rng.integers(3, e.n_vocab, 100).tolist()
     bos = e.tokenizer.bos_id if e.tokenizer.add_bos else None
-    ref, ref_nll = reference_ppl(lambda c: numpy_forward(path, c), toks, 32, bos)
+    ref, ref_nll = reference_ppl(lambda c, first: numpy_forward(path, c)[first:-1], toks, 32, bos)
     r = P.evaluate(e, toks, 32)
     assert (r.n_chunks, r.n_scored) == (3, 3 * 15)
     # F32 weights: F32 arithmetic and the F16 KV cache against float64 (test_forward's TOL_F32)
@@ -100,10 +96,10 @@ def test_tiny_model_perplexity_matches_the_numpy_reference(tiny, arch):
     assert r.chunk_ppl[-1] == pytest.approx(r.ppl)
 
 
-def test_score_equals_log_softmax_of_forward_logits(tiny):
+def test_score_equals_log_softmax_of_forward_logits(tiny_model):
     """The native NLL against numpy's log-softmax of the same engine's logits, row by row; pieces
     of more than kScoreRows (128) scored rows."""
-    e = Engine.open(tiny("qwen2"), n_ctx=300, n_seq_max=1, threads=2, pin=False)
+    e = Engine.open(tiny_model("qwen2"), n_ctx=300, n_seq_max=1, threads=2, pin=False)
     rng = np.random.default_rng(4)
     toks = rng.integers(3, e.n_vocab, 300).astype(np.int32)
     tg = np.full(300, -1, np.int32)
@@ -123,8 +119,8 @@ def test_score_equals_log_softmax_of_forward_logits(tiny):
         e.score(toks[:4], pos[:4], seq[:4], np.array([-1], np.int32))
 
 
-def test_cli_errors_are_one_line(tmp_path, tiny):
-    path = tiny("llama")
+def test_cli_errors_are_one_line(tmp_path, tiny_model):
+    path = tiny_model("llama")
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "daemon")}
 
     def ktd(*args):
@@ -153,16 +149,29 @@ def test_cli_errors_are_one_line(tmp_path, tiny):
 # --- llama.cpp ----------------------------------------------------------------------------------
 
 def llama_ppl(path, tokens: list[int], n_ctx: int, bos: int | None, threads: int = 2):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) is not "
-                                    "installed; run tools/oracle.sh")
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, n_threads=threads,
-                          verbose=False)
+    """llama.cpp driven as llama-perplexity drives it (llama.cpp's C API): each chunk one
+    llama_decode from a cleared KV cache, logits requested for the second half of the chunk only."""
+    L = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) is not installed; "
+                            "run tools/oracle.sh")
+    llm = L.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=False, n_threads=threads,
+                  verbose=False)
+    ctx, n_vocab = llm._ctx.ctx, llm.n_vocab()
+    b = L.llama_batch_init(n_ctx, 0, 1)
 
-    def logits_of(c):
-        llm.reset()
-        llm.eval(c)
-        return np.array(llm.scores[:n_ctx], dtype=np.float32)
-    return llm, reference_ppl(logits_of, tokens, n_ctx, bos)
+    def logits_of(c, first):
+        for k in range(n_ctx):
+            b.token[k], b.pos[k], b.n_seq_id[k], b.logits[k] = c[k], k, 1, k >= first
+            b.seq_id[k][0] = 0
+        b.n_tokens = n_ctx
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        assert L.llama_decode(ctx, b) == 0
+        rows = np.ctypeslib.as_array(ctypes.cast(L.llama_get_logits(ctx), ctypes.POINTER(ctypes.c_float)),
+                                     shape=(n_ctx - first, n_vocab))
+        return rows[:-1]  # the last row scores no token
+    try:
+        return llm, reference_ppl(logits_of, tokens, n_ctx, bos)
+    finally:
+        L.llama_batch_free(b)
 
 
 def oracle_text() -> str:
@@ -192,7 +201,7 @@ def test_perplexity_matches_llama_cpp_within_half_a_percent(real_model, name):
     assert abs(r.ppl / ref - 1) < PPL_REL_TOL
 
 
-def test_bench_perplexity_agrees_with_llama_cpp_on_a_tiny_model(tiny, tmp_path):
+def test_bench_perplexity_agrees_with_llama_cpp_on_a_tiny_model(tiny_model, tmp_path):
     """ktd.bench.perplexity's llama.cpp side (llama_decode with logits for the second half only)
     on a tiny F32 model: both engines near-exact, so the PPLs agree closely."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) is not installed; "
@@ -201,6 +210,6 @@ def test_bench_perplexity_agrees_with_llama_cpp_on_a_tiny_model(tiny, tmp_path):
 
     text = tmp_path / "t.txt"
     text.write_text(open(os.path.join(ROOT, "tests", "data", "perplexity.txt"), encoding="utf-8").read()[:2000])
-    r = B.compare("tiny-llama", str(tiny("llama")), str(text), n_ctx=64, threads=1, n_chunks=4)
+    r = B.compare("tiny-llama", str(tiny_model("llama")), str(text), n_ctx=64, threads=1, n_chunks=4)
     assert r["n_chunks"] == 4 and r["n_scored"] == 4 * 31
     assert abs(r["rel_diff"]) < 5e-3, r["ppl"]

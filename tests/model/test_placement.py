@@ -11,7 +11,6 @@ from gguf import GGUFReader
 
 from ktd.model.inspect import inspect_model
 from ktd.model.placement import hybrid_plan, parse_size
-from models import synthetic_moe
 
 GiB = 1 << 30
 
@@ -29,10 +28,8 @@ def test_parse_size_rejects(bad):
 
 
 @pytest.fixture(scope="module")
-def ds2(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "ds2.gguf"
-    synthetic_moe.make_model("deepseek2", path, variant="v2")
-    return path
+def ds2(tiny_model):
+    return tiny_model("deepseek2", variant="v2")
 
 
 def _independent_split(path):

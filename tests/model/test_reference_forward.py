@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from models.tiny_dense import ARCHS, VARIANTS, make_model, model_filename, shape_for, wtypes_for
+from models.tiny_dense import ARCHS, VARIANTS, make_model, shape_for, wtypes_for
 from reference.numpy_forward import Model, forward, hparams
 
 N_TOKENS = 24  # > gemma3's tiny sliding window (8), so the window masks something
@@ -37,22 +37,6 @@ def _tokens(n_vocab: int, seed: int = 1) -> list[int]:
     return [1] + rng.integers(3, n_vocab, size=N_TOKENS - 1).tolist()  # BOS, then random ids
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """make_model into a per-module temp dir, each file written once."""
-    root = tmp_path_factory.mktemp("tiny")
-    cache: dict = {}
-
-    def get(arch: str, wtype: str = "F32", variant: str | None = None, seed: int = 0):
-        key = (arch, wtype, variant, seed)
-        if key not in cache:
-            cache[key] = make_model(arch, root / model_filename(arch, wtype, seed, variant),
-                                    wtype=wtype, seed=seed, variant=variant)
-        return cache[key]
-
-    return get
-
-
 ALL_VARIANTS = [(a, v) for a in ARCHS for v in VARIANTS[a]]
 
 
@@ -64,11 +48,11 @@ def _id(v):
 
 
 @pytest.mark.parametrize("arch,variant", ALL_VARIANTS, ids=lambda x: _id(x))
-def test_generated_shapes_follow_llama_cpp(tiny, arch, variant):
+def test_generated_shapes_follow_llama_cpp(tiny_model, arch, variant):
     """Shapes as llama.cpp's load_arch_tensors creates them (GGML ne order: {in, out})."""
     hp = shape_for(arch, variant)
     hd = hp.head_dim or hp.n_embd // hp.n_head
-    r = GGUFReader(str(tiny(arch, variant=variant)))
+    r = GGUFReader(str(tiny_model(arch, variant=variant)))
     shapes = {t.name: tuple(int(d) for d in t.shape) for t in r.tensors}
     assert shapes["token_embd.weight"] == (hp.n_embd, hp.n_vocab)
     tied = arch in ("gemma3", "bitnet") or variant == "tied"
@@ -110,17 +94,17 @@ def test_generator_rejects_bad_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_quantized_model_is_the_f32_model_rounded(tiny, arch):
+def test_quantized_model_is_the_f32_model_rounded(tiny_model, arch):
     """The same weights, quantized: logits move by the rounding error, in the order of the step.
 
     Normalised RMS logit error; measured ~5e-4 (F16), ~1.5e-2 (Q8_0), ~0.1-0.2 (Q5_0), ~0.2-0.4
     (Q4_0): the Q*_0 steps are max/127, max/16 and max/8 of each 32-weight block.
     """
     toks = _tokens(shape_for(arch).n_vocab)
-    ref = forward(tiny(arch), toks)
+    ref = forward(tiny_model(arch), toks)
     err = {}
     for wtype in ("F16", "Q8_0", "Q5_0", "Q4_0"):
-        q = forward(tiny(arch, wtype), toks)
+        q = forward(tiny_model(arch, wtype), toks)
         err[wtype] = np.linalg.norm(q - ref) / np.linalg.norm(ref)
     assert 0 < err["F16"] < 3e-3
     assert err["F16"] < err["Q8_0"] < 6e-2
@@ -130,11 +114,11 @@ def test_quantized_model_is_the_f32_model_rounded(tiny, arch):
 
 @pytest.mark.parametrize("variant", VARIANTS["bitnet"])
 @pytest.mark.parametrize("wtype", ["TQ2_0", "TQ1_0"])
-def test_bitnet_ternary_types_are_exact(tiny, wtype, variant):
+def test_bitnet_ternary_types_are_exact(tiny_model, wtype, variant):
     """BitNet weights are ternary (times a scale), which TQ1_0/TQ2_0 store without loss."""
     toks = _tokens(shape_for("bitnet").n_vocab)
-    ref = forward(tiny("bitnet", variant=variant), toks)
-    q = forward(tiny("bitnet", wtype, variant=variant), toks)
+    ref = forward(tiny_model("bitnet", variant=variant), toks)
+    q = forward(tiny_model("bitnet", wtype, variant=variant), toks)
     # folded: the scale goes through the block's float16 d (relative rounding <= 2^-11)
     bound = 1e-2 if variant == "folded" else 1e-9
     assert np.abs(q - ref).max() / np.abs(ref).max() < bound
@@ -144,9 +128,9 @@ def test_bitnet_ternary_types_are_exact(tiny, wtype, variant):
 
 
 @pytest.mark.parametrize("arch,variant", ALL_VARIANTS, ids=lambda x: _id(x))
-def test_reference_is_causal(tiny, arch, variant):
+def test_reference_is_causal(tiny_model, arch, variant):
     """Logits at position i depend on tokens[: i + 1] only (prefix == truncated full run)."""
-    m = Model(tiny(arch, variant=variant))
+    m = Model(tiny_model(arch, variant=variant))
     toks = _tokens(m.hp.n_vocab)
     full = m.forward(toks)
     assert np.isfinite(full).all()
@@ -158,25 +142,25 @@ def test_reference_is_causal(tiny, arch, variant):
     assert np.abs(other[12:] - full[12:]).max() > 1e-3
 
 
-def test_reference_gemma3_hparams(tiny):
-    hp = hparams(tiny("gemma3"))
+def test_reference_gemma3_hparams(tiny_model):
+    hp = hparams(tiny_model("gemma3"))
     assert hp.swa_layers == (True, True, True, True, True, False)
     assert hp.n_swa == 8 and hp.rope_freq_base_swa == 10000.0 and hp.rope_freq_base == 1e6
     assert hp.embd_scale == pytest.approx(8.0) and hp.ffn_act == "gelu" and hp.final_logit_softcap == 0.0
-    assert Model(tiny("gemma3", variant="softcap")).hp.final_logit_softcap == 30.0
-    assert Model(tiny("gemma3", variant="swa_layers")).hp.swa_layers == (True, True, False) * 2
+    assert Model(tiny_model("gemma3", variant="softcap")).hp.final_logit_softcap == 30.0
+    assert Model(tiny_model("gemma3", variant="swa_layers")).hp.swa_layers == (True, True, False) * 2
 
 
-def test_reference_hidden_states(tiny):
-    m = Model(tiny("qwen2"))
+def test_reference_hidden_states(tiny_model):
+    m = Model(tiny_model("qwen2"))
     toks = _tokens(m.hp.n_vocab)
     states = m.hidden_states(toks)
     assert len(states) == m.hp.n_layer + 1 and states[0].shape == (len(toks), m.hp.n_embd)
     np.testing.assert_array_equal(states[0], m.w["token_embd.weight"][toks])
 
 
-def test_reference_rejects_bad_tokens(tiny):
-    m = Model(tiny("llama"))
+def test_reference_rejects_bad_tokens(tiny_model):
+    m = Model(tiny_model("llama"))
     with pytest.raises(ValueError, match="out of range"):
         m.forward([1, m.hp.n_vocab])
     with pytest.raises(ValueError, match="non-empty"):
@@ -231,10 +215,10 @@ LLAMA_CPP_UNSUPPORTED = {
 
 
 @pytest.mark.parametrize("arch,variant", ALL_VARIANTS, ids=lambda x: _id(x))
-def test_llama_cpp_agrees_f32(tiny, arch, variant):
+def test_llama_cpp_agrees_f32(tiny_model, arch, variant):
     if (arch, variant) in LLAMA_CPP_UNSUPPORTED:
         pytest.skip(LLAMA_CPP_UNSUPPORTED[(arch, variant)])
-    _compare(tiny(arch, variant=variant), "F32", arch)
+    _compare(tiny_model(arch, variant=variant), "F32", arch)
 
 
 @pytest.mark.parametrize(
@@ -242,8 +226,8 @@ def test_llama_cpp_agrees_f32(tiny, arch, variant):
     [(a, t) for a in ARCHS for t in wtypes_for(a) if t != "F32"],
     ids=lambda x: str(x),
 )
-def test_llama_cpp_agrees_quantized(tiny, arch, wtype):
-    _compare(tiny(arch, wtype), wtype, arch)
+def test_llama_cpp_agrees_quantized(tiny_model, arch, wtype):
+    _compare(tiny_model(arch, wtype), wtype, arch)
 
 
 # Negative controls: the comparison must be sharp enough to see each architectural detail. Each
@@ -261,8 +245,8 @@ CONTROLS = [
 
 
 @pytest.mark.parametrize("arch,variant,broken", CONTROLS, ids=lambda x: _id(x) if not isinstance(x, dict) else str(x))
-def test_llama_cpp_comparison_detects_a_wrong_fact(tiny, arch, variant, broken):
-    path = tiny(arch, variant=variant)
+def test_llama_cpp_comparison_detects_a_wrong_fact(tiny_model, arch, variant, broken):
+    path = tiny_model(arch, variant=variant)
     m = Model(path)
     toks = _tokens(m.hp.n_vocab)
     got = _llama_cpp_logits(path, toks)

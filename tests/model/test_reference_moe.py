@@ -125,18 +125,9 @@ def test_route_rejects_bad_parameters():
 # ---- generator ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def tiny_files(tmp_path_factory):
-    """(arch, variant, wtype) -> path of a freshly generated tiny model."""
-    root = tmp_path_factory.mktemp("synthetic")
-    cache = {}
-
-    def get(arch, variant, wtype="F32"):
-        key = (arch, variant, wtype)
-        if key not in cache:
-            cache[key] = S.make_model(arch, root / f"{arch}-{variant}-{wtype}.gguf", wtype=wtype, variant=variant)
-        return cache[key]
-
-    return get
+def tiny_files(tiny_model):
+    """(arch, variant, wtype) -> path of the shared tiny MoE model (llama: Mixtral)."""
+    return lambda arch, variant, wtype="F32": tiny_model(arch, wtype, variant=variant, moe=True)
 
 
 def _llama_cpp_shapes(kv: dict, arch: str, n_vocab: int) -> dict[str, tuple[int, ...]]:

@@ -79,10 +79,8 @@ def test_model_key_names_the_header(tmp_path):
 # --- the daemon -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def moe_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "tiny-qwen2moe.gguf"
-    synthetic_moe.make_model("qwen2moe", path)
-    return path
+def moe_model(tiny_model):
+    return tiny_model("qwen2moe")
 
 
 def _start(model: Path, sock: Path, state: Path, preexec=None) -> subprocess.Popen:

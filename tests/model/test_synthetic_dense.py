@@ -18,10 +18,10 @@ from models import synthetic_dense as SD
 SMALL = SD.DenseShape(n_layer=9, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_vocab=384)
 
 
-def test_the_type_rule_is_llama_cpps_q4_k_m(real_model):
+def test_the_type_rule_is_llama_cpps_q4_k_m(real_model_reader):
     """Every tensor of the real Q4_K_M file (llama.cpp's quantizer) has the type q4_k_m_type gives
     it: 29 Q6_K (output, 14 attn_v, 14 ffn_down) and 169 Q4_K over its 28 layers."""
-    r = gguf.GGUFReader(str(real_model("qwen2.5-coder-1.5b")))
+    r = real_model_reader("qwen2.5-coder-1.5b")
     n_layer = int(r.fields["qwen2.block_count"].parts[-1][0])
     got = {t.name: SD.q4_k_m_type(t.name, n_layer) for t in r.tensors if len(t.shape) == 2}
     want = {t.name: t.tensor_type.name for t in r.tensors if len(t.shape) == 2}

@@ -12,18 +12,15 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 
+from engine_probes import cache_child, cache_child_result, engine_logits, mapped_inodes, open_cached
 from ktd import _native
 from ktd.server.engine import Engine
 from models import synthetic_moe as S
 from models.tiny_dense import make_model
-from test_numa_moe import _placement
-from test_topology import make_sysfs
-from paths import TESTS
 
 
 def _crc32c_reference(data: bytes) -> int:
@@ -54,34 +51,16 @@ def test_crc32c_uses_the_instruction_exactly_where_cpuid_has_it():
     assert _native.crc32c_hardware() == _native.cpu_features().sse4_2
 
 
-def _logits(e: Engine) -> np.ndarray:
-    ids = np.array([1, 5, 9, 3, 7, 2], np.int32)
-    out = e.forward(ids, np.arange(len(ids), dtype=np.int32), np.zeros(len(ids), np.int32), np.ones(len(ids), bool))
-    e.free_seq(0)
-    return out
-
-
-def _open(path, cache_dir=None, **kw) -> Engine:
-    return Engine.open(str(path), n_ctx=32, threads=2, pin=False,
-                       weights_cache=str(cache_dir) if cache_dir else "off", **kw)
-
-
-@pytest.fixture(scope="module")
-def fake2(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sys2")
-    return _placement(make_sysfs(root, "0-1", {0: "0", 1: "1"}), 2)
-
-
 # Dense llama with repacked (Q8_0) and copied (F32) matrices, and a MoE model whose routed
 # experts are cut into two nodes' slices (three arenas: dense, and one per node).
 CASES = ["llama-Q8_0", "llama-F32", "qwen3moe-2nodes"]
 
 
 @pytest.fixture
-def model(request, tmp_path, fake2):
+def model(request, tmp_path, fake_numa_machine):
     case = request.param
     if case.startswith("qwen3moe"):
-        return S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0"), {**fake2}
+        return S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0"), fake_numa_machine(2)
     arch, wtype = case.split("-")
     return make_model(arch, tmp_path / "m.gguf", wtype=wtype), {}
 
@@ -89,15 +68,15 @@ def model(request, tmp_path, fake2):
 @pytest.mark.parametrize("model", CASES, indirect=True)
 def test_hit_miss_and_identical_logits(model, tmp_path, caplog):
     path, placement = model
-    reference = _logits(_open(path, **placement))
+    reference = engine_logits(open_cached(path, **placement))
     cache = tmp_path / "cache"
     cache.mkdir()
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
-        first = _open(path, cache, **placement)
+        first = open_cached(path, cache, **placement)
     c = first.model.cache
     assert c["state"] == "written" and c["reason"] == "" and os.path.getsize(c["path"]) == c["bytes"] > 0
     assert "prepared-weights cache: written" in caplog.text
-    assert np.array_equal(_logits(first), reference)
+    assert np.array_equal(engine_logits(first), reference)
     h = _native.weights_cache_header(c["path"])
     assert h["ok"] and h["key"]["model"] == os.path.realpath(path)
     assert h["key"]["size"] == str(os.path.getsize(path)) and h["key"]["build_id"] == _native.native_build_id()
@@ -105,10 +84,10 @@ def test_hit_miss_and_identical_logits(model, tmp_path, caplog):
     assert sum(h["section_bytes"]) >= first.model.repacked_bytes + first.model.copied_bytes
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
-        second = _open(path, cache, **placement)
+        second = open_cached(path, cache, **placement)
     assert second.model.cache["state"] == "hit" and second.model.cache["path"] == c["path"]
     assert "prepared-weights cache: read" in caplog.text
-    assert np.array_equal(_logits(second), reference)
+    assert np.array_equal(engine_logits(second), reference)
     assert second.model.repacked_bytes == first.model.repacked_bytes
     assert second.model.copied_bytes == first.model.copied_bytes
     assert second.model.memory == first.model.memory
@@ -117,23 +96,23 @@ def test_hit_miss_and_identical_logits(model, tmp_path, caplog):
     plain = Engine.open(str(path), n_ctx=32, threads=2, pin=False, allow_repack=False, weights_cache=str(cache),
                         **placement)
     assert plain.model.cache["state"] == "written" and plain.model.cache["path"] != c["path"]
-    assert np.array_equal(_logits(plain), _logits(_open(path, allow_repack=False, **placement)))
+    assert np.array_equal(engine_logits(plain), engine_logits(open_cached(path, allow_repack=False, **placement)))
 
 
 def test_a_changed_model_makes_its_entry_stale(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0", seed=1)
-    old = _open(path, cache)
+    old = open_cached(path, cache)
     entry = old.model.cache["path"]
     make_model("llama", tmp_path / "m.gguf", wtype="Q8_0", seed=2)  # same name and shapes, other weights
-    new = _open(path, cache)
+    new = open_cached(path, cache)
     c = new.model.cache
     assert c["state"] == "written" and c["path"] == entry  # the same entry, overwritten
     assert c["reason"].startswith("stale: ") and ("mtime_ns" in c["reason"] or "header_crc32c" in c["reason"])
-    reference = _logits(_open(path))
-    assert np.array_equal(_logits(new), reference) and not np.array_equal(_logits(old), reference)
-    assert _open(path, cache).model.cache["state"] == "hit"
+    reference = engine_logits(open_cached(path))
+    assert np.array_equal(engine_logits(new), reference) and not np.array_equal(engine_logits(old), reference)
+    assert open_cached(path, cache).model.cache["state"] == "hit"
 
 
 def _damage(entry: str, how: str) -> None:
@@ -155,59 +134,32 @@ def test_a_damaged_entry_is_rebuilt_never_used(tmp_path, how, reason):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path))
-    entry = _open(path, cache).model.cache["path"]
+    reference = engine_logits(open_cached(path))
+    entry = open_cached(path, cache).model.cache["path"]
     _damage(entry, how)
     assert _native.weights_cache_verify(entry) != ""
-    e = _open(path, cache)
+    e = open_cached(path, cache)
     c = e.model.cache
     assert c["state"] == "written" and reason in c["reason"], c
-    assert np.array_equal(_logits(e), reference)
+    assert np.array_equal(engine_logits(e), reference)
     assert _native.weights_cache_verify(entry) == ""
-    assert _open(path, cache).model.cache["state"] == "hit"
-
-
-_CHILD = textwrap.dedent("""
-    import sys
-    import numpy as np
-    sys.path[:0] = sys.argv[3].split(":")
-    from ktd.server.engine import Engine
-    from test_weights_cache import _logits
-    e = Engine.open(sys.argv[1], n_ctx=32, threads=1, pin=False, weights_cache=sys.argv[2])
-    np.save(sys.stdout.buffer, _logits(e))
-    sys.stderr.write("CACHE " + e.model.cache["state"] + " | " + e.model.cache["reason"] + "\\n")
-""")
-
-
-def _child(path, cache, prefix=()) -> subprocess.Popen:
-    here = os.pathsep.join([str(TESTS), os.path.dirname(os.path.abspath(__file__))])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([*prefix, sys.executable, "-c", _CHILD, str(path), str(cache), here],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-
-
-def _result(p: subprocess.Popen) -> tuple[np.ndarray, str]:
-    import io
-    out, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err.decode()[-3000:]
-    state = [line for line in err.decode().splitlines() if line.startswith("CACHE ")][-1]
-    return np.load(io.BytesIO(out)), state
+    assert open_cached(path, cache).model.cache["state"] == "hit"
 
 
 def test_two_processes_starting_at_once_share_one_cache(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path))
-    procs = [_child(path, cache), _child(path, cache)]
-    results = [_result(p) for p in procs]
+    reference = engine_logits(open_cached(path))
+    procs = [cache_child(path, cache), cache_child(path, cache)]
+    results = [cache_child_result(p) for p in procs]
     for logits, state in results:
         assert np.array_equal(logits, reference)
         assert state.startswith(("CACHE written", "CACHE hit")), state
     entries = sorted(cache.iterdir())
     assert len(entries) == 1 and entries[0].suffix == ".ktdw", entries  # complete, no temporary file
     assert _native.weights_cache_verify(str(entries[0])) == ""
-    logits, state = _result(_child(path, cache))
+    logits, state = cache_child_result(cache_child(path, cache))
     assert state.startswith("CACHE hit") and np.array_equal(logits, reference)
 
 
@@ -220,10 +172,10 @@ def test_a_cache_directory_without_write_permission_runs_without_and_says_why(tm
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path))
+    reference = engine_logits(open_cached(path))
     os.chmod(cache, 0o500)
     try:
-        logits, state = _result(_child(path, cache, prefix))
+        logits, state = cache_child_result(cache_child(path, cache, prefix))
     finally:
         os.chmod(cache, 0o700)
     assert state.startswith("CACHE not written") and "Permission denied" in state, state
@@ -236,8 +188,8 @@ def test_ktd_cache_list_verify_prune(tmp_path):
     cache.mkdir()
     a = make_model("llama", tmp_path / "a.gguf", wtype="Q8_0")
     b = make_model("llama", tmp_path / "b.gguf", wtype="F32")
-    entry_a = _open(a, cache).model.cache["path"]
-    entry_b = _open(b, cache).model.cache["path"]
+    entry_a = open_cached(a, cache).model.cache["path"]
+    entry_b = open_cached(b, cache).model.cache["path"]
     (cache / "junk.ktdw").write_bytes(b"not a cache")
 
     def ktd(*args):
@@ -276,9 +228,9 @@ def test_load_progress_reports_phases_and_bytes(tmp_path, monkeypatch):
     # busy one schedules the reporter thread): the loader's test hook sleeps 20 ms after each
     # tensor, so the first load is watched in progress whatever the machine's speed or load.
     monkeypatch.setenv("KTD_TEST_LOAD_TENSOR_DELAY_MS", "20")
-    _open(path, cache, progress=lambda what, f: seen.append((what, f)))
+    open_cached(path, cache, progress=lambda what, f: seen.append((what, f)))
     monkeypatch.delenv("KTD_TEST_LOAD_TENSOR_DELAY_MS")
-    e = _open(path, cache, progress=lambda what, f: seen.append((what, f)))
+    e = open_cached(path, cache, progress=lambda what, f: seen.append((what, f)))
     section_gib = f"{sum(_native.weights_cache_header(e.model.cache['path'])['section_bytes']) / (1 << 30):.2f} GiB"
     weights = [(w, f) for w, f in seen if f is not None]
     assert weights and all(0 <= f <= 1 for _, f in weights)
@@ -301,7 +253,7 @@ def test_inspect_and_status_show_the_entries(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    e = _open(path, cache)
+    e = open_cached(path, cache)
     monkeypatch.setenv("KTD_MODEL__WEIGHTS_CACHE", str(cache))
     r = inspect_model(str(path))["weights_cache"]
     assert r["dir"] == str(cache) and [x["path"] for x in r["entries"]] == [e.model.cache["path"]]
@@ -325,14 +277,14 @@ def test_the_daemon_writes_a_new_entry_in_the_background(tmp_path, caplog):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path))
+    reference = engine_logits(open_cached(path))
     cfg = ktd_config.load(text=f"model:\n  path: {path}\n  n_ctx: 32\n  threads: 2\n  weights_cache: {cache}\n"
                                "  weights_map: arena\n",
                           environ={})
     with caplog.at_level(logging.INFO, logger="ktd.server.engine"):
         e = load(cfg, lambda what, f: None)
         assert e.model.cache["state"] in ("writing", "written")
-        assert np.array_equal(_logits(e), reference)
+        assert np.array_equal(engine_logits(e), reference)
         deadline = time.monotonic() + 60
         while e.model.cache["state"] == "writing" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -343,7 +295,7 @@ def test_the_daemon_writes_a_new_entry_in_the_background(tmp_path, caplog):
             time.sleep(0.05)
     assert "prepared-weights cache: written" in caplog.text
     again = load(cfg, lambda what, f: None)
-    assert again.model.cache["state"] == "hit" and np.array_equal(_logits(again), reference)
+    assert again.model.cache["state"] == "hit" and np.array_equal(engine_logits(again), reference)
 
 
 def test_ktd_inspect_prepare_writes_then_reads_the_entry(tmp_path):
@@ -375,47 +327,31 @@ def test_a_hit_takes_the_matrices_from_the_entry_not_the_file(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    before = _logits(_open(path, cache))
+    before = engine_logits(open_cached(path, cache))
     t = GGUFFile(str(path), willneed=False).tensors["blk.0.attn_q.weight"]
     st = os.stat(path)
     with open(path, "r+b") as f:
         f.seek(t.offset)
         f.write(bytes(t.nbytes))  # zero blocks: a valid Q8_0 matrix of zeros
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    changed = _logits(_open(path))
+    changed = engine_logits(open_cached(path))
     assert not np.array_equal(changed, before)
-    hit = _open(path, cache)
-    assert hit.model.cache["state"] == "hit" and np.array_equal(_logits(hit), before)
+    hit = open_cached(path, cache)
+    assert hit.model.cache["state"] == "hit" and np.array_equal(engine_logits(hit), before)
     os.utime(path)  # a new mtime: the entry is stale and rebuilt from the file
-    again = _open(path, cache)
+    again = open_cached(path, cache)
     assert again.model.cache["state"] == "written" and "mtime_ns" in again.model.cache["reason"]
-    assert np.array_equal(_logits(again), changed)
-
-
-_FULL_DISK = textwrap.dedent("""
-    import resource, sys
-    import numpy as np
-    sys.path[:0] = sys.argv[3].split(":")
-    # Files this process writes may not grow past 64 KiB (EFBIG; Python ignores SIGXFSZ): the
-    # cache entry cannot be written, as on a full disk.
-    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
-    from ktd.server.engine import Engine
-    from test_weights_cache import _logits
-    e = Engine.open(sys.argv[1], n_ctx=32, threads=1, pin=False, weights_cache=sys.argv[2])
-    np.save(sys.stdout.buffer, _logits(e))
-    sys.stderr.write("CACHE " + e.model.cache["state"] + " | " + e.model.cache["reason"] + "\\n")
-""")
+    assert np.array_equal(engine_logits(again), changed)
 
 
 def test_a_cache_write_that_fails_midway_runs_without_it_and_leaves_nothing(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path))
-    here = os.pathsep.join([str(TESTS), os.path.dirname(os.path.abspath(__file__))])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    logits, state = _result(subprocess.Popen([sys.executable, "-c", _FULL_DISK, str(path), str(cache), here],
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+    reference = engine_logits(open_cached(path))
+    # files the child writes may not grow past 64 KiB: the cache entry cannot be written, as on a
+    # full disk
+    logits, state = cache_child_result(cache_child(path, cache, max_file_bytes=65536))
     assert state.startswith("CACHE not written") and "File too large" in state, state
     assert np.array_equal(logits, reference)
     assert list(cache.iterdir()) == []  # the temporary file is removed
@@ -439,13 +375,6 @@ def _smaps_of(path: str) -> list[dict[str, int]]:
     return out
 
 
-def _mapped_inodes(path: str) -> set[int]:
-    """The inodes of this process's mappings whose file name is `path` (also a file since replaced
-    by a rename: /proc shows the name it had)."""
-    with open("/proc/self/maps") as f:
-        return {int(line.split()[4]) for line in f if path in line}
-
-
 @pytest.mark.parametrize("hugepages", ["auto", "off"])
 def test_a_hit_maps_the_entry_and_gives_the_same_logits_as_reading_it(tmp_path, hugepages):
     """A hit on one node maps the entry's sections into the arenas (no fresh pages, no copy) and
@@ -454,33 +383,33 @@ def test_a_hit_maps_the_entry_and_gives_the_same_logits_as_reading_it(tmp_path, 
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path, hugepages=hugepages))
-    written = _open(path, cache, hugepages=hugepages)
+    reference = engine_logits(open_cached(path, hugepages=hugepages))
+    written = open_cached(path, cache, hugepages=hugepages)
     assert written.model.cache["state"] == "written" and written.model.cache["mapped"] is False
     entry = written.model.cache["path"]
     # the first load prepared its weights into the entry's pages and serves from them (direct)
     assert written.model.cache["direct"] is True
     by_writer = _smaps_of(entry)
     assert by_writer and sum(m.get("Rss", 0) for m in by_writer) > 0
-    read = _open(path, cache, hugepages=hugepages, cache_map=False)
+    read = open_cached(path, cache, hugepages=hugepages, cache_map=False)
     assert read.model.cache["state"] == "hit" and read.model.cache["mapped"] is False
     assert _smaps_of(entry) == by_writer  # the read copy maps nothing of the entry
-    mapped = _open(path, cache, hugepages=hugepages)
+    mapped = open_cached(path, cache, hugepages=hugepages)
     assert mapped.model.cache["state"] == "hit" and mapped.model.cache["mapped"] is True
     maps = _smaps_of(entry)
     assert len(maps) > len(by_writer) and sum(m.get("Rss", 0) for m in maps) > sum(
         m.get("Rss", 0) for m in by_writer)  # the entry's pages are the arena's
-    assert np.array_equal(_logits(mapped), reference)
-    assert np.array_equal(_logits(read), reference)
+    assert np.array_equal(engine_logits(mapped), reference)
+    assert np.array_equal(engine_logits(read), reference)
     assert mapped.model.memory == read.model.memory
     # Replaced on disk the way ktd replaces an entry (a new file renamed over it), then removed:
     # the mapped model keeps its bytes.
     junk = tmp_path / "junk"
     junk.write_bytes(b"\xff" * os.path.getsize(entry))
     os.replace(junk, entry)
-    assert np.array_equal(_logits(mapped), reference)
+    assert np.array_equal(engine_logits(mapped), reference)
     os.unlink(entry)
-    assert np.array_equal(_logits(mapped), reference)
+    assert np.array_equal(engine_logits(mapped), reference)
 
 
 def test_a_mapped_entry_that_fails_its_checksums_is_rebuilt_into_fresh_memory(tmp_path):
@@ -490,8 +419,8 @@ def test_a_mapped_entry_that_fails_its_checksums_is_rebuilt_into_fresh_memory(tm
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path))
-    entry = _open(path, cache).model.cache["path"]
+    reference = engine_logits(open_cached(path))
+    entry = open_cached(path, cache).model.cache["path"]
     h = _native.weights_cache_header(entry)
     size = os.path.getsize(entry)
     with open(entry, "r+b") as f:  # the last byte of the last section
@@ -507,17 +436,17 @@ def test_a_mapped_entry_that_fails_its_checksums_is_rebuilt_into_fresh_memory(tm
         f.write(bytes([b[0] ^ 0x10]))
     assert h["ok"]
     damaged = os.stat(entry).st_ino
-    again = _open(path, cache)
+    again = open_cached(path, cache)
     assert again.model.cache["state"] == "written" and "checksum mismatch" in again.model.cache["reason"]
     assert again.model.cache["mapped"] is False
     # the rebuilt entry (a new file renamed over the damaged one) is what `again` maps: nothing of
     # the damaged file stays mapped
     assert again.model.cache["direct"] is True and os.stat(entry).st_ino != damaged
-    assert damaged not in _mapped_inodes(entry) and os.stat(entry).st_ino in _mapped_inodes(entry)
-    assert np.array_equal(_logits(again), reference)
-    hit = _open(path, cache)
+    assert damaged not in mapped_inodes(entry) and os.stat(entry).st_ino in mapped_inodes(entry)
+    assert np.array_equal(engine_logits(again), reference)
+    hit = open_cached(path, cache)
     assert hit.model.cache["state"] == "hit" and hit.model.cache["mapped"] is True
-    assert np.array_equal(_logits(hit), reference)
+    assert np.array_equal(engine_logits(hit), reference)
 
 
 def test_sections_are_written_2mib_aligned(tmp_path):
@@ -527,7 +456,7 @@ def test_sections_are_written_2mib_aligned(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0")
-    entry = _open(path, cache).model.cache["path"]
+    entry = open_cached(path, cache).model.cache["path"]
     data = open(entry, "rb").read()
     assert data[:8] == b"KTDWCACH"
     n_sections, key_len = struct.unpack_from("<II", data, 40)

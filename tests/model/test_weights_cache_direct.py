@@ -13,22 +13,17 @@ from __future__ import annotations
 import os
 import signal
 import struct
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
+from engine_probes import cache_child, cache_child_result, engine_logits, mapped_inodes, open_cached
 from ktd import _native
 
 from ktd.ops import weights_cache
 from models import synthetic_moe as S
 from models.tiny_dense import make_model
-from test_weights_cache import _CHILD, _logits, _mapped_inodes, _open, _result
-from paths import TESTS
-
-HERE = os.pathsep.join([str(TESTS), os.path.dirname(os.path.abspath(__file__))])
 
 
 def _sections(entry: str) -> list[bytes]:
@@ -54,39 +49,36 @@ def test_the_first_load_prepares_into_the_entry_and_computes_the_same(tmp_path, 
         path = make_model(arch, tmp_path / "m.gguf", wtype=wtype)
     else:  # routed experts (matrix stacks), one node
         path = S.make_model(arch, tmp_path / "m.gguf", wtype=wtype)
-    reference = _logits(_open(path, hugepages=hugepages))
+    reference = engine_logits(open_cached(path, hugepages=hugepages))
     (tmp_path / "direct").mkdir()
     (tmp_path / "after").mkdir()
-    direct = _open(path, tmp_path / "direct", hugepages=hugepages)
-    after = _open(path, tmp_path / "after", hugepages=hugepages, cache_direct=False)
+    direct = open_cached(path, tmp_path / "direct", hugepages=hugepages)
+    after = open_cached(path, tmp_path / "after", hugepages=hugepages, cache_direct=False)
     d, a = direct.model.cache, after.model.cache
     assert d["state"] == a["state"] == "written" and d["reason"] == a["reason"] == ""
     assert d["direct"] is True and a["direct"] is False
     assert os.path.getsize(d["path"]) == d["bytes"]
     # the model serves from the entry's pages, computing exactly what the others compute
-    assert os.stat(d["path"]).st_ino in _mapped_inodes(d["path"])
-    assert np.array_equal(_logits(direct), reference) and np.array_equal(_logits(after), reference)
+    assert os.stat(d["path"]).st_ino in mapped_inodes(d["path"])
+    assert np.array_equal(engine_logits(direct), reference) and np.array_equal(engine_logits(after), reference)
     assert direct.model.memory == after.model.memory
     # the two ways of writing leave the same bytes in every section, and complete entries
     assert _sections(d["path"]) == _sections(a["path"])
     assert _native.weights_cache_verify(d["path"]) == ""
     assert _native.weights_cache_header(d["path"])["key"] == _native.weights_cache_header(a["path"])["key"]
     assert sorted(p.name for p in (tmp_path / "direct").iterdir()) == [os.path.basename(d["path"])]
-    hit = _open(path, tmp_path / "direct", hugepages=hugepages)
-    assert hit.model.cache["state"] == "hit" and np.array_equal(_logits(hit), reference)
-    read = _open(path, tmp_path / "direct", hugepages=hugepages, cache_map=False)
-    assert read.model.cache["state"] == "hit" and np.array_equal(_logits(read), reference)
+    hit = open_cached(path, tmp_path / "direct", hugepages=hugepages)
+    assert hit.model.cache["state"] == "hit" and np.array_equal(engine_logits(hit), reference)
+    read = open_cached(path, tmp_path / "direct", hugepages=hugepages, cache_map=False)
+    assert read.model.cache["state"] == "hit" and np.array_equal(engine_logits(read), reference)
 
 
 def test_a_process_killed_in_the_middle_leaves_no_usable_entry(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
-               KTD_TEST_LOAD_TENSOR_DELAY_MS="200")
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(cache), HERE],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    reference = engine_logits(open_cached(path))
+    child = cache_child(path, cache, env={"KTD_TEST_LOAD_TENSOR_DELAY_MS": "200"})
     try:
         deadline = time.monotonic() + 60
         while not any(weights_cache.TMP_MARK in p.name for p in cache.iterdir()):
@@ -105,9 +97,9 @@ def test_a_process_killed_in_the_middle_leaves_no_usable_entry(tmp_path):
     [tmp] = weights_cache.entries(str(cache))
     assert not tmp["ok"] and "temporary file" in tmp["problem"]
     # the next load finds no entry, writes one (the leftover is not read), computes the same
-    again = _open(path, cache)
+    again = open_cached(path, cache)
     assert again.model.cache["state"] == "written" and again.model.cache["reason"] == ""
-    assert np.array_equal(_logits(again), reference)
+    assert np.array_equal(engine_logits(again), reference)
     assert _native.weights_cache_verify(again.model.cache["path"]) == ""
     # a leftover younger than an hour may be a write in progress: kept; an old one is pruned
     assert weights_cache.prune(str(cache)) == []
@@ -121,18 +113,16 @@ def test_two_first_loads_at_once_leave_one_complete_entry(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    reference = _logits(_open(path))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
-               KTD_TEST_LOAD_TENSOR_DELAY_MS="30")  # both loads still preparing when the other starts
-    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(cache), HERE],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for _ in range(2)]
-    results = [_result(p) for p in procs]
+    reference = engine_logits(open_cached(path))
+    # both loads still preparing when the other starts
+    procs = [cache_child(path, cache, env={"KTD_TEST_LOAD_TENSOR_DELAY_MS": "30"}) for _ in range(2)]
+    results = [cache_child_result(p) for p in procs]
     for logits, state in results:
         assert np.array_equal(logits, reference)
         assert state.startswith(("CACHE written", "CACHE hit")), state
     entries = sorted(cache.iterdir())
     assert len(entries) == 1 and entries[0].suffix == ".ktdw", entries
     assert _native.weights_cache_verify(str(entries[0])) == ""
-    hit = _open(path, cache)
-    assert hit.model.cache["state"] == "hit" and np.array_equal(_logits(hit), reference)
+    hit = open_cached(path, cache)
+    assert hit.model.cache["state"] == "hit" and np.array_equal(engine_logits(hit), reference)
 

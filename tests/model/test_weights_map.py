@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 import pytest
 
+from engine_probes import file_ranges, greedy_in_process, model_logits
 from ktd import _native
 from ktd.ops import config as ktd_config
 from ktd.server.engine import Engine, placement_options
@@ -25,39 +26,14 @@ from ktd.server.weights import WeightsManager
 from models import synthetic_moe as S
 from models import tiny_dense
 from models.tiny_dense import make_model
-from test_numa_moe import _placement
-from test_topology import make_sysfs
 
-TOKENS = np.array([1, 5, 9, 3, 7, 2, 11, 4], np.int32)
-
-
-def _logits(model: _native.Model) -> np.ndarray:
-    """A prefill of TOKENS, then two decode steps: every logit row."""
-    ctx = _native.Context(model, 32, 1, 32)
-    n = len(TOKENS)
-    out = [ctx.forward(TOKENS, np.arange(n), np.zeros(n), np.ones(n, bool))]
-    for i, t in enumerate((6, 8)):
-        out.append(ctx.forward(np.array([t]), np.array([n + i]), np.zeros(1), np.ones(1, bool)))
-    return np.concatenate(out)
+GREEDY_TOKENS = 8  # what the daemon test streams and compares
 
 
 def _matrix_bytes(path) -> int:
     """gguf-py: the bytes of every tensor of two or more dimensions (matrices, expert stacks and
     token_embd, which the lookup reads row by row): what gguf serves from the file."""
     return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors if len(t.shape) >= 2)
-
-
-def _file_ranges(path) -> list[tuple[int, int]]:
-    """The address ranges of this process's mappings of `path` (/proc/self/maps, the kernel's view)."""
-    ino = os.stat(path).st_ino
-    out = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) >= 6 and int(fields[4]) == ino and fields[5] == os.path.realpath(path):
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                out.append((lo, hi))
-    return out
 
 
 CASES = [("llama", "Q8_0", None), ("qwen2", "F16", "tied"), ("qwen3", "Q4_0", None), ("gemma3", "Q5_0", None),
@@ -82,14 +58,14 @@ def test_gguf_serves_the_plain_rows_bit_identically(tmp_path, arch, wtype, varia
     assert served.repacked_bytes == 0 and served.copied_bytes == 0
     assert mem["dense_bytes"] == 0 and mem["embd_bytes"] == 0 and mem["page_kind"] == ""
     assert mem["file_bytes"] == _matrix_bytes(path)
-    np.testing.assert_array_equal(_logits(served).view(np.uint32), _logits(plain).view(np.uint32))
+    np.testing.assert_array_equal(model_logits(served).view(np.uint32), model_logits(plain).view(np.uint32))
 
 
 def test_gguf_experts_are_read_from_the_file_mapping(tmp_path):
     path = S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0")
     served = _native.Model(str(path), n_threads=2, pin=False, weights_map="gguf")
     plain = _native.Model(str(path), n_threads=2, pin=False, allow_repack=False)
-    ranges = _file_ranges(path)
+    ranges = file_ranges(path)
     assert ranges, "the file is not mapped"
 
     def in_file(addr, n):
@@ -104,7 +80,7 @@ def test_gguf_experts_are_read_from_the_file_mapping(tmp_path):
 
 def test_gguf_keeps_serving_after_the_file_is_unlinked(tmp_path):
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
-    expected = _logits(_native.Model(str(path), n_threads=2, pin=False, allow_repack=False))
+    expected = model_logits(_native.Model(str(path), n_threads=2, pin=False, allow_repack=False))
     served = _native.Model(str(path), n_threads=2, pin=False, weights_map="gguf")
     ino = os.stat(path).st_ino
     os.unlink(path)
@@ -112,7 +88,7 @@ def test_gguf_keeps_serving_after_the_file_is_unlinked(tmp_path):
     with open("/proc/self/maps") as f:
         assert any(line.split()[4] == str(ino) and line.rstrip().endswith("(deleted)") for line in f
                    if len(line.split()) >= 6)
-    np.testing.assert_array_equal(_logits(served).view(np.uint32), expected.view(np.uint32))
+    np.testing.assert_array_equal(model_logits(served).view(np.uint32), expected.view(np.uint32))
 
 
 class _Align1Writer(gguf.GGUFWriter):
@@ -144,19 +120,18 @@ def test_gguf_copies_tensors_the_plain_kernels_cannot_read_in_place(tmp_path, mo
     for t in r.tensors:
         if len(t.shape) >= 2:
             assert t.name in mem["file_copy_note"]
-    np.testing.assert_array_equal(_logits(served).view(np.uint32), _logits(plain).view(np.uint32))
+    np.testing.assert_array_equal(model_logits(served).view(np.uint32), model_logits(plain).view(np.uint32))
 
 
-def test_gguf_on_several_numa_nodes_falls_back_to_the_arenas(tmp_path):
-    sysfs = make_sysfs(tmp_path / "sys", "0-1", {0: "0", 1: "1"})
+def test_gguf_on_several_numa_nodes_falls_back_to_the_arenas(tmp_path, fake_numa_machine):
     path = S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0")
-    served = _native.Model(str(path), n_threads=2, pin=False, weights_map="gguf", **_placement(sysfs, 2))
-    arena = _native.Model(str(path), n_threads=2, pin=False, **_placement(sysfs, 2))
+    served = _native.Model(str(path), n_threads=2, pin=False, weights_map="gguf", **fake_numa_machine(2))
+    arena = _native.Model(str(path), n_threads=2, pin=False, **fake_numa_machine(2))
     mem = served.memory
     assert mem["weights_map"] == "arena" and mem["file_bytes"] == 0
     assert "one NUMA node" in mem["weights_map_note"] and "2 (0,1)" in mem["weights_map_note"]
     assert mem["experts_sharded"] and served.repacked_bytes == arena.repacked_bytes > 0
-    np.testing.assert_array_equal(_logits(served).view(np.uint32), _logits(arena).view(np.uint32))
+    np.testing.assert_array_equal(model_logits(served).view(np.uint32), model_logits(arena).view(np.uint32))
 
 
 def test_gguf_neither_reads_nor_writes_the_weights_cache(tmp_path, caplog):
@@ -239,7 +214,7 @@ def test_auto_miss_serves_from_the_file_and_prepares_the_entry_for_the_next_star
     assert e.model.memory["weights_map"] == "gguf" and e.model.repacked_bytes == 0
     assert "serves from the model file now" in caplog.text
     plain = _native.Model(str(path), n_threads=2, pin=False, allow_repack=False)
-    np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
+    np.testing.assert_array_equal(model_logits(e.model).view(np.uint32), model_logits(plain).view(np.uint32))
     # The background builder writes the entry the next start maps.
     assert w.builder is not None and w.builder.wait(timeout=300) == 0
     assert [str(p) for p in cache.iterdir() if p.suffix == ".ktdw"] == [c["path"]]
@@ -247,19 +222,18 @@ def test_auto_miss_serves_from_the_file_and_prepares_the_entry_for_the_next_star
     assert e2.model.cache["state"] == "hit" and WeightsManager.start(e2).builder is None
     assert e2.model.memory["weights_map"] == "arena" and e2.model.repacked_bytes > 0
     fresh = _native.Model(str(path), n_threads=2, pin=False)  # repacked, no cache
-    np.testing.assert_array_equal(_logits(e2.model).view(np.uint32), _logits(fresh).view(np.uint32))
+    np.testing.assert_array_equal(model_logits(e2.model).view(np.uint32), model_logits(fresh).view(np.uint32))
 
 
-def test_auto_without_a_cache_or_on_several_nodes_is_arena(tmp_path):
+def test_auto_without_a_cache_or_on_several_nodes_is_arena(tmp_path, fake_numa_machine):
     path = S.make_model("qwen3moe", tmp_path / "m.gguf", wtype="Q8_0")
     m = _native.Model(str(path), n_threads=2, pin=False, weights_map="auto")
     assert m.memory["weights_map"] == "arena" and m.repacked_bytes > 0 and m.cache["state"] == "off"
     assert "without a weights cache" in m.memory["weights_map_note"]
-    sysfs = make_sysfs(tmp_path / "sys", "0-1", {0: "0", 1: "1"})
     cache = tmp_path / "cache"
     cache.mkdir()
     m2 = _native.Model(str(path), n_threads=2, pin=False, weights_map="auto", cache_dir=str(cache),
-                       **_placement(sysfs, 2))
+                       **fake_numa_machine(2))
     assert m2.memory["weights_map"] == "arena" and "several NUMA nodes" in m2.memory["weights_map_note"]
     assert m2.cache["state"] in ("written", "not written")  # the arena path's own entry handling
 
@@ -287,28 +261,23 @@ def test_auto_config():
 def test_daemon_status_shows_the_map_and_serves_from_the_file(tmp_path):
     """A real daemon with KTD_MODEL__WEIGHTS_MAP=gguf: status says gguf with the bytes served from
     the file, and it generates what an in-process arena engine generates (greedy)."""
-    from daemon_helpers import spawn_real_serve
+    from daemon_helpers import RealServe
     from ktd.client import Client
-    from test_daemon_real_engine import MAX_TOKENS, greedy_in_process
 
     path = make_model("llama", tmp_path / "m.gguf", wtype="Q8_0")
     sock = tmp_path / "ktd.sock"
-    proc = spawn_real_serve(path, sock, {"KTD_MODEL__N_CTX": "128", "KTD_MODEL__WEIGHTS_MAP": "gguf",
-                                         "KTD_MODEL__WEIGHTS_CACHE": "off", "KTD_MODEL__THREADS": "1"})
-    try:
+    with RealServe(path, sock, {"KTD_MODEL__N_CTX": "128", "KTD_MODEL__WEIGHTS_MAP": "gguf",
+                                "KTD_MODEL__WEIGHTS_CACHE": "off", "KTD_MODEL__THREADS": "1"}) as daemon:
         with Client(str(sock), timeout=60) as c:
             status = c.status()
-            got = "".join(c.stream("hello", temperature=0, max_tokens=MAX_TOKENS))
-    finally:
-        proc.terminate()
-        out = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 0, out
+            got = "".join(c.stream("hello", temperature=0, max_tokens=GREEDY_TOKENS))
+    out = daemon.output
     assert status["memory"]["weights_map"] == "gguf"
     assert status["memory"]["file_mapped_bytes"] == _matrix_bytes(path) > 0
     assert status["model"]["memory"]["weights_map"] == "gguf"
     assert "weights map: gguf" in out
     engine = Engine.open(str(path), n_ctx=128, n_seq_max=1, threads=1)
-    assert got == greedy_in_process(engine, "hello")
+    assert got == greedy_in_process(engine, "hello", GREEDY_TOKENS)
 
 
 def test_inspect_prepare_with_auto_writes_the_entry_an_auto_start_maps(tmp_path):

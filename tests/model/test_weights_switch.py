@@ -17,20 +17,19 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import signal
 import time
 
 import numpy as np
 import pytest
 
+from engine_probes import file_ranges, greedy_in_process, model_logits
 from ktd import _native
 from ktd.server.engine import Engine
 from ktd.server.scheduler import Scheduler
 from ktd.server.engine_api import model_info
 from ktd.server.weights import WeightsManager
 from models.tiny_dense import make_model
-from test_prefix_cache import _Recording, _run
-from test_weights_map import _file_ranges, _logits
+from scheduler_helpers import RecordingTokenizer, run_greedy_job
 
 PROMPTS = [[1, 5, 9, 3, 7], [1, 5, 9, 3, 7, 2, 11], [1, 4, 4, 8, 2]]
 MAX_TOKENS = 8
@@ -82,7 +81,7 @@ def test_the_switch_serves_what_an_arena_load_serves(model, gate, caplog):
         e, w = _open_auto(path, cache)
         try:
             assert w.status()["state"] == "building" and e.model.memory["weights_map"] == "gguf"
-            np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
+            np.testing.assert_array_equal(model_logits(e.model).view(np.uint32), model_logits(plain).view(np.uint32))
             before = [_greedy(e, p) for p in PROMPTS]
             assert w.switch() is False  # nothing to switch to yet
             gate.touch()
@@ -92,7 +91,7 @@ def test_the_switch_serves_what_an_arena_load_serves(model, gate, caplog):
             assert w.switch() is True
             assert w.switch() is False  # once
             assert e.model.memory["weights_map"] == "arena" and e.model.cache["state"] == "hit"
-            np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(arena.model).view(np.uint32))
+            np.testing.assert_array_equal(model_logits(e.model).view(np.uint32), model_logits(arena.model).view(np.uint32))
             after = [_greedy(e, p) for p in PROMPTS]
             assert before == expected and after == expected
             sw = model_info(e, w)["memory"]["weights_map_switch"]
@@ -103,7 +102,7 @@ def test_the_switch_serves_what_an_arena_load_serves(model, gate, caplog):
             w.close()
     del plain, arena
     gc.collect()
-    assert _file_ranges(path) == []  # the file's pages the gguf map served are released
+    assert file_ranges(path) == []  # the file's pages the gguf map served are released
     assert "switched from gguf to arena" in caplog.text
 
 
@@ -115,20 +114,20 @@ def test_a_switch_in_a_multi_request_run_gives_the_arena_tokens(model, gate):
     arena = Engine.open(str(path), n_ctx=64, threads=2, pin=False)
     expected = [_greedy(arena, p) for p in PROMPTS]
     e, w = _open_auto(path, cache)
-    rec = _Recording(e.tokenizer)
+    rec = RecordingTokenizer(e.tokenizer)
     e.tokenizer = rec
     s = Scheduler(e, prefill_tokens_per_step=16, max_queue=4, weights=w)
     s.start()
     try:
-        got = [_run(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
+        got = [run_greedy_job(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
         assert s.prefix.stats()["entries"] > 0 and w.status()["state"] == "building"
         gate.touch()
-        got += [_run(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
+        got += [run_greedy_job(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
         st = w.wait(("done", "failed"), timeout=BUILD_S)
         assert st["state"] == "done", st
         assert e.model.memory["weights_map"] == "arena"
-        got += [_run(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
-        got += [_run(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]  # from the prefix cache filled after it
+        got += [run_greedy_job(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]
+        got += [run_greedy_job(s, rec, p, MAX_TOKENS)[0] for p in PROMPTS]  # from the prefix cache filled after it
         assert s.prefix.stats()["hits"] > 0
     finally:
         s.stop(timeout=30)
@@ -154,7 +153,7 @@ def test_a_failed_switch_keeps_serving_from_the_file(model, monkeypatch, caplog,
             from ktd.server.connections import _unprivileged_model
             assert _unprivileged_model(model_info(e, w))["memory"]["weights_map_switch"] == {
                 "state": "failed", "from": "gguf", "to": "arena"}
-            np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
+            np.testing.assert_array_equal(model_logits(e.model).view(np.uint32), model_logits(plain).view(np.uint32))
         finally:
             w.close()
     assert "not switching to the prepared entry" in caplog.text
@@ -190,50 +189,38 @@ def _wait_status(c, pred, timeout: float = BUILD_S) -> dict:
 def test_daemon_switches_and_shows_it_in_status(model, gate):
     """A real daemon with weights_map: auto and a weights cache: serves from the file, status
     shows the build, then the switch; generations equal the arena engine's."""
-    from daemon_helpers import spawn_real_serve
+    from daemon_helpers import RealServe
     from ktd.client import Client
-    from test_daemon_real_engine import greedy_in_process
-    from test_daemon_real_engine import MAX_TOKENS as N
 
     path, cache = model
     sock = path.parent / "ktd.sock"
-    proc = spawn_real_serve(path, sock, {"KTD_MODEL__N_CTX": "128", "KTD_MODEL__WEIGHTS_CACHE": str(cache),
-                                         "KTD_MODEL__WEIGHTS_MAP": "auto", "KTD_MODEL__THREADS": "1"})
-    try:
+    with RealServe(path, sock, {"KTD_MODEL__N_CTX": "128", "KTD_MODEL__WEIGHTS_CACHE": str(cache),
+                                "KTD_MODEL__WEIGHTS_MAP": "auto", "KTD_MODEL__THREADS": "1"}) as daemon:
         with Client(str(sock), timeout=60) as c:
             st = c.status()
             assert st["memory"]["weights_map"] == "gguf"
             assert st["model"]["memory"]["weights_map_switch"]["state"] == "building"
-            first = "".join(c.stream("hello", temperature=0, max_tokens=N))
+            first = "".join(c.stream("hello", temperature=0, max_tokens=MAX_TOKENS))
             gate.touch()
             st = _wait_status(c, lambda s: s["model"]["memory"]["weights_map_switch"]["state"] in ("done", "failed"))
             sw = st["model"]["memory"]["weights_map_switch"]
             assert sw["state"] == "done" and sw["from"] == "gguf" and sw["to"] == "arena", sw
             assert st["memory"]["weights_map"] == "arena"
-            second = "".join(c.stream("hello", temperature=0, max_tokens=N))
-    finally:
-        proc.terminate()
-        out = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 0, out
-    assert "weights map: switched from gguf to arena" in out
-    expected = greedy_in_process(Engine.open(str(path), n_ctx=128, n_seq_max=1, threads=1), "hello")
+            second = "".join(c.stream("hello", temperature=0, max_tokens=MAX_TOKENS))
+    assert "weights map: switched from gguf to arena" in daemon.output
+    expected = greedy_in_process(Engine.open(str(path), n_ctx=128, n_seq_max=1, threads=1), "hello", MAX_TOKENS)
     assert first == second == expected
 
 
 def test_daemon_stop_leaves_no_builder(model, gate):
-    from daemon_helpers import spawn_real_serve
+    from daemon_helpers import RealServe
 
     path, cache = model
     sock = path.parent / "ktd.sock"
-    proc = spawn_real_serve(path, sock, {"KTD_MODEL__N_CTX": "64", "KTD_MODEL__WEIGHTS_CACHE": str(cache),
-                                         "KTD_MODEL__WEIGHTS_MAP": "auto", "KTD_MODEL__THREADS": "1"})
-    try:
-        builders = _children(proc.pid)
+    with RealServe(path, sock, {"KTD_MODEL__N_CTX": "64", "KTD_MODEL__WEIGHTS_CACHE": str(cache),
+                                "KTD_MODEL__WEIGHTS_MAP": "auto", "KTD_MODEL__THREADS": "1"}) as daemon:
+        builders = _children(daemon.proc.pid)
         assert len(builders) == 1  # held at the gate
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 0, out
     assert not os.path.exists(f"/proc/{builders[0]}"), "the builder outlived the daemon"
 
 
@@ -313,13 +300,13 @@ def test_the_switch_of_other_architectures(tmp_path, gate, arch, wtype):
     arena = _native.Model(str(path), n_threads=2, pin=False)
     e, w = _open_auto(path, cache)
     try:
-        np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(plain).view(np.uint32))
+        np.testing.assert_array_equal(model_logits(e.model).view(np.uint32), model_logits(plain).view(np.uint32))
         _greedy(e, PROMPTS[0])
         routed = e.expert_counts()
         gate.touch()
         assert w.wait(timeout=BUILD_S)["state"] == "ready"
         assert w.switch() is True and e.model.repacked_bytes == arena.repacked_bytes
-        np.testing.assert_array_equal(_logits(e.model).view(np.uint32), _logits(arena).view(np.uint32))
+        np.testing.assert_array_equal(model_logits(e.model).view(np.uint32), model_logits(arena).view(np.uint32))
         # MoE: the routing statistics stay cumulative across the switch (the routing profile's)
         np.testing.assert_array_equal(e.expert_counts(), routed)
         _greedy(e, PROMPTS[0])

@@ -155,10 +155,10 @@ def load_weights(reader: GGUFReader) -> dict[str, np.ndarray]:
 
 
 class Model:
-    """A GGUF file loaded for the reference forward."""
+    """A GGUF file loaded for the reference forward (from its path, or gguf-py's reader of it)."""
 
-    def __init__(self, path: str | Path):
-        reader = GGUFReader(str(path))
+    def __init__(self, source: str | Path | GGUFReader):
+        reader = source if isinstance(source, GGUFReader) else GGUFReader(str(source))
         self.hp = load_hparams(reader)
         self.w = load_weights(reader)
 

@@ -10,19 +10,13 @@ import json
 import pytest
 
 import fake_engine
+from grammar_inputs import wide_rows
 from ktd.errors import BadRequest
 from ktd.server.scheduler import Job, Scheduler
 from ktd.text import grammar
 from ktd.text.sampling import SamplingParams
 
 TOK = fake_engine.ByteTokenizer()
-
-
-def wide_rows(n: int, prefix: str = "") -> str:
-    """A Lark grammar whose every alternative starts with ``prefix`` + "a": after that "a" one
-    Earley row holds ``n`` items (llguidance's max_items_in_row is 2000)."""
-    alts = " | ".join(f'"{prefix}a" "{chr(98 + i % 20)}{i}"' for i in range(n))
-    return f"start: x\nx: {alts}\n"
 
 
 def test_a_grammar_whose_rows_exceed_the_item_limit_is_refused_at_admission():

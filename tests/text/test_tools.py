@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 import fake_engine
-from daemon_helpers import DaemonProcess, daemon_fixture
+from daemon_helpers import DaemonProcess
 from http_helpers import TIME, WEATHER
 from ktd.text import grammar, tools
 from ktd.client import BadRequest
@@ -256,7 +256,7 @@ def test_forced_grammar_yields_a_call_valid_for_the_schema_with_random_logits(fa
 
 # --- the daemon (fake engine: Hermes-style template) ---------------------------------------------
 
-daemon = daemon_fixture(fake={"step_delay_s": 0.001}, model={"n_ctx": 1024, "n_seq_max": 4}, check_exit=True)
+DAEMON = dict(fake={"step_delay_s": 0.001}, model={"n_ctx": 1024, "n_seq_max": 4})  # the module's daemon (conftest)
 
 
 def test_daemon_forced_call_streamed_and_whole(daemon):
